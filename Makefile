@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: GPL-2.0
+#
+# ruvm: the user-facing entry points. The work is done by scripts/ and tools/; `make help`
+# lists the targets. Kbuild (next to this file) is what the kernel's build reads.
+
+TOP := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+FLAVOUR ?= fast
+RUVMCTL := $(TOP)/tools/ruvmctl/target/x86_64-unknown-linux-gnu/release/ruvmctl
+SELFTEST_BINS := $(TOP)/build/selftests/ruvm_abi_test
+export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
+
+.PHONY: all help deps kernel module ruvmctl selftests vm demo check clean FORCE
+
+all: module ruvmctl
+
+help:
+	@echo "make demo          boot the guest, load ruvm, show what it does, unload, audit"
+	@echo "make check         every test (host, guest on the fast and debug kernels)"
+	@echo "make vm CMD='...'  run a command in the guest (no CMD: a shell); VM_EXTRA=files"
+	@echo "make module        build ruvm.ko for FLAVOUR=fast|debug, or KDIR=/your/kernel"
+	@echo "make kernel        build both test kernels into \$$RUVM_CACHE (~/.cache/ruvm)"
+	@echo "make ruvmctl       build the static ruvmctl"
+	@echo "make deps          install the Debian packages and bindgen the build needs"
+
+deps:
+	@$(TOP)/scripts/deps.sh
+
+kernel: deps
+	@$(TOP)/scripts/kernel.sh build fast
+	@$(TOP)/scripts/kernel.sh build debug
+
+# With KDIR set, build against that tree (a real host's Rust-enabled kernel).
+ifneq ($(KDIR),)
+module:
+	@KDIR=$(KDIR) $(TOP)/scripts/module.sh host $(KMAKE_ARGS)
+	@echo "built $(TOP)/build/host/rust/ruvm.ko"
+else
+module: deps
+	@$(TOP)/scripts/module.sh $(FLAVOUR) $(KMAKE_ARGS)
+endif
+
+ruvmctl: deps
+	@cd $(TOP)/tools/ruvmctl && cargo build --release --quiet
+
+selftests: $(SELFTEST_BINS)
+
+$(TOP)/build/selftests/ruvm_abi_test: $(TOP)/selftests/ruvm_abi_test.c $(TOP)/include/uapi/linux/ruvm.h FORCE
+	@$(TOP)/scripts/selftests.sh $@
+
+vm: module ruvmctl selftests
+	@$(TOP)/scripts/vm.sh $(FLAVOUR)
+
+demo:
+	@$(TOP)/scripts/demo.sh
+
+check:
+	@$(TOP)/scripts/check.sh
+
+clean:
+	rm -rf $(TOP)/build $(TOP)/tools/ruvmctl/target
+
+FORCE:

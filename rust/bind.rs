@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The thin binding layer: safe wrappers for the few kernel APIs the 7.2 `kernel` crate lacks.
+//!
+//! Every `unsafe` block of ruvm outside [`crate::uapi`] is in a submodule of this one; policy code
+//! calls only the safe functions exported here.
+
+pub(crate) mod cred;

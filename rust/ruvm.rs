@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! ruvm: a Rust re-creation of NVIDIA UVM's `uvm_mem` memory manager, driven through `/dev/ruvm`.
+//!
+//! The crate root only lists the modules and holds the module type. `unsafe` code lives in
+//! [`bind`] (APIs the kernel crate lacks) and [`uapi`] (the byte-level view of the ABI); every
+//! other module is safe policy code.
+
+use kernel::{
+    miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
+    prelude::*,
+};
+
+mod bind;
+mod file;
+mod uapi;
+
+/// The module version, from the top-level `VERSION` file (exported by `Kbuild`).
+pub(crate) const VERSION: &str = env!("RUVM_VERSION");
+
+module! {
+    type: RuvmModule,
+    name: "ruvm",
+    authors: ["The ruvm developers"],
+    description: "Rust re-creation of NVIDIA UVM's uvm_mem memory manager",
+    license: "GPL",
+    params: {
+        enable_test_ioctls: u32 {
+            default: 0,
+            description: "Allow test-only ioctls (planted failures) for CAP_SYS_ADMIN; 0 = off",
+        },
+    },
+}
+
+/// Whether the module was loaded with `enable_test_ioctls` set.
+pub(crate) fn test_ioctls_enabled() -> bool {
+    *module_parameters::enable_test_ioctls.value() != 0
+}
+
+/// The loaded module: owns the `/dev/ruvm` registration.
+#[pin_data]
+struct RuvmModule {
+    #[pin]
+    _miscdev: MiscDeviceRegistration<file::RuvmFile>,
+}
+
+impl kernel::InPlaceModule for RuvmModule {
+    fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
+        if test_ioctls_enabled() {
+            pr_warn!("test ioctls are enabled; this is a security risk\n");
+        }
+        pr_info!("version {} loaded (ABI {})\n", VERSION, uapi::RUVM_ABI_VERSION);
+        try_pin_init!(Self {
+            _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
+        })
+    }
+}

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+# Fetch the pinned linux-source-7.2 and build one flavour of the test kernel.
+#
+#   scripts/kernel.sh build FLAVOUR   build (or reuse) the flavour; prints nothing else on a hit
+#   scripts/kernel.sh dir FLAVOUR     print the flavour's build directory (the KDIR for modules)
+#
+# FLAVOUR is "fast" or "debug". The build lives in $RUVM_CACHE/build/<flavour>-<key>, where key
+# hashes the kernel version, the config fragments and the toolchain versions: a change to any of
+# them gives a new build, an unchanged one costs nothing. Clones share the cache.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(dirname "$here")
+. "$here/env.sh"
+
+die() { echo "kernel: $*" >&2; exit 1; }
+
+# The Debian mirror this machine already uses, read from its own apt sources.
+debian_mirror() {
+	local f uri
+	for f in /etc/apt/sources.list.d/*.sources; do
+		[ -f "$f" ] || continue
+		uri=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' "$f")
+		[ -n "$uri" ] && { echo "$uri"; return; }
+	done
+	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+		[ -f "$f" ] || continue
+		uri=$(awk '$1 == "deb" && $2 !~ /security/ && $2 ~ /debian/ { print $2; exit }' "$f")
+		[ -n "$uri" ] && { echo "$uri"; return; }
+	done
+	die "no Debian mirror found in /etc/apt sources"
+}
+
+# Download linux-source-7.2 through a private apt configuration (the system's sources are
+# left untouched) and unpack it once into the cache. Prints the source directory.
+fetch_source() {
+	local apt="$RUVM_CACHE/apt" srcroot="$RUVM_CACHE/src"
+	mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$srcroot"
+	local have
+	have=$(cat "$srcroot/current" 2>/dev/null || true)
+	if [ -n "$have" ] && [ -f "$srcroot/$have/.ruvm-unpacked" ]; then
+		echo "$srcroot/$have"
+		return
+	fi
+	echo "Types: deb
+URIs: $(debian_mirror)
+Suites: trixie-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" > "$apt/ruvm.sources"
+	local opts=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$apt/none"
+		-o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache"
+		-o "APT::Sources::With::Default=false" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
+	mkdir -p "$apt/none"
+	cp "$apt/ruvm.sources" "$apt/none/ruvm.sources"
+	apt-get "${opts[@]}" -qq update >&2 || die "apt-get update for trixie-backports failed"
+	local ver="$RUVM_KERNEL_PIN"
+	if ! apt-cache "${opts[@]}" show "linux-source-$RUVM_KERNEL_SERIES=$ver" >/dev/null 2>&1; then
+		ver=$(apt-cache "${opts[@]}" madison "linux-source-$RUVM_KERNEL_SERIES" |
+			awk '{print $3}' | sort -V | tail -n 1)
+		[ -n "$ver" ] || die "linux-source-$RUVM_KERNEL_SERIES is not offered by the archive"
+		echo "kernel: pinned $RUVM_KERNEL_PIN is gone, using $ver" >&2
+	fi
+	local dl="$apt/dl"
+	rm -rf "$dl" && mkdir -p "$dl"
+	(cd "$dl" && apt-get "${opts[@]}" -qq download "linux-source-$RUVM_KERNEL_SERIES=$ver" >&2) ||
+		die "download of linux-source-$RUVM_KERNEL_SERIES=$ver failed"
+	local name="linux-$ver"
+	rm -rf "${srcroot:?}/$name" && mkdir -p "$srcroot/$name"
+	echo "kernel: unpacking linux-source-$RUVM_KERNEL_SERIES $ver" >&2
+	dpkg-deb --fsys-tarfile "$dl"/linux-source-*.deb |
+		tar -xO --wildcards '*/linux-source-*.tar.xz' |
+		tar -xJ -C "$srcroot/$name" --strip-components=1
+	rm -rf "$dl"
+	touch "$srcroot/$name/.ruvm-unpacked"
+	echo "$name" > "$srcroot/current"
+	echo "$srcroot/$name"
+}
+
+# The cache key: kernel version, fragments, and the tools that shape the build.
+build_key() {
+	local src=$1 flavour=$2
+	{
+		basename "$src"
+		cat "$top/kernel/common.config" "$top/kernel/$flavour.config"
+		/usr/bin/rustc --version; clang-19 --version | head -n 1; "$RUVM_BINDGEN" --version
+	} | sha256sum | cut -c1-12
+}
+
+build_dir() {
+	local src
+	src=$(fetch_source)
+	echo "$RUVM_CACHE/build/$1-$(build_key "$src" "$1")"
+}
+
+build() {
+	local flavour=$1 src out
+	[ -f "$top/kernel/$flavour.config" ] || die "unknown flavour '$flavour' (fast or debug)"
+	"$here/deps.sh"
+	src=$(fetch_source)
+	out="$RUVM_CACHE/build/$flavour-$(build_key "$src" "$flavour")"
+	[ -f "$out/.ruvm-done" ] && return 0
+	mkdir -p "$out"
+	exec 9>"$out/.lock"
+	flock 9
+	[ -f "$out/.ruvm-done" ] && return 0
+	local kmake=(make -C "$src" O="$out" "${RUVM_KMAKE_ARGS[@]}")
+	echo "kernel: building $flavour in $out"
+	local t0=$SECONDS
+	"${kmake[@]}" -s rustavailable >/dev/null || { "${kmake[@]}" rustavailable; die "Rust toolchain not usable"; }
+	"${kmake[@]}" -s tinyconfig >/dev/null
+	(cd "$out" && KCONFIG_CONFIG=.config "$src/scripts/kconfig/merge_config.sh" -m -O "$out" .config \
+		"$top/kernel/common.config" "$top/kernel/$flavour.config" >/dev/null)
+	"${kmake[@]}" -s olddefconfig >/dev/null
+	check_config "$out/.config" "$top/kernel/common.config" "$top/kernel/$flavour.config"
+	# vmlinux and what out-of-tree modules need; no in-tree modules (ruvm needs none of them).
+	"${kmake[@]}" -j"$(nproc)" bzImage modules_prepare >"$out/build.log" 2>&1 ||
+		{ tail -n 40 "$out/build.log"; die "kernel build failed (log: $out/build.log)"; }
+	# With no in-tree modules, vmlinux's exports are the whole symbol table modules link to.
+	cp "$out/vmlinux.symvers" "$out/Module.symvers"
+	touch "$out/.ruvm-done"
+	echo "kernel: $flavour built in $((SECONDS - t0)) s"
+}
+
+# Every option a fragment sets must have taken effect: a silently dropped option would
+# otherwise give a kernel that lacks what the tests rely on.
+check_config() {
+	local config=$1 bad=0 line key want got
+	shift
+	while IFS= read -r line; do
+		case "$line" in
+		CONFIG_*=*) key=${line%%=*}; want=${line#*=} ;;
+		"# CONFIG_"*" is not set") key=${line#\# }; key=${key%% *}; want=n ;;
+		*) continue ;;
+		esac
+		got=$(grep -E "^$key=" "$config" | cut -d= -f2- || true)
+		[ -n "$got" ] || got=n
+		if [ "$got" != "$want" ]; then
+			echo "kernel: $key wanted $want, got $got" >&2
+			bad=1
+		fi
+	done < <(cat "$@")
+	[ $bad -eq 0 ] || die "config fragment did not take effect"
+}
+
+case "${1:-}" in
+build) build "${2:?flavour}" ;;
+dir) build_dir "${2:?flavour}" ;;
+source) fetch_source ;;
+*) die "usage: $0 build|dir FLAVOUR | source" ;;
+esac

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The ruvm ABI seen from C, the way a user's program sees it: the uapi header must compile
+ * on its own, have the documented layout, and the module must answer through it.
+ * Built with the kernel's kselftest harness; prints KTAP.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <linux/ruvm.h>
+
+#include "kselftest_harness.h"
+
+/* The layout the header promises: the same for 32- and 64-bit callers, no hidden padding. */
+_Static_assert(sizeof(struct ruvm_info) == 88, "struct ruvm_info size");
+_Static_assert(offsetof(struct ruvm_info, abi_version) == 0, "abi_version");
+_Static_assert(offsetof(struct ruvm_info, flags) == 4, "flags");
+_Static_assert(offsetof(struct ruvm_info, features) == 8, "features");
+_Static_assert(offsetof(struct ruvm_info, test_ioctls) == 16, "test_ioctls");
+_Static_assert(offsetof(struct ruvm_info, pad) == 20, "pad");
+_Static_assert(offsetof(struct ruvm_info, version) == 24, "version");
+_Static_assert(offsetof(struct ruvm_info, reserved) == 56, "reserved");
+_Static_assert(sizeof(struct ruvm_test_plant) == 24, "struct ruvm_test_plant size");
+_Static_assert(offsetof(struct ruvm_test_plant, reserved) == 8, "test_plant reserved");
+_Static_assert(RUVM_IOCTL_INFO == _IOWR(RUVM_IOCTL_MAGIC, 0x00, struct ruvm_info), "INFO number");
+_Static_assert(_IOC_SIZE(RUVM_IOCTL_TEST_PLANT) == sizeof(struct ruvm_test_plant), "PLANT size");
+
+FIXTURE(ruvm) {
+	int fd;
+};
+
+FIXTURE_SETUP(ruvm)
+{
+	self->fd = open("/dev/ruvm", O_RDWR);
+	if (self->fd < 0 && errno == ENOENT)
+		SKIP(return, "/dev/ruvm not present (is ruvm loaded?)");
+	ASSERT_GE(self->fd, 0);
+}
+
+FIXTURE_TEARDOWN(ruvm)
+{
+	if (self->fd >= 0)
+		close(self->fd);
+}
+
+TEST_F(ruvm, info)
+{
+	struct ruvm_info info;
+
+	memset(&info, 0, sizeof(info));
+	ASSERT_EQ(0, ioctl(self->fd, RUVM_IOCTL_INFO, &info));
+	EXPECT_EQ((__u32)RUVM_ABI_VERSION, info.abi_version);
+	EXPECT_NE(0, info.version[0]);
+	EXPECT_EQ(0, info.version[RUVM_VERSION_LEN - 1]);
+	EXPECT_EQ((__u64)0, info.features & ~(__u64)RUVM_FEATURES_ALL);
+}
+
+TEST_F(ruvm, info_nonzero_reserved_is_einval)
+{
+	struct ruvm_info info;
+
+	memset(&info, 0, sizeof(info));
+	info.reserved[3] = 1;
+	EXPECT_EQ(-1, ioctl(self->fd, RUVM_IOCTL_INFO, &info));
+	EXPECT_EQ(EINVAL, errno);
+}
+
+TEST_F(ruvm, unknown_command_is_enotty)
+{
+	char buf[sizeof(struct ruvm_info)] = { 0 };
+
+	EXPECT_EQ(-1, ioctl(self->fd, _IOWR(RUVM_IOCTL_MAGIC, 0x7e, struct ruvm_info), buf));
+	EXPECT_EQ(ENOTTY, errno);
+	EXPECT_EQ(-1, ioctl(self->fd, _IO(RUVM_IOCTL_MAGIC, 0x00)));
+	EXPECT_EQ(ENOTTY, errno);
+}
+
+TEST_HARNESS_MAIN

@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! `ruvmctl selftest`: ruvm's in-guest test suite, reported as KTAP with kselftest exit codes.
+//!
+//! Each case is a plain function returning [`TestResult`]; the runner reports it and goes on,
+//! so one failure never hides the rest. Without `/dev/ruvm` the whole plan is skipped (exit 4).
+
+use std::panic::{self, AssertUnwindSafe};
+
+use nix::errno::Errno;
+
+use crate::ktap::{self, Ktap, Outcome};
+
+mod basic;
+
+/// Why a case stopped early.
+#[derive(Debug)]
+pub enum Stop {
+    Fail(String),
+    Skip(String),
+}
+
+/// What a case returns.
+pub type TestResult = Result<(), Stop>;
+
+/// One named test case.
+pub struct Case {
+    pub name: &'static str,
+    pub run: fn() -> TestResult,
+}
+
+/// Fails the case with a formatted message unless the condition holds.
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::selftest::Stop::Fail(format!($($fmt)+)));
+        }
+    };
+}
+pub(crate) use check;
+
+/// Turns any error into a failure of the case, naming what was being done.
+pub trait Context<T> {
+    fn ctx(self, what: &str) -> Result<T, Stop>;
+}
+
+impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T, Stop> {
+        self.map_err(|e| Stop::Fail(format!("{what}: {e}")))
+    }
+}
+
+/// Checks that `result` failed with exactly `want`.
+pub fn expect_errno<T: std::fmt::Debug>(result: Result<T, Errno>, want: Errno, what: &str) -> TestResult {
+    match result {
+        Err(got) if got == want => Ok(()),
+        Err(got) => Err(Stop::Fail(format!("{what}: got {got}, wanted {want}"))),
+        Ok(v) => Err(Stop::Fail(format!("{what}: succeeded ({v:?}), wanted {want}"))),
+    }
+}
+
+/// Every case, in the order they run.
+pub fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    v.extend(basic::cases());
+    v
+}
+
+/// A case that must fail: it asserts something the module rightly refuses. Used only to prove
+/// that a failing selftest fails the whole run (`--plant-failure`).
+fn planted_failure() -> TestResult {
+    let dev = crate::dev::Ruvm::open().ctx("open")?;
+    let mut info = crate::uapi::ruvm_info { flags: 1, ..Default::default() };
+    let r = dev.ioctl(crate::uapi::RUVM_IOCTL_INFO, &mut info);
+    check!(r.is_ok(), "planted failure: INFO with flags=1 returned {r:?}; a failure is what this case is for");
+    Ok(())
+}
+
+/// Runs the cases whose names contain `filter` (all without one). Returns the exit code.
+pub fn run(filter: Option<&str>, plant_failure: bool) -> std::io::Result<i32> {
+    let out = std::io::stdout().lock();
+    let path = crate::dev::path();
+    if !path.exists() {
+        ktap::skip_all(out, &format!("{} not present (is ruvm loaded?)", path.display()))?;
+        return Ok(ktap::KSFT_SKIP);
+    }
+    let mut list: Vec<Case> = cases()
+        .into_iter()
+        .filter(|c| filter.is_none_or(|f| c.name.contains(f)))
+        .collect();
+    if plant_failure {
+        list.push(Case { name: "planted_failure", run: planted_failure });
+    }
+    let mut k = Ktap::new(out, list.len())?;
+    // Assertion messages go to KTAP diagnostics, not to a panic backtrace.
+    panic::set_hook(Box::new(|_| {}));
+    for case in &list {
+        let outcome = match panic::catch_unwind(AssertUnwindSafe(case.run)) {
+            Ok(Ok(())) => Outcome::Pass,
+            Ok(Err(Stop::Fail(why))) => Outcome::Fail(why),
+            Ok(Err(Stop::Skip(why))) => Outcome::Skip(why),
+            Err(p) => Outcome::Fail(format!("panicked: {}", panic_text(&p))),
+        };
+        k.result(case.name, &outcome)?;
+    }
+    let _ = panic::take_hook();
+    Ok(k.finish()?.exit_code())
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+/// Lists the case names, one a line.
+pub fn list() -> Vec<&'static str> {
+    cases().iter().map(|c| c.name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn case_names_are_unique_ktap_words() {
+        let names = list();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len(), "duplicate case names");
+        for n in names {
+            assert!(!n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'), "{n}");
+        }
+    }
+
+    #[test]
+    fn expect_errno_is_exact() {
+        assert!(expect_errno::<()>(Err(Errno::EINVAL), Errno::EINVAL, "x").is_ok());
+        assert!(expect_errno::<()>(Err(Errno::EFAULT), Errno::EINVAL, "x").is_err());
+        assert!(expect_errno(Ok(1), Errno::EINVAL, "x").is_err());
+    }
+}

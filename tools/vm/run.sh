@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+# Boot the ruvm test guest and run one command in it.
+#
+#   tools/vm/run.sh [COMMAND...]        no command: an interactive shell in the guest
+#
+# The guest: QEMU TCG, q35 + intel-iommu, VM_GPUS QEMU `edu` PCI devices, the chosen kernel,
+# an initramfs with busybox, ruvm.ko, ruvmctl, the selftests and VM_EXTRA files (in /extra,
+# which is on PATH). ruvm is loaded before the command (VM_INSMOD=0 to skip) and unloaded
+# after it.
+#
+# Exit status: the command's own status when the kernel stayed clean; otherwise
+#   3   the kernel reported a problem (BUG/WARN/Oops/KASAN/lockdep/kmemleak/DMA-API error)
+#       or unloading ruvm failed, whatever the command returned
+#   124 the guest did not finish within VM_TIMEOUT seconds
+#   125 the guest died before reporting (panic, QEMU failure) or insmod failed
+#
+# Settings (environment): KERNEL_IMAGE, RUVM_KO, RUVMCTL (required); SELFTESTS (files for
+# /selftests); VM_EXTRA (files for /extra); VM_MODARGS (insmod arguments); VM_INSMOD (1);
+# VM_GPUS (2); VM_TIMEOUT (300); VM_MEM (1G); VM_LOG (console log path); VM_VERBOSE (1 shows
+# the console live); VM_EXPECT_KMSG (extended regex of kernel lines a test expects: such lines
+# are reported but do not count as errors; see Documentation/testing.rst).
+set -euo pipefail
+
+die() { echo "vm: $*" >&2; exit 125; }
+
+: "${KERNEL_IMAGE:?KERNEL_IMAGE must name a bzImage}"
+: "${RUVM_KO:?RUVM_KO must name ruvm.ko}"
+: "${RUVMCTL:?RUVMCTL must name the ruvmctl binary}"
+VM_INSMOD=${VM_INSMOD:-1}
+VM_GPUS=${VM_GPUS:-2}
+VM_TIMEOUT=${VM_TIMEOUT:-300}
+VM_MEM=${VM_MEM:-1G}
+VM_MODARGS=${VM_MODARGS:-}
+VM_VERBOSE=${VM_VERBOSE:-0}
+VM_EXPECT_KMSG=${VM_EXPECT_KMSG:-}
+
+for f in "$KERNEL_IMAGE" "$RUVM_KO" "$RUVMCTL" /bin/busybox; do
+	[ -f "$f" ] || die "missing $f"
+done
+[[ "$VM_GPUS" =~ ^[0-9]+$ ]] && [ "$VM_GPUS" -le 32 ] || die "VM_GPUS must be 0..32"
+[[ "$VM_TIMEOUT" =~ ^[0-9]+$ ]] || die "VM_TIMEOUT must be a number of seconds"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/ruvm-vm.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+root=$work/root
+mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,ruvm,selftests,extra,etc}
+cp /bin/busybox "$root/bin/busybox"
+cp "$RUVM_KO" "$root/ruvm/ruvm.ko"
+cp "$RUVMCTL" "$root/bin/ruvmctl"
+for f in ${SELFTESTS:-}; do cp "$f" "$root/selftests/"; done
+for f in ${VM_EXTRA:-}; do
+	[ -e "$f" ] || die "VM_EXTRA file $f does not exist"
+	cp -r "$f" "$root/extra/"
+done
+
+# A fresh nonce per run: nothing the command prints can forge the runner's markers.
+nonce=$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
+interactive=0
+if [ $# -eq 0 ]; then
+	interactive=1
+else
+	printf '%s\n' "$*" > "$root/cmd"
+fi
+
+cat > "$root/init" <<EOF
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin:/extra HOME=/tmp
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+mkdir -p /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+end() { echo "RUVM-END-$nonce rc=\$1"; poweroff -f; }
+echo "RUVM-BOOTED-$nonce"
+if [ "$VM_INSMOD" = 1 ]; then
+	insmod /ruvm/ruvm.ko $VM_MODARGS || { echo "RUVM-INSMOD-FAILED-$nonce"; end 125; }
+fi
+if [ $interactive = 1 ]; then
+	echo "ruvm guest: ruvmctl, /selftests and /extra are here; exit to power off"
+	setsid cttyhack sh -l
+	rc=0
+else
+	echo "RUVM-OUT-BEGIN-$nonce"
+	sh /cmd
+	rc=\$?
+	echo "RUVM-OUT-END-$nonce rc=\$rc"
+fi
+if [ -d /sys/module/ruvm ]; then
+	rmmod ruvm || echo "RUVM-RMMOD-FAILED-$nonce"
+fi
+if [ -w /sys/kernel/debug/kmemleak ]; then
+	# kmemleak reports only objects older than about 5 s.
+	sleep 6
+	echo scan > /sys/kernel/debug/kmemleak
+	echo "RUVM-KMEMLEAK-BEGIN-$nonce"
+	cat /sys/kernel/debug/kmemleak
+	echo "RUVM-KMEMLEAK-END-$nonce"
+fi
+if [ -r /sys/kernel/debug/dma-api/error_count ]; then
+	echo "RUVM-DMA-ERRORS-$nonce \$(cat /sys/kernel/debug/dma-api/error_count)"
+fi
+echo "RUVM-DMESG-BEGIN-$nonce"
+dmesg
+echo "RUVM-DMESG-END-$nonce"
+end \$rc
+EOF
+chmod +x "$root/init"
+(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/initramfs.cpio.gz"
+
+append="console=ttyS0 panic=-1 intel_iommu=on iommu.strict=1 printk.devkmsg=on"
+[ $interactive = 1 ] || append="$append quiet"
+qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -cpu max -smp 2 -m "$VM_MEM"
+	-device intel-iommu,intremap=on -nographic -no-reboot
+	-kernel "$KERNEL_IMAGE" -initrd "$work/initramfs.cpio.gz" -append "$append")
+for ((i = 0; i < VM_GPUS; i++)); do qemu+=(-device edu); done
+
+if [ $interactive = 1 ]; then
+	exec "${qemu[@]}"
+fi
+
+log=${VM_LOG:-$work/console.log}
+mkdir -p "$(dirname "$log")"
+set +e
+if [ "$VM_VERBOSE" = 1 ]; then
+	timeout -k 5 "$VM_TIMEOUT" "${qemu[@]}" < /dev/null 2>&1 | tee "$log"
+	qrc=${PIPESTATUS[0]}
+else
+	timeout -k 5 "$VM_TIMEOUT" "${qemu[@]}" < /dev/null > "$log" 2>&1
+	qrc=$?
+fi
+set -e
+tr -d '\r' < "$log" > "$work/log"
+
+# Lines between the BEGIN and END markers of a section. Markers are matched anywhere in a line:
+# a kernel message printed from another CPU may share the line.
+section() {
+	awk -v b="RUVM-$1-BEGIN-$nonce" -v e="RUVM-$1-END-$nonce" \
+		'index($0, e) { f = 0 } f { print } index($0, b) { f = 1 }' "$work/log"
+}
+
+# The command's output, without the kernel's console lines.
+[ "$VM_VERBOSE" = 1 ] || section OUT | grep -avE '^\[ *[0-9]+\.[0-9]+\] ' || true
+
+if ! grep -aq "RUVM-END-$nonce rc=" "$work/log"; then
+	if [ "$qrc" -eq 124 ] || [ "$qrc" -eq 137 ]; then
+		echo "vm: FAIL: the guest did not finish within $VM_TIMEOUT s; console tail:" >&2
+		tail -n 30 "$work/log" >&2
+		exit 124
+	fi
+	echo "vm: FAIL: the guest stopped without reporting (QEMU exit $qrc); console tail:" >&2
+	tail -n 40 "$work/log" >&2
+	exit 125
+fi
+if grep -aq "RUVM-INSMOD-FAILED-$nonce" "$work/log"; then
+	echo "vm: FAIL: insmod ruvm.ko $VM_MODARGS failed; console tail:" >&2
+	tail -n 20 "$work/log" >&2
+	exit 125
+fi
+rc=$(sed -n "s/.*RUVM-END-$nonce rc=\([0-9]*\).*/\1/p" "$work/log" | tail -n 1)
+
+# Kernel problems: any of these in the kernel log fails the run, whatever the command said.
+# A line the test declared expected (VM_EXPECT_KMSG) is listed but not counted.
+patterns='(WARNING:|BUG:|BUG at|Oops|general protection fault|Kernel panic|UBSAN:|KASAN|'
+patterns+='possible recursive locking|inconsistent lock state|DEBUG_LOCKS_WARN_ON|'
+patterns+='suspected memory leak|INFO: task .* blocked for more than|detected stalls|'
+patterns+='DMA-API: )'
+section DMESG > "$work/dmesg"
+bad=$(grep -aE "$patterns" "$work/dmesg" || true)
+if [ -n "$VM_EXPECT_KMSG" ] && [ -n "$bad" ]; then
+	expected=$(grep -aE "$VM_EXPECT_KMSG" <<< "$bad" || true)
+	[ -z "$expected" ] || sed 's/^/vm: expected: /' <<< "$expected" >&2
+	bad=$(grep -avE "$VM_EXPECT_KMSG" <<< "$bad" || true)
+fi
+problems=()
+[ -z "$bad" ] || problems+=("kernel log:"$'\n'"$bad")
+leaks=$(section KMEMLEAK)
+[ -z "$leaks" ] || problems+=("kmemleak:"$'\n'"$leaks")
+dma=$(sed -n "s/.*RUVM-DMA-ERRORS-$nonce \([0-9]*\).*/\1/p" "$work/log" | tail -n 1)
+[ -z "$dma" ] || [ "$dma" -eq 0 ] || problems+=("DMA-API debug: $dma errors")
+grep -aq "RUVM-RMMOD-FAILED-$nonce" "$work/log" && problems+=("rmmod ruvm failed")
+
+if ((${#problems[@]})); then
+	echo "vm: FAIL: the kernel reported problems (command exit $rc):" >&2
+	printf '%s\n' "${problems[@]}" | sed 's/^/  /' >&2
+	# Enough context to debug without the full log.
+	grep -aE -A12 "$patterns" "$work/dmesg" | head -n 80 | sed 's/^/  | /' >&2 || true
+	exit 3
+fi
+exit "$rc"
