@@ -6,3 +6,4 @@
 //! calls only the safe functions exported here.
 
 pub(crate) mod cred;
+pub(crate) mod fops;

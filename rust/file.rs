@@ -14,7 +14,10 @@ use kernel::{
     uaccess::{UserPtr, UserSlice},
 };
 
-use crate::{bind::cred, uapi};
+use crate::{
+    bind::{cred, fops},
+    uapi,
+};
 
 /// The state of one open file of `/dev/ruvm`.
 ///
@@ -27,8 +30,11 @@ pub(crate) struct RuvmFile {}
 impl MiscDevice for RuvmFile {
     type Ptr = Pin<KBox<Self>>;
 
-    fn open(_file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
-        KBox::try_pin_init(try_pin_init!(RuvmFile {}), GFP_KERNEL)
+    fn open(file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
+        let me = KBox::try_pin_init(try_pin_init!(RuvmFile {}), GFP_KERNEL)?;
+        // Last, so that a failure before it leaves no module reference behind.
+        fops::pin_module(file)?;
+        Ok(me)
     }
 
     fn ioctl(_me: Pin<&RuvmFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
@@ -42,6 +48,13 @@ impl MiscDevice for RuvmFile {
         }
         Ok(0)
     }
+}
+
+/// `ENOSYS`, which the kernel crate has no constant for: what a disabled test ioctl returns,
+/// as in UVM.
+fn enosys() -> Error {
+    // CAST: ENOSYS is 38, which fits a `c_int`.
+    Error::from_errno(-(kernel::bindings::ENOSYS as i32))
 }
 
 /// True if every element of a reserved field is zero.
@@ -71,7 +84,7 @@ fn info(user: UserSlice) -> Result {
 /// `RUVM_IOCTL_TEST_PLANT`: deliberately misbehave so tests can prove the harness notices.
 fn test_plant(user: UserSlice) -> Result {
     if !crate::test_ioctls_enabled() {
-        return Err(ENOSYS);
+        return Err(enosys());
     }
     cred::require_sys_admin()?;
     let args: uapi::ruvm_test_plant = user.reader().read()?;

@@ -110,7 +110,9 @@ EOF
 chmod +x "$root/init"
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/initramfs.cpio.gz"
 
-append="console=ttyS0 panic=-1 intel_iommu=on iommu.strict=1 printk.devkmsg=on"
+# oops=panic: an oops ends the run at once (panic=-1 reboots, -no-reboot makes QEMU exit)
+# instead of leaving a half-dead guest to time out.
+append="console=ttyS0 panic=-1 oops=panic intel_iommu=on iommu.strict=1 printk.devkmsg=on"
 [ $interactive = 1 ] || append="$append quiet"
 qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -cpu max -smp 2 -m "$VM_MEM"
 	-device intel-iommu,intremap=on -nographic -no-reboot
@@ -144,14 +146,26 @@ section() {
 # The command's output, without the kernel's console lines.
 [ "$VM_VERBOSE" = 1 ] || section OUT | grep -avE '^\[ *[0-9]+\.[0-9]+\] ' || true
 
+# Kernel problems: any of these in the kernel log fails the run, whatever the command said.
+# A line the test declared expected (VM_EXPECT_KMSG) is listed but not counted.
+patterns='(WARNING:|BUG:|BUG at|Oops|general protection fault|Kernel panic|UBSAN:|KASAN|'
+patterns+='possible recursive locking|inconsistent lock state|DEBUG_LOCKS_WARN_ON|'
+patterns+='suspected memory leak|INFO: task .* blocked for more than|detected stalls|'
+patterns+='DMA-API: )'
+
 if ! grep -aq "RUVM-END-$nonce rc=" "$work/log"; then
 	if [ "$qrc" -eq 124 ] || [ "$qrc" -eq 137 ]; then
 		echo "vm: FAIL: the guest did not finish within $VM_TIMEOUT s; console tail:" >&2
 		tail -n 30 "$work/log" >&2
 		exit 124
 	fi
-	echo "vm: FAIL: the guest stopped without reporting (QEMU exit $qrc); console tail:" >&2
-	tail -n 40 "$work/log" >&2
+	echo "vm: FAIL: the guest stopped without reporting (QEMU exit $qrc)" >&2
+	if grep -aqE "$patterns" "$work/log"; then
+		echo "vm: the kernel reported:" >&2
+		grep -aE -A12 "$patterns" "$work/log" | head -n 60 | sed 's/^/  | /' >&2
+	else
+		tail -n 40 "$work/log" | sed 's/^/  | /' >&2
+	fi
 	exit 125
 fi
 if grep -aq "RUVM-INSMOD-FAILED-$nonce" "$work/log"; then
@@ -161,12 +175,7 @@ if grep -aq "RUVM-INSMOD-FAILED-$nonce" "$work/log"; then
 fi
 rc=$(sed -n "s/.*RUVM-END-$nonce rc=\([0-9]*\).*/\1/p" "$work/log" | tail -n 1)
 
-# Kernel problems: any of these in the kernel log fails the run, whatever the command said.
 # A line the test declared expected (VM_EXPECT_KMSG) is listed but not counted.
-patterns='(WARNING:|BUG:|BUG at|Oops|general protection fault|Kernel panic|UBSAN:|KASAN|'
-patterns+='possible recursive locking|inconsistent lock state|DEBUG_LOCKS_WARN_ON|'
-patterns+='suspected memory leak|INFO: task .* blocked for more than|detected stalls|'
-patterns+='DMA-API: )'
 section DMESG > "$work/dmesg"
 bad=$(grep -aE "$patterns" "$work/dmesg" || true)
 if [ -n "$VM_EXPECT_KMSG" ] && [ -n "$bad" ]; then

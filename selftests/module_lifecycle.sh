@@ -1,0 +1,44 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+# Module load/unload in the guest, as KTAP: repeated insmod/rmmod cycles, and rmmod refused
+# while a file of /dev/ruvm is open. Expects ruvm not to be loaded when it starts.
+KO=${RUVM_KO:-/ruvm/ruvm.ko}
+n=0 failed=0
+ok() { n=$((n + 1)); echo "ok $n $1"; }
+notok() { n=$((n + 1)); failed=1; echo "# $1: $2"; echo "not ok $n $1"; }
+
+echo "TAP version 13"
+echo "1..3"
+
+if [ -d /sys/module/ruvm ]; then
+	echo "# ruvm is already loaded"
+	echo "Bail out!"
+	exit 1
+fi
+
+why=
+for i in 1 2 3 4 5; do
+	insmod "$KO" || { why="insmod failed in cycle $i"; break; }
+	[ -c /dev/ruvm ] || { why="no /dev/ruvm after insmod in cycle $i"; break; }
+	ruvmctl info > /dev/null || { why="ruvmctl info failed in cycle $i"; break; }
+	rmmod ruvm || { why="rmmod failed in cycle $i"; break; }
+	[ ! -e /dev/ruvm ] || { why="/dev/ruvm still there after rmmod in cycle $i"; break; }
+done
+[ -z "$why" ] && ok insmod_rmmod_cycles || notok insmod_rmmod_cycles "$why"
+
+insmod "$KO" || { notok rmmod_refused_while_open "insmod failed"; echo "Bail out!"; exit 1; }
+exec 3<> /dev/ruvm
+if rmmod ruvm 2> /dev/null; then
+	notok rmmod_refused_while_open "rmmod succeeded with /dev/ruvm open"
+	exec 3>&-
+	exit 1
+fi
+ok rmmod_refused_while_open
+exec 3>&-
+if rmmod ruvm; then
+	ok rmmod_after_last_close
+else
+	notok rmmod_after_last_close "rmmod failed after the file was closed"
+fi
+echo "# Totals: pass:$((n - failed)) fail:$failed xfail:0 xpass:0 skip:0 error:0"
+exit $failed
