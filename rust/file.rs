@@ -75,7 +75,11 @@ fn info(user: UserSlice) -> Result {
     args.version = [0; uapi::RUVM_VERSION_LEN as usize];
     // Keep the terminating NUL: copy at most `len - 1` bytes into the zeroed array.
     let room = args.version.len() - 1;
-    for (dst, src) in args.version.iter_mut().zip(crate::VERSION.bytes().take(room)) {
+    for (dst, src) in args
+        .version
+        .iter_mut()
+        .zip(crate::VERSION.bytes().take(room))
+    {
         *dst = src;
     }
     writer.write(&args)

@@ -38,7 +38,7 @@ pub(crate) fn test_ioctls_enabled() -> bool {
 }
 
 /// The loaded module: owns the `/dev/ruvm` registration.
-#[pin_data]
+#[pin_data(PinnedDrop)]
 struct RuvmModule {
     #[pin]
     _miscdev: MiscDeviceRegistration<file::RuvmFile>,
@@ -49,9 +49,21 @@ impl kernel::InPlaceModule for RuvmModule {
         if test_ioctls_enabled() {
             pr_warn!("test ioctls are enabled; this is a security risk\n");
         }
-        pr_info!("version {} loaded (ABI {})\n", VERSION, uapi::RUVM_ABI_VERSION);
+        pr_info!(
+            "version {} loaded (ABI {})\n",
+            VERSION,
+            uapi::RUVM_ABI_VERSION
+        );
         try_pin_init!(Self {
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
         })
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for RuvmModule {
+    fn drop(self: Pin<&mut Self>) {
+        // No file can be open here: each open file holds a module reference (`bind::fops`).
+        pr_info!("unloaded\n");
     }
 }

@@ -27,7 +27,9 @@ unsafe impl Sync for Fops {}
 
 /// The miscdevice abstraction's table for [`RuvmFile`], with `owner` set to this module.
 static OWNED_FOPS: Fops = Fops({
-    let vtable = MiscDeviceOptions { name: c"ruvm" }.into_raw::<RuvmFile>().fops;
+    let vtable = MiscDeviceOptions { name: c"ruvm" }
+        .into_raw::<RuvmFile>()
+        .fops;
     // SAFETY: `into_raw` points `fops` at the abstraction's `'static` table for `RuvmFile`.
     let mut fops = unsafe { *vtable };
     fops.owner = crate::THIS_MODULE.as_ptr();

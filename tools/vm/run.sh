@@ -143,8 +143,8 @@ section() {
 		'index($0, e) { f = 0 } f { print } index($0, b) { f = 1 }' "$work/log"
 }
 
-# The command's output, without the kernel's console lines.
-[ "$VM_VERBOSE" = 1 ] || section OUT | grep -avE '^\[ *[0-9]+\.[0-9]+\] ' || true
+# The command's output. With `quiet`, the only kernel lines among it are errors, which belong there.
+[ "$VM_VERBOSE" = 1 ] || section OUT
 
 # Kernel problems: any of these in the kernel log fails the run, whatever the command said.
 # A line the test declared expected (VM_EXPECT_KMSG) is listed but not counted.
@@ -191,6 +191,12 @@ dma=$(sed -n "s/.*RUVM-DMA-ERRORS-$nonce \([0-9]*\).*/\1/p" "$work/log" | tail -
 [ -z "$dma" ] || [ "$dma" -eq 0 ] || problems+=("DMA-API debug: $dma errors")
 grep -aq "RUVM-RMMOD-FAILED-$nonce" "$work/log" && problems+=("rmmod ruvm failed")
 
+kml="not in this kernel"
+grep -aq "RUVM-KMEMLEAK-BEGIN-$nonce" "$work/log" && kml=$([ -z "$leaks" ] && echo clean || echo LEAKS)
+echo "vm: verdict: kernel log $([ -z "$bad" ] && echo clean || echo 'has errors');" \
+	"kmemleak ${kml}; DMA-API debug errors ${dma:-not in this kernel};" \
+	"rmmod $(grep -aq "RUVM-RMMOD-FAILED-$nonce" "$work/log" && echo FAILED || echo ok);" \
+	"command exit $rc" >&2
 if ((${#problems[@]})); then
 	echo "vm: FAIL: the kernel reported problems (command exit $rc):" >&2
 	printf '%s\n' "${problems[@]}" | sed 's/^/  /' >&2

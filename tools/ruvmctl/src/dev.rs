@@ -42,9 +42,13 @@ impl Ruvm {
     /// Opens the device for reading and writing.
     pub fn open() -> std::io::Result<Self> {
         let p = path();
-        let file = OpenOptions::new().read(true).write(true).open(&p).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot open {}: {e}", p.display()))
-        })?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .map_err(|e| {
+                std::io::Error::new(e.kind(), format!("cannot open {}: {e}", p.display()))
+            })?;
         Ok(Self { file })
     }
 
@@ -74,7 +78,10 @@ impl Ruvm {
 
     /// `RUVM_IOCTL_TEST_PLANT`.
     pub fn test_plant(&self, what: u32) -> Result<(), Errno> {
-        let mut args = uapi::ruvm_test_plant { what, ..Default::default() };
+        let mut args = uapi::ruvm_test_plant {
+            what,
+            ..Default::default()
+        };
         self.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut args)
     }
 }
@@ -100,7 +107,10 @@ mod tests {
     fn ioctl_numbers_encode_the_structure_size() {
         // _IOC_SIZE is bits 16..30 of the number; _IOC_DIR (bits 30..32) is read|write.
         let size = |cmd: u32| (cmd >> 16) & 0x3fff;
-        assert_eq!(size(uapi::RUVM_IOCTL_INFO) as usize, std::mem::size_of::<uapi::ruvm_info>());
+        assert_eq!(
+            size(uapi::RUVM_IOCTL_INFO) as usize,
+            std::mem::size_of::<uapi::ruvm_info>()
+        );
         assert_eq!(
             size(uapi::RUVM_IOCTL_TEST_PLANT) as usize,
             std::mem::size_of::<uapi::ruvm_test_plant>()
@@ -119,7 +129,11 @@ mod tests {
     #[test]
     fn ruvmctl_and_module_share_one_version() {
         let file = include_str!("../../../VERSION").trim();
-        assert_eq!(env!("CARGO_PKG_VERSION"), file, "Cargo.toml and VERSION disagree");
+        assert_eq!(
+            env!("CARGO_PKG_VERSION"),
+            file,
+            "Cargo.toml and VERSION disagree"
+        );
         assert_eq!(env!("RUVM_VERSION"), file);
     }
 }

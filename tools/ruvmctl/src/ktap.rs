@@ -48,7 +48,11 @@ impl<W: std::io::Write> Ktap<W> {
     /// Starts a plan of `count` cases.
     pub fn new(mut out: W, count: usize) -> std::io::Result<Self> {
         writeln!(out, "TAP version 13\n1..{count}")?;
-        Ok(Self { out, next: 1, totals: Totals::default() })
+        Ok(Self {
+            out,
+            next: 1,
+            totals: Totals::default(),
+        })
     }
 
     /// A diagnostic line (`# ...`); multi-line text gets one `#` per line.
@@ -138,15 +142,32 @@ mod tests {
              not ok 2 case_1\nok 3 case_2 # SKIP no GPU\n\
              # Totals: pass:1 fail:1 xfail:0 xpass:0 skip:1 error:0\n"
         );
-        assert_eq!(t, Totals { pass: 1, fail: 1, skip: 1 });
+        assert_eq!(
+            t,
+            Totals {
+                pass: 1,
+                fail: 1,
+                skip: 1
+            }
+        );
     }
 
     #[test]
     fn exit_codes_follow_kselftest() {
         assert_eq!(run(&[Outcome::Pass]).1.exit_code(), 0);
-        assert_eq!(run(&[Outcome::Pass, Outcome::Fail(String::new())]).1.exit_code(), 1);
+        assert_eq!(
+            run(&[Outcome::Pass, Outcome::Fail(String::new())])
+                .1
+                .exit_code(),
+            1
+        );
         assert_eq!(run(&[Outcome::Skip("x".into())]).1.exit_code(), KSFT_SKIP);
-        assert_eq!(run(&[Outcome::Pass, Outcome::Skip("x".into())]).1.exit_code(), 0);
+        assert_eq!(
+            run(&[Outcome::Pass, Outcome::Skip("x".into())])
+                .1
+                .exit_code(),
+            0
+        );
         assert_eq!(run(&[]).1.exit_code(), KSFT_SKIP);
     }
 
@@ -154,6 +175,9 @@ mod tests {
     fn skip_all_plan() {
         let mut buf = Vec::new();
         skip_all(&mut buf, "no /dev/ruvm\nload the module").unwrap();
-        assert_eq!(String::from_utf8(buf).unwrap(), "TAP version 13\n1..0 # SKIP no /dev/ruvm; load the module\n");
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            "TAP version 13\n1..0 # SKIP no /dev/ruvm; load the module\n"
+        );
     }
 }

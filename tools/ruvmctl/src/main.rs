@@ -69,7 +69,9 @@ fn feature_names(_bits: u64) -> Vec<&'static str> {
 
 fn info(json: bool) -> Result<(), String> {
     let d = dev::Ruvm::open().map_err(|e| e.to_string())?;
-    let i = d.info().map_err(|e| format!("RUVM_IOCTL_INFO: {}", e.desc()))?;
+    let i = d
+        .info()
+        .map_err(|e| format!("RUVM_IOCTL_INFO: {}", e.desc()))?;
     let out = InfoOut {
         version: dev::c_string(&i.version),
         abi_version: i.abi_version,
@@ -78,14 +80,32 @@ fn info(json: bool) -> Result<(), String> {
         test_ioctls: i.test_ioctls != 0,
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
+        );
     } else {
         println!("ruvm {} (ABI {})", out.version, out.abi_version);
-        let names = if out.feature_names.is_empty() { "none".to_owned() } else { out.feature_names.join(" ") };
+        let names = if out.feature_names.is_empty() {
+            "none".to_owned()
+        } else {
+            out.feature_names.join(" ")
+        };
         println!("features:    {names} ({:#x})", out.features);
-        println!("test ioctls: {}", if out.test_ioctls { "enabled" } else { "disabled" });
+        println!(
+            "test ioctls: {}",
+            if out.test_ioctls {
+                "enabled"
+            } else {
+                "disabled"
+            }
+        );
         if out.abi_version != uapi::RUVM_ABI_VERSION {
-            println!("warning: ruvmctl speaks ABI {}, the module ABI {}", uapi::RUVM_ABI_VERSION, out.abi_version);
+            println!(
+                "warning: ruvmctl speaks ABI {}, the module ABI {}",
+                uapi::RUVM_ABI_VERSION,
+                out.abi_version
+            );
         }
     }
     Ok(())
@@ -99,7 +119,11 @@ fn main() -> ExitCode {
             selftest::list().iter().for_each(|n| println!("{n}"));
             Ok(())
         }
-        Cmd::Selftest { filter, plant_failure, .. } => {
+        Cmd::Selftest {
+            filter,
+            plant_failure,
+            ..
+        } => {
             return match selftest::run(filter.as_deref(), plant_failure) {
                 Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
                 Err(e) => {
@@ -108,9 +132,12 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Cmd::TestPlant { what: Plant::Warn } => dev::Ruvm::open()
-            .map_err(|e| e.to_string())
-            .and_then(|d| d.test_plant(uapi::ruvm_plant_RUVM_PLANT_WARN).map_err(|e| format!("RUVM_IOCTL_TEST_PLANT: {}", e.desc()))),
+        Cmd::TestPlant { what: Plant::Warn } => {
+            dev::Ruvm::open().map_err(|e| e.to_string()).and_then(|d| {
+                d.test_plant(uapi::ruvm_plant_RUVM_PLANT_WARN)
+                    .map_err(|e| format!("RUVM_IOCTL_TEST_PLANT: {}", e.desc()))
+            })
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -51,11 +51,17 @@ impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
 }
 
 /// Checks that `result` failed with exactly `want`.
-pub fn expect_errno<T: std::fmt::Debug>(result: Result<T, Errno>, want: Errno, what: &str) -> TestResult {
+pub fn expect_errno<T: std::fmt::Debug>(
+    result: Result<T, Errno>,
+    want: Errno,
+    what: &str,
+) -> TestResult {
     match result {
         Err(got) if got == want => Ok(()),
         Err(got) => Err(Stop::Fail(format!("{what}: got {got}, wanted {want}"))),
-        Ok(v) => Err(Stop::Fail(format!("{what}: succeeded ({v:?}), wanted {want}"))),
+        Ok(v) => Err(Stop::Fail(format!(
+            "{what}: succeeded ({v:?}), wanted {want}"
+        ))),
     }
 }
 
@@ -70,9 +76,15 @@ pub fn cases() -> Vec<Case> {
 /// that a failing selftest fails the whole run (`--plant-failure`).
 fn planted_failure() -> TestResult {
     let dev = crate::dev::Ruvm::open().ctx("open")?;
-    let mut info = crate::uapi::ruvm_info { flags: 1, ..Default::default() };
+    let mut info = crate::uapi::ruvm_info {
+        flags: 1,
+        ..Default::default()
+    };
     let r = dev.ioctl(crate::uapi::RUVM_IOCTL_INFO, &mut info);
-    check!(r.is_ok(), "planted failure: INFO with flags=1 returned {r:?}; a failure is what this case is for");
+    check!(
+        r.is_ok(),
+        "planted failure: INFO with flags=1 returned {r:?}; a failure is what this case is for"
+    );
     Ok(())
 }
 
@@ -81,7 +93,10 @@ pub fn run(filter: Option<&str>, plant_failure: bool) -> std::io::Result<i32> {
     let out = std::io::stdout().lock();
     let path = crate::dev::path();
     if !path.exists() {
-        ktap::skip_all(out, &format!("{} not present (is ruvm loaded?)", path.display()))?;
+        ktap::skip_all(
+            out,
+            &format!("{} not present (is ruvm loaded?)", path.display()),
+        )?;
         return Ok(ktap::KSFT_SKIP);
     }
     let mut list: Vec<Case> = cases()
@@ -89,7 +104,10 @@ pub fn run(filter: Option<&str>, plant_failure: bool) -> std::io::Result<i32> {
         .filter(|c| filter.is_none_or(|f| c.name.contains(f)))
         .collect();
     if plant_failure {
-        list.push(Case { name: "planted_failure", run: planted_failure });
+        list.push(Case {
+            name: "planted_failure",
+            run: planted_failure,
+        });
     }
     let mut k = Ktap::new(out, list.len())?;
     // Assertion messages go to KTAP diagnostics, not to a panic backtrace.
@@ -131,7 +149,10 @@ mod tests {
         sorted.dedup();
         assert_eq!(sorted.len(), names.len(), "duplicate case names");
         for n in names {
-            assert!(!n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'), "{n}");
+            assert!(
+                !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+                "{n}"
+            );
         }
     }
 

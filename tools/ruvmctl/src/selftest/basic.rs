@@ -18,15 +18,42 @@ use crate::{dev, uapi};
 
 pub fn cases() -> Vec<Case> {
     vec![
-        Case { name: "info_reports_abi_and_version", run: info_reports_abi_and_version },
-        Case { name: "info_rejects_nonzero_flags", run: info_rejects_nonzero_flags },
-        Case { name: "info_rejects_nonzero_pad_and_reserved", run: info_rejects_nonzero_pad_and_reserved },
-        Case { name: "info_bad_pointer_is_efault", run: info_bad_pointer_is_efault },
-        Case { name: "info_readonly_argument_is_efault", run: info_readonly_argument_is_efault },
-        Case { name: "unknown_commands_are_enotty", run: unknown_commands_are_enotty },
-        Case { name: "test_plant_is_gated", run: test_plant_is_gated },
-        Case { name: "many_open_files", run: many_open_files },
-        Case { name: "concurrent_info", run: concurrent_info },
+        Case {
+            name: "info_reports_abi_and_version",
+            run: info_reports_abi_and_version,
+        },
+        Case {
+            name: "info_rejects_nonzero_flags",
+            run: info_rejects_nonzero_flags,
+        },
+        Case {
+            name: "info_rejects_nonzero_pad_and_reserved",
+            run: info_rejects_nonzero_pad_and_reserved,
+        },
+        Case {
+            name: "info_bad_pointer_is_efault",
+            run: info_bad_pointer_is_efault,
+        },
+        Case {
+            name: "info_readonly_argument_is_efault",
+            run: info_readonly_argument_is_efault,
+        },
+        Case {
+            name: "unknown_commands_are_enotty",
+            run: unknown_commands_are_enotty,
+        },
+        Case {
+            name: "test_plant_is_gated",
+            run: test_plant_is_gated,
+        },
+        Case {
+            name: "many_open_files",
+            run: many_open_files,
+        },
+        Case {
+            name: "concurrent_info",
+            run: concurrent_info,
+        },
     ]
 }
 
@@ -41,32 +68,69 @@ const IOC_READ_WRITE: u32 = 3;
 fn info_reports_abi_and_version() -> TestResult {
     let d = dev::Ruvm::open().ctx("open")?;
     let info = d.info().ctx("INFO")?;
-    check!(info.abi_version == uapi::RUVM_ABI_VERSION, "abi_version {} != header's {}", info.abi_version, uapi::RUVM_ABI_VERSION);
-    check!(info.version.contains(&0), "version string is not NUL-terminated");
+    check!(
+        info.abi_version == uapi::RUVM_ABI_VERSION,
+        "abi_version {} != header's {}",
+        info.abi_version,
+        uapi::RUVM_ABI_VERSION
+    );
+    check!(
+        info.version.contains(&0),
+        "version string is not NUL-terminated"
+    );
     let v = dev::c_string(&info.version);
-    check!(v == env!("RUVM_VERSION"), "module version {v:?} != ruvmctl's {:?}", env!("RUVM_VERSION"));
-    check!(info.features & !u64::from(uapi::RUVM_FEATURES_ALL) == 0, "unknown feature bits {:#x}", info.features);
-    check!(info.flags == 0 && info.pad == 0 && info.reserved == [0; 4], "inputs were not echoed unchanged");
+    check!(
+        v == env!("RUVM_VERSION"),
+        "module version {v:?} != ruvmctl's {:?}",
+        env!("RUVM_VERSION")
+    );
+    check!(
+        info.features & !u64::from(uapi::RUVM_FEATURES_ALL) == 0,
+        "unknown feature bits {:#x}",
+        info.features
+    );
+    check!(
+        info.flags == 0 && info.pad == 0 && info.reserved == [0; 4],
+        "inputs were not echoed unchanged"
+    );
     Ok(())
 }
 
 fn info_rejects_nonzero_flags() -> TestResult {
     let d = dev::Ruvm::open().ctx("open")?;
     for bit in [0, 1, 31] {
-        let mut a = uapi::ruvm_info { flags: 1 << bit, ..Default::default() };
-        expect_errno(d.ioctl(uapi::RUVM_IOCTL_INFO, &mut a), Errno::EINVAL, &format!("flags bit {bit}"))?;
+        let mut a = uapi::ruvm_info {
+            flags: 1 << bit,
+            ..Default::default()
+        };
+        expect_errno(
+            d.ioctl(uapi::RUVM_IOCTL_INFO, &mut a),
+            Errno::EINVAL,
+            &format!("flags bit {bit}"),
+        )?;
     }
     Ok(())
 }
 
 fn info_rejects_nonzero_pad_and_reserved() -> TestResult {
     let d = dev::Ruvm::open().ctx("open")?;
-    let mut a = uapi::ruvm_info { pad: 1, ..Default::default() };
-    expect_errno(d.ioctl(uapi::RUVM_IOCTL_INFO, &mut a), Errno::EINVAL, "pad = 1")?;
+    let mut a = uapi::ruvm_info {
+        pad: 1,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_INFO, &mut a),
+        Errno::EINVAL,
+        "pad = 1",
+    )?;
     for i in 0..4 {
         let mut a = uapi::ruvm_info::default();
         a.reserved[i] = 1 << 63;
-        expect_errno(d.ioctl(uapi::RUVM_IOCTL_INFO, &mut a), Errno::EINVAL, &format!("reserved[{i}]"))?;
+        expect_errno(
+            d.ioctl(uapi::RUVM_IOCTL_INFO, &mut a),
+            Errno::EINVAL,
+            &format!("reserved[{i}]"),
+        )?;
     }
     Ok(())
 }
@@ -95,12 +159,24 @@ impl Drop for Mapping {
 
 fn info_bad_pointer_is_efault() -> TestResult {
     let d = dev::Ruvm::open().ctx("open")?;
-    expect_errno(d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, std::ptr::null_mut()), Errno::EFAULT, "NULL argument")?;
+    expect_errno(
+        d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, std::ptr::null_mut()),
+        Errno::EFAULT,
+        "NULL argument",
+    )?;
     let guard = Mapping::new(4096, ProtFlags::PROT_NONE)?;
-    expect_errno(d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, guard.ptr.as_ptr()), Errno::EFAULT, "PROT_NONE argument")?;
+    expect_errno(
+        d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, guard.ptr.as_ptr()),
+        Errno::EFAULT,
+        "PROT_NONE argument",
+    )?;
     // A kernel address is never a valid user pointer.
     let kernel = 0xffff_8880_0000_0000_usize as *mut std::ffi::c_void;
-    expect_errno(d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, kernel), Errno::EFAULT, "kernel address")?;
+    expect_errno(
+        d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, kernel),
+        Errno::EFAULT,
+        "kernel address",
+    )?;
     Ok(())
 }
 
@@ -108,7 +184,11 @@ fn info_readonly_argument_is_efault() -> TestResult {
     let d = dev::Ruvm::open().ctx("open")?;
     // Zero-filled, so the module's read and validation succeed and only the write-back fails.
     let ro = Mapping::new(4096, ProtFlags::PROT_READ)?;
-    expect_errno(d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, ro.ptr.as_ptr()), Errno::EFAULT, "read-only argument")
+    expect_errno(
+        d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, ro.ptr.as_ptr()),
+        Errno::EFAULT,
+        "read-only argument",
+    )
 }
 
 fn unknown_commands_are_enotty() -> TestResult {
@@ -118,35 +198,75 @@ fn unknown_commands_are_enotty() -> TestResult {
     let info_size = std::mem::size_of::<uapi::ruvm_info>();
     let magic = uapi::RUVM_IOCTL_MAGIC;
     let cases = [
-        ("unused number 0x7f", ioc(IOC_READ_WRITE, magic, 0x7f, info_size)),
+        (
+            "unused number 0x7f",
+            ioc(IOC_READ_WRITE, magic, 0x7f, info_size),
+        ),
         ("INFO with a smaller size", ioc(IOC_READ_WRITE, magic, 0, 8)),
-        ("INFO with a larger size", ioc(IOC_READ_WRITE, magic, 0, info_size + 8)),
+        (
+            "INFO with a larger size",
+            ioc(IOC_READ_WRITE, magic, 0, info_size + 8),
+        ),
         ("INFO read-only direction", ioc(2, magic, 0, info_size)),
-        ("INFO with another magic", ioc(IOC_READ_WRITE, magic + 1, 0, info_size)),
+        (
+            "INFO with another magic",
+            ioc(IOC_READ_WRITE, magic + 1, 0, info_size),
+        ),
         ("no-argument command", ioc(0, magic, 0, 0)),
     ];
     for (what, cmd) in cases {
         expect_errno(d.ioctl_ptr(cmd, p), Errno::ENOTTY, what)?;
     }
-    check!(buf.iter().all(|&b| b == 0), "a refused command wrote to its argument");
+    check!(
+        buf.iter().all(|&b| b == 0),
+        "a refused command wrote to its argument"
+    );
     Ok(())
 }
 
 fn test_plant_is_gated() -> TestResult {
     let d = dev::Ruvm::open().ctx("open")?;
     if d.info().ctx("INFO")?.test_ioctls == 0 {
-        return expect_errno(d.test_plant(uapi::ruvm_plant_RUVM_PLANT_WARN), Errno::ENOSYS, "plant with test ioctls off");
+        return expect_errno(
+            d.test_plant(uapi::ruvm_plant_RUVM_PLANT_WARN),
+            Errno::ENOSYS,
+            "plant with test ioctls off",
+        );
     }
     if !Uid::effective().is_root() {
-        return Err(Stop::Skip("needs root to check the gate from both sides".into()));
+        return Err(Stop::Skip(
+            "needs root to check the gate from both sides".into(),
+        ));
     }
-    let mut a = uapi::ruvm_test_plant { what: 0, ..Default::default() };
-    expect_errno(d.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut a), Errno::EINVAL, "plant what=0")?;
-    let mut a = uapi::ruvm_test_plant { what: uapi::ruvm_plant_RUVM_PLANT_WARN, flags: 1, ..Default::default() };
-    expect_errno(d.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut a), Errno::EINVAL, "plant flags=1")?;
-    let mut a = uapi::ruvm_test_plant { what: uapi::ruvm_plant_RUVM_PLANT_WARN, ..Default::default() };
+    let mut a = uapi::ruvm_test_plant {
+        what: 0,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut a),
+        Errno::EINVAL,
+        "plant what=0",
+    )?;
+    let mut a = uapi::ruvm_test_plant {
+        what: uapi::ruvm_plant_RUVM_PLANT_WARN,
+        flags: 1,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut a),
+        Errno::EINVAL,
+        "plant flags=1",
+    )?;
+    let mut a = uapi::ruvm_test_plant {
+        what: uapi::ruvm_plant_RUVM_PLANT_WARN,
+        ..Default::default()
+    };
     a.reserved[1] = 1;
-    expect_errno(d.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut a), Errno::EINVAL, "plant reserved[1]=1")?;
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut a),
+        Errno::EINVAL,
+        "plant reserved[1]=1",
+    )?;
     // Without CAP_SYS_ADMIN: a child that gave up root must get EPERM.
     // SAFETY: the selftest runner is single-threaded here; the child only makes syscalls.
     match unsafe { fork() }.ctx("fork")? {
@@ -157,13 +277,18 @@ fn test_plant_is_gated() -> TestResult {
         }
         ForkResult::Parent { child } => match waitpid(child, None).ctx("waitpid")? {
             WaitStatus::Exited(_, 0) => Ok(()),
-            s => Err(Stop::Fail(format!("unprivileged plant was not refused with EPERM ({s:?})"))),
+            s => Err(Stop::Fail(format!(
+                "unprivileged plant was not refused with EPERM ({s:?})"
+            ))),
         },
     }
 }
 
 fn many_open_files() -> TestResult {
-    let files: Vec<dev::Ruvm> = (0..64).map(|_| dev::Ruvm::open()).collect::<Result<_, _>>().ctx("open")?;
+    let files: Vec<dev::Ruvm> = (0..64)
+        .map(|_| dev::Ruvm::open())
+        .collect::<Result<_, _>>()
+        .ctx("open")?;
     for (i, f) in files.iter().enumerate() {
         f.info().ctx(&format!("INFO on file {i}"))?;
     }
@@ -179,7 +304,9 @@ fn concurrent_info() -> TestResult {
         })
         .collect();
     for t in threads {
-        t.join().map_err(|_| Stop::Fail("thread panicked".into()))?.ctx("INFO in a thread")?;
+        t.join()
+            .map_err(|_| Stop::Fail("thread panicked".into()))?
+            .ctx("INFO in a thread")?;
     }
     Ok(())
 }

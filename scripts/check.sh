@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+# make check: every test of ruvm. Host tests, the guest runner's own failure modes, then the
+# guest suites on the fast and the debug kernel. Ends with "N passed, N failed[, N skipped]" and
+# exits 1 on any failure. Logs are in build/check/.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(dirname "$here")
+. "$here/env.sh"
+
+logs=$top/build/check
+rm -rf "$logs"
+mkdir -p "$logs"
+pass=0 fail=0 skip=0
+t_start=$SECONDS
+
+logname() { printf '%s/%s.log' "$logs" "$(printf '%s' "$1" | tr -c 'a-zA-Z0-9_.-' '_')"; }
+
+passed() { pass=$((pass + 1)); printf 'ok    %s\n' "$1"; }
+failed() {
+	fail=$((fail + 1))
+	printf 'FAIL  %s\n' "$1"
+	[ -z "${2:-}" ] || tail -n 30 "$2" | sed 's/^/  | /'
+}
+
+finish() {
+	echo "# make check took $(((SECONDS - t_start) / 60)) min $(((SECONDS - t_start) % 60)) s; logs in $logs"
+	local line="$pass passed, $fail failed"
+	[ "$skip" -eq 0 ] || line="$line, $skip skipped"
+	echo "$line"
+	[ "$fail" -eq 0 ]
+	exit $?
+}
+
+# A step that is one test: passes when the command exits 0.
+step() {
+	local name=$1 log t=$SECONDS
+	shift
+	log=$(logname "$name")
+	if "$@" > "$log" 2>&1; then
+		passed "$name ($((SECONDS - t)) s)"
+	else
+		failed "$name ($((SECONDS - t)) s; log: $log)" "$log"
+		return 1
+	fi
+}
+
+# Something every later test needs: a failure ends the run.
+prerequisite() {
+	step "$@" || finish
+}
+
+# --- build what the tests need ------------------------------------------------------------------
+prerequisite "deps: packages and bindgen" "$here/deps.sh"
+prerequisite "build: fast kernel" "$here/kernel.sh" build fast
+prerequisite "build: debug kernel" "$here/kernel.sh" build debug
+prerequisite "build: ruvmctl (static)" bash -c "cd '$top/tools/ruvmctl' && cargo build --release --locked"
+RUVMCTL=$top/tools/ruvmctl/target/x86_64-unknown-linux-gnu/release/ruvmctl
+file "$RUVMCTL" | grep -q 'static' || { failed "ruvmctl is not statically linked"; finish; }
+
+# --- host ---------------------------------------------------------------------------------------
+# Module builds count as tests: they must be free of rustc and clippy warnings.
+module_clean() {
+	"$here/module.sh" "$1" CLIPPY=1 > "$logs/module-$1.out" 2>&1
+	local rc=$?
+	cat "$logs/module-$1.out"
+	[ $rc -eq 0 ] || return 1
+	! grep -E '^(warning|error)' "$logs/module-$1.out"
+}
+step "host: module builds clippy-clean for the fast kernel" module_clean fast || finish
+step "host: module builds clippy-clean for the debug kernel" module_clean debug || finish
+
+step "host: uapi header is valid C with the documented layout (selftests build)" \
+	"$here/selftests.sh" "$top/build/selftests/ruvm_abi_test" || finish
+
+ksrc=$("$here/kernel.sh" source)
+step "host: module source is rustfmt-clean" \
+	bash -c "find '$top/rust' -name '*.rs' -print0 | xargs -0 /usr/bin/rustfmt --check --edition 2021 --config-path '$ksrc/.rustfmt.toml'"
+step "host: ruvmctl is rustfmt-clean" bash -c "cd '$top/tools/ruvmctl' && cargo fmt --check"
+step "host: ruvmctl is clippy-clean" \
+	bash -c "cd '$top/tools/ruvmctl' && cargo clippy --release --locked --all-targets -- -D warnings"
+
+# cargo test: each test counts.
+log=$(logname "host: cargo test")
+(cd "$top/tools/ruvmctl" && cargo test --release --locked) > "$log" 2>&1
+rc=$?
+n_ok=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\1/p' "$log" | paste -sd+ | bc)
+n_bad=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\2/p' "$log" | paste -sd+ | bc)
+pass=$((pass + ${n_ok:-0}))
+fail=$((fail + ${n_bad:-0}))
+if [ $rc -eq 0 ] && [ "${n_ok:-0}" -gt 0 ]; then
+	printf 'ok    host: cargo test (%s tests)\n' "$n_ok"
+else
+	failed "host: cargo test (exit $rc, ${n_bad:-?} failed)" "$log"
+fi
+
+# --- the guest runner's own failure modes -----------------------------------------------------
+# Each runs a guest that does something wrong on purpose; the runner must report it.
+runner_check() {
+	local name=$1 want_rc=$2 want_text=$3 out rc
+	shift 3
+	out=$(logname "$name")
+	local t=$SECONDS
+	env "$@" "$here/vm.sh" fast > "$out" 2>&1
+	rc=$?
+	if [ "$rc" -eq "$want_rc" ] && { [ -z "$want_text" ] || grep -q -- "$want_text" "$out"; }; then
+		passed "$name ($((SECONDS - t)) s)"
+	else
+		echo "runner exit $rc, wanted $want_rc and output matching '$want_text'" >> "$out"
+		failed "$name ($((SECONDS - t)) s; log: $out)" "$out"
+	fi
+}
+runner_check "runner: the command's exit status comes back" 7 "" CMD='exit 7'
+runner_check "runner: a failing selftest fails the run" 1 "not ok .* planted_failure" \
+	CMD='ruvmctl selftest --plant-failure'
+runner_check "runner: a kernel WARN fails the run although the command passed" 3 "WARNING:" \
+	VM_MODARGS=enable_test_ioctls=1 CMD='ruvmctl test-plant warn'
+runner_check "runner: a hung guest fails the run" 124 "did not finish" VM_TIMEOUT=20 CMD='sleep 1000'
+runner_check "runner: a failed insmod fails the run" 125 "insmod" VM_MODARGS=no_such_param=1 CMD=true
+
+# --- the guest suites ---------------------------------------------------------------------------
+# KTAP results count one by one; a run whose kernel reported a problem adds a failure.
+guest_suites() {
+	local flavour=$1 out rc t=$SECONDS
+	out=$(logname "guest-$flavour")
+	SELFTESTS="$top/build/selftests/ruvm_abi_test $top/selftests/module_lifecycle.sh $top/selftests/run_all.sh" \
+		CMD=/selftests/run_all.sh "$here/vm.sh" "$flavour" > "$out" 2>&1
+	rc=$?
+	local p f s
+	p=$(grep -cE '^ok [0-9]+ ' "$out" | tr -d ' ')
+	s=$(grep -cE '^ok [0-9]+ .*# SKIP' "$out" | tr -d ' ')
+	f=$(grep -cE '^not ok [0-9]+ ' "$out" | tr -d ' ')
+	pass=$((pass + p - s))
+	skip=$((skip + s))
+	fail=$((fail + f))
+	printf '%s  guest (%s kernel): %d passed, %d failed, %d skipped (%d s)\n' \
+		"$([ "$f" -eq 0 ] && [ "$rc" -eq 0 ] && echo 'ok  ' || echo FAIL)" "$flavour" $((p - s)) "$f" "$s" $((SECONDS - t))
+	grep -E '^not ok ' "$out" | sed 's/^/  | /'
+	case $rc in
+	0) [ "$p" -gt 0 ] || failed "guest ($flavour kernel): no test ran" "$out" ;;
+	1) [ "$f" -gt 0 ] || failed "guest ($flavour kernel): a suite failed without a KTAP result" "$out" ;;
+	*) failed "guest ($flavour kernel): the run failed (runner exit $rc)" "$out" ;;
+	esac
+}
+guest_suites fast
+guest_suites debug
+
+finish
