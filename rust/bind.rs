@@ -7,3 +7,6 @@
 
 pub(crate) mod cred;
 pub(crate) mod fops;
+pub(crate) mod pages;
+pub(crate) mod vma;
+pub(crate) mod vmap;

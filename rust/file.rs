@@ -1,53 +1,262 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! One open file of `/dev/ruvm`: its state and the ioctl dispatcher.
+//! One open file of `/dev/ruvm`: its mems, the ioctl dispatcher and `mmap`.
 //!
 //! Each command has one small handler that reads its argument structure from user space,
 //! validates every field (reserved and unknown bits included) before acting, and writes the
 //! structure back. Unknown commands are `ENOTTY` (Documentation/driver-api/ioctl.rst).
+//!
+//! Locking: the file's mutex guards its tables only; it is released before a mem is worked on
+//! (the mem has its own mutex) and before user memory is touched.
 
 use kernel::{
     fs::File,
     ioctl::_IOC_SIZE,
     miscdevice::{MiscDevice, MiscDeviceRegistration},
+    mm::virt::VmaNew,
+    new_mutex,
     prelude::*,
+    rbtree::RBTree,
+    sync::{Arc, Mutex},
     uaccess::{UserPtr, UserSlice},
 };
 
 use crate::{
     bind::{cred, fops},
+    mem::{AllocRequest, Fill, Handle, Mem, Quota},
     uapi,
 };
 
 /// The state of one open file of `/dev/ruvm`.
 ///
-/// Today the ABI has no per-file objects yet; allocations (and their handle table) will hang
-/// off this structure, and dropping it will free everything the file still owns.
+/// Dropping it (the last close) drops its mems: no user mapping can exist by then, since each
+/// VMA holds a reference on the file.
 #[pin_data]
-pub(crate) struct RuvmFile {}
+pub(crate) struct RuvmFile {
+    #[pin]
+    inner: Mutex<FileInner>,
+    quota: Arc<Quota>,
+}
+
+/// The tables of a file's mems.
+struct FileInner {
+    /// Every mem of the file, by handle.
+    mems: RBTree<Handle, Arc<Mem>>,
+    /// The handle of the mem at each mmap offset.
+    offsets: RBTree<u64, Handle>,
+}
 
 #[vtable]
 impl MiscDevice for RuvmFile {
     type Ptr = Pin<KBox<Self>>;
 
     fn open(file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
-        let me = KBox::try_pin_init(try_pin_init!(RuvmFile {}), GFP_KERNEL)?;
+        let quota = Arc::new(Quota::new(crate::max_file_bytes()), GFP_KERNEL)?;
+        let me = KBox::try_pin_init(
+            try_pin_init!(RuvmFile {
+                inner <- new_mutex!(FileInner {
+                    mems: RBTree::new(),
+                    offsets: RBTree::new(),
+                }),
+                quota,
+            }),
+            GFP_KERNEL,
+        )?;
         // Last, so that a failure before it leaves no module reference behind.
         fops::pin_module(file)?;
         Ok(me)
     }
 
-    fn ioctl(_me: Pin<&RuvmFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+    fn ioctl(me: Pin<&RuvmFile>, file: &File, cmd: u32, arg: usize) -> Result<isize> {
         // The command number encodes the argument size, so matching the whole number also
         // checks that the caller was built against the same structure layout.
         let user = UserSlice::new(UserPtr::from_addr(arg), _IOC_SIZE(cmd));
         match cmd {
             uapi::RUVM_IOCTL_INFO => info(user)?,
+            uapi::RUVM_IOCTL_MEM_ALLOC => me.mem_alloc(user)?,
+            uapi::RUVM_IOCTL_MEM_FREE => me.mem_free(file, user)?,
+            uapi::RUVM_IOCTL_MEM_QUERY => me.mem_query(user)?,
+            uapi::RUVM_IOCTL_MEM_MAP_CPU_KERNEL => me.mem_map_cpu_kernel(user, true)?,
+            uapi::RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL => me.mem_map_cpu_kernel(user, false)?,
+            uapi::RUVM_IOCTL_MEM_FILL => me.mem_fill(user, false)?,
+            uapi::RUVM_IOCTL_MEM_VERIFY => me.mem_fill(user, true)?,
+            uapi::RUVM_IOCTL_MEM_COPY => me.mem_copy(user)?,
             uapi::RUVM_IOCTL_TEST_PLANT => test_plant(user)?,
             _ => return Err(ENOTTY),
         }
         Ok(0)
     }
+
+    fn mmap(me: Pin<&RuvmFile>, _file: &File, vma: &VmaNew) -> Result {
+        let offset = crate::bind::vma::offset(vma).ok_or(EINVAL)?;
+        let mem = {
+            let inner = me.inner.lock();
+            let handle = inner.offsets.get(&offset).copied();
+            handle.and_then(|h| inner.mems.get(&h).cloned())
+        };
+        // No mem of this file starts at this offset (never was, or freed).
+        mem.ok_or(ENXIO)?.map_user(vma)
+    }
+}
+
+impl RuvmFile {
+    /// The mem named `handle`, if this file has it.
+    fn mem(&self, handle: u64) -> Result<Arc<Mem>> {
+        self.inner
+            .lock()
+            .mems
+            .get(&Handle(handle))
+            .cloned()
+            .ok_or(ENOENT)
+    }
+
+    /// `RUVM_IOCTL_MEM_ALLOC`.
+    fn mem_alloc(&self, user: UserSlice) -> Result {
+        let (mut reader, mut writer) = user.reader_writer();
+        let mut args: uapi::ruvm_mem_alloc = reader.read()?;
+        if args.flags & !uapi::ruvm_alloc_flags_RUVM_ALLOC_FLAGS_ALL != 0
+            || !all_zero(&args.reserved)
+        {
+            return Err(EINVAL);
+        }
+        if args.backing != uapi::ruvm_backing_RUVM_BACKING_SYSMEM {
+            return Err(EINVAL);
+        }
+        let req = AllocRequest {
+            size: args.size,
+            page_size: args.page_size,
+            zero: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO != 0,
+            fallback: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK != 0,
+            max_bytes: crate::max_alloc_bytes(),
+        };
+        let mem = Mem::alloc(&req, &self.quota)?;
+        let handle = Handle::new();
+        {
+            let mut inner = self.inner.lock();
+            inner
+                .mems
+                .try_create_and_insert(handle, mem.clone(), GFP_KERNEL)?;
+            if let Err(e) =
+                inner
+                    .offsets
+                    .try_create_and_insert(mem.mmap_offset(), handle, GFP_KERNEL)
+            {
+                inner.mems.remove(&handle);
+                return Err(e);
+            }
+        }
+        let layout = mem.layout();
+        args.handle = handle.0;
+        args.chunk_size = layout.chunk_size;
+        args.chunk_count = layout.chunk_count;
+        args.mmap_offset = mem.mmap_offset();
+        if let Err(e) = writer.write(&args) {
+            // The caller cannot learn the handle: nothing half-done stays behind.
+            self.remove(handle);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Takes a mem out of the tables; its owner can no longer name it.
+    fn remove(&self, handle: Handle) -> Option<Arc<Mem>> {
+        let mut inner = self.inner.lock();
+        let mem = inner.mems.remove(&handle)?;
+        inner.offsets.remove(&mem.mmap_offset());
+        Some(mem)
+    }
+
+    /// `RUVM_IOCTL_MEM_FREE`: in uvm_mem's order, the user mapping goes first (zapped, so later
+    /// accesses fault), then the kernel mapping, then the chunks (when the last reference goes).
+    fn mem_free(&self, file: &File, user: UserSlice) -> Result {
+        let args = read_handle(user)?;
+        let mem = self.remove(Handle(args.handle)).ok_or(ENOENT)?;
+        mem.zap_user(file)?;
+        mem.retire();
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_MEM_QUERY`.
+    fn mem_query(&self, user: UserSlice) -> Result {
+        let (mut reader, mut writer) = user.reader_writer();
+        let mut args: uapi::ruvm_mem_query = reader.read()?;
+        if args.flags != 0 || !all_zero(&args.reserved) {
+            return Err(EINVAL);
+        }
+        let info = self.mem(args.handle)?.info();
+        args.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
+        args.size = info.size;
+        args.physical_size = info.layout.physical_size;
+        args.chunk_size = info.layout.chunk_size;
+        args.chunk_count = info.layout.chunk_count;
+        args.mmap_offset = info.mmap_offset;
+        args.mapped = 0;
+        if info.cpu_kernel {
+            args.mapped |= u64::from(uapi::ruvm_mapped_RUVM_MAPPED_CPU_KERNEL);
+        }
+        if info.user_mappings > 0 {
+            args.mapped |= u64::from(uapi::ruvm_mapped_RUVM_MAPPED_CPU_USER);
+        }
+        args.user_mappings = info.user_mappings;
+        args.alloc_flags = info.alloc_flags;
+        writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_MEM_MAP_CPU_KERNEL` and `RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL`, both idempotent.
+    fn mem_map_cpu_kernel(&self, user: UserSlice, map: bool) -> Result {
+        let args = read_handle(user)?;
+        let mem = self.mem(args.handle)?;
+        if map {
+            mem.map_cpu_kernel()
+        } else {
+            mem.unmap_cpu_kernel();
+            Ok(())
+        }
+    }
+
+    /// `RUVM_IOCTL_MEM_FILL` and `RUVM_IOCTL_MEM_VERIFY`.
+    fn mem_fill(&self, user: UserSlice, verify: bool) -> Result {
+        let (mut reader, mut writer) = user.reader_writer();
+        let mut args: uapi::ruvm_mem_fill = reader.read()?;
+        if args.flags != 0 || !all_zero(&args.reserved) {
+            return Err(EINVAL);
+        }
+        let fill = match args.kind {
+            uapi::ruvm_fill_kind_RUVM_FILL_PATTERN => Fill::Pattern(args.seed),
+            // CAST: the byte fill uses the seed's low 8 bits, as documented.
+            uapi::ruvm_fill_kind_RUVM_FILL_BYTE => Fill::Byte(args.seed as u8),
+            _ => return Err(EINVAL),
+        };
+        let mem = self.mem(args.handle)?;
+        if verify {
+            let (mismatches, first) = mem.verify(args.offset, args.length, fill)?;
+            args.mismatches = mismatches;
+            args.first_mismatch = first;
+            writer.write(&args)
+        } else {
+            mem.fill(args.offset, args.length, fill)
+        }
+    }
+
+    /// `RUVM_IOCTL_MEM_COPY`.
+    fn mem_copy(&self, user: UserSlice) -> Result {
+        let args: uapi::ruvm_mem_copy = user.reader().read()?;
+        if args.flags != 0 || args.pad != 0 || !all_zero(&args.reserved) {
+            return Err(EINVAL);
+        }
+        let dst = self.mem(args.dst_handle)?;
+        let src = self.mem(args.src_handle)?;
+        Mem::copy(&dst, args.dst_offset, &src, args.src_offset, args.length)
+    }
+}
+
+/// Reads a `struct ruvm_mem_handle` and checks its reserved fields.
+fn read_handle(user: UserSlice) -> Result<uapi::ruvm_mem_handle> {
+    let args: uapi::ruvm_mem_handle = user.reader().read()?;
+    if args.flags != 0 || args.pad != 0 || !all_zero(&args.reserved) {
+        return Err(EINVAL);
+    }
+    Ok(args)
 }
 
 /// `ENOSYS`, which the kernel crate has no constant for: what a disabled test ioctl returns,
@@ -66,12 +275,16 @@ fn all_zero<T: Default + PartialEq>(fields: &[T]) -> bool {
 fn info(user: UserSlice) -> Result {
     let (mut reader, mut writer) = user.reader_writer();
     let mut args: uapi::ruvm_info = reader.read()?;
+    // live_* and max_* are outputs: whatever the caller left there is overwritten.
     if args.flags != 0 || args.pad != 0 || !all_zero(&args.reserved) {
         return Err(EINVAL);
     }
     args.abi_version = uapi::RUVM_ABI_VERSION;
     args.features = uapi::RUVM_FEATURES_ALL.into();
     args.test_ioctls = u32::from(crate::test_ioctls_enabled());
+    (args.live_mems, args.live_bytes) = crate::mem::live();
+    args.max_alloc_bytes = crate::max_alloc_bytes();
+    args.max_file_bytes = crate::max_file_bytes();
     args.version = [0; uapi::RUVM_VERSION_LEN as usize];
     // Keep the terminating NUL: copy at most `len - 1` bytes into the zeroed array.
     let room = args.version.len() - 1;

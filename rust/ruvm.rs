@@ -13,6 +13,7 @@ use kernel::{
 
 mod bind;
 mod file;
+mod mem;
 mod uapi;
 
 /// The module version, from the top-level `VERSION` file (exported by `Kbuild`).
@@ -29,7 +30,30 @@ module! {
             default: 0,
             description: "Allow test-only ioctls (planted failures) for CAP_SYS_ADMIN; 0 = off",
         },
+        max_alloc_mib: u64 {
+            default: 1024,
+            description: "Largest physical size of one mem, in MiB (ENOSPC beyond)",
+        },
+        max_file_mib: u64 {
+            default: 4096,
+            description: "Most physical bytes of mems one open file may hold, in MiB (ENOSPC beyond)",
+        },
     },
+}
+
+/// A size parameter in MiB, as bytes (saturating: a huge value means "no limit").
+fn mib(value: u64) -> u64 {
+    value.saturating_mul(1 << 20)
+}
+
+/// The largest physical size of one mem (`max_alloc_mib`).
+pub(crate) fn max_alloc_bytes() -> u64 {
+    mib(*module_parameters::max_alloc_mib.value())
+}
+
+/// The most physical bytes of mems one open file may hold (`max_file_mib`).
+pub(crate) fn max_file_bytes() -> u64 {
+    mib(*module_parameters::max_file_mib.value())
 }
 
 /// Whether the module was loaded with `enable_test_ioctls` set.
@@ -63,7 +87,12 @@ impl kernel::InPlaceModule for RuvmModule {
 #[pinned_drop]
 impl PinnedDrop for RuvmModule {
     fn drop(self: Pin<&mut Self>) {
-        // No file can be open here: each open file holds a module reference (`bind::fops`).
+        // No file can be open here: each open file holds a module reference (`bind::fops`), and
+        // each user mapping holds its file. So every mem must be gone.
+        let (mems, bytes) = mem::live();
+        if kernel::warn_on!(mems != 0 || bytes != 0) {
+            pr_err!("unloading with {mems} mems ({bytes} bytes) still alive\n");
+        }
         pr_info!("unloaded\n");
     }
 }

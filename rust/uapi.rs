@@ -36,4 +36,12 @@ macro_rules! plain_old_data {
     )*};
 }
 
-plain_old_data!(ruvm_info, ruvm_test_plant);
+plain_old_data!(
+    ruvm_info,
+    ruvm_mem_alloc,
+    ruvm_mem_handle,
+    ruvm_mem_query,
+    ruvm_mem_fill,
+    ruvm_mem_copy,
+    ruvm_test_plant,
+);

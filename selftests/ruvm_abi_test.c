@@ -16,14 +16,28 @@
 #include "kselftest_harness.h"
 
 /* The layout the header promises: the same for 32- and 64-bit callers, no hidden padding. */
-_Static_assert(sizeof(struct ruvm_info) == 88, "struct ruvm_info size");
+_Static_assert(sizeof(struct ruvm_info) == 120, "struct ruvm_info size");
 _Static_assert(offsetof(struct ruvm_info, abi_version) == 0, "abi_version");
 _Static_assert(offsetof(struct ruvm_info, flags) == 4, "flags");
 _Static_assert(offsetof(struct ruvm_info, features) == 8, "features");
 _Static_assert(offsetof(struct ruvm_info, test_ioctls) == 16, "test_ioctls");
 _Static_assert(offsetof(struct ruvm_info, pad) == 20, "pad");
 _Static_assert(offsetof(struct ruvm_info, version) == 24, "version");
-_Static_assert(offsetof(struct ruvm_info, reserved) == 56, "reserved");
+_Static_assert(offsetof(struct ruvm_info, live_mems) == 56, "live_mems");
+_Static_assert(offsetof(struct ruvm_info, live_bytes) == 64, "live_bytes");
+_Static_assert(offsetof(struct ruvm_info, max_alloc_bytes) == 72, "max_alloc_bytes");
+_Static_assert(offsetof(struct ruvm_info, max_file_bytes) == 80, "max_file_bytes");
+_Static_assert(offsetof(struct ruvm_info, reserved) == 88, "reserved");
+_Static_assert(sizeof(struct ruvm_mem_alloc) == 88, "struct ruvm_mem_alloc size");
+_Static_assert(offsetof(struct ruvm_mem_alloc, handle) == 24, "alloc handle");
+_Static_assert(offsetof(struct ruvm_mem_alloc, reserved) == 56, "alloc reserved");
+_Static_assert(sizeof(struct ruvm_mem_handle) == 32, "struct ruvm_mem_handle size");
+_Static_assert(sizeof(struct ruvm_mem_query) == 104, "struct ruvm_mem_query size");
+_Static_assert(offsetof(struct ruvm_mem_query, mapped) == 56, "query mapped");
+_Static_assert(offsetof(struct ruvm_mem_query, user_mappings) == 64, "query user_mappings");
+_Static_assert(sizeof(struct ruvm_mem_fill) == 72, "struct ruvm_mem_fill size");
+_Static_assert(offsetof(struct ruvm_mem_fill, mismatches) == 40, "fill mismatches");
+_Static_assert(sizeof(struct ruvm_mem_copy) == 64, "struct ruvm_mem_copy size");
 _Static_assert(sizeof(struct ruvm_test_plant) == 24, "struct ruvm_test_plant size");
 _Static_assert(offsetof(struct ruvm_test_plant, reserved) == 8, "test_plant reserved");
 _Static_assert(RUVM_IOCTL_INFO == _IOWR(RUVM_IOCTL_MAGIC, 0x00, struct ruvm_info), "INFO number");

@@ -35,6 +35,11 @@
  * @test_ioctls:  (out) 1 if the module was loaded with enable_test_ioctls=1
  * @pad:          (in)  must be 0
  * @version:      (out) module version, NUL-terminated
+ * @live_mems:    (out) mems alive in the whole module (all files), freed or not by their
+ *                      owner but still mapped included
+ * @live_bytes:   (out) their physical bytes
+ * @max_alloc_bytes: (out) largest physical size of one mem (module parameter max_alloc_mib)
+ * @max_file_bytes:  (out) most physical bytes one open file may hold (max_file_mib)
  * @reserved:     (in)  must be 0
  */
 struct ruvm_info {
@@ -44,14 +49,186 @@ struct ruvm_info {
 	__u32 test_ioctls;
 	__u32 pad;
 	__u8 version[RUVM_VERSION_LEN];
+	__u64 live_mems;
+	__u64 live_bytes;
+	__u64 max_alloc_bytes;
+	__u64 max_file_bytes;
 	__u64 reserved[4];
 };
 
 /*
- * Feature bits reported in ruvm_info.features, and their union. None is defined yet: each
- * later capability (sysmem mems, GPUs, vidmem, ...) adds its bit when it lands.
+ * Feature bits reported in ruvm_info.features, and their union. Each capability adds its bit
+ * when it lands.
  */
-#define RUVM_FEATURES_ALL 0
+/* Sysmem mems: alloc, free, query, CPU kernel mapping (with fill/verify/copy), mmap. */
+#define RUVM_FEATURE_SYSMEM (1ULL << 0)
+#define RUVM_FEATURES_ALL (RUVM_FEATURE_SYSMEM)
+
+/* What backs a mem (ruvm_mem_alloc.backing). */
+enum ruvm_backing {
+	/* Kernel pages (the CPU's memory). */
+	RUVM_BACKING_SYSMEM = 0,
+};
+
+/* ruvm_mem_alloc.flags */
+enum ruvm_alloc_flags {
+	/* Zero the memory. */
+	RUVM_ALLOC_ZERO = 1 << 0,
+	/*
+	 * If a chunk of the chosen size cannot be had (fragmentation), retry the whole allocation
+	 * with chunks half the size, down to PAGE_SIZE, instead of failing with ENOMEM. The chunk
+	 * size it settled on is returned.
+	 */
+	RUVM_ALLOC_FALLBACK = 1 << 1,
+	/* Every flag defined above. */
+	RUVM_ALLOC_FLAGS_ALL = RUVM_ALLOC_ZERO | RUVM_ALLOC_FALLBACK,
+};
+
+/**
+ * struct ruvm_mem_alloc - allocate a mem (RUVM_IOCTL_MEM_ALLOC)
+ *
+ * The mem is made of chunk_count chunks of chunk_size bytes (physical size = chunk_count *
+ * chunk_size >= size). Sysmem chunk size: PAGE_SIZE by default; an explicit page_size must be
+ * a power of two from PAGE_SIZE to 2 MiB. The handle belongs to the file that made it.
+ *
+ * @size:        (in)  bytes wanted, > 0
+ * @page_size:   (in)  chunk size wanted, 0 for the default
+ * @backing:     (in)  enum ruvm_backing
+ * @flags:       (in)  enum ruvm_alloc_flags
+ * @handle:      (out) the mem's handle, never 0
+ * @chunk_size:  (out) bytes per chunk
+ * @chunk_count: (out) number of chunks
+ * @mmap_offset: (out) the offset to mmap the mem at (length: the physical size)
+ * @reserved:    (in)  must be 0
+ */
+struct ruvm_mem_alloc {
+	__u64 size;
+	__u64 page_size;
+	__u32 backing;
+	__u32 flags;
+	__u64 handle;
+	__u64 chunk_size;
+	__u64 chunk_count;
+	__u64 mmap_offset;
+	__u64 reserved[4];
+};
+
+/**
+ * struct ruvm_mem_handle - name a mem (MEM_FREE, MEM_MAP_CPU_KERNEL, MEM_UNMAP_CPU_KERNEL)
+ * @handle:   (in) the mem
+ * @flags:    (in) must be 0
+ * @pad:      (in) must be 0
+ * @reserved: (in) must be 0
+ */
+struct ruvm_mem_handle {
+	__u64 handle;
+	__u32 flags;
+	__u32 pad;
+	__u64 reserved[2];
+};
+
+/* ruvm_mem_query.mapped: which mappings of the mem exist. */
+enum ruvm_mapped {
+	RUVM_MAPPED_CPU_KERNEL = 1 << 0,
+	RUVM_MAPPED_CPU_USER = 1 << 1,
+};
+
+/**
+ * struct ruvm_mem_query - what a mem is (RUVM_IOCTL_MEM_QUERY)
+ * @handle:        (in)  the mem
+ * @flags:         (in)  must be 0
+ * @backing:       (out) enum ruvm_backing
+ * @size:          (out) bytes asked for
+ * @physical_size: (out) chunk_count * chunk_size
+ * @chunk_size:    (out) bytes per chunk
+ * @chunk_count:   (out) number of chunks
+ * @mmap_offset:   (out) where to mmap it
+ * @mapped:        (out) enum ruvm_mapped bits
+ * @user_mappings: (out) how many user VMAs map it
+ * @alloc_flags:   (out) the enum ruvm_alloc_flags it was allocated with
+ * @reserved:      (in)  must be 0
+ */
+struct ruvm_mem_query {
+	__u64 handle;
+	__u32 flags;
+	__u32 backing;
+	__u64 size;
+	__u64 physical_size;
+	__u64 chunk_size;
+	__u64 chunk_count;
+	__u64 mmap_offset;
+	__u64 mapped;
+	__u32 user_mappings;
+	__u32 alloc_flags;
+	__u64 reserved[4];
+};
+
+/* ruvm_mem_fill.kind */
+enum ruvm_fill_kind {
+	/*
+	 * The seeded pattern: the byte at mem offset o is byte (o % 8) of the little-endian
+	 * 64-bit value (seed + o / 8). With seed = size this is uvm_mem_test's pattern.
+	 */
+	RUVM_FILL_PATTERN = 0,
+	/* Every byte is the low 8 bits of seed. */
+	RUVM_FILL_BYTE = 1,
+};
+
+/**
+ * struct ruvm_mem_fill - write or check a range through the CPU kernel mapping
+ *                        (RUVM_IOCTL_MEM_FILL, RUVM_IOCTL_MEM_VERIFY)
+ *
+ * The range [offset, offset + length) must lie within the physical size. The mem must be
+ * mapped for the CPU kernel (ENXIO otherwise). VERIFY writes nothing to the mem.
+ *
+ * @handle:         (in)  the mem
+ * @offset:         (in)  first byte
+ * @length:         (in)  bytes
+ * @seed:           (in)  the pattern's seed (see enum ruvm_fill_kind)
+ * @kind:           (in)  enum ruvm_fill_kind
+ * @flags:          (in)  must be 0
+ * @mismatches:     (out) VERIFY: bytes that differ from the pattern
+ * @first_mismatch: (out) VERIFY: offset of the first that differs, or ~0
+ * @reserved:       (in)  must be 0
+ */
+struct ruvm_mem_fill {
+	__u64 handle;
+	__u64 offset;
+	__u64 length;
+	__u64 seed;
+	__u32 kind;
+	__u32 flags;
+	__u64 mismatches;
+	__u64 first_mismatch;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_mem_copy - copy bytes between mems through their CPU kernel mappings
+ *                        (RUVM_IOCTL_MEM_COPY)
+ *
+ * Both ranges must lie within their mem's physical size; both mems must be mapped for the
+ * CPU kernel (ENXIO otherwise). Source and destination may be the same mem, and may overlap.
+ *
+ * @dst_handle: (in) destination mem
+ * @dst_offset: (in) destination offset
+ * @src_handle: (in) source mem
+ * @src_offset: (in) source offset
+ * @length:     (in) bytes
+ * @flags:      (in) must be 0
+ * @pad:        (in) must be 0
+ * @reserved:   (in) must be 0
+ */
+struct ruvm_mem_copy {
+	__u64 dst_handle;
+	__u64 dst_offset;
+	__u64 src_handle;
+	__u64 src_offset;
+	__u64 length;
+	__u32 flags;
+	__u32 pad;
+	__u64 reserved[2];
+};
 
 /* What RUVM_IOCTL_TEST_PLANT makes the module do. */
 enum ruvm_plant {
@@ -79,6 +256,14 @@ struct ruvm_test_plant {
 /* Command numbers, also in an enum so that bindgen sees them as constants. */
 enum {
 	RUVM_IOCTL_INFO = _IOWR(RUVM_IOCTL_MAGIC, 0x00, struct ruvm_info),
+	RUVM_IOCTL_MEM_ALLOC = _IOWR(RUVM_IOCTL_MAGIC, 0x01, struct ruvm_mem_alloc),
+	RUVM_IOCTL_MEM_FREE = _IOWR(RUVM_IOCTL_MAGIC, 0x02, struct ruvm_mem_handle),
+	RUVM_IOCTL_MEM_QUERY = _IOWR(RUVM_IOCTL_MAGIC, 0x03, struct ruvm_mem_query),
+	RUVM_IOCTL_MEM_MAP_CPU_KERNEL = _IOWR(RUVM_IOCTL_MAGIC, 0x04, struct ruvm_mem_handle),
+	RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL = _IOWR(RUVM_IOCTL_MAGIC, 0x05, struct ruvm_mem_handle),
+	RUVM_IOCTL_MEM_FILL = _IOWR(RUVM_IOCTL_MAGIC, 0x06, struct ruvm_mem_fill),
+	RUVM_IOCTL_MEM_VERIFY = _IOWR(RUVM_IOCTL_MAGIC, 0x07, struct ruvm_mem_fill),
+	RUVM_IOCTL_MEM_COPY = _IOWR(RUVM_IOCTL_MAGIC, 0x08, struct ruvm_mem_copy),
 	RUVM_IOCTL_TEST_PLANT = _IOWR(RUVM_IOCTL_MAGIC, 0x80, struct ruvm_test_plant),
 };
 

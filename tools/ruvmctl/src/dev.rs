@@ -11,7 +11,12 @@ use std::{
     path::PathBuf,
 };
 
-use nix::errno::Errno;
+use std::num::NonZeroUsize;
+
+use nix::{
+    errno::Errno,
+    sys::mman::{mmap, munmap, MapFlags, ProtFlags},
+};
 
 use crate::uapi;
 
@@ -33,12 +38,39 @@ pub struct Ruvm {
 /// the kernel may write any bytes into them.
 pub unsafe trait IoctlArg: Default {}
 
-// SAFETY: generated from the uapi header, whose structures hold only __u8..__u64 fields.
-unsafe impl IoctlArg for uapi::ruvm_info {}
-// SAFETY: as above.
-unsafe impl IoctlArg for uapi::ruvm_test_plant {}
+/// Marks uapi structures as ioctl arguments.
+macro_rules! ioctl_args {
+    ($($t:ty),* $(,)?) => {$(
+        // SAFETY: generated from the uapi header, whose structures hold only __u8..__u64 fields.
+        unsafe impl IoctlArg for $t {}
+    )*};
+}
+
+ioctl_args!(
+    uapi::ruvm_info,
+    uapi::ruvm_mem_alloc,
+    uapi::ruvm_mem_handle,
+    uapi::ruvm_mem_query,
+    uapi::ruvm_mem_fill,
+    uapi::ruvm_mem_copy,
+    uapi::ruvm_test_plant,
+);
 
 impl Ruvm {
+    /// Uses a descriptor of `/dev/ruvm` that this process inherited (`ruvmctl --fd N`), so that
+    /// mems outlive one ruvmctl command: a shell keeps the file open, as in `exec 3<>/dev/ruvm`.
+    pub fn from_inherited_fd(fd: i32) -> std::io::Result<Self> {
+        use std::os::fd::FromRawFd;
+        // Check that it is an open descriptor before taking it over.
+        // SAFETY: F_GETFD only reads the descriptor's flags; any number is accepted.
+        let rc = unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) };
+        Errno::result(rc).map_err(|e| std::io::Error::other(format!("--fd {fd}: {}", e.desc())))?;
+        // SAFETY: the descriptor is open (checked above) and nothing else in this process owns it.
+        Ok(Self {
+            file: unsafe { File::from_raw_fd(fd) },
+        })
+    }
+
     /// Opens the device for reading and writing.
     pub fn open() -> std::io::Result<Self> {
         let p = path();
@@ -76,6 +108,99 @@ impl Ruvm {
         Ok(args)
     }
 
+    /// The descriptor, for `mmap`.
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.file.as_fd()
+    }
+
+    /// `RUVM_IOCTL_MEM_ALLOC` of sysmem.
+    pub fn mem_alloc(
+        &self,
+        size: u64,
+        page_size: u64,
+        flags: u32,
+    ) -> Result<uapi::ruvm_mem_alloc, Errno> {
+        let mut a = uapi::ruvm_mem_alloc {
+            size,
+            page_size,
+            flags,
+            backing: uapi::ruvm_backing_RUVM_BACKING_SYSMEM,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a)?;
+        Ok(a)
+    }
+
+    /// A `struct ruvm_mem_handle` command (free, map/unmap CPU kernel).
+    pub fn mem_handle_cmd(&self, cmd: u32, handle: u64) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_mem_handle {
+            handle,
+            ..Default::default()
+        };
+        self.ioctl(cmd, &mut a)
+    }
+
+    /// `RUVM_IOCTL_MEM_FREE`.
+    pub fn mem_free(&self, handle: u64) -> Result<(), Errno> {
+        self.mem_handle_cmd(uapi::RUVM_IOCTL_MEM_FREE, handle)
+    }
+
+    /// `RUVM_IOCTL_MEM_MAP_CPU_KERNEL`.
+    pub fn map_kernel(&self, handle: u64) -> Result<(), Errno> {
+        self.mem_handle_cmd(uapi::RUVM_IOCTL_MEM_MAP_CPU_KERNEL, handle)
+    }
+
+    /// `RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL`.
+    pub fn unmap_kernel(&self, handle: u64) -> Result<(), Errno> {
+        self.mem_handle_cmd(uapi::RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL, handle)
+    }
+
+    /// `RUVM_IOCTL_MEM_QUERY`.
+    pub fn mem_query(&self, handle: u64) -> Result<uapi::ruvm_mem_query, Errno> {
+        let mut a = uapi::ruvm_mem_query {
+            handle,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_MEM_QUERY, &mut a)?;
+        Ok(a)
+    }
+
+    /// `RUVM_IOCTL_MEM_FILL` (`verify` false) or `RUVM_IOCTL_MEM_VERIFY` (true).
+    pub fn mem_fill(
+        &self,
+        verify: bool,
+        mut args: uapi::ruvm_mem_fill,
+    ) -> Result<uapi::ruvm_mem_fill, Errno> {
+        let cmd = if verify {
+            uapi::RUVM_IOCTL_MEM_VERIFY
+        } else {
+            uapi::RUVM_IOCTL_MEM_FILL
+        };
+        self.ioctl(cmd, &mut args)?;
+        Ok(args)
+    }
+
+    /// `RUVM_IOCTL_MEM_COPY`.
+    pub fn mem_copy(
+        &self,
+        dst: u64,
+        dst_offset: u64,
+        src: u64,
+        src_offset: u64,
+        length: u64,
+    ) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_mem_copy {
+            dst_handle: dst,
+            dst_offset,
+            src_handle: src,
+            src_offset,
+            length,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_MEM_COPY, &mut a)
+    }
+
     /// `RUVM_IOCTL_TEST_PLANT`.
     pub fn test_plant(&self, what: u32) -> Result<(), Errno> {
         let mut args = uapi::ruvm_test_plant {
@@ -83,6 +208,70 @@ impl Ruvm {
             ..Default::default()
         };
         self.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut args)
+    }
+}
+
+/// A user mapping of (part of) the device file, unmapped on drop.
+pub struct UserMap {
+    ptr: std::ptr::NonNull<std::ffi::c_void>,
+    len: usize,
+}
+
+impl UserMap {
+    /// `mmap(NULL, len, prot, flags, fd, offset)` of the device.
+    pub fn new(
+        dev: &Ruvm,
+        offset: u64,
+        len: usize,
+        prot: ProtFlags,
+        flags: MapFlags,
+    ) -> Result<Self, Errno> {
+        let nz = NonZeroUsize::new(len).ok_or(Errno::EINVAL)?;
+        let off = i64::try_from(offset).map_err(|_| Errno::EOVERFLOW)?;
+        // SAFETY: a new mapping at an address the kernel chooses aliases nothing in this process.
+        let ptr = unsafe { mmap(None, nz, prot, flags, dev.as_fd(), off) }?;
+        Ok(Self { ptr, len })
+    }
+
+    /// A shared read-write mapping of a whole mem.
+    pub fn of_mem(dev: &Ruvm, q: &uapi::ruvm_mem_query) -> Result<Self, Errno> {
+        let len = usize::try_from(q.physical_size).map_err(|_| Errno::EOVERFLOW)?;
+        Self::new(
+            dev,
+            q.mmap_offset,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED,
+        )
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr().cast()
+    }
+
+    /// Reads the byte at `i` (volatile: the kernel writes these pages too).
+    pub fn read(&self, i: usize) -> u8 {
+        assert!(i < self.len);
+        // SAFETY: `i` is inside the mapping, which lives as long as `self`.
+        unsafe { self.as_ptr().add(i).read_volatile() }
+    }
+
+    /// Writes the byte at `i`.
+    pub fn write(&self, i: usize, v: u8) {
+        assert!(i < self.len);
+        // SAFETY: as in `read`; the mapping is writable (callers map it so).
+        unsafe { self.as_ptr().add(i).write_volatile(v) }
+    }
+}
+
+impl Drop for UserMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `new` and is not used after this.
+        let _ = unsafe { munmap(self.ptr, self.len) };
     }
 }
 
@@ -121,7 +310,12 @@ mod tests {
 
     #[test]
     fn structures_have_the_documented_layout() {
-        assert_eq!(std::mem::size_of::<uapi::ruvm_info>(), 88);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_info>(), 120);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_mem_alloc>(), 88);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_mem_handle>(), 32);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_mem_query>(), 104);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_mem_fill>(), 72);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_mem_copy>(), 64);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_plant>(), 24);
         assert_eq!(std::mem::align_of::<uapi::ruvm_info>(), 8);
     }

@@ -12,6 +12,7 @@ use nix::errno::Errno;
 use crate::ktap::{self, Ktap, Outcome};
 
 mod basic;
+mod mem;
 
 /// Why a case stopped early.
 #[derive(Debug)]
@@ -69,6 +70,7 @@ pub fn expect_errno<T: std::fmt::Debug>(
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     v.extend(basic::cases());
+    v.extend(mem::cases());
     v
 }
 

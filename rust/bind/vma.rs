@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! User mappings of a mem: the VMA operations that tie a VMA to its mem, and zapping.
+//!
+//! C header: [`include/linux/mm.h`](srctree/include/linux/mm.h)
+//!
+//! The 7.2 `kernel::mm::virt` API can insert pages into a new VMA but cannot give it
+//! `vm_operations_struct`. Each VMA of ours holds a reference on its owner (an `Arc` in
+//! `vm_private_data`): taken when it is installed or copied (`open`: mremap), dropped when it
+//! goes (`close`). So whatever the VMA maps lives at least as long as the VMA. Splitting is
+//! refused (`may_split`): a mapping is all of its mem or nothing. With no `fault` handler, an
+//! access to a zapped range gets `SIGBUS`.
+
+use core::marker::PhantomData;
+
+use kernel::{
+    bindings,
+    ffi::{c_int, c_ulong},
+    fs::File,
+    mm::virt::{VmaNew, VmaRef},
+    prelude::*,
+    sync::Arc,
+    types::ForeignOwnable,
+};
+
+/// What a VMA of ours belongs to.
+pub(crate) trait VmaOwner: Send + Sync + 'static {
+    /// A VMA now maps it (installed, or copied by mremap).
+    fn vma_opened(&self);
+    /// A VMA that mapped it is gone.
+    fn vma_closed(&self);
+}
+
+struct VmOps<T>(PhantomData<T>);
+
+impl<T: VmaOwner> VmOps<T> {
+    const OPS: bindings::vm_operations_struct = bindings::vm_operations_struct {
+        open: Some(Self::open as unsafe extern "C" fn(_)),
+        close: Some(Self::close as unsafe extern "C" fn(_)),
+        may_split: Some(Self::may_split as unsafe extern "C" fn(_, _) -> _),
+        // SAFETY: all other fields are optional callbacks or plain values, for which all-zero
+        // means "none".
+        ..unsafe { core::mem::zeroed() }
+    };
+
+    /// # Safety
+    ///
+    /// `vma` is a copy (`vm_area_dup`) of a VMA set up by [`install`] for `T`, which still holds
+    /// its reference.
+    unsafe extern "C" fn open(vma: *mut bindings::vm_area_struct) {
+        // SAFETY: the copied `vm_private_data` came from `Arc::<T>::into_foreign` and the
+        // original VMA's reference keeps it alive during this call.
+        let owner: Arc<T> = unsafe { Arc::<T>::borrow((*vma).vm_private_data) }.into();
+        owner.vma_opened();
+        // The copy owns this new reference; `vm_private_data` already holds the same pointer.
+        let _ = owner.into_foreign();
+    }
+
+    /// # Safety
+    ///
+    /// `vma` was set up by [`install`] or [`Self::open`] for `T` and is going away.
+    unsafe extern "C" fn close(vma: *mut bindings::vm_area_struct) {
+        // SAFETY: the VMA owns one reference, made by `into_foreign`; it is given back here, once.
+        let owner = unsafe { Arc::<T>::from_foreign((*vma).vm_private_data) };
+        owner.vma_closed();
+    }
+
+    /// # Safety
+    ///
+    /// Called by the mm core for one of our VMAs; it touches nothing.
+    unsafe extern "C" fn may_split(_vma: *mut bindings::vm_area_struct, _addr: c_ulong) -> c_int {
+        // CAST: EINVAL is 22.
+        -(bindings::EINVAL as c_int)
+    }
+}
+
+/// Ties a VMA being created to `owner`; call it last, when nothing can fail any more, so that a
+/// failed `mmap` leaves no reference behind.
+pub(crate) fn install<T: VmaOwner>(vma: &VmaNew, owner: Arc<T>) {
+    owner.vma_opened();
+    let vma = vma.as_ptr();
+    // SAFETY: `vma` is being set up by our `mmap` callback, so nothing else uses these fields
+    // yet; the operations table is `'static`, and the reference stored is given back by `close`.
+    unsafe {
+        (*vma).vm_private_data = owner.into_foreign();
+        (*vma).vm_ops = &VmOps::<T>::OPS;
+    }
+}
+
+/// The file offset the VMA maps, in bytes.
+pub(crate) fn offset(vma: &VmaRef) -> Option<u64> {
+    // SAFETY: `vma` is valid for the borrow, and `vm_pgoff` is stable while it is being set up.
+    let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff };
+    u64::try_from(pgoff)
+        .ok()?
+        .checked_mul(kernel::page::PAGE_SIZE as u64)
+}
+
+/// Removes the page-table entries of every user mapping of `[offset, offset + len)` of the file
+/// (in every process), so that later accesses fault. The VMAs themselves stay until unmapped.
+pub(crate) fn zap(file: &File, offset: u64, len: u64) -> Result {
+    let begin = i64::try_from(offset).map_err(|_| EOVERFLOW)?;
+    let len = i64::try_from(len).map_err(|_| EOVERFLOW)?;
+    // SAFETY: `f_mapping` of an open file is valid; `unmap_mapping_range` takes its own locks.
+    unsafe { bindings::unmap_mapping_range((*file.as_ptr()).f_mapping, begin, len, 1) };
+    Ok(())
+}

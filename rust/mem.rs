@@ -1,0 +1,489 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A mem: ruvm's `uvm_mem_t`, one allocation made of equal physical chunks, and its mappings.
+//!
+//! # Lifetime
+//!
+//! A [`Mem`] is shared (`Arc`) by the handle table of the file that allocated it and by every
+//! user VMA that maps it (see [`crate::bind::vma`]). `RUVM_IOCTL_MEM_FREE` removes the handle,
+//! drops the CPU kernel mapping and zaps every user mapping (later accesses fault); the chunks go
+//! back to the page allocator when the last holder is gone, which is at once unless a VMA still
+//! exists. So nothing a process maps can outlive the mem that accounts for it.
+//!
+//! # Locking
+//!
+//! One mutex per mem ([`MemState`]), taken after the file's mutex is released (never nested in
+//! it), and never held while touching user memory. The `mmap` path takes it under the mmap lock.
+//! `unmap_mapping_range` (the zap) runs without it.
+
+use kernel::{
+    mm::virt::{flags as vm_flags, VmaNew},
+    new_mutex,
+    page::{BorrowedPage, PAGE_SIZE},
+    prelude::*,
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc, Mutex,
+    },
+};
+
+use crate::{
+    bind::{
+        pages::{Chunk, ChunkFlags},
+        vma::{self, VmaOwner},
+        vmap::{PageSource, VMap},
+    },
+    uapi,
+};
+
+pub(crate) mod pattern;
+pub(crate) mod policy;
+
+use policy::{Backing, Layout, PolicyError};
+
+/// A mem's handle, as user space names it. Unique across the module (never reused while it is
+/// loaded), so a handle of another file is never found in this one's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Handle(pub(crate) u64);
+
+impl Handle {
+    /// A new handle, never 0.
+    pub(crate) fn new() -> Self {
+        static NEXT: Atomic<u64> = Atomic::new(1);
+        Handle(NEXT.fetch_add(1, Relaxed))
+    }
+}
+
+/// Live mems and their physical bytes across the module, checked at unload.
+static LIVE_MEMS: Atomic<u64> = Atomic::new(0);
+static LIVE_BYTES: Atomic<u64> = Atomic::new(0);
+
+/// How many mems are alive, and their physical bytes.
+pub(crate) fn live() -> (u64, u64) {
+    (LIVE_MEMS.load(Relaxed), LIVE_BYTES.load(Relaxed))
+}
+
+/// A mem's entry in the live counts, removed on drop.
+struct Census {
+    bytes: u64,
+}
+
+impl Census {
+    fn new(bytes: u64) -> Self {
+        LIVE_MEMS.fetch_add(1, Relaxed);
+        LIVE_BYTES.fetch_add(bytes, Relaxed);
+        Self { bytes }
+    }
+}
+
+impl Drop for Census {
+    fn drop(&mut self) {
+        LIVE_MEMS.fetch_sub(1, Relaxed);
+        LIVE_BYTES.fetch_sub(self.bytes, Relaxed);
+    }
+}
+
+/// Bytes of mems a file may hold at once, shared by the file and its mems: a mem gives its
+/// bytes back when it is dropped, even after the file's table let it go.
+pub(crate) struct Quota {
+    used: Atomic<u64>,
+    limit: u64,
+}
+
+impl Quota {
+    pub(crate) fn new(limit: u64) -> Self {
+        Self {
+            used: Atomic::new(0),
+            limit,
+        }
+    }
+
+    /// Takes `bytes` from the quota, or fails with `ENOSPC`.
+    fn charge(self: &Arc<Self>, bytes: u64) -> Result<Charge> {
+        let mut cur = self.used.load(Relaxed);
+        loop {
+            let new = cur
+                .checked_add(bytes)
+                .filter(|&n| n <= self.limit)
+                .ok_or(ENOSPC)?;
+            match self.used.cmpxchg(cur, new, Relaxed) {
+                Ok(_) => {
+                    return Ok(Charge {
+                        quota: self.clone(),
+                        bytes,
+                    })
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+/// Bytes taken from a [`Quota`], given back on drop.
+struct Charge {
+    quota: Arc<Quota>,
+    bytes: u64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.quota.used.fetch_sub(self.bytes, Relaxed);
+    }
+}
+
+/// Where a mem can be mapped with `mmap`: offsets are handed out once per module lifetime, so
+/// zapping a mem's range of the device file hits that mem's mappings and no other's.
+fn new_mmap_offset(len: u64) -> Result<u64> {
+    static NEXT: Atomic<u64> = Atomic::new(0);
+    // File offsets are `loff_t`.
+    const MAX: u64 = i64::MAX as u64;
+    let mut cur = NEXT.load(Relaxed);
+    loop {
+        let next = cur.checked_add(len).filter(|&n| n <= MAX).ok_or(ENOSPC)?;
+        match NEXT.cmpxchg(cur, next, Relaxed) {
+            Ok(_) => return Ok(cur),
+            Err(now) => cur = now,
+        }
+    }
+}
+
+/// The chunks of a sysmem mem, in order.
+pub(crate) struct SysPages {
+    chunks: KVVec<Chunk>,
+    /// Pages per chunk, as a shift.
+    order: u32,
+}
+
+impl SysPages {
+    /// The `i`-th `PAGE_SIZE` page of the mem.
+    fn page(&self, i: usize) -> Option<BorrowedPage<'_>> {
+        self.chunks
+            .get(i >> self.order)?
+            .page(i & ((1 << self.order) - 1))
+    }
+}
+
+impl PageSource for SysPages {
+    fn page_count(&self) -> usize {
+        self.chunks.len() << self.order
+    }
+
+    fn page_ptr(&self, i: usize) -> Option<core::ptr::NonNull<kernel::bindings::page>> {
+        self.chunks
+            .get(i >> self.order)?
+            .page_ptr(i & ((1 << self.order) - 1))
+    }
+}
+
+/// The CPU kernel mapping of a sysmem mem.
+type KernelMap = VMap<SysPages>;
+
+/// What an allocation asks for, validated from `struct ruvm_mem_alloc`.
+pub(crate) struct AllocRequest {
+    pub(crate) size: u64,
+    pub(crate) page_size: u64,
+    pub(crate) zero: bool,
+    pub(crate) fallback: bool,
+    /// Largest physical size one mem may have.
+    pub(crate) max_bytes: u64,
+}
+
+fn policy_error(e: PolicyError) -> Error {
+    match e {
+        PolicyError::ZeroSize | PolicyError::BadPageSize => EINVAL,
+        PolicyError::Overflow => EOVERFLOW,
+    }
+}
+
+/// One mem.
+#[pin_data]
+pub(crate) struct Mem {
+    size: u64,
+    layout: Layout,
+    alloc_flags: u32,
+    mmap_offset: u64,
+    pages: Arc<SysPages>,
+    /// How many user VMAs map the mem.
+    user_mappings: Atomic<u32>,
+    #[pin]
+    state: Mutex<MemState>,
+    _census: Census,
+    _charge: Charge,
+}
+
+/// The mutable part of a mem.
+struct MemState {
+    /// The CPU kernel mapping; an `Arc` so that an operation in flight keeps it while another
+    /// thread unmaps.
+    kmap: Option<Arc<KernelMap>>,
+    /// Freed by its owner: no new mappings.
+    freed: bool,
+}
+
+/// What `RUVM_IOCTL_MEM_QUERY` reports.
+pub(crate) struct MemInfo {
+    pub(crate) size: u64,
+    pub(crate) layout: Layout,
+    pub(crate) mmap_offset: u64,
+    pub(crate) cpu_kernel: bool,
+    pub(crate) user_mappings: u32,
+    pub(crate) alloc_flags: u32,
+}
+
+impl Mem {
+    /// Allocates a sysmem mem, charging its physical size to `quota`. On error nothing is left
+    /// behind: chunks already allocated are freed, the charge is given back.
+    pub(crate) fn alloc(req: &AllocRequest, quota: &Arc<Quota>) -> Result<Arc<Mem>> {
+        let page = PAGE_SIZE as u64;
+        let layout =
+            policy::layout(Backing::Sysmem, req.size, req.page_size, page).map_err(policy_error)?;
+        if layout.physical_size > req.max_bytes {
+            return Err(ENOSPC);
+        }
+        let charge = quota.charge(layout.physical_size)?;
+        let (layout, pages) = alloc_chunks(req, layout)?;
+        let mmap_offset = new_mmap_offset(layout.physical_size)?;
+        let mut alloc_flags = 0;
+        if req.zero {
+            alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO;
+        }
+        if req.fallback {
+            alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
+        }
+        let mem = Arc::pin_init(
+            try_pin_init!(Mem {
+                size: req.size,
+                layout,
+                alloc_flags,
+                mmap_offset,
+                pages: Arc::new(pages, GFP_KERNEL)?,
+                user_mappings: Atomic::new(0),
+                state <- new_mutex!(MemState { kmap: None, freed: false }),
+                _census: Census::new(layout.physical_size),
+                _charge: charge,
+            }),
+            GFP_KERNEL,
+        )?;
+        Ok(mem)
+    }
+
+    /// Where the mem is mapped with `mmap`.
+    pub(crate) fn mmap_offset(&self) -> u64 {
+        self.mmap_offset
+    }
+
+    /// The mem's layout (chunk size, count, physical size).
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Everything the mem knows about itself.
+    pub(crate) fn info(&self) -> MemInfo {
+        let cpu_kernel = self.state.lock().kmap.is_some();
+        MemInfo {
+            size: self.size,
+            layout: self.layout,
+            mmap_offset: self.mmap_offset,
+            cpu_kernel,
+            user_mappings: self.user_mappings.load(Relaxed),
+            alloc_flags: self.alloc_flags,
+        }
+    }
+
+    /// Maps the mem for the CPU kernel (vmap of every page). Idempotent.
+    pub(crate) fn map_cpu_kernel(&self) -> Result {
+        let mut st = self.state.lock();
+        if st.freed {
+            return Err(ENOENT);
+        }
+        if st.kmap.is_none() {
+            let map = KernelMap::new(self.pages.clone())?;
+            st.kmap = Some(Arc::new(map, GFP_KERNEL)?);
+        }
+        Ok(())
+    }
+
+    /// Removes the CPU kernel mapping. Idempotent; an operation in flight keeps the mapping
+    /// until it is done.
+    pub(crate) fn unmap_cpu_kernel(&self) {
+        // Dropped after the lock is released.
+        let _old = self.state.lock().kmap.take();
+    }
+
+    /// The CPU kernel mapping, or `ENXIO` if there is none.
+    fn kmap(&self) -> Result<Arc<KernelMap>> {
+        self.state.lock().kmap.clone().ok_or(ENXIO)
+    }
+
+    /// Checks that `[offset, offset + len)` is inside the physical size; returns it as `usize`s.
+    fn range(&self, offset: u64, len: u64) -> Result<(usize, usize)> {
+        let end = offset.checked_add(len).ok_or(EOVERFLOW)?;
+        if end > self.layout.physical_size {
+            return Err(EINVAL);
+        }
+        Ok((usize::try_from(offset)?, usize::try_from(len)?))
+    }
+
+    /// Writes the pattern (or a byte) over a range, through the CPU kernel mapping.
+    pub(crate) fn fill(&self, offset: u64, len: u64, fill: Fill) -> Result {
+        let (offset, len) = self.range(offset, len)?;
+        let map = self.kmap()?;
+        let mut buf = [0u8; 512];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(buf.len());
+            let piece = buf.get_mut(..n).ok_or(EINVAL)?;
+            fill.generate(offset + done, piece);
+            map.write(offset + done, piece)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Compares a range with the pattern (or a byte) through the CPU kernel mapping: returns
+    /// how many bytes differ and the offset of the first (`u64::MAX` if none).
+    pub(crate) fn verify(&self, offset: u64, len: u64, fill: Fill) -> Result<(u64, u64)> {
+        let (offset, len) = self.range(offset, len)?;
+        let map = self.kmap()?;
+        let mut want = [0u8; 256];
+        let mut got = [0u8; 256];
+        let (mut mismatches, mut first) = (0u64, u64::MAX);
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(want.len());
+            let (w, g) = (
+                want.get_mut(..n).ok_or(EINVAL)?,
+                got.get_mut(..n).ok_or(EINVAL)?,
+            );
+            fill.generate(offset + done, w);
+            map.read(offset + done, g)?;
+            for (i, (a, b)) in w.iter().zip(g.iter()).enumerate() {
+                if a != b {
+                    if mismatches == 0 {
+                        first = (offset + done + i) as u64;
+                    }
+                    mismatches += 1;
+                }
+            }
+            done += n;
+        }
+        Ok((mismatches, first))
+    }
+
+    /// Copies `len` bytes from `src` to `dst` through their CPU kernel mappings.
+    pub(crate) fn copy(dst: &Mem, dst_offset: u64, src: &Mem, src_offset: u64, len: u64) -> Result {
+        let (dst_offset, len) = dst.range(dst_offset, len)?;
+        let (src_offset, _) = src.range(src_offset, len as u64)?;
+        let (dst_map, src_map) = (dst.kmap()?, src.kmap()?);
+        KernelMap::copy(&dst_map, dst_offset, &src_map, src_offset, len)
+    }
+
+    /// Marks the mem freed by its owner and drops its CPU kernel mapping. The caller then zaps
+    /// the user mappings and drops its reference.
+    pub(crate) fn retire(&self) {
+        let _old = {
+            let mut st = self.state.lock();
+            st.freed = true;
+            st.kmap.take()
+        };
+    }
+
+    /// Maps the whole mem into a VMA being created by `mmap`. The VMA must be shared, as long as
+    /// the physical size, and not executable; it is never copied to a child (`VM_DONTCOPY`),
+    /// never made executable (`VM_MAYEXEC` cleared), never expanded, never split.
+    pub(crate) fn map_user(self: &Arc<Self>, vma: &VmaNew) -> Result {
+        let len = vma.end().checked_sub(vma.start()).ok_or(EINVAL)?;
+        if len as u64 != self.layout.physical_size {
+            return Err(EINVAL);
+        }
+        if vma.flags() & vm_flags::SHARED == 0 {
+            return Err(EINVAL);
+        }
+        if vma.executable() {
+            return Err(EPERM);
+        }
+        vma.try_clear_mayexec()?;
+        vma.set_dontcopy();
+        vma.set_dontexpand();
+        if self.state.lock().freed {
+            return Err(ENXIO);
+        }
+        let map = vma.set_mixedmap();
+        let mut addr = vma.start();
+        for i in 0..self.pages.page_count() {
+            let page = self.pages.page(i).ok_or(EINVAL)?;
+            map.vm_insert_page(addr, &page)?;
+            addr += PAGE_SIZE;
+        }
+        // Last: from here the VMA holds a reference on the mem.
+        vma::install(vma, self.clone());
+        Ok(())
+    }
+
+    /// Zaps every user mapping of the mem (in any process): later accesses get `SIGBUS`.
+    pub(crate) fn zap_user(&self, file: &kernel::fs::File) -> Result {
+        vma::zap(file, self.mmap_offset, self.layout.physical_size)
+    }
+}
+
+impl VmaOwner for Mem {
+    fn vma_opened(&self) {
+        self.user_mappings.fetch_add(1, Relaxed);
+    }
+
+    fn vma_closed(&self) {
+        self.user_mappings.fetch_sub(1, Relaxed);
+    }
+}
+
+/// What `fill` writes and `verify` expects.
+#[derive(Clone, Copy)]
+pub(crate) enum Fill {
+    /// The seeded pattern ([`pattern`]).
+    Pattern(u64),
+    /// One byte everywhere.
+    Byte(u8),
+}
+
+impl Fill {
+    fn generate(self, offset: usize, buf: &mut [u8]) {
+        match self {
+            Fill::Pattern(seed) => pattern::fill(seed, offset as u64, buf),
+            Fill::Byte(b) => buf.fill(b),
+        }
+    }
+}
+
+/// Allocates the chunks for `layout`, halving the chunk size on `ENOMEM` when the request
+/// allows a fallback. Returns the layout it settled on.
+fn alloc_chunks(req: &AllocRequest, mut layout: Layout) -> Result<(Layout, SysPages)> {
+    let page = PAGE_SIZE as u64;
+    loop {
+        let fallback_left = req.fallback && layout.chunk_size > page;
+        match try_alloc_chunks(&layout, req.zero, fallback_left) {
+            Err(e) if e == ENOMEM && fallback_left => {
+                layout = policy::layout_with_chunk(req.size, layout.chunk_size / 2)
+                    .map_err(policy_error)?;
+            }
+            r => return r.map(|p| (layout, p)),
+        }
+    }
+}
+
+/// One attempt at allocating every chunk of `layout`. On failure the chunks allocated so far are
+/// freed (dropped with the vector).
+fn try_alloc_chunks(layout: &Layout, zero: bool, fail_fast: bool) -> Result<SysPages> {
+    let count = usize::try_from(layout.chunk_count)?;
+    let order = policy::chunk_order(layout.chunk_size, PAGE_SIZE as u64);
+    let flags = ChunkFlags { zero, fail_fast };
+    let mut chunks = KVVec::with_capacity(count, GFP_KERNEL)?;
+    for _ in 0..count {
+        // A large allocation is interruptible: a signal stops it and the syscall restarts
+        // (or fails with EINTR), with nothing left behind.
+        if kernel::current!().signal_pending() {
+            return Err(ERESTARTSYS);
+        }
+        chunks.push(Chunk::alloc(order, flags)?, GFP_KERNEL)?;
+    }
+    Ok(SysPages { chunks, order })
+}

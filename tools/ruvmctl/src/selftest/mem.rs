@@ -1,0 +1,1110 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Sysmem mems: the chunk-size rules, the mapping lifecycle, data written through one path and
+//! read through another, and every bad input with its exact errno.
+
+use nix::{
+    errno::Errno,
+    sys::{
+        mman::{MapFlags, ProtFlags},
+        signal::Signal,
+        wait::{waitpid, WaitStatus},
+    },
+    unistd::{fork, ForkResult},
+};
+
+use super::{check, expect_errno, Case, Context, Stop, TestResult};
+use crate::{
+    dev::{Ruvm, UserMap},
+    pattern, uapi,
+};
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "mem_matrix_chunk_sizes",
+            run: mem_matrix_chunk_sizes,
+        },
+        Case {
+            name: "mem_query_reports_the_truth",
+            run: mem_query_reports_the_truth,
+        },
+        Case {
+            name: "mem_kernel_map_is_idempotent",
+            run: mem_kernel_map_is_idempotent,
+        },
+        Case {
+            name: "mem_zeroed_reads_zero_both_ways",
+            run: mem_zeroed_reads_zero_both_ways,
+        },
+        Case {
+            name: "mem_kernel_writes_user_reads",
+            run: mem_kernel_writes_user_reads,
+        },
+        Case {
+            name: "mem_user_writes_kernel_reads",
+            run: mem_user_writes_kernel_reads,
+        },
+        Case {
+            name: "mem_verify_finds_a_corrupted_byte",
+            run: mem_verify_finds_a_corrupted_byte,
+        },
+        Case {
+            name: "mem_kernel_copy",
+            run: mem_kernel_copy,
+        },
+        Case {
+            name: "mem_alloc_bad_inputs",
+            run: mem_alloc_bad_inputs,
+        },
+        Case {
+            name: "mem_handle_bad_inputs",
+            run: mem_handle_bad_inputs,
+        },
+        Case {
+            name: "mem_fill_bad_inputs",
+            run: mem_fill_bad_inputs,
+        },
+        Case {
+            name: "mem_other_files_handles_are_enoent",
+            run: mem_other_files_handles_are_enoent,
+        },
+        Case {
+            name: "mem_mmap_bad_inputs",
+            run: mem_mmap_bad_inputs,
+        },
+        Case {
+            name: "mem_mapping_cannot_be_split_or_made_executable",
+            run: mem_mapping_cannot_be_split_or_made_executable,
+        },
+        Case {
+            name: "mem_access_after_free_faults",
+            run: mem_access_after_free_faults,
+        },
+        Case {
+            name: "mem_forked_child_has_no_mapping",
+            run: mem_forked_child_has_no_mapping,
+        },
+        Case {
+            name: "mem_close_frees_everything",
+            run: mem_close_frees_everything,
+        },
+        Case {
+            name: "mem_size_limits",
+            run: mem_size_limits,
+        },
+        Case {
+            name: "mem_beyond_memory_is_enomem",
+            run: mem_beyond_memory_is_enomem,
+        },
+        Case {
+            name: "mem_fallback_under_fragmentation",
+            run: mem_fallback_under_fragmentation,
+        },
+    ]
+}
+
+const K: u64 = 1024;
+const M: u64 = 1024 * 1024;
+const PAGE: u64 = 4096;
+
+/// uvm_mem_test's sizes.
+const SIZES: [u64; 7] = [1, 4, 16, 1024, 4096, M, 7 * M + 17];
+/// Page sizes asked for: the default and every explicit size the sysmem rules allow in the test.
+const PAGE_SIZES: [u64; 5] = [0, 4 * K, 64 * K, 128 * K, 2 * M];
+
+fn zero() -> u32 {
+    uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO
+}
+
+fn round_up(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+fn live(d: &Ruvm) -> Result<(u64, u64), Stop> {
+    let i = d.info().ctx("INFO")?;
+    Ok((i.live_mems, i.live_bytes))
+}
+
+/// Fill arguments for the pattern over `[offset, offset + length)`.
+fn pattern_args(handle: u64, offset: u64, length: u64, seed: u64) -> uapi::ruvm_mem_fill {
+    uapi::ruvm_mem_fill {
+        handle,
+        offset,
+        length,
+        seed,
+        kind: uapi::ruvm_fill_kind_RUVM_FILL_PATTERN,
+        ..Default::default()
+    }
+}
+
+fn byte_args(handle: u64, offset: u64, length: u64, byte: u8) -> uapi::ruvm_mem_fill {
+    uapi::ruvm_mem_fill {
+        handle,
+        offset,
+        length,
+        seed: byte.into(),
+        kind: uapi::ruvm_fill_kind_RUVM_FILL_BYTE,
+        ..Default::default()
+    }
+}
+
+/// Kernel-side verify; fails the case on any mismatch.
+fn kernel_verify(d: &Ruvm, a: uapi::ruvm_mem_fill, what: &str) -> TestResult {
+    let r = d.mem_fill(true, a).ctx(what)?;
+    check!(
+        r.mismatches == 0,
+        "{what}: {} bytes differ, first at {:#x} (offset {}, length {})",
+        r.mismatches,
+        r.first_mismatch,
+        a.offset,
+        a.length
+    );
+    check!(
+        r.first_mismatch == u64::MAX,
+        "{what}: first_mismatch {:#x} with no mismatch",
+        r.first_mismatch
+    );
+    Ok(())
+}
+
+fn mem_matrix_chunk_sizes() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let before = live(&d)?;
+    let mut mems = Vec::new();
+    // All alive at once, as in uvm_mem_test's test_all.
+    for size in SIZES {
+        for ps in PAGE_SIZES {
+            let a = d
+                .mem_alloc(size, ps, 0)
+                .ctx(&format!("alloc size {size} page size {ps}"))?;
+            let chunk = if ps == 0 { PAGE } else { ps };
+            check!(a.handle != 0, "handle 0");
+            check!(
+                a.chunk_size == chunk,
+                "size {size} page size {ps}: chunk {} != {chunk}",
+                a.chunk_size
+            );
+            check!(
+                a.chunk_count == size.div_ceil(chunk),
+                "size {size} page size {ps}: {} chunks != {}",
+                a.chunk_count,
+                size.div_ceil(chunk)
+            );
+            check!(
+                a.mmap_offset % PAGE == 0,
+                "mmap offset {:#x} not page aligned",
+                a.mmap_offset
+            );
+            mems.push((a, size, chunk));
+        }
+    }
+    let mut handles: Vec<u64> = mems.iter().map(|m| m.0.handle).collect();
+    handles.sort_unstable();
+    handles.dedup();
+    check!(handles.len() == mems.len(), "handles are not unique");
+    let mut offsets: Vec<(u64, u64)> = mems
+        .iter()
+        .map(|m| (m.0.mmap_offset, m.0.chunk_count * m.0.chunk_size))
+        .collect();
+    offsets.sort_unstable();
+    for w in offsets.windows(2) {
+        check!(
+            w[0].0 + w[0].1 <= w[1].0,
+            "mmap ranges overlap: {:?} and {:?}",
+            w[0],
+            w[1]
+        );
+    }
+    let bytes: u64 = mems.iter().map(|m| m.0.chunk_count * m.0.chunk_size).sum();
+    let during = live(&d)?;
+    check!(
+        during == (before.0 + mems.len() as u64, before.1 + bytes),
+        "live counts {during:?}, wanted {:?}",
+        (before.0 + mems.len() as u64, before.1 + bytes)
+    );
+    for (a, size, chunk) in &mems {
+        let q = d.mem_query(a.handle).ctx("query")?;
+        check!(
+            q.size == *size && q.chunk_size == *chunk && q.physical_size == round_up(*size, *chunk),
+            "query of size {size} chunk {chunk}: {q:?}"
+        );
+    }
+    for (a, ..) in &mems {
+        d.mem_free(a.handle).ctx("free")?;
+    }
+    check!(
+        live(&d)? == before,
+        "live counts after freeing all: {:?}, wanted {before:?}",
+        live(&d)?
+    );
+    Ok(())
+}
+
+fn mem_query_reports_the_truth() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let a = d
+        .mem_alloc(
+            7 * M + 17,
+            64 * K,
+            zero() | uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK,
+        )
+        .ctx("alloc")?;
+    let q = d.mem_query(a.handle).ctx("query")?;
+    check!(q.handle == a.handle, "handle echoed as {}", q.handle);
+    check!(
+        q.backing == uapi::ruvm_backing_RUVM_BACKING_SYSMEM,
+        "backing {}",
+        q.backing
+    );
+    check!(
+        q.size == 7 * M + 17 && q.physical_size == 7 * M + 64 * K,
+        "sizes {} / {}",
+        q.size,
+        q.physical_size
+    );
+    check!(
+        q.chunk_size == a.chunk_size && q.chunk_count == a.chunk_count,
+        "chunks disagree with alloc"
+    );
+    check!(
+        q.mmap_offset == a.mmap_offset,
+        "mmap offset disagrees with alloc"
+    );
+    check!(
+        q.mapped == 0 && q.user_mappings == 0,
+        "fresh mem is mapped: {:#x}/{}",
+        q.mapped,
+        q.user_mappings
+    );
+    check!(
+        q.alloc_flags == zero() | uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK,
+        "alloc flags {:#x}",
+        q.alloc_flags
+    );
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    let q = d.mem_query(a.handle).ctx("query while mapped")?;
+    check!(
+        q.user_mappings == 1,
+        "user_mappings {} while mapped once",
+        q.user_mappings
+    );
+    check!(
+        q.mapped == u64::from(uapi::ruvm_mapped_RUVM_MAPPED_CPU_USER),
+        "mapped {:#x} while user-mapped",
+        q.mapped
+    );
+    let map2 = UserMap::of_mem(&d, &q).ctx("second mmap")?;
+    check!(
+        d.mem_query(a.handle).ctx("query")?.user_mappings == 2,
+        "two mappings not counted"
+    );
+    drop(map);
+    drop(map2);
+    let q = d.mem_query(a.handle).ctx("query after munmap")?;
+    check!(
+        q.mapped == 0 && q.user_mappings == 0,
+        "still mapped after munmap: {:#x}/{}",
+        q.mapped,
+        q.user_mappings
+    );
+    d.mem_free(a.handle).ctx("free")
+}
+
+fn mapped_bits(d: &Ruvm, h: u64) -> Result<u64, Stop> {
+    Ok(d.mem_query(h).ctx("query")?.mapped)
+}
+
+fn mem_kernel_map_is_idempotent() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let kernel = u64::from(uapi::ruvm_mapped_RUVM_MAPPED_CPU_KERNEL);
+    for ps in PAGE_SIZES {
+        let h = d.mem_alloc(M + 1, ps, 0).ctx("alloc")?.handle;
+        d.unmap_kernel(h).ctx("unmap of a never-mapped mem")?;
+        check!(
+            mapped_bits(&d, h)? == 0,
+            "mapped after unmapping a never-mapped mem"
+        );
+        d.map_kernel(h).ctx("map")?;
+        check!(mapped_bits(&d, h)? == kernel, "not kernel-mapped after map");
+        d.map_kernel(h).ctx("map again")?;
+        check!(
+            mapped_bits(&d, h)? == kernel,
+            "not kernel-mapped after map again"
+        );
+        d.unmap_kernel(h).ctx("unmap")?;
+        check!(mapped_bits(&d, h)? == 0, "still mapped after unmap");
+        d.unmap_kernel(h).ctx("unmap again")?;
+        check!(mapped_bits(&d, h)? == 0, "mapped after unmap again");
+        d.map_kernel(h).ctx("map after unmap")?;
+        check!(mapped_bits(&d, h)? == kernel, "not mapped after remap");
+        // Freed while kernel-mapped: the mapping goes with it.
+        d.mem_free(h).ctx("free while kernel-mapped")?;
+    }
+    Ok(())
+}
+
+fn mem_zeroed_reads_zero_both_ways() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for ps in [0, 64 * K, 2 * M] {
+        let a = d.mem_alloc(3 * M + 5, ps, zero()).ctx("alloc zeroed")?;
+        let phys = a.chunk_count * a.chunk_size;
+        d.map_kernel(a.handle).ctx("map")?;
+        kernel_verify(&d, byte_args(a.handle, 0, phys, 0), "kernel sees zeros")?;
+        let q = d.mem_query(a.handle).ctx("query")?;
+        let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+        let nonzero = (0..map.len()).filter(|&i| map.read(i) != 0).count();
+        check!(
+            nonzero == 0,
+            "page size {ps}: user sees {nonzero} non-zero bytes in a zeroed mem"
+        );
+        drop(map);
+        d.mem_free(a.handle).ctx("free")?;
+    }
+    Ok(())
+}
+
+fn mem_kernel_writes_user_reads() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for size in SIZES {
+        for ps in [0, 128 * K, 2 * M] {
+            let a = d.mem_alloc(size, ps, zero()).ctx("alloc")?;
+            let phys = a.chunk_count * a.chunk_size;
+            d.map_kernel(a.handle).ctx("map")?;
+            // The size-seeded pattern over [0, size); the tail up to the physical size stays zero.
+            d.mem_fill(false, pattern_args(a.handle, 0, size, size))
+                .ctx("kernel fill")?;
+            let q = d.mem_query(a.handle).ctx("query")?;
+            let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+            check!(
+                map.len() as u64 == phys,
+                "mapping length {} != physical {phys}",
+                map.len()
+            );
+            for o in 0..phys {
+                let want = if o < size {
+                    pattern::byte_at(size, o)
+                } else {
+                    0
+                };
+                let got = map.read(o as usize);
+                check!(
+                    got == want,
+                    "size {size} page size {ps}: user read {got:#x} at {o}, kernel wrote {want:#x}"
+                );
+            }
+            drop(map);
+            d.mem_free(a.handle).ctx("free")?;
+        }
+    }
+    Ok(())
+}
+
+fn mem_user_writes_kernel_reads() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for size in SIZES {
+        for ps in [0, 64 * K, 2 * M] {
+            let a = d.mem_alloc(size, ps, 0).ctx("alloc")?;
+            let q = d.mem_query(a.handle).ctx("query")?;
+            let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+            let seed = size ^ 0x5a5a_0000;
+            for o in 0..q.physical_size {
+                map.write(o as usize, pattern::byte_at(seed, o));
+            }
+            d.map_kernel(a.handle).ctx("map")?;
+            kernel_verify(
+                &d,
+                pattern_args(a.handle, 0, q.physical_size, seed),
+                "kernel reads what user wrote",
+            )?;
+            // Unaligned pieces check the pattern's offsets, not just whole pages.
+            if size > 100 {
+                kernel_verify(
+                    &d,
+                    pattern_args(a.handle, 13, size - 50, seed),
+                    "unaligned piece",
+                )?;
+            }
+            drop(map);
+            d.mem_free(a.handle).ctx("free")?;
+        }
+    }
+    Ok(())
+}
+
+fn mem_verify_finds_a_corrupted_byte() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let a = d.mem_alloc(M, 64 * K, 0).ctx("alloc")?;
+    d.map_kernel(a.handle).ctx("map")?;
+    d.mem_fill(false, pattern_args(a.handle, 0, M, 99))
+        .ctx("fill")?;
+    let q = d.mem_query(a.handle).ctx("query")?;
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    for at in [0usize, 65_537, (M - 1) as usize] {
+        let old = map.read(at);
+        map.write(at, !old);
+        let r = d
+            .mem_fill(true, pattern_args(a.handle, 0, M, 99))
+            .ctx("verify")?;
+        check!(
+            r.mismatches == 1 && r.first_mismatch == at as u64,
+            "corrupted {at}: verify says {} at {:#x}",
+            r.mismatches,
+            r.first_mismatch
+        );
+        map.write(at, old);
+    }
+    kernel_verify(&d, pattern_args(a.handle, 0, M, 99), "restored")?;
+    drop(map);
+    d.mem_free(a.handle).ctx("free")
+}
+
+fn mem_kernel_copy() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let src = d.mem_alloc(3 * M, 2 * M, 0).ctx("alloc src")?.handle;
+    let dst = d.mem_alloc(3 * M, 0, zero()).ctx("alloc dst")?.handle;
+    d.map_kernel(src).ctx("map src")?;
+    d.map_kernel(dst).ctx("map dst")?;
+    d.mem_fill(false, pattern_args(src, 0, 3 * M, 7))
+        .ctx("fill src")?;
+    d.mem_copy(dst, 100, src, 100, 2 * M + 3).ctx("copy")?;
+    kernel_verify(&d, pattern_args(dst, 100, 2 * M + 3, 7), "copied range")?;
+    kernel_verify(&d, byte_args(dst, 0, 100, 0), "before the copied range")?;
+    kernel_verify(
+        &d,
+        byte_args(dst, 2 * M + 103, M - 103, 0),
+        "after the copied range",
+    )?;
+    // Overlapping copy within one mem moves the bytes like memmove.
+    d.mem_copy(src, 8, src, 0, M).ctx("overlapping copy")?;
+    kernel_verify(&d, pattern_args(src, 8, M, 6), "overlapping copy result")?;
+    // The user mapping sees what the kernel copied.
+    let q = d.mem_query(dst).ctx("query")?;
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    for o in [100u64, 101, M, 2 * M + 102] {
+        check!(
+            map.read(o as usize) == pattern::byte_at(7, o),
+            "user sees wrong byte at {o}"
+        );
+    }
+    drop(map);
+    d.mem_free(src).ctx("free")?;
+    d.mem_free(dst).ctx("free")
+}
+
+fn mem_alloc_bad_inputs() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let before = live(&d)?;
+    expect_errno(d.mem_alloc(0, 0, 0), Errno::EINVAL, "size 0")?;
+    for ps in [1, 1024, 3 * K, 3 * M, 4 * M, 6 * K, 1 << 40, u64::MAX] {
+        expect_errno(
+            d.mem_alloc(4096, ps, 0),
+            Errno::EINVAL,
+            &format!("page size {ps}"),
+        )?;
+    }
+    for bit in [2, 3, 31] {
+        expect_errno(
+            d.mem_alloc(4096, 0, 1 << bit),
+            Errno::EINVAL,
+            &format!("unknown flag bit {bit}"),
+        )?;
+    }
+    for i in 0..4 {
+        let mut a = uapi::ruvm_mem_alloc {
+            size: 4096,
+            ..Default::default()
+        };
+        a.reserved[i] = 1;
+        expect_errno(
+            d.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a),
+            Errno::EINVAL,
+            &format!("reserved[{i}]"),
+        )?;
+    }
+    let mut a = uapi::ruvm_mem_alloc {
+        size: 4096,
+        backing: 7,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a),
+        Errno::EINVAL,
+        "unknown backing",
+    )?;
+    // Rounding up to whole chunks overflows.
+    expect_errno(
+        d.mem_alloc(u64::MAX, 0, 0),
+        Errno::EOVERFLOW,
+        "size u64::MAX",
+    )?;
+    expect_errno(
+        d.mem_alloc(u64::MAX - 4 * K, 2 * M, 0),
+        Errno::EOVERFLOW,
+        "size near u64::MAX, 2M chunks",
+    )?;
+    // Argument pointers that cannot be read or written back.
+    expect_errno(
+        d.ioctl_ptr(uapi::RUVM_IOCTL_MEM_ALLOC, std::ptr::null_mut()),
+        Errno::EFAULT,
+        "NULL argument",
+    )?;
+    check!(live(&d)? == before, "a refused allocation left mems behind");
+    Ok(())
+}
+
+fn mem_handle_bad_inputs() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let h = d.mem_alloc(4096, 0, 0).ctx("alloc")?.handle;
+    for cmd in [
+        uapi::RUVM_IOCTL_MEM_FREE,
+        uapi::RUVM_IOCTL_MEM_MAP_CPU_KERNEL,
+        uapi::RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL,
+    ] {
+        expect_errno(d.mem_handle_cmd(cmd, 0), Errno::ENOENT, "handle 0")?;
+        expect_errno(
+            d.mem_handle_cmd(cmd, u64::MAX),
+            Errno::ENOENT,
+            "unknown handle",
+        )?;
+        let mut a = uapi::ruvm_mem_handle {
+            handle: h,
+            flags: 1,
+            ..Default::default()
+        };
+        expect_errno(d.ioctl(cmd, &mut a), Errno::EINVAL, "flags")?;
+        let mut a = uapi::ruvm_mem_handle {
+            handle: h,
+            pad: 1,
+            ..Default::default()
+        };
+        expect_errno(d.ioctl(cmd, &mut a), Errno::EINVAL, "pad")?;
+        let mut a = uapi::ruvm_mem_handle {
+            handle: h,
+            ..Default::default()
+        };
+        a.reserved[1] = 1;
+        expect_errno(d.ioctl(cmd, &mut a), Errno::EINVAL, "reserved")?;
+    }
+    expect_errno(
+        d.mem_query(u64::MAX),
+        Errno::ENOENT,
+        "query of unknown handle",
+    )?;
+    let mut q = uapi::ruvm_mem_query {
+        handle: h,
+        flags: 1,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_MEM_QUERY, &mut q),
+        Errno::EINVAL,
+        "query flags",
+    )?;
+    let mut q = uapi::ruvm_mem_query {
+        handle: h,
+        ..Default::default()
+    };
+    q.reserved[3] = 1;
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_MEM_QUERY, &mut q),
+        Errno::EINVAL,
+        "query reserved",
+    )?;
+    d.mem_free(h).ctx("free")?;
+    expect_errno(d.mem_free(h), Errno::ENOENT, "double free")?;
+    expect_errno(d.mem_query(h), Errno::ENOENT, "query after free")?;
+    expect_errno(d.map_kernel(h), Errno::ENOENT, "map after free")
+}
+
+fn mem_fill_bad_inputs() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let a = d.mem_alloc(5000, 0, 0).ctx("alloc")?;
+    let h = a.handle;
+    let phys = 8192;
+    expect_errno(
+        d.mem_fill(false, pattern_args(h, 0, 10, 1)),
+        Errno::ENXIO,
+        "fill without a kernel mapping",
+    )?;
+    expect_errno(
+        d.mem_fill(true, pattern_args(h, 0, 10, 1)),
+        Errno::ENXIO,
+        "verify without a kernel mapping",
+    )?;
+    let other = d.mem_alloc(4096, 0, 0).ctx("alloc")?.handle;
+    d.map_kernel(h).ctx("map")?;
+    expect_errno(
+        d.mem_copy(h, 0, other, 0, 1),
+        Errno::ENXIO,
+        "copy from an unmapped mem",
+    )?;
+    expect_errno(
+        d.mem_copy(other, 0, h, 0, 1),
+        Errno::ENXIO,
+        "copy to an unmapped mem",
+    )?;
+    d.mem_fill(false, pattern_args(h, 0, phys, 1))
+        .ctx("fill of the whole physical size")?;
+    d.mem_fill(false, pattern_args(h, phys, 0, 1))
+        .ctx("empty fill at the end")?;
+    expect_errno(
+        d.mem_fill(false, pattern_args(h, 0, phys + 1, 1)),
+        Errno::EINVAL,
+        "fill past the end",
+    )?;
+    expect_errno(
+        d.mem_fill(false, pattern_args(h, phys + 1, 0, 1)),
+        Errno::EINVAL,
+        "fill starting past the end",
+    )?;
+    expect_errno(
+        d.mem_fill(true, pattern_args(h, 1, u64::MAX, 1)),
+        Errno::EOVERFLOW,
+        "offset + length overflows",
+    )?;
+    let mut f = pattern_args(h, 0, 1, 1);
+    f.kind = 9;
+    expect_errno(d.mem_fill(false, f), Errno::EINVAL, "unknown fill kind")?;
+    let mut f = pattern_args(h, 0, 1, 1);
+    f.flags = 1;
+    expect_errno(d.mem_fill(false, f), Errno::EINVAL, "fill flags")?;
+    let mut f = pattern_args(h, 0, 1, 1);
+    f.reserved[0] = 1;
+    expect_errno(d.mem_fill(true, f), Errno::EINVAL, "fill reserved")?;
+    expect_errno(
+        d.mem_fill(false, pattern_args(u64::MAX, 0, 1, 1)),
+        Errno::ENOENT,
+        "fill of unknown handle",
+    )?;
+    d.map_kernel(other).ctx("map other")?;
+    expect_errno(
+        d.mem_copy(h, 0, other, 1, 4096),
+        Errno::EINVAL,
+        "copy source past the end",
+    )?;
+    expect_errno(
+        d.mem_copy(h, phys, other, 0, 1),
+        Errno::EINVAL,
+        "copy destination past the end",
+    )?;
+    expect_errno(
+        d.mem_copy(h, u64::MAX, other, 0, 2),
+        Errno::EOVERFLOW,
+        "copy offset overflows",
+    )?;
+    let mut c = uapi::ruvm_mem_copy {
+        dst_handle: h,
+        src_handle: other,
+        length: 1,
+        pad: 1,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_MEM_COPY, &mut c),
+        Errno::EINVAL,
+        "copy pad",
+    )?;
+    expect_errno(
+        d.mem_copy(h, 0, u64::MAX, 0, 1),
+        Errno::ENOENT,
+        "copy from unknown handle",
+    )?;
+    d.mem_free(h).ctx("free")?;
+    d.mem_free(other).ctx("free")
+}
+
+fn mem_other_files_handles_are_enoent() -> TestResult {
+    let a = Ruvm::open().ctx("open a")?;
+    let b = Ruvm::open().ctx("open b")?;
+    let ha = a.mem_alloc(4096, 0, 0).ctx("alloc in a")?;
+    let hb = b.mem_alloc(4096, 0, 0).ctx("alloc in b")?;
+    expect_errno(
+        b.mem_query(ha.handle),
+        Errno::ENOENT,
+        "query of a's handle through b",
+    )?;
+    expect_errno(
+        b.map_kernel(ha.handle),
+        Errno::ENOENT,
+        "map of a's handle through b",
+    )?;
+    expect_errno(
+        b.mem_fill(false, pattern_args(ha.handle, 0, 1, 1)),
+        Errno::ENOENT,
+        "fill through b",
+    )?;
+    expect_errno(
+        b.mem_copy(hb.handle, 0, ha.handle, 0, 1),
+        Errno::ENOENT,
+        "copy from a's mem through b",
+    )?;
+    expect_errno(
+        b.mem_free(ha.handle),
+        Errno::ENOENT,
+        "free of a's handle through b",
+    )?;
+    // mmap of a's offset through b: not b's mem.
+    let r = UserMap::new(
+        &b,
+        ha.mmap_offset,
+        4096,
+        ProtFlags::PROT_READ,
+        MapFlags::MAP_SHARED,
+    );
+    expect_errno(r.map(drop), Errno::ENXIO, "mmap of a's offset through b")?;
+    a.mem_query(ha.handle).ctx("a still has its mem")?;
+    a.mem_free(ha.handle).ctx("free a")?;
+    b.mem_free(hb.handle).ctx("free b")
+}
+
+fn mem_mmap_bad_inputs() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let a = d.mem_alloc(64 * K, 0, 0).ctx("alloc")?;
+    let rw = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
+    let off = a.mmap_offset;
+    let len = 64 * 1024;
+    let map = |o: u64, l: usize, p: ProtFlags, f: MapFlags| UserMap::new(&d, o, l, p, f).map(drop);
+    expect_errno(
+        map(off, len - 4096, rw, MapFlags::MAP_SHARED),
+        Errno::EINVAL,
+        "shorter than the mem",
+    )?;
+    expect_errno(
+        map(off, len + 4096, rw, MapFlags::MAP_SHARED),
+        Errno::EINVAL,
+        "longer than the mem",
+    )?;
+    expect_errno(
+        map(off + 4096, len - 4096, rw, MapFlags::MAP_SHARED),
+        Errno::ENXIO,
+        "offset inside the mem",
+    )?;
+    expect_errno(
+        map(off + (1 << 40), len, rw, MapFlags::MAP_SHARED),
+        Errno::ENXIO,
+        "offset of no mem",
+    )?;
+    expect_errno(
+        map(off, len, rw | ProtFlags::PROT_EXEC, MapFlags::MAP_SHARED),
+        Errno::EPERM,
+        "PROT_EXEC",
+    )?;
+    expect_errno(
+        map(off, len, rw, MapFlags::MAP_PRIVATE),
+        Errno::EINVAL,
+        "MAP_PRIVATE",
+    )?;
+    map(off, len, rw, MapFlags::MAP_SHARED).ctx("the right mapping")?;
+    map(off, len, ProtFlags::PROT_READ, MapFlags::MAP_SHARED).ctx("a read-only mapping")?;
+    d.mem_free(a.handle).ctx("free")?;
+    expect_errno(
+        map(off, len, rw, MapFlags::MAP_SHARED),
+        Errno::ENXIO,
+        "mmap after free",
+    )
+}
+
+fn mem_mapping_cannot_be_split_or_made_executable() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let a = d.mem_alloc(64 * K, 0, 0).ctx("alloc")?;
+    let q = d.mem_query(a.handle).ctx("query")?;
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    let p = std::ptr::NonNull::new(map.as_ptr().cast::<std::ffi::c_void>())
+        .ok_or(Stop::Fail("null map".into()))?;
+    // SAFETY: mprotect and munmap on our own mapping; both are expected to be refused.
+    let r = unsafe {
+        nix::sys::mman::mprotect(p, map.len(), ProtFlags::PROT_READ | ProtFlags::PROT_EXEC)
+    };
+    expect_errno(r, Errno::EACCES, "mprotect(PROT_EXEC)")?;
+    // SAFETY: unmapping the second half would split the VMA; the module refuses.
+    let r = unsafe { nix::sys::mman::munmap(p.byte_add(4096), 4096) };
+    expect_errno(r, Errno::EINVAL, "munmap of part of the mapping")?;
+    check!(
+        d.mem_query(a.handle).ctx("query")?.user_mappings == 1,
+        "mapping count changed"
+    );
+    map.write(8192, 0x42);
+    check!(
+        map.read(8192) == 0x42,
+        "mapping unusable after refused split"
+    );
+    drop(map);
+    d.mem_free(a.handle).ctx("free")
+}
+
+/// Runs `f` in a child process and returns how the child ended.
+fn in_child(f: impl FnOnce() -> i32) -> Result<WaitStatus, Stop> {
+    // SAFETY: the selftest runner is single-threaded here; the child only makes syscalls and
+    // touches memory, then exits without returning.
+    match unsafe { fork() }.ctx("fork")? {
+        ForkResult::Child => std::process::exit(f()),
+        ForkResult::Parent { child } => waitpid(child, None).ctx("waitpid"),
+    }
+}
+
+fn mem_access_after_free_faults() -> TestResult {
+    let probe = Ruvm::open().ctx("open")?;
+    let before = live(&probe)?;
+    // All in a child, whose last read must die of SIGBUS. Exit codes name the step that failed.
+    let status = in_child(|| {
+        let Ok(d) = Ruvm::open() else { return 10 };
+        let Ok(a) = d.mem_alloc(64 * K, 0, zero()) else {
+            return 11;
+        };
+        let Ok(q) = d.mem_query(a.handle) else {
+            return 12;
+        };
+        let Ok(map) = UserMap::of_mem(&d, &q) else {
+            return 13;
+        };
+        map.write(100, 7);
+        if d.mem_free(a.handle).is_err() {
+            return 14;
+        }
+        // The VMA still exists (zapped) and still accounts for the mem until it is unmapped.
+        match d.info() {
+            Ok(i) if i.live_mems == before.0 + 1 => {}
+            _ => return 15,
+        }
+        i32::from(map.read(100))
+    })?;
+    check!(
+        status == WaitStatus::Signaled(status_pid(&status), Signal::SIGBUS, false),
+        "reading a freed mem's mapping: child ended {status:?}, wanted SIGBUS (exit codes 10..15 name a failed step)"
+    );
+    check!(
+        live(&probe)? == before,
+        "the mem outlived the process that mapped it: {:?}",
+        live(&probe)?
+    );
+    Ok(())
+}
+
+fn status_pid(s: &WaitStatus) -> nix::unistd::Pid {
+    s.pid().unwrap_or(nix::unistd::Pid::from_raw(0))
+}
+
+fn mem_forked_child_has_no_mapping() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let a = d.mem_alloc(2 * M, 2 * M, zero()).ctx("alloc")?;
+    let q = d.mem_query(a.handle).ctx("query")?;
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    map.write(5, 9);
+    let p = map.as_ptr() as usize;
+    let status = in_child(|| {
+        // SAFETY: the mapping is VM_DONTCOPY, so this address is unmapped in the child: the
+        // read must fault.
+        let v = unsafe { (p as *const u8).add(5).read_volatile() };
+        i32::from(v)
+    })?;
+    check!(
+        status == WaitStatus::Signaled(status_pid(&status), Signal::SIGSEGV, false),
+        "child reading the parent's mapping ended {status:?}, wanted SIGSEGV"
+    );
+    check!(map.read(5) == 9, "parent lost its mapping");
+    check!(
+        d.mem_query(a.handle).ctx("query")?.user_mappings == 1,
+        "the fork changed the mapping count"
+    );
+    drop(map);
+    d.mem_free(a.handle).ctx("free")
+}
+
+fn mem_close_frees_everything() -> TestResult {
+    let probe = Ruvm::open().ctx("open")?;
+    let before = live(&probe)?;
+    {
+        let d = Ruvm::open().ctx("open")?;
+        for (size, ps) in [(M, 0), (3 * M, 2 * M), (5000, 64 * K)] {
+            let h = d.mem_alloc(size, ps, zero()).ctx("alloc")?.handle;
+            d.map_kernel(h).ctx("map")?;
+        }
+        let q = d
+            .mem_query(d.mem_alloc(4096, 0, 0).ctx("alloc")?.handle)
+            .ctx("query")?;
+        let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+        drop(map);
+        check!(live(&probe)?.0 == before.0 + 4, "four mems not counted");
+    }
+    check!(
+        live(&probe)? == before,
+        "closing the file left {:?}, wanted {before:?}",
+        live(&probe)?
+    );
+    Ok(())
+}
+
+fn mem_size_limits() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let info = d.info().ctx("INFO")?;
+    let (max_alloc, max_file) = (info.max_alloc_bytes, info.max_file_bytes);
+    let before = live(&d)?;
+    // One byte over: its physical size rounds up past the limit.
+    expect_errno(
+        d.mem_alloc(max_alloc + 1, 0, 0),
+        Errno::ENOSPC,
+        "one byte over max_alloc_mib",
+    )?;
+    check!(live(&d)? == before, "a refused allocation left mems behind");
+    // The per-file total can only be reached in memory when the limit is small (a dedicated
+    // guest run sets max_file_mib=16 max_alloc_mib=8).
+    if max_file > 64 * M {
+        return Err(Stop::Skip(format!(
+            "max_file_mib is {}; the per-file limit is tested with 16",
+            max_file / M
+        )));
+    }
+    let piece = max_alloc.min(4 * M);
+    let mut held = Vec::new();
+    let mut total = 0;
+    while total + piece <= max_file {
+        held.push(
+            d.mem_alloc(piece, 0, 0)
+                .ctx("alloc up to the per-file limit")?
+                .handle,
+        );
+        total += piece;
+    }
+    expect_errno(
+        d.mem_alloc(max_file - total + 4096, 0, 0),
+        Errno::ENOSPC,
+        "past the per-file limit",
+    )?;
+    // Another file has its own allowance.
+    let other = Ruvm::open().ctx("open")?;
+    let h = other
+        .mem_alloc(piece, 0, 0)
+        .ctx("another file still may allocate")?
+        .handle;
+    other.mem_free(h).ctx("free")?;
+    // Freeing gives the allowance back.
+    d.mem_free(held.pop().ok_or(Stop::Fail("nothing held".into()))?)
+        .ctx("free")?;
+    held.push(d.mem_alloc(piece, 0, 0).ctx("alloc after a free")?.handle);
+    for h in held {
+        d.mem_free(h).ctx("free")?;
+    }
+    Ok(())
+}
+
+fn mem_beyond_memory_is_enomem() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let info = d.info().ctx("INFO")?;
+    let max_alloc = info.max_alloc_bytes.min(info.max_file_bytes);
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .ok_or(Stop::Fail("cannot read MemTotal".into()))?
+        * K;
+    // More than the machine has, but within the per-allocation limit: the page allocator must
+    // run dry and the allocation fail cleanly, without waking the OOM killer.
+    let want = total + 64 * M;
+    if want > max_alloc {
+        return Err(Stop::Skip(format!(
+            "the guest has {} MiB, the module allows {} MiB",
+            total / M,
+            max_alloc / M
+        )));
+    }
+    let before = live(&d)?;
+    expect_errno(
+        d.mem_alloc(want, 0, 0),
+        Errno::ENOMEM,
+        "allocation beyond all memory",
+    )?;
+    check!(
+        live(&d)? == before,
+        "the failed allocation left mems behind"
+    );
+    // And memory is usable again right after.
+    let h = d
+        .mem_alloc(64 * M, 0, 0)
+        .ctx("alloc after the failure")?
+        .handle;
+    d.mem_free(h).ctx("free")
+}
+
+/// Makes every allocation of order >= `min_order` by this task fail (fail_page_alloc), until
+/// dropped.
+struct FailHighOrder;
+
+impl FailHighOrder {
+    const DIR: &'static str = "/sys/kernel/debug/fail_page_alloc";
+
+    fn set(name: &str, value: &str) -> Result<(), Stop> {
+        std::fs::write(format!("{}/{name}", Self::DIR), value)
+            .ctx(&format!("fail_page_alloc/{name}"))
+    }
+
+    fn new(min_order: u32) -> Result<Self, Stop> {
+        if !std::path::Path::new(Self::DIR).exists() {
+            return Err(Stop::Skip(
+                "no fail_page_alloc in this kernel (the debug kernel has it)".into(),
+            ));
+        }
+        for (k, v) in [
+            ("task-filter", "Y"),
+            ("ignore-gfp-wait", "N"),
+            ("ignore-gfp-highmem", "N"),
+            ("min-order", &min_order.to_string()),
+            ("verbose", "0"),
+            ("interval", "1"),
+            ("times", "-1"),
+            ("probability", "100"),
+        ] {
+            Self::set(k, v)?;
+        }
+        std::fs::write("/proc/self/make-it-fail", "1").ctx("make-it-fail")?;
+        Ok(Self)
+    }
+}
+
+impl Drop for FailHighOrder {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/self/make-it-fail", "0");
+        let _ = Self::set("probability", "0");
+    }
+}
+
+fn mem_fallback_under_fragmentation() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let before = live(&d)?;
+    let results = {
+        // Orders >= 9 (2 MiB) fail, as under fragmentation.
+        let _inject = FailHighOrder::new(9)?;
+        (
+            d.mem_alloc(5 * M, 2 * M, 0),
+            d.mem_alloc(5 * M, 2 * M, uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK),
+        )
+    };
+    expect_errno(results.0, Errno::ENOMEM, "2M chunks without fallback")?;
+    let a = results.1.ctx("2M chunks with fallback")?;
+    check!(
+        a.chunk_size == M,
+        "fell back to chunks of {}, wanted 1M",
+        a.chunk_size
+    );
+    check!(a.chunk_count == 5, "{} chunks, wanted 5", a.chunk_count);
+    check!(
+        live(&d)? == (before.0 + 1, before.1 + 5 * M),
+        "accounting after fallback: {:?}",
+        live(&d)?
+    );
+    // The fallen-back mem works.
+    d.map_kernel(a.handle).ctx("map")?;
+    d.mem_fill(false, pattern_args(a.handle, 0, 5 * M, 3))
+        .ctx("fill")?;
+    kernel_verify(&d, pattern_args(a.handle, 0, 5 * M, 3), "verify")?;
+    d.mem_free(a.handle).ctx("free")?;
+    check!(
+        live(&d)? == before,
+        "something left behind: {:?}",
+        live(&d)?
+    );
+    Ok(())
+}
