@@ -116,7 +116,7 @@ runner_check "runner: a failing selftest fails the run" 1 "not ok .* planted_fai
 runner_check "runner: a kernel WARN fails the run although the command passed" 3 "WARNING:" \
 	VM_MODARGS=enable_test_ioctls=1 CMD='ruvmctl test-plant warn'
 runner_check "runner: a hung guest fails the run" 124 "did not finish" VM_TIMEOUT=20 CMD='sleep 1000'
-runner_check "runner: a failed insmod fails the run" 125 "insmod" VM_MODARGS=no_such_param=1 CMD=true
+runner_check "runner: a failed insmod fails the run" 125 "insmod" VM_MODARGS=max_alloc_mib=banana CMD=true
 
 # --- the guest suites ---------------------------------------------------------------------------
 # KTAP results count one by one; a run whose kernel reported a problem adds a failure.

@@ -77,6 +77,12 @@ end() { echo "RUVM-END-$nonce rc=\$1"; poweroff -f; }
 echo "RUVM-BOOTED-$nonce"
 if [ "$VM_INSMOD" = 1 ]; then
 	insmod /ruvm/ruvm.ko $VM_MODARGS || { echo "RUVM-INSMOD-FAILED-$nonce"; end 125; }
+	# The kernel loads a module despite an unknown parameter; a typo must not pass unnoticed.
+	if dmesg | grep -q "ruvm: unknown parameter"; then
+		dmesg | grep "ruvm: unknown parameter"
+		echo "RUVM-INSMOD-FAILED-$nonce"
+		end 125
+	fi
 fi
 if [ $interactive = 1 ]; then
 	echo "ruvm guest: ruvmctl, /selftests and /extra are here; exit to power off"
