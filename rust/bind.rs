@@ -7,6 +7,10 @@
 
 pub(crate) mod cred;
 pub(crate) mod fops;
+pub(crate) mod globals;
 pub(crate) mod pages;
+pub(crate) mod ratelimit;
+pub(crate) mod task;
+pub(crate) mod upin;
 pub(crate) mod vma;
 pub(crate) mod vmap;

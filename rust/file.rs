@@ -22,26 +22,35 @@ use kernel::{
 };
 
 use crate::{
-    bind::{cred, fops},
-    mem::{AllocRequest, Fill, Handle, Mem, Quota},
+    audit::{self, Class, Counted},
+    bind::{cred, fops, globals::UNLOAD, ratelimit, upin::PinnedUser},
+    mem::{self, AllocRequest, Fill, Handle, LeakKind, Mem, Origin, Quota},
     uapi,
 };
 
 /// The state of one open file of `/dev/ruvm`.
 ///
 /// Dropping it (the last close) drops its mems: no user mapping can exist by then, since each
-/// VMA holds a reference on the file.
-#[pin_data]
+/// VMA holds a reference on the file. Mems still there are reported as reclaimed.
+#[pin_data(PinnedDrop)]
 pub(crate) struct RuvmFile {
     #[pin]
     inner: Mutex<FileInner>,
     quota: Arc<Quota>,
+    /// Who opened the file, for the reclaim report.
+    opener: Origin,
+}
+
+/// A mem in a file's table, and its handle's count in the audit.
+struct Entry {
+    mem: Arc<Mem>,
+    _handle: Counted,
 }
 
 /// The tables of a file's mems.
 struct FileInner {
     /// Every mem of the file, by handle.
-    mems: RBTree<Handle, Arc<Mem>>,
+    mems: RBTree<Handle, Entry>,
     /// The handle of the mem at each mmap offset.
     offsets: RBTree<u64, Handle>,
 }
@@ -59,6 +68,7 @@ impl MiscDevice for RuvmFile {
                     offsets: RBTree::new(),
                 }),
                 quota,
+                opener: Origin::here("open"),
             }),
             GFP_KERNEL,
         )?;
@@ -81,7 +91,11 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_FILL => me.mem_fill(user, false)?,
             uapi::RUVM_IOCTL_MEM_VERIFY => me.mem_fill(user, true)?,
             uapi::RUVM_IOCTL_MEM_COPY => me.mem_copy(user)?,
+            uapi::RUVM_IOCTL_AUDIT => audit_ioctl(user)?,
+            uapi::RUVM_IOCTL_STATS => stats(user)?,
+            uapi::RUVM_IOCTL_REGISTER_UNLOAD_STATE => register_unload_state(user)?,
             uapi::RUVM_IOCTL_TEST_PLANT => test_plant(user)?,
+            uapi::RUVM_IOCTL_TEST_LEAK => test_leak(user)?,
             _ => return Err(ENOTTY),
         }
         Ok(0)
@@ -92,7 +106,7 @@ impl MiscDevice for RuvmFile {
         let mem = {
             let inner = me.inner.lock();
             let handle = inner.offsets.get(&offset).copied();
-            handle.and_then(|h| inner.mems.get(&h).cloned())
+            handle.and_then(|h| inner.mems.get(&h).map(|e| e.mem.clone()))
         };
         // No mem of this file starts at this offset (never was, or freed).
         mem.ok_or(ENXIO)?.map_user(vma)
@@ -106,7 +120,7 @@ impl RuvmFile {
             .lock()
             .mems
             .get(&Handle(handle))
-            .cloned()
+            .map(|e| e.mem.clone())
             .ok_or(ENOENT)
     }
 
@@ -129,13 +143,17 @@ impl RuvmFile {
             fallback: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK != 0,
             max_bytes: crate::max_alloc_bytes(),
         };
-        let mem = Mem::alloc(&req, &self.quota)?;
+        let mem = Mem::alloc(&req, &self.quota, Origin::here("MEM_ALLOC"))?;
         let handle = Handle::new();
         {
+            let entry = Entry {
+                mem: mem.clone(),
+                _handle: Counted::new(Class::Handles, 1),
+            };
             let mut inner = self.inner.lock();
             inner
                 .mems
-                .try_create_and_insert(handle, mem.clone(), GFP_KERNEL)?;
+                .try_create_and_insert(handle, entry, GFP_KERNEL)?;
             if let Err(e) =
                 inner
                     .offsets
@@ -161,9 +179,9 @@ impl RuvmFile {
     /// Takes a mem out of the tables; its owner can no longer name it.
     fn remove(&self, handle: Handle) -> Option<Arc<Mem>> {
         let mut inner = self.inner.lock();
-        let mem = inner.mems.remove(&handle)?;
-        inner.offsets.remove(&mem.mmap_offset());
-        Some(mem)
+        let entry = inner.mems.remove(&handle)?;
+        inner.offsets.remove(&entry.mem.mmap_offset());
+        Some(entry.mem)
     }
 
     /// `RUVM_IOCTL_MEM_FREE`: in uvm_mem's order, the user mapping goes first (zapped, so later
@@ -248,6 +266,150 @@ impl RuvmFile {
         let src = self.mem(args.src_handle)?;
         Mem::copy(&dst, args.dst_offset, &src, args.src_offset, args.length)
     }
+}
+
+#[pinned_drop]
+impl PinnedDrop for RuvmFile {
+    fn drop(self: Pin<&mut Self>) {
+        let level = audit::level();
+        if level == 0 {
+            return;
+        }
+        let inner = self.inner.lock();
+        let (mut mems, mut bytes) = (0u64, 0u64);
+        for e in inner.mems.values() {
+            mems += 1;
+            bytes += e.mem.layout().physical_size;
+        }
+        if mems > 0 && ratelimit::printk_ok() {
+            pr_info!(
+                "audit: reclaimed mems={mems} bytes={bytes} {}\n",
+                self.opener
+            );
+            if level >= 2 {
+                for (h, e) in inner.mems.iter() {
+                    pr_info!(
+                        "audit: reclaimed object class=mems handle={} bytes={}\n",
+                        h.0,
+                        e.mem.layout().physical_size
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `RUVM_IOCTL_AUDIT`: the audit's counters, and with `RUVM_AUDIT_WALK` the same counted from
+/// the objects (test-only).
+fn audit_ioctl(user: UserSlice) -> Result {
+    let (mut reader, mut writer) = user.reader_writer();
+    let mut args: uapi::ruvm_audit = reader.read()?;
+    let walk_flag = uapi::ruvm_audit_flags_RUVM_AUDIT_WALK;
+    if args.flags & !walk_flag != 0 || args.pad != 0 || !all_zero(&args.reserved) {
+        return Err(EINVAL);
+    }
+    let walk = args.flags & walk_flag != 0;
+    if walk && !crate::test_ioctls_enabled() {
+        return Err(enosys());
+    }
+    args.classes = uapi::ruvm_audit_class_RUVM_AUDIT_CLASSES;
+    args.level = audit::level();
+    // Walk first, then read the counters: with nothing else running, they must agree.
+    args.walked = if walk {
+        mem::walk()
+    } else {
+        [0; audit::CLASSES]
+    };
+    args.live = audit::live();
+    writer.write(&args)
+}
+
+/// `RUVM_IOCTL_STATS`.
+fn stats(user: UserSlice) -> Result {
+    let (mut reader, mut writer) = user.reader_writer();
+    let mut args: uapi::ruvm_stats = reader.read()?;
+    let reset_flag = uapi::ruvm_stats_flags_RUVM_STATS_RESET_PEAKS;
+    if args.flags & !reset_flag != 0 || !all_zero(&args.reserved) {
+        return Err(EINVAL);
+    }
+    if args.backing != uapi::ruvm_backing_RUVM_BACKING_SYSMEM {
+        return Err(EINVAL);
+    }
+    let reset = args.flags & reset_flag != 0;
+    if reset {
+        // The watermarks are shared by every user of the module.
+        cred::require_sys_admin()?;
+    }
+    let s = audit::stats(reset);
+    (args.reserved_bytes, args.reserved_peak) = s.reserved;
+    (args.used_bytes, args.used_peak) = s.used;
+    (args.mems, args.mems_peak) = s.mems;
+    args.allocs = s.allocs;
+    args.frees = s.frees;
+    args.alloc_failures = s.failures;
+    writer.write(&args)
+}
+
+/// `RUVM_IOCTL_REGISTER_UNLOAD_STATE`.
+fn register_unload_state(user: UserSlice) -> Result {
+    cred::require_sys_admin()?;
+    let args: uapi::ruvm_register_unload_state = user.reader().read()?;
+    if args.flags != 0 || args.pad != 0 || !all_zero(&args.reserved) {
+        return Err(EINVAL);
+    }
+    let mut unload = UNLOAD.lock();
+    if unload.state.is_some() {
+        return Err(EBUSY);
+    }
+    let size = core::mem::size_of::<uapi::ruvm_unload_state>();
+    let pinned = PinnedUser::new(args.addr, size, 8)?;
+    pinned.write(&[0u8; core::mem::size_of::<uapi::ruvm_unload_state>()])?;
+    unload.state = Some(pinned);
+    Ok(())
+}
+
+/// `RUVM_IOCTL_TEST_LEAK`: leak resources on purpose, to prove the audit reports them.
+fn test_leak(user: UserSlice) -> Result {
+    if !crate::test_ioctls_enabled() {
+        return Err(enosys());
+    }
+    cred::require_sys_admin()?;
+    let args: uapi::ruvm_test_leak = user.reader().read()?;
+    let known = uapi::ruvm_leak_flags_RUVM_LEAK_LOST | uapi::ruvm_leak_flags_RUVM_LEAK_MAPPED;
+    if args.flags & !known != 0 || args.pad != 0 || !all_zero(&args.reserved) {
+        return Err(EINVAL);
+    }
+    if args.count == 0 || args.count > 64 {
+        return Err(EINVAL);
+    }
+    let mapped = args.flags & uapi::ruvm_leak_flags_RUVM_LEAK_MAPPED != 0;
+    let kind = match args.what {
+        uapi::ruvm_leak_RUVM_LEAK_MEM => LeakKind::Mem {
+            size: args.size,
+            mapped,
+        },
+        uapi::ruvm_leak_RUVM_LEAK_CHUNK if !mapped => {
+            if args.order > audit::MAX_ORDER {
+                return Err(EINVAL);
+            }
+            LeakKind::Chunk { order: args.order }
+        }
+        uapi::ruvm_leak_RUVM_LEAK_KERNEL_MAP if !mapped => LeakKind::KernelMap,
+        _ => return Err(EINVAL),
+    };
+    let lost = args.flags & uapi::ruvm_leak_flags_RUVM_LEAK_LOST != 0;
+    for _ in 0..args.count {
+        if let Some(p) = mem::plant(&kind, lost)? {
+            UNLOAD.lock().planted.push(p, GFP_KERNEL)?;
+        }
+    }
+    pr_info!(
+        "audit: planted a leak what={} count={} lost={}\n",
+        args.what,
+        args.count,
+        lost
+    );
+    Ok(())
 }
 
 /// Reads a `struct ruvm_mem_handle` and checks its reserved fields.

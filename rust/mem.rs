@@ -28,8 +28,11 @@ use kernel::{
 };
 
 use crate::{
+    audit::{self, Class, Counted, Usage, CLASSES},
     bind::{
+        globals::MEM_REGISTRY,
         pages::{Chunk, ChunkFlags},
+        task,
         vma::{self, VmaOwner},
         vmap::{PageSource, VMap},
     },
@@ -54,33 +57,10 @@ impl Handle {
     }
 }
 
-/// Live mems and their physical bytes across the module, checked at unload.
-static LIVE_MEMS: Atomic<u64> = Atomic::new(0);
-static LIVE_BYTES: Atomic<u64> = Atomic::new(0);
-
-/// How many mems are alive, and their physical bytes.
+/// How many mems are alive, and their physical bytes (from the audit's counters).
 pub(crate) fn live() -> (u64, u64) {
-    (LIVE_MEMS.load(Relaxed), LIVE_BYTES.load(Relaxed))
-}
-
-/// A mem's entry in the live counts, removed on drop.
-struct Census {
-    bytes: u64,
-}
-
-impl Census {
-    fn new(bytes: u64) -> Self {
-        LIVE_MEMS.fetch_add(1, Relaxed);
-        LIVE_BYTES.fetch_add(bytes, Relaxed);
-        Self { bytes }
-    }
-}
-
-impl Drop for Census {
-    fn drop(&mut self) {
-        LIVE_MEMS.fetch_sub(1, Relaxed);
-        LIVE_BYTES.fetch_sub(self.bytes, Relaxed);
-    }
+    let l = audit::live();
+    (l[Class::Mems.index()], l[Class::SysmemBytes.index()])
 }
 
 /// Bytes of mems a file may hold at once, shared by the file and its mems: a mem gives its
@@ -152,6 +132,19 @@ pub(crate) struct SysPages {
     chunks: KVVec<Chunk>,
     /// Pages per chunk, as a shift.
     order: u32,
+    _audit: Counted,
+}
+
+impl SysPages {
+    /// Takes ownership of allocated chunks of `2^order` pages each.
+    fn new(chunks: KVVec<Chunk>, order: u32) -> Self {
+        let n = chunks.len() as u64;
+        Self {
+            chunks,
+            order,
+            _audit: Counted::new(Class::SysmemChunks(order), n),
+        }
+    }
 }
 
 impl SysPages {
@@ -178,6 +171,21 @@ impl PageSource for SysPages {
 /// The CPU kernel mapping of a sysmem mem.
 type KernelMap = VMap<SysPages>;
 
+/// A CPU kernel mapping, counted by the audit.
+pub(crate) struct KernelMapping {
+    map: KernelMap,
+    _audit: Counted,
+}
+
+impl KernelMapping {
+    fn new(pages: Arc<SysPages>) -> Result<Self> {
+        Ok(Self {
+            map: KernelMap::new(pages)?,
+            _audit: Counted::new(Class::KernelMaps, 1),
+        })
+    }
+}
+
 /// What an allocation asks for, validated from `struct ruvm_mem_alloc`.
 pub(crate) struct AllocRequest {
     pub(crate) size: u64,
@@ -195,9 +203,41 @@ fn policy_error(e: PolicyError) -> Error {
     }
 }
 
-/// One mem.
+/// Where a mem came from, for the level-2 audit report.
+pub(crate) struct Origin {
+    pid: i32,
+    ioctl: &'static str,
+    born: kernel::time::Instant<kernel::time::Monotonic>,
+}
+
+impl Origin {
+    /// The calling task, now.
+    pub(crate) fn here(ioctl: &'static str) -> Self {
+        Self {
+            pid: task::current_pid(),
+            ioctl,
+            born: kernel::time::Instant::now(),
+        }
+    }
+}
+
+impl kernel::fmt::Display for Origin {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "pid={} ioctl={} age_ms={}",
+            self.pid,
+            self.ioctl,
+            self.born.elapsed().as_millis()
+        )
+    }
+}
+
+/// The state of a mem that the audit's registry can see. It lives exactly as long as its
+/// [`Mem`]: the registry's reference is removed when the `Mem` goes.
 #[pin_data]
-pub(crate) struct Mem {
+pub(crate) struct MemCore {
+    serial: u64,
     size: u64,
     layout: Layout,
     alloc_flags: u32,
@@ -207,16 +247,43 @@ pub(crate) struct Mem {
     user_mappings: Atomic<u32>,
     #[pin]
     state: Mutex<MemState>,
-    _census: Census,
+    origin: Origin,
+    _mems: Counted,
+    _bytes: Counted,
+    _usage: Usage,
+}
+
+/// One mem, as its holders (a file's table, user VMAs) see it.
+pub(crate) struct Mem {
+    core: Arc<MemCore>,
     _charge: Charge,
+}
+
+impl core::ops::Deref for Mem {
+    type Target = MemCore;
+
+    fn deref(&self) -> &MemCore {
+        &self.core
+    }
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        // Leave the registry; the core (and with it the chunks) goes when the last reference
+        // does, outside the registry's lock.
+        let _core = MEM_REGISTRY
+            .lock()
+            .as_mut()
+            .and_then(|r| r.remove(&self.core.serial));
+    }
 }
 
 /// The mutable part of a mem.
 struct MemState {
     /// The CPU kernel mapping; an `Arc` so that an operation in flight keeps it while another
     /// thread unmaps.
-    kmap: Option<Arc<KernelMap>>,
-    /// Freed by its owner: no new mappings.
+    kmap: Option<Arc<KernelMapping>>,
+    /// Freed by its owner (or never had one): no handle, no new mappings.
     freed: bool,
 }
 
@@ -233,7 +300,20 @@ pub(crate) struct MemInfo {
 impl Mem {
     /// Allocates a sysmem mem, charging its physical size to `quota`. On error nothing is left
     /// behind: chunks already allocated are freed, the charge is given back.
-    pub(crate) fn alloc(req: &AllocRequest, quota: &Arc<Quota>) -> Result<Arc<Mem>> {
+    pub(crate) fn alloc(
+        req: &AllocRequest,
+        quota: &Arc<Quota>,
+        origin: Origin,
+    ) -> Result<Arc<Mem>> {
+        let r = Self::try_alloc(req, quota, origin);
+        if r.is_err() {
+            audit::alloc_failed();
+        }
+        r
+    }
+
+    fn try_alloc(req: &AllocRequest, quota: &Arc<Quota>, origin: Origin) -> Result<Arc<Mem>> {
+        static SERIAL: Atomic<u64> = Atomic::new(1);
         let page = PAGE_SIZE as u64;
         let layout =
             policy::layout(Backing::Sysmem, req.size, req.page_size, page).map_err(policy_error)?;
@@ -250,8 +330,10 @@ impl Mem {
         if req.fallback {
             alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
         }
-        let mem = Arc::pin_init(
-            try_pin_init!(Mem {
+        let serial = SERIAL.fetch_add(1, Relaxed);
+        let core = Arc::pin_init(
+            try_pin_init!(MemCore {
+                serial,
                 size: req.size,
                 layout,
                 alloc_flags,
@@ -259,11 +341,25 @@ impl Mem {
                 pages: Arc::new(pages, GFP_KERNEL)?,
                 user_mappings: Atomic::new(0),
                 state <- new_mutex!(MemState { kmap: None, freed: false }),
-                _census: Census::new(layout.physical_size),
-                _charge: charge,
+                origin,
+                _mems: Counted::new(Class::Mems, 1),
+                _bytes: Counted::new(Class::SysmemBytes, layout.physical_size),
+                _usage: Usage::new(layout.physical_size, req.size),
             }),
             GFP_KERNEL,
         )?;
+        let mem = Arc::new(
+            Mem {
+                core: core.clone(),
+                _charge: charge,
+            },
+            GFP_KERNEL,
+        )?;
+        // Registered last; on failure `mem` is dropped, and `Mem::drop` finds nothing to remove.
+        let mut registry = MEM_REGISTRY.lock();
+        let r = registry.get_or_insert_with(kernel::rbtree::RBTree::new);
+        r.try_create_and_insert(serial, core, GFP_KERNEL)?;
+        drop(registry);
         Ok(mem)
     }
 
@@ -297,7 +393,7 @@ impl Mem {
             return Err(ENOENT);
         }
         if st.kmap.is_none() {
-            let map = KernelMap::new(self.pages.clone())?;
+            let map = KernelMapping::new(self.pages.clone())?;
             st.kmap = Some(Arc::new(map, GFP_KERNEL)?);
         }
         Ok(())
@@ -311,7 +407,7 @@ impl Mem {
     }
 
     /// The CPU kernel mapping, or `ENXIO` if there is none.
-    fn kmap(&self) -> Result<Arc<KernelMap>> {
+    fn kmap(&self) -> Result<Arc<KernelMapping>> {
         self.state.lock().kmap.clone().ok_or(ENXIO)
     }
 
@@ -334,7 +430,7 @@ impl Mem {
             let n = (len - done).min(buf.len());
             let piece = buf.get_mut(..n).ok_or(EINVAL)?;
             fill.generate(offset + done, piece);
-            map.write(offset + done, piece)?;
+            map.map.write(offset + done, piece)?;
             done += n;
         }
         Ok(())
@@ -356,7 +452,7 @@ impl Mem {
                 got.get_mut(..n).ok_or(EINVAL)?,
             );
             fill.generate(offset + done, w);
-            map.read(offset + done, g)?;
+            map.map.read(offset + done, g)?;
             for (i, (a, b)) in w.iter().zip(g.iter()).enumerate() {
                 if a != b {
                     if mismatches == 0 {
@@ -375,7 +471,13 @@ impl Mem {
         let (dst_offset, len) = dst.range(dst_offset, len)?;
         let (src_offset, _) = src.range(src_offset, len as u64)?;
         let (dst_map, src_map) = (dst.kmap()?, src.kmap()?);
-        KernelMap::copy(&dst_map, dst_offset, &src_map, src_offset, len)
+        KernelMap::copy(&dst_map.map, dst_offset, &src_map.map, src_offset, len)
+    }
+
+    /// Marks the mem as having no owner (no handle) while keeping its mappings: for leaks
+    /// planted on purpose.
+    fn disown(&self) {
+        self.state.lock().freed = true;
     }
 
     /// Marks the mem freed by its owner and drops its CPU kernel mapping. The caller then zaps
@@ -429,11 +531,148 @@ impl Mem {
 impl VmaOwner for Mem {
     fn vma_opened(&self) {
         self.user_mappings.fetch_add(1, Relaxed);
+        audit::add(Class::UserMappings, 1);
     }
 
     fn vma_closed(&self) {
         self.user_mappings.fetch_sub(1, Relaxed);
+        audit::sub(Class::UserMappings, 1);
     }
+}
+
+/// Counts the real objects: every mem in the registry (its chunks, kernel mapping, user
+/// mappings, and its handle unless freed), plus the planted leaks the audit still holds.
+/// Compared with the counters by the audit's consistency check.
+pub(crate) fn walk() -> [u64; CLASSES] {
+    let mut v = [0u64; CLASSES];
+    let mut bump = |class: Class, n: u64| {
+        if let Some(x) = v.get_mut(class.index()) {
+            *x += n;
+        }
+    };
+    {
+        let registry = MEM_REGISTRY.lock();
+        for core in registry.iter().flat_map(|r| r.values()) {
+            bump(Class::Mems, 1);
+            bump(Class::SysmemBytes, core.layout.physical_size);
+            bump(
+                Class::SysmemChunks(core.pages.order),
+                core.pages.chunks.len() as u64,
+            );
+            bump(Class::UserMappings, core.user_mappings.load(Relaxed).into());
+            let st = core.state.lock();
+            bump(Class::KernelMaps, u64::from(st.kmap.is_some()));
+            bump(Class::Handles, u64::from(!st.freed));
+        }
+    }
+    for p in crate::bind::globals::UNLOAD.lock().planted.iter() {
+        match p {
+            // Its core is in the registry, counted above; it has no handle.
+            Planted::Mem { .. } => {}
+            Planted::Chunk { chunk, .. } => bump(Class::SysmemChunks(chunk.order()), 1),
+            Planted::KernelMap(m) => {
+                bump(Class::KernelMaps, 1);
+                bump(
+                    Class::SysmemChunks(m.map_pages().order),
+                    m.map_pages().chunks.len() as u64,
+                );
+            }
+        }
+    }
+    v
+}
+
+/// Logs one line per live mem with its origin (the level-2 unload report).
+pub(crate) fn report_objects() {
+    let registry = MEM_REGISTRY.lock();
+    for core in registry.iter().flat_map(|r| r.values()) {
+        pr_err!(
+            "audit: leaked object class=mems id={} bytes={} size={} {}\n",
+            core.serial,
+            core.layout.physical_size,
+            core.size,
+            core.origin
+        );
+    }
+}
+
+/// Empties the registry at unload (what it holds can then be freed).
+pub(crate) fn drain_registry() {
+    let _all = MEM_REGISTRY.lock().take();
+}
+
+/// A resource leaked on purpose by `RUVM_IOCTL_TEST_LEAK` and held for the unload audit.
+pub(crate) enum Planted {
+    /// Held so that it stays alive; its core is in the registry.
+    Mem {
+        _held: Arc<Mem>,
+    },
+    Chunk {
+        chunk: Chunk,
+        _audit: Counted,
+    },
+    KernelMap(KernelMapping),
+}
+
+impl KernelMapping {
+    fn map_pages(&self) -> &SysPages {
+        self.map.pages()
+    }
+}
+
+/// What `RUVM_IOCTL_TEST_LEAK` asks for.
+pub(crate) enum LeakKind {
+    Mem { size: u64, mapped: bool },
+    Chunk { order: u32 },
+    KernelMap,
+}
+
+/// Makes one leaked resource of `kind`; `lost` forgets it for good (for kmemleak), otherwise it
+/// is returned to be held until unload.
+pub(crate) fn plant(kind: &LeakKind, lost: bool) -> Result<Option<Planted>> {
+    let planted = match *kind {
+        LeakKind::Mem { size, mapped } => {
+            let req = AllocRequest {
+                size,
+                page_size: 0,
+                zero: false,
+                fallback: false,
+                max_bytes: crate::max_alloc_bytes(),
+            };
+            let quota = Arc::new(Quota::new(u64::MAX), GFP_KERNEL)?;
+            let mem = Mem::alloc(&req, &quota, Origin::here("TEST_LEAK"))?;
+            if mapped {
+                mem.map_cpu_kernel()?;
+            }
+            mem.disown();
+            Planted::Mem { _held: mem }
+        }
+        LeakKind::Chunk { order } => {
+            let flags = ChunkFlags {
+                zero: false,
+                fail_fast: false,
+            };
+            Planted::Chunk {
+                chunk: Chunk::alloc(order, flags)?,
+                _audit: Counted::new(Class::SysmemChunks(order), 1),
+            }
+        }
+        LeakKind::KernelMap => {
+            let flags = ChunkFlags {
+                zero: false,
+                fail_fast: false,
+            };
+            let mut chunks = KVVec::with_capacity(1, GFP_KERNEL)?;
+            chunks.push(Chunk::alloc(0, flags)?, GFP_KERNEL)?;
+            let pages = Arc::new(SysPages::new(chunks, 0), GFP_KERNEL)?;
+            Planted::KernelMap(KernelMapping::new(pages)?)
+        }
+    };
+    if lost {
+        core::mem::forget(planted);
+        return Ok(None);
+    }
+    Ok(Some(planted))
 }
 
 /// What `fill` writes and `verify` expects.
@@ -485,5 +724,5 @@ fn try_alloc_chunks(layout: &Layout, zero: bool, fail_fast: bool) -> Result<SysP
         }
         chunks.push(Chunk::alloc(order, flags)?, GFP_KERNEL)?;
     }
-    Ok(SysPages { chunks, order })
+    Ok(SysPages::new(chunks, order))
 }

@@ -7,10 +7,12 @@
 //! other module is safe policy code.
 
 use kernel::{
+    debugfs,
     miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
     prelude::*,
 };
 
+mod audit;
 mod bind;
 mod file;
 mod mem;
@@ -34,6 +36,10 @@ module! {
             default: 1024,
             description: "Largest physical size of one mem, in MiB (ENOSPC beyond)",
         },
+        leak_checker: u32 {
+            default: 1,
+            description: "Leak audit reports: 0 none, 1 class counts at unload and reclaims at close, 2 also every object's origin",
+        },
         max_file_mib: u64 {
             default: 4096,
             description: "Most physical bytes of mems one open file may hold, in MiB (ENOSPC beyond)",
@@ -44,6 +50,11 @@ module! {
 /// A size parameter in MiB, as bytes (saturating: a huge value means "no limit").
 fn mib(value: u64) -> u64 {
     value.saturating_mul(1 << 20)
+}
+
+/// The `leak_checker` level.
+pub(crate) fn leak_checker_level() -> u32 {
+    *module_parameters::leak_checker.value()
 }
 
 /// The largest physical size of one mem (`max_alloc_mib`).
@@ -61,15 +72,24 @@ pub(crate) fn test_ioctls_enabled() -> bool {
     *module_parameters::enable_test_ioctls.value() != 0
 }
 
-/// The loaded module: owns the `/dev/ruvm` registration.
+/// The loaded module: owns the `/dev/ruvm` registration and `/sys/kernel/debug/ruvm/`.
+///
+/// Field order is teardown order: the device goes first, so no file can be opened while the
+/// rest is torn down.
 #[pin_data(PinnedDrop)]
 struct RuvmModule {
     #[pin]
     _miscdev: MiscDeviceRegistration<file::RuvmFile>,
+    #[pin]
+    _stats: debugfs::File<audit::StatsView>,
+    #[pin]
+    _audit: debugfs::File<audit::LiveView>,
+    _debugfs: debugfs::Dir,
 }
 
 impl kernel::InPlaceModule for RuvmModule {
     fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
+        bind::globals::init();
         if test_ioctls_enabled() {
             pr_warn!("test ioctls are enabled; this is a security risk\n");
         }
@@ -78,8 +98,12 @@ impl kernel::InPlaceModule for RuvmModule {
             VERSION,
             uapi::RUVM_ABI_VERSION
         );
+        let dir = debugfs::Dir::new(c"ruvm");
         try_pin_init!(Self {
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
+            _stats <- dir.read_only_file(c"stats", audit::StatsView),
+            _audit <- dir.read_only_file(c"audit", audit::LiveView),
+            _debugfs: dir,
         })
     }
 }
@@ -87,11 +111,42 @@ impl kernel::InPlaceModule for RuvmModule {
 #[pinned_drop]
 impl PinnedDrop for RuvmModule {
     fn drop(self: Pin<&mut Self>) {
-        // No file can be open here: each open file holds a module reference (`bind::fops`), and
-        // each user mapping holds its file. So every mem must be gone.
-        let (mems, bytes) = mem::live();
-        if kernel::warn_on!(mems != 0 || bytes != 0) {
-            pr_err!("unloading with {mems} mems ({bytes} bytes) still alive\n");
+        // No file can be open here: each open file holds a module reference (`bind::fops`),
+        // and each user mapping holds its file. What is still counted has leaked.
+        let live = audit::live();
+        let leaked = audit::report_unload(&live);
+        if leaked && audit::level() >= 2 {
+            mem::report_objects();
+        }
+        let (state, planted) = {
+            let mut unload = bind::globals::UNLOAD.lock();
+            (
+                unload.state.take(),
+                core::mem::replace(&mut unload.planted, KVec::new()),
+            )
+        };
+        if let Some(state) = state {
+            let mut verdict = uapi::ruvm_unload_state {
+                state: uapi::ruvm_unload_state_bits_RUVM_UNLOAD_DONE.into(),
+                leaked: live,
+            };
+            if leaked {
+                verdict.state |= u64::from(uapi::ruvm_unload_state_bits_RUVM_UNLOAD_LEAKED);
+            }
+            if state
+                .write(kernel::transmute::AsBytes::as_bytes(&verdict))
+                .is_err()
+            {
+                pr_err!("audit: could not write the unload state\n");
+            }
+        }
+        // Then free what can be freed: the planted leaks held for this report, and the
+        // registry's references.
+        let freed = planted.len();
+        drop(planted);
+        mem::drain_registry();
+        if freed > 0 && audit::level() > 0 {
+            pr_info!("audit: freed objects={freed}\n");
         }
         pr_info!("unloaded\n");
     }

@@ -43,5 +43,10 @@ plain_old_data!(
     ruvm_mem_query,
     ruvm_mem_fill,
     ruvm_mem_copy,
+    ruvm_audit,
+    ruvm_stats,
+    ruvm_unload_state,
+    ruvm_register_unload_state,
+    ruvm_test_leak,
     ruvm_test_plant,
 );

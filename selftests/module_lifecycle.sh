@@ -1,7 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0
-# Module load/unload in the guest, as KTAP: repeated insmod/rmmod cycles, and rmmod refused
-# while a file of /dev/ruvm is open. Expects ruvm not to be loaded when it starts.
+# Module load/unload in the guest, as KTAP: repeated insmod/unload cycles (each unload checked
+# by the audit's verdict), and rmmod refused while a file of /dev/ruvm is open. Expects ruvm
+# not to be loaded when it starts.
 KO=${RUVM_KO:-/ruvm/ruvm.ko}
 n=0 failed=0
 ok() { n=$((n + 1)); echo "ok $n $1"; }
@@ -21,7 +22,8 @@ for i in 1 2 3 4 5; do
 	insmod "$KO" || { why="insmod failed in cycle $i"; break; }
 	[ -c /dev/ruvm ] || { why="no /dev/ruvm after insmod in cycle $i"; break; }
 	ruvmctl info > /dev/null || { why="ruvmctl info failed in cycle $i"; break; }
-	rmmod ruvm || { why="rmmod failed in cycle $i"; break; }
+	# Unload and check the audit's verdict, read from memory the module writes at unload.
+	ruvmctl unload > /dev/null || { why="unload (with its audit verdict) failed in cycle $i"; break; }
 	[ ! -e /dev/ruvm ] || { why="/dev/ruvm still there after rmmod in cycle $i"; break; }
 done
 [ -z "$why" ] && ok insmod_rmmod_cycles || notok insmod_rmmod_cycles "$why"
@@ -35,7 +37,7 @@ if rmmod ruvm 2> /dev/null; then
 fi
 ok rmmod_refused_while_open
 exec 3>&-
-if rmmod ruvm; then
+if ruvmctl unload; then
 	ok rmmod_after_last_close
 else
 	notok rmmod_after_last_close "rmmod failed after the file was closed"

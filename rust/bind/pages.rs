@@ -73,6 +73,11 @@ impl Chunk {
         Ok(Self { page, order })
     }
 
+    /// The allocation order.
+    pub(crate) fn order(&self) -> u32 {
+        self.order
+    }
+
     /// The number of `PAGE_SIZE` pages.
     pub(crate) fn pages(&self) -> usize {
         1 << self.order

@@ -76,6 +76,11 @@ impl<P: PageSource> VMap<P> {
         Ok(Self { addr, count, pages })
     }
 
+    /// The pages it maps.
+    pub(crate) fn pages(&self) -> &P {
+        &self.pages
+    }
+
     /// Length of the mapping in bytes.
     pub(crate) fn len(&self) -> usize {
         self.pages.page_count() * PAGE_SIZE

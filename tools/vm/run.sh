@@ -10,8 +10,9 @@
 # after it.
 #
 # Exit status: the command's own status when the kernel stayed clean; otherwise
-#   3   the kernel reported a problem (BUG/WARN/Oops/KASAN/lockdep/kmemleak/DMA-API error)
-#       or unloading ruvm failed, whatever the command returned
+#   3   the kernel reported a problem (BUG/WARN/Oops/KASAN/lockdep/kmemleak/DMA-API error),
+#       unloading ruvm failed, or ruvm's audit of the unload found a leak, whatever the
+#       command returned
 #   124 the guest did not finish within VM_TIMEOUT seconds
 #   125 the guest died before reporting (panic, QEMU failure) or insmod failed
 #
@@ -94,12 +95,20 @@ else
 	rc=\$?
 	echo "RUVM-OUT-END-$nonce rc=\$rc"
 fi
+audit_args=
 if [ -d /sys/module/ruvm ]; then
+	# ruvm's own audit of this unload: only what the log says after this marker.
+	mark=\$(ruvmctl audit --mark 2>/dev/null) && audit_args="--since \$mark --require-unload"
 	rmmod ruvm || echo "RUVM-RMMOD-FAILED-$nonce"
 fi
+# kmemleak reports only objects older than about 5 s.
+[ -w /sys/kernel/debug/kmemleak ] && sleep 6
+echo "RUVM-AUDIT-BEGIN-$nonce"
+ruvmctl audit \$audit_args
+echo "RUVM-AUDIT-END-$nonce rc=\$?"
 if [ -w /sys/kernel/debug/kmemleak ]; then
-	# kmemleak reports only objects older than about 5 s.
-	sleep 6
+	# Two scans: an object changed since the last scan is only reported by the next one.
+	echo scan > /sys/kernel/debug/kmemleak
 	echo scan > /sys/kernel/debug/kmemleak
 	echo "RUVM-KMEMLEAK-BEGIN-$nonce"
 	cat /sys/kernel/debug/kmemleak
@@ -198,10 +207,13 @@ leaks=$(section KMEMLEAK)
 dma=$(sed -n "s/.*RUVM-DMA-ERRORS-$nonce \([0-9]*\).*/\1/p" "$work/log" | tail -n 1)
 [ -z "$dma" ] || [ "$dma" -eq 0 ] || problems+=("DMA-API debug: $dma errors")
 grep -aq "RUVM-RMMOD-FAILED-$nonce" "$work/log" && problems+=("rmmod ruvm failed")
+audit_rc=$(sed -n "s/.*RUVM-AUDIT-END-$nonce rc=\([0-9]*\).*/\1/p" "$work/log" | tail -n 1)
+[ "${audit_rc:-1}" -eq 0 ] || problems+=("ruvmctl audit:"$'\n'"$(section AUDIT)")
 
 kml="not in this kernel"
 grep -aq "RUVM-KMEMLEAK-BEGIN-$nonce" "$work/log" && kml=$([ -z "$leaks" ] && echo clean || echo LEAKS)
 echo "vm: verdict: kernel log $([ -z "$bad" ] && echo clean || echo 'has errors');" \
+	"ruvm audit $([ "${audit_rc:-1}" -eq 0 ] && echo clean || echo LEAKS);" \
 	"kmemleak ${kml}; DMA-API debug errors ${dma:-not in this kernel};" \
 	"rmmod $(grep -aq "RUVM-RMMOD-FAILED-$nonce" "$work/log" && echo FAILED || echo ok);" \
 	"command exit $rc" >&2

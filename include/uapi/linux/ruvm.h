@@ -62,7 +62,9 @@ struct ruvm_info {
  */
 /* Sysmem mems: alloc, free, query, CPU kernel mapping (with fill/verify/copy), mmap. */
 #define RUVM_FEATURE_SYSMEM (1ULL << 0)
-#define RUVM_FEATURES_ALL (RUVM_FEATURE_SYSMEM)
+/* The leak audit and statistics: AUDIT, STATS, REGISTER_UNLOAD_STATE, the unload report. */
+#define RUVM_FEATURE_AUDIT (1ULL << 1)
+#define RUVM_FEATURES_ALL (RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -230,6 +232,175 @@ struct ruvm_mem_copy {
 	__u64 reserved[2];
 };
 
+/*
+ * Audit classes: what the leak audit counts. Indexes of ruvm_audit.live, ruvm_audit.walked and
+ * ruvm_unload_state.leaked.
+ */
+enum ruvm_audit_class {
+	RUVM_AUDIT_MEMS = 0,		/* mems alive */
+	RUVM_AUDIT_SYSMEM_BYTES = 1,	/* their physical bytes (sysmem) */
+	RUVM_AUDIT_HANDLES = 2,		/* handles in files' tables */
+	RUVM_AUDIT_KERNEL_MAPS = 3,	/* CPU kernel mappings (vmaps) */
+	RUVM_AUDIT_USER_MAPPINGS = 4,	/* user VMAs mapping a mem */
+	/*
+	 * Sysmem chunks of order n (2^n pages) are class RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 + n, for
+	 * n from 0 to RUVM_AUDIT_SYSMEM_CHUNKS_MAX_ORDER (an order, not a class).
+	 */
+	RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 = 5,
+	RUVM_AUDIT_SYSMEM_CHUNKS_MAX_ORDER = 10,
+	RUVM_AUDIT_CLASSES = 16,
+};
+
+/* ruvm_audit.flags */
+enum ruvm_audit_flags {
+	/*
+	 * Also count the real objects (every live mem, its chunks and mappings) into walked[], to
+	 * check the counters against them. Test-only: needs enable_test_ioctls=1 (ENOSYS).
+	 */
+	RUVM_AUDIT_WALK = 1 << 0,
+};
+
+/**
+ * struct ruvm_audit - the leak audit's counters (RUVM_IOCTL_AUDIT)
+ * @flags:    (in)  enum ruvm_audit_flags
+ * @classes:  (out) RUVM_AUDIT_CLASSES
+ * @live:     (out) live resources per enum ruvm_audit_class
+ * @walked:   (out) with RUVM_AUDIT_WALK: the same, counted from the objects themselves
+ * @level:    (out) the leak_checker module parameter
+ * @pad:      (in)  must be 0
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_audit {
+	__u32 flags;
+	__u32 classes;
+	__u64 live[RUVM_AUDIT_CLASSES];
+	__u64 walked[RUVM_AUDIT_CLASSES];
+	__u32 level;
+	__u32 pad;
+	__u64 reserved[4];
+};
+
+/* ruvm_stats.flags */
+enum ruvm_stats_flags {
+	/* After reading, restart the high watermarks from the current values. */
+	RUVM_STATS_RESET_PEAKS = 1 << 0,
+};
+
+/**
+ * struct ruvm_stats - usage statistics of one backing (RUVM_IOCTL_STATS)
+ *
+ * Reserved bytes are what the mems hold (physical size); used bytes are what was asked for
+ * (size). Peaks are high watermarks since load or the last RUVM_STATS_RESET_PEAKS.
+ *
+ * @backing:         (in)  enum ruvm_backing
+ * @flags:           (in)  enum ruvm_stats_flags
+ * @reserved_bytes:  (out) current reserved bytes
+ * @reserved_peak:   (out) high watermark of reserved_bytes
+ * @used_bytes:      (out) current used bytes
+ * @used_peak:       (out) high watermark of used_bytes
+ * @mems:            (out) current mems
+ * @mems_peak:       (out) high watermark of mems
+ * @allocs:          (out) successful allocations since load
+ * @frees:           (out) mems released since load (their last reference gone)
+ * @alloc_failures:  (out) refused or failed allocations since load
+ * @reserved:        (in)  must be 0
+ */
+struct ruvm_stats {
+	__u32 backing;
+	__u32 flags;
+	__u64 reserved_bytes;
+	__u64 reserved_peak;
+	__u64 used_bytes;
+	__u64 used_peak;
+	__u64 mems;
+	__u64 mems_peak;
+	__u64 allocs;
+	__u64 frees;
+	__u64 alloc_failures;
+	__u64 reserved[6];
+};
+
+/* ruvm_unload_state.state */
+enum ruvm_unload_state_bits {
+	/* The module has unloaded and written its verdict. */
+	RUVM_UNLOAD_DONE = 1 << 0,
+	/* Something was still alive at unload: see leaked[]. */
+	RUVM_UNLOAD_LEAKED = 1 << 1,
+};
+
+/**
+ * struct ruvm_unload_state - the audit's verdict, written into the caller's memory at unload
+ * @state:  enum ruvm_unload_state_bits, 0 until the module unloads
+ * @leaked: live resources per enum ruvm_audit_class at unload
+ */
+struct ruvm_unload_state {
+	__u64 state;
+	__u64 leaked[RUVM_AUDIT_CLASSES];
+};
+
+/**
+ * struct ruvm_register_unload_state - where to write the unload verdict
+ *                                     (RUVM_IOCTL_REGISTER_UNLOAD_STATE)
+ *
+ * The struct ruvm_unload_state at @addr is zeroed now and written when the module unloads,
+ * so that a process that outlives the module gets a verdict without reading the kernel log.
+ * The page stays pinned until then. One registration per module load; CAP_SYS_ADMIN only.
+ *
+ * @addr:     (in) user address, 8-byte aligned, the structure not crossing a page
+ * @flags:    (in) must be 0
+ * @pad:      (in) must be 0
+ * @reserved: (in) must be 0
+ */
+struct ruvm_register_unload_state {
+	__u64 addr;
+	__u32 flags;
+	__u32 pad;
+	__u64 reserved[2];
+};
+
+/* What RUVM_IOCTL_TEST_LEAK leaks. */
+enum ruvm_leak {
+	/* A sysmem mem of `size` bytes (its chunks and, with RUVM_LEAK_MAPPED, a kernel map). */
+	RUVM_LEAK_MEM = 1,
+	/* One sysmem chunk of order `order`. */
+	RUVM_LEAK_CHUNK = 2,
+	/* A CPU kernel mapping of a one-page chunk (so a chunk of order 0 leaks with it). */
+	RUVM_LEAK_KERNEL_MAP = 3,
+};
+
+/* ruvm_test_leak.flags */
+enum ruvm_leak_flags {
+	/* Forget the object for good (for kmemleak) instead of keeping it for the unload audit
+	 * to report and free. */
+	RUVM_LEAK_LOST = 1 << 0,
+	/* RUVM_LEAK_MEM: map it for the CPU kernel first. */
+	RUVM_LEAK_MAPPED = 1 << 1,
+};
+
+/**
+ * struct ruvm_test_leak - deliberately leak resources (RUVM_IOCTL_TEST_LEAK)
+ *
+ * Test-only, gated like RUVM_IOCTL_TEST_PLANT. Leaks @count objects of one audit class, to
+ * prove that the audit (and kmemleak) report exactly what leaked.
+ *
+ * @what:     (in) enum ruvm_leak
+ * @flags:    (in) enum ruvm_leak_flags
+ * @count:    (in) how many, 1 to 64
+ * @size:     (in) RUVM_LEAK_MEM: the mem's size
+ * @order:    (in) RUVM_LEAK_CHUNK: the chunk's order
+ * @pad:      (in) must be 0
+ * @reserved: (in) must be 0
+ */
+struct ruvm_test_leak {
+	__u32 what;
+	__u32 flags;
+	__u64 count;
+	__u64 size;
+	__u32 order;
+	__u32 pad;
+	__u64 reserved[2];
+};
+
 /* What RUVM_IOCTL_TEST_PLANT makes the module do. */
 enum ruvm_plant {
 	/* Hit a WARN_ON in the module: proves the test runner fails on kernel warnings. */
@@ -264,7 +435,12 @@ enum {
 	RUVM_IOCTL_MEM_FILL = _IOWR(RUVM_IOCTL_MAGIC, 0x06, struct ruvm_mem_fill),
 	RUVM_IOCTL_MEM_VERIFY = _IOWR(RUVM_IOCTL_MAGIC, 0x07, struct ruvm_mem_fill),
 	RUVM_IOCTL_MEM_COPY = _IOWR(RUVM_IOCTL_MAGIC, 0x08, struct ruvm_mem_copy),
+	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
+	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
+	RUVM_IOCTL_REGISTER_UNLOAD_STATE =
+		_IOWR(RUVM_IOCTL_MAGIC, 0x12, struct ruvm_register_unload_state),
 	RUVM_IOCTL_TEST_PLANT = _IOWR(RUVM_IOCTL_MAGIC, 0x80, struct ruvm_test_plant),
+	RUVM_IOCTL_TEST_LEAK = _IOWR(RUVM_IOCTL_MAGIC, 0x81, struct ruvm_test_leak),
 };
 
 #endif /* _UAPI_LINUX_RUVM_H */

@@ -53,6 +53,10 @@ ioctl_args!(
     uapi::ruvm_mem_query,
     uapi::ruvm_mem_fill,
     uapi::ruvm_mem_copy,
+    uapi::ruvm_audit,
+    uapi::ruvm_stats,
+    uapi::ruvm_register_unload_state,
+    uapi::ruvm_test_leak,
     uapi::ruvm_test_plant,
 );
 
@@ -201,6 +205,51 @@ impl Ruvm {
         self.ioctl(uapi::RUVM_IOCTL_MEM_COPY, &mut a)
     }
 
+    /// `RUVM_IOCTL_AUDIT`, with the test-only walk of the real objects when `walk`.
+    pub fn audit(&self, walk: bool) -> Result<uapi::ruvm_audit, Errno> {
+        let mut a = uapi::ruvm_audit {
+            flags: if walk {
+                uapi::ruvm_audit_flags_RUVM_AUDIT_WALK
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_AUDIT, &mut a)?;
+        Ok(a)
+    }
+
+    /// `RUVM_IOCTL_STATS` of sysmem.
+    pub fn stats(&self, reset_peaks: bool) -> Result<uapi::ruvm_stats, Errno> {
+        let mut a = uapi::ruvm_stats {
+            backing: uapi::ruvm_backing_RUVM_BACKING_SYSMEM,
+            flags: if reset_peaks {
+                uapi::ruvm_stats_flags_RUVM_STATS_RESET_PEAKS
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_STATS, &mut a)?;
+        Ok(a)
+    }
+
+    /// `RUVM_IOCTL_REGISTER_UNLOAD_STATE` for a structure that must stay where it is until
+    /// the module unloads (the kernel writes it then).
+    pub fn register_unload_state(&self, state: &mut uapi::ruvm_unload_state) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_register_unload_state {
+            addr: std::ptr::from_mut(state) as u64,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_REGISTER_UNLOAD_STATE, &mut a)
+    }
+
+    /// `RUVM_IOCTL_TEST_LEAK`.
+    pub fn test_leak(&self, args: uapi::ruvm_test_leak) -> Result<(), Errno> {
+        let mut a = args;
+        self.ioctl(uapi::RUVM_IOCTL_TEST_LEAK, &mut a)
+    }
+
     /// `RUVM_IOCTL_TEST_PLANT`.
     pub fn test_plant(&self, what: u32) -> Result<(), Errno> {
         let mut args = uapi::ruvm_test_plant {
@@ -209,6 +258,31 @@ impl Ruvm {
         };
         self.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut args)
     }
+}
+
+/// Unloads ruvm and returns the verdict it wrote at unload into memory registered with
+/// `RUVM_IOCTL_REGISTER_UNLOAD_STATE`. No file of the device may be open (`EBUSY` otherwise).
+pub fn unload_with_verdict() -> Result<uapi::ruvm_unload_state, String> {
+    // The kernel writes this at unload; it must stay put until then.
+    let mut state = Box::new(uapi::ruvm_unload_state::default());
+    {
+        let d = Ruvm::open().map_err(|e| e.to_string())?;
+        d.register_unload_state(&mut state)
+            .map_err(|e| format!("RUVM_IOCTL_REGISTER_UNLOAD_STATE: {e}"))?;
+    }
+    nix::kmod::delete_module(c"ruvm", nix::kmod::DeleteModuleFlags::O_NONBLOCK)
+        .map_err(|e| format!("unloading ruvm: {e} (is /dev/ruvm still open somewhere?)"))?;
+    // SAFETY: `state` is ours and live; the kernel wrote it during the unload, which returned.
+    Ok(unsafe { std::ptr::read_volatile(&*state) })
+}
+
+/// Loads ruvm from `$RUVM_KO` (default `/ruvm/ruvm.ko`, where the test guest keeps it).
+pub fn load_module(params: &str) -> Result<(), String> {
+    let path = std::env::var("RUVM_KO").unwrap_or_else(|_| "/ruvm/ruvm.ko".to_owned());
+    let f = File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+    let params = std::ffi::CString::new(params).map_err(|e| e.to_string())?;
+    nix::kmod::finit_module(&f, &params, nix::kmod::ModuleInitFlags::empty())
+        .map_err(|e| format!("loading {path}: {e}"))
 }
 
 /// A user mapping of (part of) the device file, unmapped on drop.
@@ -316,6 +390,11 @@ mod tests {
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_query>(), 104);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_fill>(), 72);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_copy>(), 64);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_audit>(), 304);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_stats>(), 128);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_unload_state>(), 136);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_register_unload_state>(), 32);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_test_leak>(), 48);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_plant>(), 24);
         assert_eq!(std::mem::align_of::<uapi::ruvm_info>(), 8);
     }

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
+mod audit;
 mod dev;
 mod ktap;
 mod pattern;
@@ -129,6 +130,58 @@ enum Cmd {
         #[command(flatten)]
         json: Json,
     },
+    /// Usage statistics (RUVM_IOCTL_STATS) and the audit's live counts (RUVM_IOCTL_AUDIT).
+    Stats {
+        #[command(flatten)]
+        json: Json,
+        /// Restart the high watermarks from the current values after reading (CAP_SYS_ADMIN).
+        #[arg(long)]
+        reset_peaks: bool,
+        /// Print again every this many seconds, until interrupted.
+        #[arg(long, value_name = "SECONDS")]
+        watch: Option<f64>,
+    },
+    /// The leak verdict: ruvm's audit reports in the kernel log, kmemleak, DMA-API debug
+    /// errors. Exits 1 on any leak.
+    Audit {
+        #[command(flatten)]
+        json: Json,
+        /// Write a marker into the kernel log, print its id, and exit.
+        #[arg(long, conflicts_with = "since")]
+        mark: bool,
+        /// Only look at the log after this marker.
+        #[arg(long, value_name = "MARK")]
+        since: Option<String>,
+        /// Fail unless an unload verdict is in the log (after the marker).
+        #[arg(long)]
+        require_unload: bool,
+        /// Do not ask kmemleak to scan.
+        #[arg(long)]
+        no_kmemleak: bool,
+    },
+    /// Unload ruvm (like rmmod) and report the audit's verdict, read from memory the module
+    /// writes at unload (RUVM_IOCTL_REGISTER_UNLOAD_STATE). Exits 1 on any leak.
+    Unload(Json),
+    /// Leak resources on purpose (needs enable_test_ioctls=1 and CAP_SYS_ADMIN).
+    TestLeak {
+        /// What to leak.
+        what: Leak,
+        /// How many (1 to 64).
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        /// Size of each leaked mem.
+        #[arg(long, default_value = "4096", value_parser = parse_size)]
+        size: u64,
+        /// Order of each leaked chunk.
+        #[arg(long, default_value_t = 0)]
+        order: u32,
+        /// Map each leaked mem for the CPU kernel.
+        #[arg(long)]
+        mapped: bool,
+        /// Forget the objects for good (for kmemleak) instead of holding them for the unload report.
+        #[arg(long)]
+        lost: bool,
+    },
     /// Run the in-guest test suite; prints KTAP, exits 0 (pass), 1 (fail) or 4 (skip).
     Selftest {
         /// Run only the cases whose name contains this text.
@@ -146,6 +199,16 @@ enum Cmd {
         /// What to plant.
         what: Plant,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Leak {
+    /// A sysmem mem.
+    Mem,
+    /// One sysmem chunk.
+    Chunk,
+    /// A CPU kernel mapping (with its one-page chunk).
+    KernelMap,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -182,6 +245,9 @@ fn feature_names(bits: u64) -> Vec<&'static str> {
     let mut v = Vec::new();
     if bits & u64::from(uapi::RUVM_FEATURE_SYSMEM) != 0 {
         v.push("sysmem");
+    }
+    if bits & u64::from(uapi::RUVM_FEATURE_AUDIT) != 0 {
+        v.push("audit");
     }
     v
 }
@@ -425,6 +491,243 @@ fn mmap_fill(d: &dev::Ruvm, handle: u64, r: &Range, verify: bool, json: bool) ->
     }
 }
 
+/// The audit class names, by index (as the module names them in its reports).
+fn class_name(i: usize) -> String {
+    const BASE: [&str; 5] = [
+        "mems",
+        "sysmem_bytes",
+        "handles",
+        "kernel_maps",
+        "user_mappings",
+    ];
+    let o = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 as usize;
+    BASE.get(i)
+        .map_or_else(|| format!("sysmem_chunks_o{}", i - o), |s| (*s).to_owned())
+}
+
+#[derive(Serialize)]
+struct StatsOut {
+    backing: &'static str,
+    reserved_bytes: u64,
+    reserved_peak: u64,
+    used_bytes: u64,
+    used_peak: u64,
+    mems: u64,
+    mems_peak: u64,
+    allocs: u64,
+    frees: u64,
+    alloc_failures: u64,
+    live: std::collections::BTreeMap<String, u64>,
+    leak_checker: u32,
+}
+
+fn stats(d: &dev::Ruvm, json: bool, reset: bool) -> CliResult {
+    let s = d.stats(reset).map_err(ioctl_err("RUVM_IOCTL_STATS"))?;
+    let a = d.audit(false).map_err(ioctl_err("RUVM_IOCTL_AUDIT"))?;
+    let out = StatsOut {
+        backing: "sysmem",
+        reserved_bytes: s.reserved_bytes,
+        reserved_peak: s.reserved_peak,
+        used_bytes: s.used_bytes,
+        used_peak: s.used_peak,
+        mems: s.mems,
+        mems_peak: s.mems_peak,
+        allocs: s.allocs,
+        frees: s.frees,
+        alloc_failures: s.alloc_failures,
+        live: a
+            .live
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (class_name(i), *n))
+            .collect(),
+        leak_checker: a.level,
+    };
+    if json {
+        return print_json(&out);
+    }
+    println!("{:<10} {:>14} {:>14}", "sysmem", "now", "peak");
+    println!(
+        "{:<10} {:>14} {:>14}",
+        "reserved", out.reserved_bytes, out.reserved_peak
+    );
+    println!(
+        "{:<10} {:>14} {:>14}",
+        "used", out.used_bytes, out.used_peak
+    );
+    println!("{:<10} {:>14} {:>14}", "mems", out.mems, out.mems_peak);
+    println!(
+        "allocs {}, frees {}, failed allocations {}",
+        out.allocs, out.frees, out.alloc_failures
+    );
+    let live: Vec<String> = out
+        .live
+        .iter()
+        .filter(|(_, n)| **n != 0)
+        .map(|(k, n)| format!("{k}={n}"))
+        .collect();
+    println!(
+        "audit (leak_checker={}): {}",
+        out.leak_checker,
+        if live.is_empty() {
+            "nothing live".to_owned()
+        } else {
+            live.join(" ")
+        }
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct AuditOut {
+    verdict: &'static str,
+    since: Option<String>,
+    findings: audit::Findings,
+    kmemleak_objects: Option<usize>,
+    dma_api_errors: Option<u64>,
+    problems: Vec<String>,
+}
+
+fn audit_cmd(
+    json: bool,
+    since: Option<String>,
+    require_unload: bool,
+    no_kmemleak: bool,
+) -> CliResult {
+    let log = audit::read_kmsg().map_err(|e| format!("reading /dev/kmsg: {e}"))?;
+    let part = audit::since(&log, since.as_deref()).ok_or_else(|| {
+        format!(
+            "marker {} is not in the kernel log (rotated out?)",
+            since.as_deref().unwrap_or("")
+        )
+    })?;
+    let findings = audit::Findings::parse(part.iter().map(String::as_str));
+    let kml = if no_kmemleak {
+        None
+    } else {
+        audit::kmemleak_scan()
+    };
+    let dma = audit::dma_api_errors();
+    let mut problems = Vec::new();
+    for u in findings
+        .unloads
+        .iter()
+        .filter(|u| findings.leaked() && u.verdict != "clean")
+    {
+        let classes: Vec<String> = u.classes.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        problems.push(format!("ruvm unloaded with leaks: {}", classes.join(" ")));
+    }
+    if require_unload && findings.unloads.is_empty() {
+        problems.push("no unload verdict in the log".to_owned());
+    }
+    if let Some((n, _)) = &kml {
+        if *n > 0 {
+            problems.push(format!("kmemleak: {n} unreferenced objects"));
+        }
+    }
+    if let Some(n) = dma.filter(|&n| n > 0) {
+        problems.push(format!("DMA-API debug: {n} errors"));
+    }
+    let out = AuditOut {
+        verdict: if problems.is_empty() {
+            "clean"
+        } else {
+            "leaked"
+        },
+        since,
+        kmemleak_objects: kml.as_ref().map(|k| k.0),
+        dma_api_errors: dma,
+        findings,
+        problems,
+    };
+    if json {
+        print_json(&out)?;
+    } else {
+        println!(
+            "{:<22} {}",
+            "unload verdicts",
+            out.findings
+                .unloads
+                .iter()
+                .map(|u| u.verdict.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for u in &out.findings.unloads {
+            for (k, n) in &u.classes {
+                println!("  leaked {k:<18} {n}");
+            }
+            for o in &u.objects {
+                println!("  leaked object {o}");
+            }
+        }
+        println!("{:<22} {}", "files reclaimed", out.findings.reclaims.len());
+        println!("{:<22} {}", "planted leaks", out.findings.planted.len());
+        println!(
+            "{:<22} {}",
+            "kmemleak",
+            out.kmemleak_objects
+                .map_or("not in this kernel".to_owned(), |n| format!("{n} objects"))
+        );
+        println!(
+            "{:<22} {}",
+            "DMA-API debug errors",
+            out.dma_api_errors
+                .map_or("not in this kernel".to_owned(), |n| n.to_string())
+        );
+        println!("verdict: {}", out.verdict);
+        for p in &out.problems {
+            println!("  {p}");
+        }
+    }
+    if out.problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("audit: {}", out.problems.join("; ")))
+    }
+}
+
+#[derive(Serialize)]
+struct UnloadOut {
+    unloaded: bool,
+    verdict: &'static str,
+    leaked: std::collections::BTreeMap<String, u64>,
+}
+
+fn unload(json: bool) -> CliResult {
+    let st = dev::unload_with_verdict()?;
+    let done = st.state & u64::from(uapi::ruvm_unload_state_bits_RUVM_UNLOAD_DONE) != 0;
+    let leaked_bit = st.state & u64::from(uapi::ruvm_unload_state_bits_RUVM_UNLOAD_LEAKED) != 0;
+    let out = UnloadOut {
+        unloaded: true,
+        verdict: match (done, leaked_bit) {
+            (false, _) => "unknown",
+            (true, false) => "clean",
+            (true, true) => "leaked",
+        },
+        leaked: st
+            .leaked
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n != 0)
+            .map(|(i, n)| (class_name(i), *n))
+            .collect(),
+    };
+    if json {
+        print_json(&out)?;
+    } else {
+        println!("ruvm unloaded: verdict {}", out.verdict);
+        for (k, n) in &out.leaked {
+            println!("  leaked {k:<18} {n}");
+        }
+    }
+    match out.verdict {
+        "clean" => Ok(()),
+        "leaked" => Err("ruvm unloaded with leaks".to_owned()),
+        _ => Err("the module did not write its unload verdict".to_owned()),
+    }
+}
+
 fn run(cli: Cli) -> CliResult {
     let d = || open(cli.fd);
     match cli.cmd {
@@ -515,6 +818,73 @@ fn run(cli: Cli) -> CliResult {
             range,
             json,
         } => mmap_fill(&d()?, handle, &range, true, json.json),
+        Cmd::Stats {
+            json,
+            reset_peaks,
+            watch,
+        } => {
+            let dev = d()?;
+            let Some(secs) = watch else {
+                return stats(&dev, json.json, reset_peaks);
+            };
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err("--watch takes a positive number of seconds".to_owned());
+            }
+            loop {
+                stats(&dev, json.json, reset_peaks)?;
+                println!();
+                std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+            }
+        }
+        Cmd::Audit {
+            json, mark: true, ..
+        } => {
+            let id = audit::write_marker().map_err(|e| format!("writing to /dev/kmsg: {e}"))?;
+            if json.json {
+                print_json(&serde_json::json!({ "mark": id }))
+            } else {
+                println!("{id}");
+                Ok(())
+            }
+        }
+        Cmd::Audit {
+            json,
+            since,
+            require_unload,
+            no_kmemleak,
+            ..
+        } => audit_cmd(json.json, since, require_unload, no_kmemleak),
+        Cmd::Unload(j) => unload(j.json),
+        Cmd::TestLeak {
+            what,
+            count,
+            size,
+            order,
+            mapped,
+            lost,
+        } => {
+            let mut flags = 0;
+            if lost {
+                flags |= uapi::ruvm_leak_flags_RUVM_LEAK_LOST;
+            }
+            if mapped {
+                flags |= uapi::ruvm_leak_flags_RUVM_LEAK_MAPPED;
+            }
+            let what = match what {
+                Leak::Mem => uapi::ruvm_leak_RUVM_LEAK_MEM,
+                Leak::Chunk => uapi::ruvm_leak_RUVM_LEAK_CHUNK,
+                Leak::KernelMap => uapi::ruvm_leak_RUVM_LEAK_KERNEL_MAP,
+            };
+            let a = uapi::ruvm_test_leak {
+                what,
+                flags,
+                count,
+                size,
+                order,
+                ..Default::default()
+            };
+            d()?.test_leak(a).map_err(ioctl_err("RUVM_IOCTL_TEST_LEAK"))
+        }
         Cmd::Selftest { list: true, .. } => {
             selftest::list().iter().for_each(|n| println!("{n}"));
             Ok(())

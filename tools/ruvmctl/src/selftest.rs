@@ -11,6 +11,7 @@ use nix::errno::Errno;
 
 use crate::ktap::{self, Ktap, Outcome};
 
+mod audit;
 mod basic;
 mod mem;
 
@@ -71,6 +72,7 @@ pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     v.extend(basic::cases());
     v.extend(mem::cases());
+    v.extend(audit::cases());
     v
 }
 

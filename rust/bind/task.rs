@@ -1,0 +1,15 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Who the current task is, without reading `task_struct` fields from Rust.
+//!
+//! C header: [`include/linux/pid.h`](srctree/include/linux/pid.h)
+//!
+//! On the project's 7.2 build the generated layout of `struct task_struct` does not match the C
+//! one: `kernel::task::Task::pid()`, which reads the `pid` field, returned the low half of a
+//! kernel text address in the guest, while `task_tgid_nr_ns` (a C call) returned the right pid.
+//! So ruvm asks C for the pid and does not read `comm` (7.2 exports no function for it).
+
+/// The current process's id (its thread group id, in the initial pid namespace).
+pub(crate) fn current_pid() -> i32 {
+    kernel::current!().tgid_nr_ns(None)
+}
