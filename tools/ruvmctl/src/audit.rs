@@ -132,7 +132,9 @@ pub fn write_marker() -> std::io::Result<String> {
             .unwrap_or(0)
     );
     let mut f = OpenOptions::new().write(true).open("/dev/kmsg")?;
-    f.write_all(marker_text(&id).as_bytes())?;
+    // With its newline: without one, printk keeps the record open as a continuation, and
+    // readers see nothing until some other message closes it.
+    f.write_all(format!("{}\n", marker_text(&id)).as_bytes())?;
     Ok(id)
 }
 

@@ -236,9 +236,9 @@ impl Ruvm {
 
     /// `RUVM_IOCTL_REGISTER_UNLOAD_STATE` for a structure that must stay where it is until
     /// the module unloads (the kernel writes it then).
-    pub fn register_unload_state(&self, state: &mut uapi::ruvm_unload_state) -> Result<(), Errno> {
+    pub fn register_unload_state(&self, state: &mut UnloadState) -> Result<(), Errno> {
         let mut a = uapi::ruvm_register_unload_state {
-            addr: std::ptr::from_mut(state) as u64,
+            addr: std::ptr::from_mut(&mut state.0) as u64,
             ..Default::default()
         };
         self.ioctl(uapi::RUVM_IOCTL_REGISTER_UNLOAD_STATE, &mut a)
@@ -260,11 +260,19 @@ impl Ruvm {
     }
 }
 
+/// A `struct ruvm_unload_state` placed so that it never crosses a page boundary, as the module
+/// requires (256 divides every page size, and the structure is smaller).
+#[repr(C, align(256))]
+#[derive(Default)]
+pub struct UnloadState(pub uapi::ruvm_unload_state);
+
+const _: () = assert!(std::mem::size_of::<uapi::ruvm_unload_state>() <= 256);
+
 /// Unloads ruvm and returns the verdict it wrote at unload into memory registered with
 /// `RUVM_IOCTL_REGISTER_UNLOAD_STATE`. No file of the device may be open (`EBUSY` otherwise).
 pub fn unload_with_verdict() -> Result<uapi::ruvm_unload_state, String> {
     // The kernel writes this at unload; it must stay put until then.
-    let mut state = Box::new(uapi::ruvm_unload_state::default());
+    let mut state = Box::new(UnloadState::default());
     {
         let d = Ruvm::open().map_err(|e| e.to_string())?;
         d.register_unload_state(&mut state)
@@ -273,7 +281,7 @@ pub fn unload_with_verdict() -> Result<uapi::ruvm_unload_state, String> {
     nix::kmod::delete_module(c"ruvm", nix::kmod::DeleteModuleFlags::O_NONBLOCK)
         .map_err(|e| format!("unloading ruvm: {e} (is /dev/ruvm still open somewhere?)"))?;
     // SAFETY: `state` is ours and live; the kernel wrote it during the unload, which returned.
-    Ok(unsafe { std::ptr::read_volatile(&*state) })
+    Ok(unsafe { std::ptr::read_volatile(&state.0) })
 }
 
 /// Loads ruvm from `$RUVM_KO` (default `/ruvm/ruvm.ko`, where the test guest keeps it).

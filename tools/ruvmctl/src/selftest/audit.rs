@@ -487,9 +487,9 @@ fn audit_plant_clean_unload() -> TestResult {
             "order 11",
         )?;
         // Only one unload state per load.
-        let mut first = Box::new(uapi::ruvm_unload_state::default());
+        let mut first = Box::new(dev::UnloadState::default());
         d.register_unload_state(&mut first).ctx("register")?;
-        let mut second = Box::new(uapi::ruvm_unload_state::default());
+        let mut second = Box::new(dev::UnloadState::default());
         expect_errno(
             d.register_unload_state(&mut second),
             Errno::EBUSY,

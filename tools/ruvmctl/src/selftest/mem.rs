@@ -101,6 +101,10 @@ pub fn cases() -> Vec<Case> {
             name: "mem_fallback_under_fragmentation",
             run: mem_fallback_under_fragmentation,
         },
+        Case {
+            name: "mem_charged_to_the_callers_memory_cgroup",
+            run: mem_charged_to_the_callers_memory_cgroup,
+        },
     ]
 }
 
@@ -1106,5 +1110,147 @@ fn mem_fallback_under_fragmentation() -> TestResult {
         "something left behind: {:?}",
         live(&d)?
     );
+    Ok(())
+}
+
+/// A cgroup2 group of its own with a memory limit, removed on drop.
+struct MemCgroup {
+    dir: std::path::PathBuf,
+}
+
+impl MemCgroup {
+    const ROOT: &'static str = "/sys/fs/cgroup";
+
+    fn new(name: &str, max: u64) -> Result<Self, Stop> {
+        let controllers = std::fs::read_to_string(format!("{}/cgroup.controllers", Self::ROOT))
+            .unwrap_or_default();
+        if !controllers.split_whitespace().any(|c| c == "memory") {
+            return Err(Stop::Skip("no cgroup2 memory controller".into()));
+        }
+        std::fs::write(format!("{}/cgroup.subtree_control", Self::ROOT), "+memory")
+            .ctx("enable the memory controller")?;
+        let dir = std::path::PathBuf::from(Self::ROOT).join(name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).ctx("mkdir cgroup")?;
+        let g = Self { dir };
+        std::fs::write(g.dir.join("memory.max"), max.to_string()).ctx("memory.max")?;
+        Ok(g)
+    }
+
+    fn read(&self, file: &str) -> Result<String, Stop> {
+        std::fs::read_to_string(self.dir.join(file)).ctx(file)
+    }
+
+    fn current(&self) -> Result<u64, Stop> {
+        self.read("memory.current")?
+            .trim()
+            .parse()
+            .map_err(|_| Stop::Fail("memory.current".into()))
+    }
+
+    fn event(&self, name: &str) -> Result<u64, Stop> {
+        let events = self.read("memory.events")?;
+        Ok(events
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0))
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn mem_charged_to_the_callers_memory_cgroup() -> TestResult {
+    let cg = MemCgroup::new("ruvm-selftest", 48 * M)?;
+    let (rx, tx) = nix::unistd::pipe().ctx("pipe")?;
+    let (rx2, tx2) = nix::unistd::pipe().ctx("pipe")?;
+    // A child joins the group and allocates; the parent watches the group's counters.
+    // SAFETY: the runner is single-threaded here; the child only makes syscalls.
+    let child = match unsafe { fork() }.ctx("fork")? {
+        ForkResult::Child => {
+            let step = |b: &[u8]| {
+                let _ = nix::unistd::write(&tx, b);
+                let mut x = [0u8; 1];
+                let _ = nix::unistd::read(&rx2, &mut x);
+            };
+            let me = std::process::id().to_string();
+            if std::fs::write(cg.dir.join("cgroup.procs"), me).is_err() {
+                std::process::exit(10);
+            }
+            let Ok(d) = Ruvm::open() else {
+                std::process::exit(11)
+            };
+            step(b"j"); // joined
+            let Ok(a) = d.mem_alloc(16 * M, 2 * M, 0) else {
+                std::process::exit(12)
+            };
+            step(b"a"); // allocated 16M
+                        // 16M held, 48M allowed: 40M more cannot be charged.
+            let over = d.mem_alloc(40 * M, 0, 0);
+            if over.err() != Some(Errno::ENOMEM) {
+                std::process::exit(13);
+            }
+            if d.mem_free(a.handle).is_err() {
+                std::process::exit(14);
+            }
+            step(b"f"); // freed
+            std::process::exit(0);
+        }
+        ForkResult::Parent { child } => child,
+    };
+    // Whatever happens below, the child does not outlive the case (it holds /dev/ruvm open).
+    struct Reap(nix::unistd::Pid);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(self.0, Signal::SIGKILL);
+            let _ = waitpid(self.0, None);
+        }
+    }
+    let reap = Reap(child);
+    let wait_step = |want: u8| -> Result<(), Stop> {
+        let mut b = [0u8; 1];
+        let n = nix::unistd::read(&rx, &mut b).ctx("read")?;
+        check!(
+            n == 1 && b[0] == want,
+            "the child stopped before step '{}'",
+            want as char
+        );
+        Ok(())
+    };
+    let go = || nix::unistd::write(&tx2, b"g").map(drop).ctx("write");
+    wait_step(b'j')?;
+    let joined = cg.current()?;
+    go()?;
+    wait_step(b'a')?;
+    let holding = cg.current()?;
+    check!(
+        holding >= joined + 16 * M,
+        "16M allocated, but the group's memory.current went {joined} -> {holding}"
+    );
+    go()?;
+    wait_step(b'f')?;
+    let freed = cg.current()?;
+    // The group's count also moves with small kernel allocations (a few KiB).
+    check!(
+        freed + 15 * M <= holding,
+        "freeing gave back only {} bytes to the group",
+        holding - freed
+    );
+    go()?;
+    let st = waitpid(child, None).ctx("waitpid")?;
+    std::mem::forget(reap);
+    check!(
+        st == WaitStatus::Exited(child, 0),
+        "the child failed: {st:?} (exit 10..14 name the step)"
+    );
+    // Over the limit it failed with ENOMEM: the group's OOM killer never ran.
+    check!(
+        cg.event("oom_kill")? == 0,
+        "an OOM kill happened in the group"
+    );
+    check!(cg.event("max")? > 0, "the limit was never hit");
     Ok(())
 }
