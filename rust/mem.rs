@@ -80,21 +80,22 @@ impl Quota {
 
     /// Takes `bytes` from the quota, or fails with `ENOSPC`.
     fn charge(self: &Arc<Self>, bytes: u64) -> Result<Charge> {
-        let mut cur = self.used.load(Relaxed);
-        loop {
-            let new = cur
-                .checked_add(bytes)
-                .filter(|&n| n <= self.limit)
-                .ok_or(ENOSPC)?;
-            match self.used.cmpxchg(cur, new, Relaxed) {
-                Ok(_) => {
-                    return Ok(Charge {
-                        quota: self.clone(),
-                        bytes,
-                    })
-                }
-                Err(now) => cur = now,
-            }
+        reserve(&self.used, bytes, self.limit)?;
+        Ok(Charge {
+            quota: self.clone(),
+            bytes,
+        })
+    }
+}
+
+/// Adds `n` to `counter` unless the sum would pass `limit` (`ENOSPC`); returns the old value.
+fn reserve(counter: &Atomic<u64>, n: u64, limit: u64) -> Result<u64> {
+    let mut cur = counter.load(Relaxed);
+    loop {
+        let next = cur.checked_add(n).filter(|&v| v <= limit).ok_or(ENOSPC)?;
+        match counter.cmpxchg(cur, next, Relaxed) {
+            Ok(_) => return Ok(cur),
+            Err(now) => cur = now,
         }
     }
 }
@@ -116,15 +117,7 @@ impl Drop for Charge {
 fn new_mmap_offset(len: u64) -> Result<u64> {
     static NEXT: Atomic<u64> = Atomic::new(0);
     // File offsets are `loff_t`.
-    const MAX: u64 = i64::MAX as u64;
-    let mut cur = NEXT.load(Relaxed);
-    loop {
-        let next = cur.checked_add(len).filter(|&n| n <= MAX).ok_or(ENOSPC)?;
-        match NEXT.cmpxchg(cur, next, Relaxed) {
-            Ok(_) => return Ok(cur),
-            Err(now) => cur = now,
-        }
-    }
+    reserve(&NEXT, len, i64::MAX as u64)
 }
 
 /// The chunks of a sysmem mem, in order.

@@ -245,8 +245,22 @@ impl Ruvm {
     }
 
     /// `RUVM_IOCTL_TEST_LEAK`.
-    pub fn test_leak(&self, args: uapi::ruvm_test_leak) -> Result<(), Errno> {
-        let mut a = args;
+    pub fn test_leak(
+        &self,
+        what: u32,
+        flags: u32,
+        count: u64,
+        size: u64,
+        order: u32,
+    ) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_test_leak {
+            what,
+            flags,
+            count,
+            size,
+            order,
+            ..Default::default()
+        };
         self.ioctl(uapi::RUVM_IOCTL_TEST_LEAK, &mut a)
     }
 

@@ -875,15 +875,8 @@ fn run(cli: Cli) -> CliResult {
                 Leak::Chunk => uapi::ruvm_leak_RUVM_LEAK_CHUNK,
                 Leak::KernelMap => uapi::ruvm_leak_RUVM_LEAK_KERNEL_MAP,
             };
-            let a = uapi::ruvm_test_leak {
-                what,
-                flags,
-                count,
-                size,
-                order,
-                ..Default::default()
-            };
-            d()?.test_leak(a).map_err(ioctl_err("RUVM_IOCTL_TEST_LEAK"))
+            d()?.test_leak(what, flags, count, size, order)
+                .map_err(ioctl_err("RUVM_IOCTL_TEST_LEAK"))
         }
         Cmd::Selftest { list: true, .. } => {
             selftest::list().iter().for_each(|n| println!("{n}"));

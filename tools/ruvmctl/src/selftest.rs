@@ -67,6 +67,26 @@ pub fn expect_errno<T: std::fmt::Debug>(
     }
 }
 
+/// Runs `f` in a child process (its return value is the exit code) and returns how the child
+/// ended.
+pub fn in_child(f: impl FnOnce() -> i32) -> Result<nix::sys::wait::WaitStatus, Stop> {
+    use nix::unistd::{fork, ForkResult};
+    // SAFETY: the selftest runner is single-threaded when cases run; the child only makes
+    // syscalls and touches memory, then exits without returning.
+    match unsafe { fork() }.ctx("fork")? {
+        ForkResult::Child => std::process::exit(f()),
+        ForkResult::Parent { child } => nix::sys::wait::waitpid(child, None).ctx("waitpid"),
+    }
+}
+
+/// Runs `f` in a child and fails the case, saying `what`, unless it returns true.
+pub fn child_checks(what: &str, f: impl FnOnce() -> bool) -> TestResult {
+    match in_child(|| if f() { 0 } else { 1 })? {
+        nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+        st => Err(Stop::Fail(format!("{what} ({st:?})"))),
+    }
+}
+
 /// Every case, in the order they run.
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();

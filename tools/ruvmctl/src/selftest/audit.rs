@@ -12,7 +12,7 @@ use nix::{
     unistd::{fork, pipe, read, setuid, write, ForkResult, Uid},
 };
 
-use super::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::{check, child_checks, expect_errno, in_child, Case, Context, Stop, TestResult};
 use crate::{
     dev::{self, Ruvm, UserMap},
     uapi,
@@ -312,24 +312,12 @@ fn audit_bad_inputs() -> TestResult {
         "unload state at an unmapped address",
     )?;
     // Without CAP_SYS_ADMIN: no registration, no reset of the shared watermarks.
-    // SAFETY: the runner is single-threaded here; the child only makes syscalls.
-    match unsafe { fork() }.ctx("fork")? {
-        ForkResult::Child => {
-            let ok = setuid(Uid::from_raw(65534)).is_ok()
-                && reg(base, 0) == Err(Errno::EPERM)
-                && d.stats(true).err() == Some(Errno::EPERM)
-                && d.stats(false).is_ok();
-            std::process::exit(if ok { 0 } else { 1 });
-        }
-        ForkResult::Parent { child } => {
-            let st = waitpid(child, None).ctx("waitpid")?;
-            check!(
-                st == nix::sys::wait::WaitStatus::Exited(child, 0),
-                "unprivileged register/reset not refused with EPERM ({st:?})"
-            );
-        }
-    }
-    Ok(())
+    child_checks("unprivileged register/reset not refused with EPERM", || {
+        setuid(Uid::from_raw(65534)).is_ok()
+            && reg(base, 0) == Err(Errno::EPERM)
+            && d.stats(true).err() == Some(Errno::EPERM)
+            && d.stats(false).is_ok()
+    })
 }
 
 fn audit_killed_process_leaves_nothing() -> TestResult {
@@ -431,15 +419,8 @@ fn unload_expect(want: &[(usize, u64)]) -> TestResult {
 
 fn leak(what: u32, flags: u32, count: u64, size: u64, order: u32) -> TestResult {
     let d = Ruvm::open().ctx("open")?;
-    let a = uapi::ruvm_test_leak {
-        what,
-        flags,
-        count,
-        size,
-        order,
-        ..Default::default()
-    };
-    d.test_leak(a).ctx("TEST_LEAK")
+    d.test_leak(what, flags, count, size, order)
+        .ctx("TEST_LEAK")
 }
 
 fn audit_plant_clean_unload() -> TestResult {
@@ -449,43 +430,10 @@ fn audit_plant_clean_unload() -> TestResult {
         let h = d.mem_alloc(M, 0, 0).ctx("alloc")?.handle;
         d.map_kernel(h).ctx("map")?;
         // Bad leak requests first.
-        expect_errno(
-            d.test_leak(uapi::ruvm_test_leak {
-                what: 9,
-                count: 1,
-                ..Default::default()
-            }),
-            Errno::EINVAL,
-            "unknown leak",
-        )?;
-        expect_errno(
-            d.test_leak(uapi::ruvm_test_leak {
-                what: 2,
-                count: 0,
-                ..Default::default()
-            }),
-            Errno::EINVAL,
-            "count 0",
-        )?;
-        expect_errno(
-            d.test_leak(uapi::ruvm_test_leak {
-                what: 2,
-                count: 65,
-                ..Default::default()
-            }),
-            Errno::EINVAL,
-            "count 65",
-        )?;
-        expect_errno(
-            d.test_leak(uapi::ruvm_test_leak {
-                what: 2,
-                count: 1,
-                order: 11,
-                ..Default::default()
-            }),
-            Errno::EINVAL,
-            "order 11",
-        )?;
+        expect_errno(d.test_leak(9, 0, 1, 0, 0), Errno::EINVAL, "unknown leak")?;
+        expect_errno(d.test_leak(2, 0, 0, 0, 0), Errno::EINVAL, "count 0")?;
+        expect_errno(d.test_leak(2, 0, 65, 0, 0), Errno::EINVAL, "count 65")?;
+        expect_errno(d.test_leak(2, 0, 1, 0, 11), Errno::EINVAL, "order 11")?;
         // Only one unload state per load.
         let mut first = Box::new(dev::UnloadState::default());
         d.register_unload_state(&mut first).ctx("register")?;
@@ -587,19 +535,10 @@ fn audit_plant_lost_mem_kmemleak() -> TestResult {
     std::fs::write("/sys/kernel/debug/kmemleak", "clear").ctx("kmemleak clear")?;
     // From a child that exits at once: kmemleak scans live tasks' kernel stacks, and a stale
     // copy of the pointer on this process's stack would count as a reference.
-    // SAFETY: the runner is single-threaded here; the child only makes syscalls.
-    match unsafe { fork() }.ctx("fork")? {
-        ForkResult::Child => {
-            let lost = uapi::ruvm_leak_flags_RUVM_LEAK_LOST;
-            let ok = leak(uapi::ruvm_leak_RUVM_LEAK_MEM, lost, 1, 4096, 0).is_ok();
-            std::process::exit(if ok { 0 } else { 1 });
-        }
-        ForkResult::Parent { child } => {
-            let st = waitpid(child, None).ctx("waitpid")?;
-            let planted = st == nix::sys::wait::WaitStatus::Exited(child, 0);
-            check!(planted, "the child could not plant the leak ({st:?})");
-        }
-    }
+    child_checks("the child could not plant the leak", || {
+        let lost = uapi::ruvm_leak_flags_RUVM_LEAK_LOST;
+        leak(uapi::ruvm_leak_RUVM_LEAK_MEM, lost, 1, 4096, 0).is_ok()
+    })?;
     // The audit catches it at unload: nothing can free it, it is still counted.
     unload_expect(&[(MEMS, 1), (BYTES, 4096), (CHUNKS0, 1)])?;
     // And kmemleak finds the lost objects once they are old enough (5 s) and no stale copy of
@@ -610,11 +549,7 @@ fn audit_plant_lost_mem_kmemleak() -> TestResult {
         // Exited tasks' kernel stacks are cached for reuse without being cleared, and kmemleak
         // scans them: a few short-lived processes recycle them.
         for _ in 0..4 {
-            // SAFETY: single-threaded here; the child exits at once.
-            match unsafe { fork() }.ctx("fork")? {
-                ForkResult::Child => std::process::exit(0),
-                ForkResult::Parent { child } => drop(waitpid(child, None)),
-            }
+            in_child(|| 0)?;
         }
         std::thread::sleep(std::time::Duration::from_secs(1));
         found = crate::audit::kmemleak_scan()

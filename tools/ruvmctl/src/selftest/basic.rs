@@ -6,14 +6,11 @@ use std::num::NonZeroUsize;
 
 use nix::{
     errno::Errno,
-    sys::{
-        mman::{mmap_anonymous, munmap, MapFlags, ProtFlags},
-        wait::{waitpid, WaitStatus},
-    },
-    unistd::{fork, setuid, ForkResult, Uid},
+    sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags},
+    unistd::{setuid, Uid},
 };
 
-use super::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use crate::{dev, uapi};
 
 pub fn cases() -> Vec<Case> {
@@ -268,20 +265,10 @@ fn test_plant_is_gated() -> TestResult {
         "plant reserved[1]=1",
     )?;
     // Without CAP_SYS_ADMIN: a child that gave up root must get EPERM.
-    // SAFETY: the selftest runner is single-threaded here; the child only makes syscalls.
-    match unsafe { fork() }.ctx("fork")? {
-        ForkResult::Child => {
-            let ok = setuid(Uid::from_raw(65534)).is_ok()
-                && d.test_plant(uapi::ruvm_plant_RUVM_PLANT_WARN) == Err(Errno::EPERM);
-            std::process::exit(if ok { 0 } else { 1 });
-        }
-        ForkResult::Parent { child } => match waitpid(child, None).ctx("waitpid")? {
-            WaitStatus::Exited(_, 0) => Ok(()),
-            s => Err(Stop::Fail(format!(
-                "unprivileged plant was not refused with EPERM ({s:?})"
-            ))),
-        },
-    }
+    child_checks("unprivileged plant was not refused with EPERM", || {
+        setuid(Uid::from_raw(65534)).is_ok()
+            && d.test_plant(uapi::ruvm_plant_RUVM_PLANT_WARN) == Err(Errno::EPERM)
+    })
 }
 
 fn many_open_files() -> TestResult {

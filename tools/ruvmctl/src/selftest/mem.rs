@@ -13,7 +13,7 @@ use nix::{
     unistd::{fork, ForkResult},
 };
 
-use super::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::{check, expect_errno, in_child, Case, Context, Stop, TestResult};
 use crate::{
     dev::{Ruvm, UserMap},
     pattern, uapi,
@@ -835,16 +835,6 @@ fn mem_mapping_cannot_be_split_or_made_executable() -> TestResult {
     );
     drop(map);
     d.mem_free(a.handle).ctx("free")
-}
-
-/// Runs `f` in a child process and returns how the child ended.
-fn in_child(f: impl FnOnce() -> i32) -> Result<WaitStatus, Stop> {
-    // SAFETY: the selftest runner is single-threaded here; the child only makes syscalls and
-    // touches memory, then exits without returning.
-    match unsafe { fork() }.ctx("fork")? {
-        ForkResult::Child => std::process::exit(f()),
-        ForkResult::Parent { child } => waitpid(child, None).ctx("waitpid"),
-    }
 }
 
 fn mem_access_after_free_faults() -> TestResult {
