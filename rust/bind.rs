@@ -6,6 +6,7 @@
 //! calls only the safe functions exported here.
 
 pub(crate) mod cred;
+pub(crate) mod dma;
 pub(crate) mod fops;
 pub(crate) mod globals;
 pub(crate) mod pages;

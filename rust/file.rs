@@ -91,6 +91,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_FILL => me.mem_fill(user, false)?,
             uapi::RUVM_IOCTL_MEM_VERIFY => me.mem_fill(user, true)?,
             uapi::RUVM_IOCTL_MEM_COPY => me.mem_copy(user)?,
+            uapi::RUVM_IOCTL_GPU_LIST => gpu_list(user)?,
             uapi::RUVM_IOCTL_AUDIT => audit_ioctl(user)?,
             uapi::RUVM_IOCTL_STATS => stats(user)?,
             uapi::RUVM_IOCTL_REGISTER_UNLOAD_STATE => register_unload_state(user)?,
@@ -297,6 +298,27 @@ impl PinnedDrop for RuvmFile {
             }
         }
     }
+}
+
+/// `RUVM_IOCTL_GPU_LIST`: the GPU registry, into the caller's array.
+fn gpu_list(user: UserSlice) -> Result {
+    let (mut reader, mut writer) = user.reader_writer();
+    let mut args: uapi::ruvm_gpu_list = reader.read()?;
+    if args.flags != 0 || !all_zero(&args.reserved) {
+        return Err(EINVAL);
+    }
+    let gpus = crate::gpu::list()?;
+    let n = gpus.len().min(usize::try_from(args.count)?);
+    let bytes = n
+        .checked_mul(core::mem::size_of::<uapi::ruvm_gpu_info>())
+        .ok_or(EOVERFLOW)?;
+    let addr = usize::try_from(args.gpus).map_err(|_| EFAULT)?;
+    let mut out = UserSlice::new(UserPtr::from_addr(addr), bytes).writer();
+    for g in gpus.iter().take(n) {
+        out.write(g)?;
+    }
+    args.count = u32::try_from(gpus.len())?;
+    writer.write(&args)
 }
 
 /// `RUVM_IOCTL_AUDIT`: the audit's counters, and with `RUVM_AUDIT_WALK` the same counted from

@@ -7,14 +7,16 @@
 //! other module is safe policy code.
 
 use kernel::{
-    debugfs,
+    debugfs, driver,
     miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
+    pci,
     prelude::*,
 };
 
 mod audit;
 mod bind;
 mod file;
+mod gpu;
 mod mem;
 mod uapi;
 
@@ -72,14 +74,17 @@ pub(crate) fn test_ioctls_enabled() -> bool {
     *module_parameters::enable_test_ioctls.value() != 0
 }
 
-/// The loaded module: owns the `/dev/ruvm` registration and `/sys/kernel/debug/ruvm/`.
+/// The loaded module: owns the `/dev/ruvm` registration, the test-GPU driver and
+/// `/sys/kernel/debug/ruvm/`.
 ///
 /// Field order is teardown order: the device goes first, so no file can be opened while the
-/// rest is torn down.
+/// rest is torn down; then the driver lets its GPUs go.
 #[pin_data(PinnedDrop)]
 struct RuvmModule {
     #[pin]
     _miscdev: MiscDeviceRegistration<file::RuvmFile>,
+    #[pin]
+    _edu: driver::Registration<pci::Adapter<gpu::edu::EduDriver>>,
     #[pin]
     _stats: debugfs::File<audit::StatsView>,
     #[pin]
@@ -88,7 +93,7 @@ struct RuvmModule {
 }
 
 impl kernel::InPlaceModule for RuvmModule {
-    fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
+    fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
         bind::globals::init();
         if test_ioctls_enabled() {
             pr_warn!("test ioctls are enabled; this is a security risk\n");
@@ -101,6 +106,7 @@ impl kernel::InPlaceModule for RuvmModule {
         let dir = debugfs::Dir::new(c"ruvm");
         try_pin_init!(Self {
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
+            _edu <- driver::Registration::new(c"ruvm-edu", module),
             _stats <- dir.read_only_file(c"stats", audit::StatsView),
             _audit <- dir.read_only_file(c"audit", audit::LiveView),
             _debugfs: dir,
@@ -145,6 +151,8 @@ impl PinnedDrop for RuvmModule {
         let freed = planted.len();
         drop(planted);
         mem::drain_registry();
+        // The driver (a later field) unbinds its GPUs after this; unregistering then is a no-op.
+        gpu::drain();
         if freed > 0 && audit::level() > 0 {
             pr_info!("audit: freed objects={freed}\n");
         }

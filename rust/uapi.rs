@@ -48,5 +48,7 @@ plain_old_data!(
     ruvm_unload_state,
     ruvm_register_unload_state,
     ruvm_test_leak,
+    ruvm_gpu_info,
+    ruvm_gpu_list,
     ruvm_test_plant,
 );

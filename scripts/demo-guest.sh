@@ -19,6 +19,9 @@ dmesg | grep 'ruvm:'
 step "ruvmctl info"
 ruvmctl info
 
+step "ruvmctl gpus: the test GPUs, bound by ruvm's own PCI driver (ruvm-edu)"
+ruvmctl gpus
+
 step "ruvmctl info --json"
 ruvmctl info --json
 

@@ -9,7 +9,7 @@
 
 use kernel::{prelude::*, rbtree::RBTree, sync::Arc};
 
-use crate::{audit::Unload, mem::MemCore};
+use crate::{audit::Unload, gpu::GpuEntry, mem::MemCore};
 
 kernel::sync::global_lock! {
     // SAFETY: initialised by `init` in module init, before any use.
@@ -21,6 +21,11 @@ kernel::sync::global_lock! {
     pub(crate) unsafe(uninit) static UNLOAD: Mutex<Unload> = Unload::new();
 }
 
+kernel::sync::global_lock! {
+    // SAFETY: initialised by `init` in module init, before any use.
+    pub(crate) unsafe(uninit) static GPUS: Mutex<KVec<GpuEntry>> = KVec::new();
+}
+
 /// Initialises the module-wide locks. Called once, from module init, before anything else of
 /// ruvm runs.
 pub(crate) fn init() {
@@ -29,5 +34,6 @@ pub(crate) fn init() {
     unsafe {
         MEM_REGISTRY.init();
         UNLOAD.init();
+        GPUS.init();
     }
 }

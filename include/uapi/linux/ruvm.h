@@ -64,7 +64,9 @@ struct ruvm_info {
 #define RUVM_FEATURE_SYSMEM (1ULL << 0)
 /* The leak audit and statistics: AUDIT, STATS, REGISTER_UNLOAD_STATE, the unload report. */
 #define RUVM_FEATURE_AUDIT (1ULL << 1)
-#define RUVM_FEATURES_ALL (RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT)
+/* The GPU registry: RUVM_IOCTL_GPU_LIST (test GPUs: QEMU edu devices bound by ruvm). */
+#define RUVM_FEATURE_GPU_LIST (1ULL << 2)
+#define RUVM_FEATURES_ALL (RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -401,6 +403,66 @@ struct ruvm_test_leak {
 	__u64 reserved[2];
 };
 
+/* The most GPUs the registry holds. */
+#define RUVM_MAX_GPUS 32
+
+/* ruvm_gpu_info.kind */
+enum ruvm_gpu_kind {
+	/* A QEMU edu PCI device (1234:11e8) bound by ruvm's own PCI driver: a test GPU. */
+	RUVM_GPU_KIND_EDU = 1,
+};
+
+/* ruvm_gpu_info.flags */
+enum ruvm_gpu_flags {
+	/* Bound now. An unbound GPU keeps its id and its entry, for when it comes back. */
+	RUVM_GPU_PRESENT = 1 << 0,
+};
+
+/**
+ * struct ruvm_gpu_info - one GPU of the registry
+ * @id:            stable id (the same across unbind and rebind of the same PCI device)
+ * @kind:          enum ruvm_gpu_kind
+ * @flags:         enum ruvm_gpu_flags
+ * @vendor:        PCI vendor id
+ * @device:        PCI device id
+ * @pci_domain:    PCI domain (segment)
+ * @pci_bus:       PCI bus number
+ * @pci_devfn:     PCI device and function (device << 3 | function)
+ * @dma_mask_bits: width of the device's DMA addresses
+ * @page_sizes:    bitmask of the GPU's page sizes (bit n: 2^n bytes)
+ * @reserved:      0
+ */
+struct ruvm_gpu_info {
+	__u32 id;
+	__u32 kind;
+	__u32 flags;
+	__u16 vendor;
+	__u16 device;
+	__u32 pci_domain;
+	__u8 pci_bus;
+	__u8 pci_devfn;
+	__u16 pad;
+	__u32 dma_mask_bits;
+	__u32 pad2;
+	__u64 page_sizes;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_gpu_list - the GPU registry (RUVM_IOCTL_GPU_LIST)
+ * @flags:    (in)     must be 0
+ * @count:    (in/out) in: room in @gpus; out: how many GPUs the registry has (only as many as
+ *                     there was room for are written)
+ * @gpus:     (in)     user pointer to an array of struct ruvm_gpu_info
+ * @reserved: (in)     must be 0
+ */
+struct ruvm_gpu_list {
+	__u32 flags;
+	__u32 count;
+	__u64 gpus;
+	__u64 reserved[2];
+};
+
 /* What RUVM_IOCTL_TEST_PLANT makes the module do. */
 enum ruvm_plant {
 	/* Hit a WARN_ON in the module: proves the test runner fails on kernel warnings. */
@@ -435,6 +497,7 @@ enum {
 	RUVM_IOCTL_MEM_FILL = _IOWR(RUVM_IOCTL_MAGIC, 0x06, struct ruvm_mem_fill),
 	RUVM_IOCTL_MEM_VERIFY = _IOWR(RUVM_IOCTL_MAGIC, 0x07, struct ruvm_mem_fill),
 	RUVM_IOCTL_MEM_COPY = _IOWR(RUVM_IOCTL_MAGIC, 0x08, struct ruvm_mem_copy),
+	RUVM_IOCTL_GPU_LIST = _IOWR(RUVM_IOCTL_MAGIC, 0x20, struct ruvm_gpu_list),
 	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =

@@ -57,6 +57,7 @@ ioctl_args!(
     uapi::ruvm_stats,
     uapi::ruvm_register_unload_state,
     uapi::ruvm_test_leak,
+    uapi::ruvm_gpu_list,
     uapi::ruvm_test_plant,
 );
 
@@ -203,6 +204,19 @@ impl Ruvm {
             ..Default::default()
         };
         self.ioctl(uapi::RUVM_IOCTL_MEM_COPY, &mut a)
+    }
+
+    /// `RUVM_IOCTL_GPU_LIST`: the whole registry.
+    pub fn gpus(&self) -> Result<Vec<uapi::ruvm_gpu_info>, Errno> {
+        let mut v = vec![uapi::ruvm_gpu_info::default(); uapi::RUVM_MAX_GPUS as usize];
+        let mut a = uapi::ruvm_gpu_list {
+            count: uapi::RUVM_MAX_GPUS,
+            gpus: v.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_GPU_LIST, &mut a)?;
+        v.truncate(a.count as usize);
+        Ok(v)
     }
 
     /// `RUVM_IOCTL_AUDIT`, with the test-only walk of the real objects when `walk`.
@@ -417,6 +431,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<uapi::ruvm_unload_state>(), 136);
         assert_eq!(std::mem::size_of::<uapi::ruvm_register_unload_state>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_leak>(), 48);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_gpu_info>(), 56);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_gpu_list>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_plant>(), 24);
         assert_eq!(std::mem::align_of::<uapi::ruvm_info>(), 8);
     }

@@ -130,6 +130,8 @@ enum Cmd {
         #[command(flatten)]
         json: Json,
     },
+    /// The GPUs ruvm knows (RUVM_IOCTL_GPU_LIST).
+    Gpus(Json),
     /// Usage statistics (RUVM_IOCTL_STATS) and the audit's live counts (RUVM_IOCTL_AUDIT).
     Stats {
         #[command(flatten)]
@@ -248,6 +250,9 @@ fn feature_names(bits: u64) -> Vec<&'static str> {
     }
     if bits & u64::from(uapi::RUVM_FEATURE_AUDIT) != 0 {
         v.push("audit");
+    }
+    if bits & u64::from(uapi::RUVM_FEATURE_GPU_LIST) != 0 {
+        v.push("gpu-list");
     }
     v
 }
@@ -503,6 +508,72 @@ fn class_name(i: usize) -> String {
     let o = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 as usize;
     BASE.get(i)
         .map_or_else(|| format!("sysmem_chunks_o{}", i - o), |s| (*s).to_owned())
+}
+
+#[derive(Serialize)]
+struct GpuOut {
+    id: u32,
+    kind: &'static str,
+    present: bool,
+    pci: String,
+    vendor: String,
+    device: String,
+    dma_mask_bits: u32,
+    page_sizes: Vec<String>,
+}
+
+fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
+    let list = d.gpus().map_err(ioctl_err("RUVM_IOCTL_GPU_LIST"))?;
+    let out: Vec<GpuOut> = list
+        .iter()
+        .map(|g| GpuOut {
+            id: g.id,
+            kind: if g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU {
+                "edu (test GPU)"
+            } else {
+                "unknown"
+            },
+            present: g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0,
+            pci: format!(
+                "{:04x}:{:02x}:{:02x}.{}",
+                g.pci_domain,
+                g.pci_bus,
+                g.pci_devfn >> 3,
+                g.pci_devfn & 7
+            ),
+            vendor: format!("{:04x}", g.vendor),
+            device: format!("{:04x}", g.device),
+            dma_mask_bits: g.dma_mask_bits,
+            page_sizes: (0..64)
+                .filter(|b| g.page_sizes & (1u64 << b) != 0)
+                .map(|b| show_size(1u64 << b))
+                .collect(),
+        })
+        .collect();
+    if json {
+        return print_json(&out);
+    }
+    if out.is_empty() {
+        println!("no GPUs");
+    }
+    for g in &out {
+        println!(
+            "GPU {}: {} at {} [{}:{}], {}, DMA {} bits, pages {}",
+            g.id,
+            g.kind,
+            g.pci,
+            g.vendor,
+            g.device,
+            if g.present {
+                "present"
+            } else {
+                "gone (unbound)"
+            },
+            g.dma_mask_bits,
+            g.page_sizes.join(" ")
+        );
+    }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -818,6 +889,7 @@ fn run(cli: Cli) -> CliResult {
             range,
             json,
         } => mmap_fill(&d()?, handle, &range, true, json.json),
+        Cmd::Gpus(j) => gpus(&d()?, j.json),
         Cmd::Stats {
             json,
             reset_peaks,

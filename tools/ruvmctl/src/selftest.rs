@@ -13,6 +13,7 @@ use crate::ktap::{self, Ktap, Outcome};
 
 mod audit;
 mod basic;
+mod gpu;
 mod mem;
 
 /// Why a case stopped early.
@@ -93,6 +94,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(basic::cases());
     v.extend(mem::cases());
     v.extend(audit::cases());
+    v.extend(gpu::cases());
     v
 }
 

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The GPU registry: every GPU ruvm knows, under a stable id.
+//!
+//! A GPU enters the registry when its driver binds it and stays when it is unbound (marked not
+//! present), so that a rebind of the same PCI device gets the same id back. Sources today: the
+//! test GPUs, QEMU `edu` devices bound by ruvm's own PCI driver ([`edu`]).
+//!
+//! Locking: one module-wide mutex (`bind::globals::GPUS`), a leaf: nothing else is taken under it.
+
+use kernel::prelude::*;
+
+use crate::{bind::globals::GPUS, uapi};
+
+pub(crate) mod edu;
+
+/// The most GPUs the registry holds.
+const MAX_GPUS: usize = uapi::RUVM_MAX_GPUS as usize;
+
+/// The page sizes of a test GPU: 4K, 64K and 2M, as on Turing and later.
+pub(crate) const TEST_PAGE_SIZES: u64 = (4 << 10) | (64 << 10) | (2 << 20);
+
+/// What the registry knows of a GPU, besides its id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GpuInfo {
+    pub(crate) kind: u32,
+    pub(crate) vendor: u16,
+    pub(crate) device: u16,
+    /// PCI domain; 0 for the test GPUs (7.2 exposes no domain accessor yet).
+    pub(crate) domain: u32,
+    pub(crate) bus: u8,
+    pub(crate) devfn: u8,
+    pub(crate) dma_mask_bits: u32,
+    pub(crate) page_sizes: u64,
+}
+
+impl GpuInfo {
+    fn same_device(&self, other: &GpuInfo) -> bool {
+        (self.domain, self.bus, self.devfn) == (other.domain, other.bus, other.devfn)
+    }
+}
+
+/// One registry entry.
+pub(crate) struct GpuEntry {
+    id: u32,
+    info: GpuInfo,
+    present: bool,
+}
+
+/// Adds a GPU that was just bound, or brings back the entry of the same PCI device; returns
+/// its id. `ENOSPC` when the registry is full.
+pub(crate) fn register(info: GpuInfo) -> Result<u32> {
+    let mut gpus = GPUS.lock();
+    if let Some(e) = gpus.iter_mut().find(|e| e.info.same_device(&info)) {
+        e.info = info;
+        e.present = true;
+        return Ok(e.id);
+    }
+    if gpus.len() >= MAX_GPUS {
+        return Err(ENOSPC);
+    }
+    let id = u32::try_from(gpus.len())?;
+    gpus.push(
+        GpuEntry {
+            id,
+            info,
+            present: true,
+        },
+        GFP_KERNEL,
+    )?;
+    Ok(id)
+}
+
+/// Marks a GPU as gone (its driver unbound it).
+pub(crate) fn unregister(id: u32) {
+    if let Some(e) = GPUS.lock().iter_mut().find(|e| e.id == id) {
+        e.present = false;
+    }
+}
+
+/// Every GPU of the registry, as `RUVM_IOCTL_GPU_LIST` reports them.
+pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
+    let gpus = GPUS.lock();
+    let mut out = KVec::with_capacity(gpus.len(), GFP_KERNEL)?;
+    for e in gpus.iter() {
+        let i = &e.info;
+        out.push(
+            uapi::ruvm_gpu_info {
+                id: e.id,
+                kind: i.kind,
+                flags: if e.present {
+                    uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT
+                } else {
+                    0
+                },
+                vendor: i.vendor,
+                device: i.device,
+                pci_domain: i.domain,
+                pci_bus: i.bus,
+                pci_devfn: i.devfn,
+                dma_mask_bits: i.dma_mask_bits,
+                page_sizes: i.page_sizes,
+                pad: 0,
+                pad2: 0,
+                reserved: [0; 2],
+            },
+            GFP_KERNEL,
+        )?;
+    }
+    Ok(out)
+}
+
+/// Empties the registry at unload, after the drivers have let their GPUs go.
+pub(crate) fn drain() {
+    let _all = core::mem::replace(&mut *GPUS.lock(), KVec::new());
+}
