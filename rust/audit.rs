@@ -34,9 +34,10 @@ pub(crate) const CLASSES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_CLASSES as u
 /// The highest sysmem chunk order with a class of its own.
 pub(crate) const MAX_ORDER: u32 = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_CHUNKS_MAX_ORDER;
 
-// Every order up to the maximum has its class.
+// Every order up to the maximum has its class, below the DMA classes.
 const _: () = assert!(
-    (uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 + MAX_ORDER) as usize == CLASSES - 1
+    uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 + MAX_ORDER
+        < uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS
 );
 
 /// What the audit counts.
@@ -54,6 +55,10 @@ pub(crate) enum Class {
     UserMappings,
     /// Sysmem chunks of the given order.
     SysmemChunks(u32),
+    /// Chunks DMA-mapped for a GPU.
+    DmaMappings,
+    /// Their bytes.
+    DmaBytes,
 }
 
 /// The names used in reports and by ruvmctl, by class index.
@@ -74,6 +79,14 @@ const NAMES: [&str; CLASSES] = [
     "sysmem_chunks_o8",
     "sysmem_chunks_o9",
     "sysmem_chunks_o10",
+    "dma_mappings",
+    "dma_bytes",
+    "reserved_18",
+    "reserved_19",
+    "reserved_20",
+    "reserved_21",
+    "reserved_22",
+    "reserved_23",
 ];
 
 impl Class {
@@ -88,6 +101,8 @@ impl Class {
             Class::SysmemChunks(order) => {
                 uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 + order.min(MAX_ORDER)
             }
+            Class::DmaMappings => uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS,
+            Class::DmaBytes => uapi::ruvm_audit_class_RUVM_AUDIT_DMA_BYTES,
         };
         i as usize
     }

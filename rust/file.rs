@@ -92,6 +92,9 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_VERIFY => me.mem_fill(user, true)?,
             uapi::RUVM_IOCTL_MEM_COPY => me.mem_copy(user)?,
             uapi::RUVM_IOCTL_GPU_LIST => gpu_list(user)?,
+            uapi::RUVM_IOCTL_MEM_MAP_GPU => me.mem_map_gpu(user, true)?,
+            uapi::RUVM_IOCTL_MEM_UNMAP_GPU => me.mem_map_gpu(user, false)?,
+            uapi::RUVM_IOCTL_MEM_DMA_ADDRS => me.mem_dma_addrs(user)?,
             uapi::RUVM_IOCTL_AUDIT => audit_ioctl(user)?,
             uapi::RUVM_IOCTL_STATS => stats(user)?,
             uapi::RUVM_IOCTL_REGISTER_UNLOAD_STATE => register_unload_state(user)?,
@@ -218,6 +221,7 @@ impl RuvmFile {
         }
         args.user_mappings = info.user_mappings;
         args.alloc_flags = info.alloc_flags;
+        args.mapped_gpus = info.mapped_gpus;
         writer.write(&args)
     }
 
@@ -231,6 +235,44 @@ impl RuvmFile {
             mem.unmap_cpu_kernel();
             Ok(())
         }
+    }
+
+    /// `RUVM_IOCTL_MEM_MAP_GPU` and `RUVM_IOCTL_MEM_UNMAP_GPU`, both idempotent.
+    fn mem_map_gpu(&self, user: UserSlice, map: bool) -> Result {
+        let args: uapi::ruvm_mem_gpu = user.reader().read()?;
+        if args.flags != 0 || !all_zero(&args.reserved) {
+            return Err(EINVAL);
+        }
+        let mem = self.mem(args.handle)?;
+        if map {
+            let gpu = crate::gpu::get(args.gpu)?;
+            mem.map_gpu(&gpu)
+        } else {
+            // Unmapping needs no GPU: after a removal there is nothing left to unmap.
+            mem.unmap_gpu(args.gpu);
+            Ok(())
+        }
+    }
+
+    /// `RUVM_IOCTL_MEM_DMA_ADDRS` (privileged).
+    fn mem_dma_addrs(&self, user: UserSlice) -> Result {
+        cred::require_sys_admin()?;
+        let (mut reader, mut writer) = user.reader_writer();
+        let mut args: uapi::ruvm_mem_dma_addrs = reader.read()?;
+        if args.flags != 0 || !all_zero(&args.reserved) {
+            return Err(EINVAL);
+        }
+        let mem = self.mem(args.handle)?;
+        let room = usize::try_from(args.count).map_err(|_| EINVAL)?;
+        let addrs = mem.dma_addrs(args.gpu, args.first_chunk, room)?;
+        let bytes = addrs.len().checked_mul(8).ok_or(EOVERFLOW)?;
+        let ptr = usize::try_from(args.addrs).map_err(|_| EFAULT)?;
+        let mut out = UserSlice::new(UserPtr::from_addr(ptr), bytes).writer();
+        for a in addrs.iter() {
+            out.write(a)?;
+        }
+        args.count = addrs.len() as u64;
+        writer.write(&args)
     }
 
     /// `RUVM_IOCTL_MEM_FILL` and `RUVM_IOCTL_MEM_VERIFY`.

@@ -8,9 +8,16 @@
 //!
 //! Locking: one module-wide mutex (`bind::globals::GPUS`), a leaf: nothing else is taken under it.
 
-use kernel::prelude::*;
+use kernel::{
+    new_mutex,
+    prelude::*,
+    sync::{Arc, Mutex},
+};
 
-use crate::{bind::globals::GPUS, uapi};
+use crate::{
+    bind::{dma::DmaDevice, globals::GPUS},
+    uapi,
+};
 
 pub(crate) mod edu;
 
@@ -40,42 +47,91 @@ impl GpuInfo {
     }
 }
 
+/// A bound GPU, as mappings use it.
+///
+/// `alive` is held across every DMA mapping made for the GPU and by its removal, so that no
+/// mapping is made once removal has begun, and removal waits for one in flight. Lock order:
+/// a GPU's `alive`, then the mem registry, then a mem's state.
+#[pin_data]
+pub(crate) struct GpuDev {
+    pub(crate) id: u32,
+    pub(crate) dma: Arc<DmaDevice>,
+    /// The highest DMA address the GPU can use.
+    pub(crate) limit: u64,
+    #[pin]
+    pub(crate) alive: Mutex<bool>,
+}
+
 /// One registry entry.
 pub(crate) struct GpuEntry {
     id: u32,
     info: GpuInfo,
-    present: bool,
+    /// While bound.
+    dev: Option<Arc<GpuDev>>,
 }
 
 /// Adds a GPU that was just bound, or brings back the entry of the same PCI device; returns
-/// its id. `ENOSPC` when the registry is full.
-pub(crate) fn register(info: GpuInfo) -> Result<u32> {
+/// it. `ENOSPC` when the registry is full.
+pub(crate) fn register(info: GpuInfo, dma: DmaDevice) -> Result<Arc<GpuDev>> {
+    let dma = Arc::new(dma, GFP_KERNEL)?;
+    let limit = match info.dma_mask_bits {
+        64.. => u64::MAX,
+        bits => (1u64 << bits) - 1,
+    };
     let mut gpus = GPUS.lock();
-    if let Some(e) = gpus.iter_mut().find(|e| e.info.same_device(&info)) {
-        e.info = info;
-        e.present = true;
-        return Ok(e.id);
-    }
-    if gpus.len() >= MAX_GPUS {
-        return Err(ENOSPC);
-    }
-    let id = u32::try_from(gpus.len())?;
-    gpus.push(
-        GpuEntry {
+    let index = match gpus.iter().position(|e| e.info.same_device(&info)) {
+        Some(i) => i,
+        None => {
+            if gpus.len() >= MAX_GPUS {
+                return Err(ENOSPC);
+            }
+            let id = u32::try_from(gpus.len())?;
+            gpus.push(
+                GpuEntry {
+                    id,
+                    info,
+                    dev: None,
+                },
+                GFP_KERNEL,
+            )?;
+            gpus.len() - 1
+        }
+    };
+    let entry = gpus.get_mut(index).ok_or(EINVAL)?;
+    let id = entry.id;
+    let dev = Arc::pin_init(
+        try_pin_init!(GpuDev {
             id,
-            info,
-            present: true,
-        },
+            dma,
+            limit,
+            alive <- new_mutex!(true),
+        }),
         GFP_KERNEL,
     )?;
-    Ok(id)
+    entry.info = info;
+    entry.dev = Some(dev.clone());
+    Ok(dev)
 }
 
-/// Marks a GPU as gone (its driver unbound it).
-pub(crate) fn unregister(id: u32) {
-    if let Some(e) = GPUS.lock().iter_mut().find(|e| e.id == id) {
-        e.present = false;
+/// Removes a GPU that is being unbound: no new mapping can start, the mappings every mem has
+/// for it are dropped (while the device is still bound), and its entry stays, marked gone.
+pub(crate) fn unregister(dev: &GpuDev) {
+    let mut alive = dev.alive.lock();
+    *alive = false;
+    crate::mem::drop_gpu_tables(dev.id);
+    drop(alive);
+    if let Some(e) = GPUS.lock().iter_mut().find(|e| e.id == dev.id) {
+        e.dev = None;
     }
+}
+
+/// The bound GPU `id`, or `ENODEV` (no such GPU, or unbound).
+pub(crate) fn get(id: u32) -> Result<Arc<GpuDev>> {
+    GPUS.lock()
+        .iter()
+        .find(|e| e.id == id)
+        .and_then(|e| e.dev.clone())
+        .ok_or(ENODEV)
 }
 
 /// Every GPU of the registry, as `RUVM_IOCTL_GPU_LIST` reports them.
@@ -88,7 +144,7 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
             uapi::ruvm_gpu_info {
                 id: e.id,
                 kind: i.kind,
-                flags: if e.present {
+                flags: if e.dev.is_some() {
                     uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT
                 } else {
                     0

@@ -30,6 +30,7 @@ use kernel::{
 use crate::{
     audit::{self, Class, Counted, Usage, CLASSES},
     bind::{
+        dma::{ChunkSource, DmaTable},
         globals::MEM_REGISTRY,
         pages::{Chunk, ChunkFlags},
         task,
@@ -146,6 +147,20 @@ impl SysPages {
         self.chunks
             .get(i >> self.order)?
             .page(i & ((1 << self.order) - 1))
+    }
+}
+
+impl ChunkSource for SysPages {
+    fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    fn chunk_len(&self) -> usize {
+        PAGE_SIZE << self.order
+    }
+
+    fn chunk_page(&self, i: usize) -> Option<core::ptr::NonNull<kernel::bindings::page>> {
+        self.chunks.get(i)?.page_ptr(0)
     }
 }
 
@@ -276,6 +291,8 @@ struct MemState {
     /// The CPU kernel mapping; an `Arc` so that an operation in flight keeps it while another
     /// thread unmaps.
     kmap: Option<Arc<KernelMapping>>,
+    /// The DMA address table of each GPU the mem is mapped on, by GPU id.
+    gpus: KVec<(u32, DmaTable<SysPages>)>,
     /// Freed by its owner (or never had one): no handle, no new mappings.
     freed: bool,
 }
@@ -288,6 +305,7 @@ pub(crate) struct MemInfo {
     pub(crate) cpu_kernel: bool,
     pub(crate) user_mappings: u32,
     pub(crate) alloc_flags: u32,
+    pub(crate) mapped_gpus: u64,
 }
 
 impl Mem {
@@ -333,7 +351,11 @@ impl Mem {
                 mmap_offset,
                 pages: Arc::new(pages, GFP_KERNEL)?,
                 user_mappings: Atomic::new(0),
-                state <- new_mutex!(MemState { kmap: None, freed: false }),
+                state <- new_mutex!(MemState {
+                    kmap: None,
+                    gpus: KVec::new(),
+                    freed: false,
+                }),
                 origin,
                 _mems: Counted::new(Class::Mems, 1),
                 _bytes: Counted::new(Class::SysmemBytes, layout.physical_size),
@@ -376,6 +398,7 @@ impl Mem {
             cpu_kernel,
             user_mappings: self.user_mappings.load(Relaxed),
             alloc_flags: self.alloc_flags,
+            mapped_gpus: self.mapped_gpus(),
         }
     }
 
@@ -473,14 +496,68 @@ impl Mem {
         self.state.lock().freed = true;
     }
 
-    /// Marks the mem freed by its owner and drops its CPU kernel mapping. The caller then zaps
-    /// the user mappings and drops its reference.
+    /// Marks the mem freed by its owner, drops its CPU kernel mapping, then its DMA tables (uvm_mem's
+    /// order after the user mapping, which the caller zapped first). The chunks go with the last
+    /// reference.
     pub(crate) fn retire(&self) {
         let _old = {
             let mut st = self.state.lock();
             st.freed = true;
-            st.kmap.take()
+            let kmap = st.kmap.take();
+            let gpus = core::mem::replace(&mut st.gpus, KVec::new());
+            (kmap, gpus)
         };
+    }
+
+    /// Makes (if it has none yet) the mem's DMA address table for `gpu`. Idempotent.
+    pub(crate) fn map_gpu(&self, gpu: &crate::gpu::GpuDev) -> Result {
+        // Held across the mapping: the GPU cannot be removed meanwhile.
+        let alive = gpu.alive.lock();
+        if !*alive {
+            return Err(ENODEV);
+        }
+        let mut st = self.state.lock();
+        if st.freed {
+            return Err(ENOENT);
+        }
+        if st.gpus.iter().any(|(id, _)| *id == gpu.id) {
+            return Ok(());
+        }
+        let table = DmaTable::new(gpu.dma.clone(), self.pages.clone(), gpu.limit)?;
+        st.gpus.push((gpu.id, table), GFP_KERNEL)?;
+        Ok(())
+    }
+
+    /// Drops the mem's DMA address table for GPU `id`, unmapping it. Idempotent.
+    pub(crate) fn unmap_gpu(&self, id: u32) {
+        let _old = {
+            let mut st = self.state.lock();
+            let at = st.gpus.iter().position(|(g, _)| *g == id);
+            at.map(|i| st.gpus.remove(i))
+        };
+    }
+
+    /// Bit `n` set: the mem has a table for GPU `n`.
+    pub(crate) fn mapped_gpus(&self) -> u64 {
+        let st = self.state.lock();
+        st.gpus
+            .iter()
+            .fold(0, |m, (id, _)| m | 1u64.checked_shl(*id).unwrap_or(0))
+    }
+
+    /// The DMA addresses of chunks `first..` on GPU `id`, at most `max`; `ENXIO` if the mem is not
+    /// mapped on it.
+    pub(crate) fn dma_addrs(&self, id: u32, first: u64, max: usize) -> Result<KVVec<u64>> {
+        let st = self.state.lock();
+        let (_, table) = st.gpus.iter().find(|(g, _)| *g == id).ok_or(ENXIO)?;
+        let first = usize::try_from(first).map_err(|_| EINVAL)?;
+        let addrs = table.addrs().get(first..).ok_or(EINVAL)?;
+        let n = addrs.len().min(max);
+        let mut out = KVVec::with_capacity(n, GFP_KERNEL)?;
+        for a in addrs.iter().take(n) {
+            out.push(*a, GFP_KERNEL)?;
+        }
+        Ok(out)
     }
 
     /// Maps the whole mem into a VMA being created by `mmap`. The VMA must be shared, as long as
@@ -556,6 +633,11 @@ pub(crate) fn walk() -> [u64; CLASSES] {
             let st = core.state.lock();
             bump(Class::KernelMaps, u64::from(st.kmap.is_some()));
             bump(Class::Handles, u64::from(!st.freed));
+            for (_, table) in st.gpus.iter() {
+                let n = table.addrs().len() as u64;
+                bump(Class::DmaMappings, n);
+                bump(Class::DmaBytes, n * core.layout.chunk_size);
+            }
         }
     }
     for p in crate::bind::globals::UNLOAD.lock().planted.iter() {
@@ -573,6 +655,18 @@ pub(crate) fn walk() -> [u64; CLASSES] {
         }
     }
     v
+}
+
+/// Drops every mem's DMA table for GPU `id` (the GPU is being removed, still bound).
+pub(crate) fn drop_gpu_tables(id: u32) {
+    let registry = MEM_REGISTRY.lock();
+    for core in registry.iter().flat_map(|r| r.values()) {
+        let _old = {
+            let mut st = core.state.lock();
+            let at = st.gpus.iter().position(|(g, _)| *g == id);
+            at.map(|i| st.gpus.remove(i))
+        };
+    }
 }
 
 /// Logs one line per live mem with its origin (the level-2 unload report).

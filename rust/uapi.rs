@@ -50,5 +50,7 @@ plain_old_data!(
     ruvm_test_leak,
     ruvm_gpu_info,
     ruvm_gpu_list,
+    ruvm_mem_gpu,
+    ruvm_mem_dma_addrs,
     ruvm_test_plant,
 );

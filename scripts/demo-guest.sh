@@ -50,6 +50,13 @@ ruvmctl --fd 3 mmap-verify 2 --seed 1234 --length 4096
 ruvmctl --fd 3 query 1
 ruvmctl info | grep 'live mems'
 
+step "the 1M mem DMA-mapped for both GPUs: one address table per GPU (IOVAs: each GPU has its IOMMU domain)"
+ruvmctl --fd 3 map-gpu 2 0
+ruvmctl --fd 3 map-gpu 2 1
+ruvmctl --fd 3 query 2
+ruvmctl --fd 3 dma-addrs 2 0
+ruvmctl --fd 3 dma-addrs 2 1
+
 step "usage statistics (also in /sys/kernel/debug/ruvm/stats) and the audit's live counts"
 ruvmctl stats
 

@@ -11,9 +11,11 @@
 
 use kernel::{device::Core, pci, prelude::*};
 
+use kernel::sync::Arc;
+
 use crate::{
-    bind::dma,
-    gpu::{self, GpuInfo},
+    bind::dma::{self, DmaDevice},
+    gpu::{self, GpuDev, GpuInfo},
     uapi,
 };
 
@@ -26,14 +28,15 @@ const EDU_DMA_BITS: u32 = 28;
 /// The driver.
 pub(crate) struct EduDriver;
 
-/// A bound edu device: its registry id, given back when it is unbound.
+/// A bound edu device: its registry entry, unregistered when it is unbound (dropping its
+/// mappings while the device is still bound).
 pub(crate) struct EduGpu {
-    id: u32,
+    dev: Arc<GpuDev>,
 }
 
 impl Drop for EduGpu {
     fn drop(&mut self) {
-        gpu::unregister(self.id);
+        gpu::unregister(&self.dev);
     }
 }
 
@@ -68,17 +71,20 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
     pdev.set_master();
     dma::set_mask::<EDU_DMA_BITS>(pdev)?;
     let bdf = pdev.dev_id();
-    let id = gpu::register(GpuInfo {
-        kind: uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU,
-        vendor,
-        device,
-        domain: 0,
-        // CAST: `dev_id` is bus << 8 | devfn; each part is a byte.
-        bus: (bdf >> 8) as u8,
-        devfn: (bdf & 0xff) as u8,
-        dma_mask_bits: EDU_DMA_BITS,
-        page_sizes: gpu::TEST_PAGE_SIZES,
-    })?;
-    dev_info!(pdev, "test GPU {} (edu)\n", id);
-    Ok(EduGpu { id })
+    let dev = gpu::register(
+        GpuInfo {
+            kind: uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU,
+            vendor,
+            device,
+            domain: 0,
+            // CAST: `dev_id` is bus << 8 | devfn; each part is a byte.
+            bus: (bdf >> 8) as u8,
+            devfn: (bdf & 0xff) as u8,
+            dma_mask_bits: EDU_DMA_BITS,
+            page_sizes: gpu::TEST_PAGE_SIZES,
+        },
+        DmaDevice::new(pdev),
+    )?;
+    dev_info!(pdev, "test GPU {} (edu)\n", dev.id);
+    Ok(EduGpu { dev })
 }

@@ -66,7 +66,10 @@ struct ruvm_info {
 #define RUVM_FEATURE_AUDIT (1ULL << 1)
 /* The GPU registry: RUVM_IOCTL_GPU_LIST (test GPUs: QEMU edu devices bound by ruvm). */
 #define RUVM_FEATURE_GPU_LIST (1ULL << 2)
-#define RUVM_FEATURES_ALL (RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST)
+/* Per-GPU DMA address tables of sysmem mems: MEM_MAP_GPU, MEM_UNMAP_GPU, MEM_DMA_ADDRS. */
+#define RUVM_FEATURE_GPU_DMA (1ULL << 3)
+#define RUVM_FEATURES_ALL                                                                   \
+	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -150,6 +153,7 @@ enum ruvm_mapped {
  * @mapped:        (out) enum ruvm_mapped bits
  * @user_mappings: (out) how many user VMAs map it
  * @alloc_flags:   (out) the enum ruvm_alloc_flags it was allocated with
+ * @mapped_gpus:   (out) bit n set: the mem has a DMA address table for GPU n
  * @reserved:      (in)  must be 0
  */
 struct ruvm_mem_query {
@@ -164,7 +168,8 @@ struct ruvm_mem_query {
 	__u64 mapped;
 	__u32 user_mappings;
 	__u32 alloc_flags;
-	__u64 reserved[4];
+	__u64 mapped_gpus;
+	__u64 reserved[3];
 };
 
 /* ruvm_mem_fill.kind */
@@ -250,7 +255,10 @@ enum ruvm_audit_class {
 	 */
 	RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 = 5,
 	RUVM_AUDIT_SYSMEM_CHUNKS_MAX_ORDER = 10,
-	RUVM_AUDIT_CLASSES = 16,
+	RUVM_AUDIT_DMA_MAPPINGS = 16,	/* chunks DMA-mapped for a GPU (all GPUs) */
+	RUVM_AUDIT_DMA_BYTES = 17,	/* their bytes */
+	/* 18 to 23: reserved for later classes, always 0. */
+	RUVM_AUDIT_CLASSES = 24,
 };
 
 /* ruvm_audit.flags */
@@ -463,6 +471,48 @@ struct ruvm_gpu_list {
 	__u64 reserved[2];
 };
 
+/**
+ * struct ruvm_mem_gpu - a mem and a GPU (RUVM_IOCTL_MEM_MAP_GPU, RUVM_IOCTL_MEM_UNMAP_GPU)
+ *
+ * MAP_GPU DMA-maps every chunk of a sysmem mem for the GPU's device and keeps the addresses
+ * (GPU-relative) in the mem's table for that GPU; UNMAP_GPU unmaps them and drops the table.
+ * Both are idempotent.
+ *
+ * @handle:   (in) the mem
+ * @gpu:      (in) the GPU's id
+ * @flags:    (in) must be 0
+ * @reserved: (in) must be 0
+ */
+struct ruvm_mem_gpu {
+	__u64 handle;
+	__u32 gpu;
+	__u32 flags;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_mem_dma_addrs - a mem's DMA addresses for a GPU (RUVM_IOCTL_MEM_DMA_ADDRS)
+ *
+ * Privileged (CAP_SYS_ADMIN): bus addresses are not for everyone.
+ *
+ * @handle:      (in)     the mem
+ * @gpu:         (in)     the GPU's id
+ * @flags:       (in)     must be 0
+ * @first_chunk: (in)     the first chunk to report
+ * @count:       (in/out) in: room in @addrs; out: how many were written
+ * @addrs:       (in)     user pointer to __u64[count]: chunk i's GPU-relative DMA address
+ * @reserved:    (in)     must be 0
+ */
+struct ruvm_mem_dma_addrs {
+	__u64 handle;
+	__u32 gpu;
+	__u32 flags;
+	__u64 first_chunk;
+	__u64 count;
+	__u64 addrs;
+	__u64 reserved[2];
+};
+
 /* What RUVM_IOCTL_TEST_PLANT makes the module do. */
 enum ruvm_plant {
 	/* Hit a WARN_ON in the module: proves the test runner fails on kernel warnings. */
@@ -498,6 +548,9 @@ enum {
 	RUVM_IOCTL_MEM_VERIFY = _IOWR(RUVM_IOCTL_MAGIC, 0x07, struct ruvm_mem_fill),
 	RUVM_IOCTL_MEM_COPY = _IOWR(RUVM_IOCTL_MAGIC, 0x08, struct ruvm_mem_copy),
 	RUVM_IOCTL_GPU_LIST = _IOWR(RUVM_IOCTL_MAGIC, 0x20, struct ruvm_gpu_list),
+	RUVM_IOCTL_MEM_MAP_GPU = _IOWR(RUVM_IOCTL_MAGIC, 0x21, struct ruvm_mem_gpu),
+	RUVM_IOCTL_MEM_UNMAP_GPU = _IOWR(RUVM_IOCTL_MAGIC, 0x22, struct ruvm_mem_gpu),
+	RUVM_IOCTL_MEM_DMA_ADDRS = _IOWR(RUVM_IOCTL_MAGIC, 0x23, struct ruvm_mem_dma_addrs),
 	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =

@@ -58,6 +58,8 @@ ioctl_args!(
     uapi::ruvm_register_unload_state,
     uapi::ruvm_test_leak,
     uapi::ruvm_gpu_list,
+    uapi::ruvm_mem_gpu,
+    uapi::ruvm_mem_dma_addrs,
     uapi::ruvm_test_plant,
 );
 
@@ -215,6 +217,43 @@ impl Ruvm {
             ..Default::default()
         };
         self.ioctl(uapi::RUVM_IOCTL_GPU_LIST, &mut a)?;
+        v.truncate(a.count as usize);
+        Ok(v)
+    }
+
+    /// `RUVM_IOCTL_MEM_MAP_GPU` (`map`) or `RUVM_IOCTL_MEM_UNMAP_GPU`.
+    pub fn mem_gpu(&self, map: bool, handle: u64, gpu: u32) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_mem_gpu {
+            handle,
+            gpu,
+            ..Default::default()
+        };
+        let cmd = if map {
+            uapi::RUVM_IOCTL_MEM_MAP_GPU
+        } else {
+            uapi::RUVM_IOCTL_MEM_UNMAP_GPU
+        };
+        self.ioctl(cmd, &mut a)
+    }
+
+    /// `RUVM_IOCTL_MEM_DMA_ADDRS`: up to `max` addresses from chunk `first` on.
+    pub fn dma_addrs(
+        &self,
+        handle: u64,
+        gpu: u32,
+        first: u64,
+        max: usize,
+    ) -> Result<Vec<u64>, Errno> {
+        let mut v = vec![0u64; max];
+        let mut a = uapi::ruvm_mem_dma_addrs {
+            handle,
+            gpu,
+            first_chunk: first,
+            count: max as u64,
+            addrs: v.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_MEM_DMA_ADDRS, &mut a)?;
         v.truncate(a.count as usize);
         Ok(v)
     }
@@ -426,13 +465,15 @@ mod tests {
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_query>(), 104);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_fill>(), 72);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_copy>(), 64);
-        assert_eq!(std::mem::size_of::<uapi::ruvm_audit>(), 304);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_audit>(), 432);
         assert_eq!(std::mem::size_of::<uapi::ruvm_stats>(), 128);
-        assert_eq!(std::mem::size_of::<uapi::ruvm_unload_state>(), 136);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_unload_state>(), 200);
         assert_eq!(std::mem::size_of::<uapi::ruvm_register_unload_state>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_leak>(), 48);
         assert_eq!(std::mem::size_of::<uapi::ruvm_gpu_info>(), 56);
         assert_eq!(std::mem::size_of::<uapi::ruvm_gpu_list>(), 32);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_mem_gpu>(), 32);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_mem_dma_addrs>(), 56);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_plant>(), 24);
         assert_eq!(std::mem::align_of::<uapi::ruvm_info>(), 8);
     }

@@ -132,6 +132,17 @@ enum Cmd {
     },
     /// The GPUs ruvm knows (RUVM_IOCTL_GPU_LIST).
     Gpus(Json),
+    /// DMA-map every chunk of a mem for a GPU (RUVM_IOCTL_MEM_MAP_GPU); idempotent.
+    MapGpu { handle: u64, gpu: u32 },
+    /// Drop a mem's DMA table for a GPU (RUVM_IOCTL_MEM_UNMAP_GPU); idempotent.
+    UnmapGpu { handle: u64, gpu: u32 },
+    /// A mem's DMA addresses for a GPU, one per chunk (RUVM_IOCTL_MEM_DMA_ADDRS; root only).
+    DmaAddrs {
+        handle: u64,
+        gpu: u32,
+        #[command(flatten)]
+        json: Json,
+    },
     /// Usage statistics (RUVM_IOCTL_STATS) and the audit's live counts (RUVM_IOCTL_AUDIT).
     Stats {
         #[command(flatten)]
@@ -254,6 +265,9 @@ fn feature_names(bits: u64) -> Vec<&'static str> {
     if bits & u64::from(uapi::RUVM_FEATURE_GPU_LIST) != 0 {
         v.push("gpu-list");
     }
+    if bits & u64::from(uapi::RUVM_FEATURE_GPU_DMA) != 0 {
+        v.push("gpu-dma");
+    }
     v
 }
 
@@ -329,6 +343,7 @@ struct MemOut {
     cpu_kernel_mapped: bool,
     cpu_user_mapped: bool,
     user_mappings: u32,
+    mapped_gpus: Vec<u32>,
     zeroed: bool,
     fallback: bool,
 }
@@ -345,6 +360,9 @@ fn mem_out(q: &uapi::ruvm_mem_query) -> MemOut {
         cpu_kernel_mapped: q.mapped & u64::from(uapi::ruvm_mapped_RUVM_MAPPED_CPU_KERNEL) != 0,
         cpu_user_mapped: q.mapped & u64::from(uapi::ruvm_mapped_RUVM_MAPPED_CPU_USER) != 0,
         user_mappings: q.user_mappings,
+        mapped_gpus: (0..64)
+            .filter(|b| q.mapped_gpus & (1u64 << b) != 0)
+            .collect(),
         zeroed: q.alloc_flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO != 0,
         fallback: q.alloc_flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK != 0,
     }
@@ -368,6 +386,9 @@ fn show_mem(q: &uapi::ruvm_mem_query, json: bool) -> CliResult {
     let mut maps = Vec::new();
     if m.cpu_kernel_mapped {
         maps.push("cpu-kernel".to_owned());
+    }
+    for g in &m.mapped_gpus {
+        maps.push(format!("gpu {g} (DMA)"));
     }
     if m.cpu_user_mapped {
         maps.push(format!(
@@ -506,8 +527,16 @@ fn class_name(i: usize) -> String {
         "user_mappings",
     ];
     let o = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 as usize;
-    BASE.get(i)
-        .map_or_else(|| format!("sysmem_chunks_o{}", i - o), |s| (*s).to_owned())
+    let max = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_CHUNKS_MAX_ORDER as usize;
+    match i {
+        _ if i < BASE.len() => BASE[i].to_owned(),
+        _ if (o..=o + max).contains(&i) => format!("sysmem_chunks_o{}", i - o),
+        _ if i == uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize => {
+            "dma_mappings".to_owned()
+        }
+        _ if i == uapi::ruvm_audit_class_RUVM_AUDIT_DMA_BYTES as usize => "dma_bytes".to_owned(),
+        _ => format!("reserved_{i}"),
+    }
 }
 
 #[derive(Serialize)]
@@ -890,6 +919,35 @@ fn run(cli: Cli) -> CliResult {
             json,
         } => mmap_fill(&d()?, handle, &range, true, json.json),
         Cmd::Gpus(j) => gpus(&d()?, j.json),
+        Cmd::MapGpu { handle, gpu } => d()?
+            .mem_gpu(true, handle, gpu)
+            .map_err(ioctl_err("RUVM_IOCTL_MEM_MAP_GPU")),
+        Cmd::UnmapGpu { handle, gpu } => d()?
+            .mem_gpu(false, handle, gpu)
+            .map_err(ioctl_err("RUVM_IOCTL_MEM_UNMAP_GPU")),
+        Cmd::DmaAddrs { handle, gpu, json } => {
+            let dev = d()?;
+            let q = dev
+                .mem_query(handle)
+                .map_err(ioctl_err("RUVM_IOCTL_MEM_QUERY"))?;
+            let addrs = dev
+                .dma_addrs(handle, gpu, 0, q.chunk_count as usize)
+                .map_err(ioctl_err("RUVM_IOCTL_MEM_DMA_ADDRS"))?;
+            if json.json {
+                return print_json(
+                    &serde_json::json!({ "handle": handle, "gpu": gpu, "chunk_size": q.chunk_size, "addrs": addrs }),
+                );
+            }
+            println!(
+                "mem {handle} on GPU {gpu}: {} chunks of {}",
+                addrs.len(),
+                show_size(q.chunk_size)
+            );
+            for (i, a) in addrs.iter().enumerate() {
+                println!("  chunk {i:>5}  {a:#014x}");
+            }
+            Ok(())
+        }
         Cmd::Stats {
             json,
             reset_peaks,
@@ -983,5 +1041,21 @@ fn main() -> ExitCode {
             eprintln!("ruvmctl: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::class_name;
+
+    #[test]
+    fn class_names_match_the_module() {
+        assert_eq!(class_name(0), "mems");
+        assert_eq!(class_name(4), "user_mappings");
+        assert_eq!(class_name(5), "sysmem_chunks_o0");
+        assert_eq!(class_name(15), "sysmem_chunks_o10");
+        assert_eq!(class_name(16), "dma_mappings");
+        assert_eq!(class_name(17), "dma_bytes");
+        assert_eq!(class_name(23), "reserved_23");
     }
 }

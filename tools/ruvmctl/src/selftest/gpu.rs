@@ -5,7 +5,9 @@
 
 use nix::errno::Errno;
 
-use super::{check, expect_errno, Case, Context, Stop, TestResult};
+use nix::unistd::{setuid, Uid};
+
+use super::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use crate::{dev::Ruvm, uapi};
 
 pub fn cases() -> Vec<Case> {
@@ -21,6 +23,22 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "gpu_list_bad_inputs",
             run: gpu_list_bad_inputs,
+        },
+        Case {
+            name: "gpu_dma_map_is_idempotent_and_in_the_window",
+            run: gpu_dma_map_is_idempotent_and_in_the_window,
+        },
+        Case {
+            name: "gpu_dma_bad_inputs",
+            run: gpu_dma_bad_inputs,
+        },
+        Case {
+            name: "gpu_dma_free_while_mapped_everywhere",
+            run: gpu_dma_free_while_mapped_everywhere,
+        },
+        Case {
+            name: "gpu_dma_unbind_while_mapped",
+            run: gpu_dma_unbind_while_mapped,
         },
     ]
 }
@@ -230,4 +248,293 @@ fn gpu_list_bad_inputs() -> TestResult {
         Errno::EFAULT,
         "array at an unmapped address",
     )
+}
+
+const DMA_MAPPINGS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize;
+const DMA_BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_BYTES as usize;
+
+/// The ids of the bound GPUs; skips the case without any.
+fn bound_gpus(d: &Ruvm) -> Result<Vec<u32>, Stop> {
+    let ids: Vec<u32> = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .iter()
+        .filter(|g| present(g))
+        .map(|g| g.id)
+        .collect();
+    if ids.is_empty() {
+        return Err(Stop::Skip("no GPU bound".into()));
+    }
+    Ok(ids)
+}
+
+fn dma_live(d: &Ruvm) -> Result<(u64, u64), Stop> {
+    let a = d.audit(false).ctx("AUDIT")?;
+    Ok((a.live[DMA_MAPPINGS], a.live[DMA_BYTES]))
+}
+
+fn gpu_dma_map_is_idempotent_and_in_the_window() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = bound_gpus(&d)?;
+    let before = dma_live(&d)?;
+    for ps in [0u64, 64 << 10, 2 << 20] {
+        let a = d.mem_alloc((5 << 20) + 3, ps, 0).ctx("alloc")?;
+        let never = d.mem_alloc(4096, 0, 0).ctx("alloc")?.handle;
+        for &g in &gpus {
+            d.mem_gpu(false, never, g)
+                .ctx("unmap of a never-mapped mem")?;
+        }
+        let mut all = 0u64;
+        for &g in &gpus {
+            d.mem_gpu(true, a.handle, g).ctx("map")?;
+            d.mem_gpu(true, a.handle, g).ctx("map again")?;
+            all |= 1 << g;
+            let q = d.mem_query(a.handle).ctx("query")?;
+            check!(
+                q.mapped_gpus == all,
+                "mapped_gpus {:#x}, wanted {all:#x}",
+                q.mapped_gpus
+            );
+            let addrs = d.dma_addrs(a.handle, g, 0, 10_000).ctx("dma addrs")?;
+            check!(
+                addrs.len() as u64 == a.chunk_count,
+                "{} addresses for {} chunks",
+                addrs.len(),
+                a.chunk_count
+            );
+            let limit = (1u64 << 28) - 1;
+            for (i, &x) in addrs.iter().enumerate() {
+                check!(
+                    x.checked_add(a.chunk_size - 1).is_some_and(|e| e <= limit),
+                    "chunk {i} at {x:#x} is outside the 28-bit window"
+                );
+            }
+            let mut sorted = addrs.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            check!(
+                sorted.len() == addrs.len(),
+                "two chunks share a DMA address on GPU {g}"
+            );
+            // A window of the table, from a later chunk.
+            let tail = d
+                .dma_addrs(a.handle, g, 1, 2)
+                .ctx("dma addrs from chunk 1")?;
+            check!(
+                tail.as_slice() == &addrs[1..3.min(addrs.len())],
+                "chunks 1.. read {tail:x?}, table {addrs:x?}"
+            );
+        }
+        let during = dma_live(&d)?;
+        let n = gpus.len() as u64 * a.chunk_count;
+        check!(
+            during == (before.0 + n, before.1 + n * a.chunk_size),
+            "audit dma counts {during:?}, wanted +{n} mappings"
+        );
+        for &g in &gpus {
+            d.mem_gpu(false, a.handle, g).ctx("unmap")?;
+            d.mem_gpu(false, a.handle, g).ctx("unmap again")?;
+            all &= !(1 << g);
+            check!(
+                d.mem_query(a.handle).ctx("query")?.mapped_gpus == all,
+                "still mapped on GPU {g} after unmap"
+            );
+        }
+        check!(
+            dma_live(&d)? == before,
+            "DMA mappings left after unmapping: {:?}",
+            dma_live(&d)?
+        );
+        d.mem_free(a.handle).ctx("free")?;
+        d.mem_free(never).ctx("free")?;
+    }
+    Ok(())
+}
+
+fn gpu_dma_bad_inputs() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = bound_gpus(&d)?;
+    let g = gpus[0];
+    let h = d.mem_alloc(3 << 20, 0, 0).ctx("alloc")?.handle;
+    expect_errno(
+        d.mem_gpu(true, h, 99),
+        Errno::ENODEV,
+        "map on an unknown GPU",
+    )?;
+    expect_errno(
+        d.mem_gpu(true, h, u32::MAX),
+        Errno::ENODEV,
+        "map on GPU u32::MAX",
+    )?;
+    expect_errno(
+        d.mem_gpu(true, u64::MAX, g),
+        Errno::ENOENT,
+        "map of an unknown handle",
+    )?;
+    expect_errno(
+        d.dma_addrs(h, g, 0, 4),
+        Errno::ENXIO,
+        "addresses of a mem not mapped on the GPU",
+    )?;
+    let mut m = uapi::ruvm_mem_gpu {
+        handle: h,
+        gpu: g,
+        flags: 1,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_MEM_MAP_GPU, &mut m),
+        Errno::EINVAL,
+        "map flags",
+    )?;
+    let mut m = uapi::ruvm_mem_gpu {
+        handle: h,
+        gpu: g,
+        ..Default::default()
+    };
+    m.reserved[1] = 1;
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_MEM_UNMAP_GPU, &mut m),
+        Errno::EINVAL,
+        "unmap reserved",
+    )?;
+    d.mem_gpu(true, h, g).ctx("map")?;
+    let chunks = d.mem_query(h).ctx("query")?.chunk_count;
+    expect_errno(
+        d.dma_addrs(h, g, chunks + 1, 4),
+        Errno::EINVAL,
+        "first chunk past the end",
+    )?;
+    check!(
+        d.dma_addrs(h, g, chunks, 4)
+            .ctx("first chunk at the end")?
+            .is_empty(),
+        "addresses past the last chunk"
+    );
+    let mut a = uapi::ruvm_mem_dma_addrs {
+        handle: h,
+        gpu: g,
+        count: 4,
+        addrs: 8,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_MEM_DMA_ADDRS, &mut a),
+        Errno::EFAULT,
+        "array at an unmapped address",
+    )?;
+    let mut a = uapi::ruvm_mem_dma_addrs {
+        handle: h,
+        gpu: g,
+        flags: 2,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_MEM_DMA_ADDRS, &mut a),
+        Errno::EINVAL,
+        "addrs flags",
+    )?;
+    // Bus addresses are not for everyone.
+    child_checks(
+        "an unprivileged read of DMA addresses was not refused with EPERM",
+        || {
+            setuid(Uid::from_raw(65534)).is_ok()
+                && d.dma_addrs(h, g, 0, 4).err() == Some(Errno::EPERM)
+        },
+    )?;
+    // Another file's mem is not this file's.
+    let other = Ruvm::open().ctx("open")?;
+    expect_errno(
+        other.mem_gpu(true, h, g),
+        Errno::ENOENT,
+        "map of another file's mem",
+    )?;
+    d.mem_free(h).ctx("free")?;
+    expect_errno(d.mem_gpu(true, h, g), Errno::ENOENT, "map after free")
+}
+
+fn gpu_dma_free_while_mapped_everywhere() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = bound_gpus(&d)?;
+    let before = dma_live(&d)?;
+    let h = d.mem_alloc(7 << 20, 2 << 20, 0).ctx("alloc")?.handle;
+    d.map_kernel(h).ctx("map kernel")?;
+    for &g in &gpus {
+        d.mem_gpu(true, h, g).ctx("map")?;
+    }
+    check!(
+        dma_live(&d)?.0 == before.0 + 4 * gpus.len() as u64,
+        "mappings not counted"
+    );
+    d.mem_free(h).ctx("free while mapped on every GPU")?;
+    check!(
+        dma_live(&d)? == before,
+        "DMA mappings left after free: {:?}",
+        dma_live(&d)?
+    );
+    Ok(())
+}
+
+fn gpu_dma_unbind_while_mapped() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = d.gpus().ctx("GPU_LIST")?;
+    let bound: Vec<&uapi::ruvm_gpu_info> = gpus.iter().filter(|g| present(g)).collect();
+    if bound.len() < 2 {
+        return Err(Stop::Skip("needs two bound GPUs".into()));
+    }
+    let (g0, g1) = (bound[0].id, bound[1].id);
+    let name = pci_name(bound[0]);
+    let before = dma_live(&d)?;
+    let a = d.mem_alloc(3 << 20, 64 << 10, 0).ctx("alloc")?;
+    d.mem_gpu(true, a.handle, g0).ctx("map on GPU 0")?;
+    d.mem_gpu(true, a.handle, g1).ctx("map on GPU 1")?;
+    let table1 = d.dma_addrs(a.handle, g1, 0, 1000).ctx("addrs on GPU 1")?;
+    std::fs::write(format!("{DRIVER}/unbind"), &name).ctx("unbind")?;
+    let after = (|| -> TestResult {
+        let q = d.mem_query(a.handle).ctx("query")?;
+        check!(
+            q.mapped_gpus == 1 << g1,
+            "after unbind, mapped_gpus {:#x}",
+            q.mapped_gpus
+        );
+        check!(
+            dma_live(&d)?.0 == before.0 + a.chunk_count,
+            "the removed GPU's mappings are still counted"
+        );
+        expect_errno(
+            d.mem_gpu(true, a.handle, g0),
+            Errno::ENODEV,
+            "map on the removed GPU",
+        )?;
+        d.mem_gpu(false, a.handle, g0)
+            .ctx("unmap on the removed GPU")?;
+        // The mem is still good, for the CPU and the other GPU.
+        check!(
+            d.dma_addrs(a.handle, g1, 0, 1000).ctx("addrs on GPU 1")? == table1,
+            "GPU 1's table changed"
+        );
+        d.map_kernel(a.handle).ctx("map kernel")?;
+        let f = uapi::ruvm_mem_fill {
+            handle: a.handle,
+            length: 3 << 20,
+            seed: 5,
+            ..Default::default()
+        };
+        d.mem_fill(false, f).ctx("fill")?;
+        let r = d.mem_fill(true, f).ctx("verify")?;
+        check!(r.mismatches == 0, "data changed");
+        Ok(())
+    })();
+    let rebind = std::fs::write(format!("{DRIVER}/bind"), &name).ctx("bind");
+    after?;
+    rebind?;
+    d.mem_gpu(true, a.handle, g0)
+        .ctx("map on the rebound GPU")?;
+    d.mem_free(a.handle).ctx("free")?;
+    check!(
+        dma_live(&d)? == before,
+        "DMA mappings left: {:?}",
+        dma_live(&d)?
+    );
+    Ok(())
 }

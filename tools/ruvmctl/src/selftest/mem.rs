@@ -609,7 +609,7 @@ fn mem_handle_bad_inputs() -> TestResult {
         handle: h,
         ..Default::default()
     };
-    q.reserved[3] = 1;
+    q.reserved[2] = 1;
     expect_errno(
         d.ioctl(uapi::RUVM_IOCTL_MEM_QUERY, &mut q),
         Errno::EINVAL,
