@@ -95,11 +95,13 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_MAP_GPU => me.mem_map_gpu(user, true)?,
             uapi::RUVM_IOCTL_MEM_UNMAP_GPU => me.mem_map_gpu(user, false)?,
             uapi::RUVM_IOCTL_MEM_DMA_ADDRS => me.mem_dma_addrs(user)?,
+            uapi::RUVM_IOCTL_CE_COPY => me.ce_copy(user)?,
             uapi::RUVM_IOCTL_AUDIT => audit_ioctl(user)?,
             uapi::RUVM_IOCTL_STATS => stats(user)?,
             uapi::RUVM_IOCTL_REGISTER_UNLOAD_STATE => register_unload_state(user)?,
             uapi::RUVM_IOCTL_TEST_PLANT => test_plant(user)?,
             uapi::RUVM_IOCTL_TEST_LEAK => test_leak(user)?,
+            uapi::RUVM_IOCTL_TEST_CE_RAW => test_ce_raw(user)?,
             _ => return Err(ENOTTY),
         }
         Ok(0)
@@ -252,6 +254,25 @@ impl RuvmFile {
             mem.unmap_gpu(args.gpu);
             Ok(())
         }
+    }
+
+    /// `RUVM_IOCTL_CE_COPY`.
+    fn ce_copy(&self, user: UserSlice) -> Result {
+        let args: uapi::ruvm_ce_copy = user.reader().read()?;
+        if args.flags != 0 || !all_zero(&args.reserved) {
+            return Err(EINVAL);
+        }
+        let dst = self.mem(args.dst_handle)?;
+        let src = self.mem(args.src_handle)?;
+        let gpu = crate::gpu::get(args.gpu)?;
+        Mem::ce_copy(
+            &gpu,
+            &dst,
+            args.dst_offset,
+            &src,
+            args.src_offset,
+            args.length,
+        )
     }
 
     /// `RUVM_IOCTL_MEM_DMA_ADDRS` (privileged).
@@ -473,6 +494,28 @@ fn test_leak(user: UserSlice) -> Result {
         args.count,
         lost
     );
+    Ok(())
+}
+
+/// `RUVM_IOCTL_TEST_CE_RAW`: one engine transfer at a raw address, bypassing every table.
+fn test_ce_raw(user: UserSlice) -> Result {
+    if !crate::test_ioctls_enabled() {
+        return Err(enosys());
+    }
+    cred::require_sys_admin()?;
+    let args: uapi::ruvm_test_ce_raw = user.reader().read()?;
+    if args.flags != 0 || !all_zero(&args.reserved) {
+        return Err(EINVAL);
+    }
+    let gpu = crate::gpu::get(args.gpu)?;
+    let engine = gpu.engine.as_ref().ok_or(ENODEV)?;
+    let alive = gpu.alive.lock();
+    if !*alive {
+        return Err(ENODEV);
+    }
+    let len = usize::try_from(args.len).map_err(|_| EINVAL)?;
+    engine.read_into_device(args.src, len)?;
+    drop(alive);
     Ok(())
 }
 

@@ -58,6 +58,8 @@ pub(crate) struct GpuDev {
     pub(crate) dma: Arc<DmaDevice>,
     /// The highest DMA address the GPU can use.
     pub(crate) limit: u64,
+    /// Its copy engine.
+    pub(crate) engine: Option<edu::EduEngine>,
     #[pin]
     pub(crate) alive: Mutex<bool>,
 }
@@ -72,7 +74,11 @@ pub(crate) struct GpuEntry {
 
 /// Adds a GPU that was just bound, or brings back the entry of the same PCI device; returns
 /// it. `ENOSPC` when the registry is full.
-pub(crate) fn register(info: GpuInfo, dma: DmaDevice) -> Result<Arc<GpuDev>> {
+pub(crate) fn register(
+    info: GpuInfo,
+    dma: DmaDevice,
+    engine: Option<edu::EduEngine>,
+) -> Result<Arc<GpuDev>> {
     let dma = Arc::new(dma, GFP_KERNEL)?;
     let limit = match info.dma_mask_bits {
         64.. => u64::MAX,
@@ -104,6 +110,7 @@ pub(crate) fn register(info: GpuInfo, dma: DmaDevice) -> Result<Arc<GpuDev>> {
             id,
             dma,
             limit,
+            engine,
             alive <- new_mutex!(true),
         }),
         GFP_KERNEL,

@@ -291,8 +291,9 @@ struct MemState {
     /// The CPU kernel mapping; an `Arc` so that an operation in flight keeps it while another
     /// thread unmaps.
     kmap: Option<Arc<KernelMapping>>,
-    /// The DMA address table of each GPU the mem is mapped on, by GPU id.
-    gpus: KVec<(u32, DmaTable<SysPages>)>,
+    /// The DMA address table of each GPU the mem is mapped on, by GPU id. An `Arc`, so that a
+    /// copy in flight keeps its table while another thread unmaps.
+    gpus: KVec<(u32, Arc<DmaTable<SysPages>>)>,
     /// Freed by its owner (or never had one): no handle, no new mappings.
     freed: bool,
 }
@@ -524,7 +525,8 @@ impl Mem {
             return Ok(());
         }
         let table = DmaTable::new(gpu.dma.clone(), self.pages.clone(), gpu.limit)?;
-        st.gpus.push((gpu.id, table), GFP_KERNEL)?;
+        st.gpus
+            .push((gpu.id, Arc::new(table, GFP_KERNEL)?), GFP_KERNEL)?;
         Ok(())
     }
 
@@ -535,6 +537,53 @@ impl Mem {
             let at = st.gpus.iter().position(|(g, _)| *g == id);
             at.map(|i| st.gpus.remove(i))
         };
+    }
+
+    /// The mem's DMA table for GPU `id`, or `ENXIO`.
+    fn gpu_table(&self, id: u32) -> Result<Arc<DmaTable<SysPages>>> {
+        let st = self.state.lock();
+        st.gpus
+            .iter()
+            .find(|(g, _)| *g == id)
+            .map(|(_, t)| t.clone())
+            .ok_or(ENXIO)
+    }
+
+    /// Copies `len` bytes from `src` to `dst` with `gpu`'s copy engine, addressing both only
+    /// through their DMA tables for that GPU. The GPU cannot be removed meanwhile.
+    pub(crate) fn ce_copy(
+        gpu: &crate::gpu::GpuDev,
+        dst: &Mem,
+        dst_offset: u64,
+        src: &Mem,
+        src_offset: u64,
+        len: u64,
+    ) -> Result {
+        let engine = gpu.engine.as_ref().ok_or(ENODEV)?;
+        let alive = gpu.alive.lock();
+        if !*alive {
+            return Err(ENODEV);
+        }
+        let (dst_offset, len) = dst.range(dst_offset, len)?;
+        let (src_offset, _) = src.range(src_offset, len as u64)?;
+        let (dt, st) = (dst.gpu_table(gpu.id)?, src.gpu_table(gpu.id)?);
+        let dc = usize::try_from(dst.layout.chunk_size)?;
+        let sc = usize::try_from(src.layout.chunk_size)?;
+        let mut done = 0;
+        while done < len {
+            let (s, d) = (src_offset + done, dst_offset + done);
+            // A piece stays inside one chunk of each mem: chunks are contiguous only inside.
+            let piece = (len - done)
+                .min(crate::gpu::edu::EduEngine::MAX_PIECE)
+                .min(sc - s % sc)
+                .min(dc - d % dc);
+            let s_addr = st.addrs().get(s / sc).ok_or(EINVAL)? + (s % sc) as u64;
+            let d_addr = dt.addrs().get(d / dc).ok_or(EINVAL)? + (d % dc) as u64;
+            engine.copy(d_addr, s_addr, piece)?;
+            done += piece;
+        }
+        drop(alive);
+        Ok(())
     }
 
     /// Bit `n` set: the mem has a table for GPU `n`.

@@ -52,5 +52,7 @@ plain_old_data!(
     ruvm_gpu_list,
     ruvm_mem_gpu,
     ruvm_mem_dma_addrs,
+    ruvm_ce_copy,
+    ruvm_test_ce_raw,
     ruvm_test_plant,
 );

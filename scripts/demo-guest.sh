@@ -57,6 +57,18 @@ ruvmctl --fd 3 query 2
 ruvmctl --fd 3 dma-addrs 2 0
 ruvmctl --fd 3 dma-addrs 2 1
 
+step "each GPU's copy engine (edu's DMA engine) copies through its own table: sysmem -> sysmem"
+ruvmctl --fd 3 alloc 1M --zero
+ruvmctl --fd 3 map-gpu 3 0
+ruvmctl --fd 3 map-gpu 3 1
+ruvmctl --fd 3 ce-copy 0 3 2 --length 4095
+ruvmctl --fd 3 ce-copy 1 3 2 --length 4095 --dst-offset 8192 --src-offset 8192
+ruvmctl --fd 3 map-kernel 3
+ruvmctl --fd 3 verify 3 --seed 1234 --length 4095
+ruvmctl --fd 3 verify 3 --seed 1234 --offset 8192 --length 4095
+ruvmctl --fd 3 verify 3 --byte 0 --offset 4095 --length 4097
+ruvmctl --fd 3 free 3
+
 step "usage statistics (also in /sys/kernel/debug/ruvm/stats) and the audit's live counts"
 ruvmctl stats
 

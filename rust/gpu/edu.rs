@@ -9,9 +9,15 @@
 //! The 7.2 `pci::Vendor` has no constant for QEMU's 0x1234 and no public constructor, so the
 //! driver matches edu's class code (0x00ff00) and checks the ids in `probe`.
 
-use kernel::{device::Core, pci, prelude::*};
-
-use kernel::sync::Arc;
+use kernel::{
+    device::Core,
+    devres::Devres,
+    io::Io,
+    pci,
+    prelude::*,
+    sync::Arc,
+    time::{delay::fsleep, Delta, Instant, Monotonic},
+};
 
 use crate::{
     bind::dma::{self, DmaDevice},
@@ -24,6 +30,80 @@ const EDU_DEVICE: u16 = 0x11e8;
 const EDU_CLASS: u32 = 0x00ff00;
 /// The width of edu's DMA addresses (QEMU's default for the device).
 const EDU_DMA_BITS: u32 = 28;
+
+/// The part of BAR 0 the engine uses.
+const EDU_BAR_SIZE: usize = 0x100;
+const REG_DMA_SRC: usize = 0x80;
+const REG_DMA_DST: usize = 0x88;
+const REG_DMA_COUNT: usize = 0x90;
+const REG_DMA_CMD: usize = 0x98;
+/// Command bits: start (cleared by the device when done), and direction device -> memory.
+const CMD_START: u32 = 1 << 0;
+const CMD_TO_MEMORY: u32 = 1 << 1;
+/// The device's own buffer, in its DMA address space, and the largest transfer: QEMU 7.2's edu
+/// aborts on a transfer of the whole 4096-byte buffer.
+const EDU_BUFFER: u64 = 0x40000;
+const EDU_MAX_TRANSFER: usize = 4095;
+/// How long a transfer may take (edu completes each on a 100 ms timer).
+const TRANSFER_TIMEOUT_MS: i64 = 5000;
+
+/// edu's DMA engine: the test GPU's copy engine. Access to its registers is revoked when the
+/// device is unbound (`Devres`).
+pub(crate) struct EduEngine {
+    bar: Devres<pci::Bar<'static, EDU_BAR_SIZE>>,
+}
+
+impl EduEngine {
+    /// The largest piece [`Self::copy`] moves.
+    pub(crate) const MAX_PIECE: usize = EDU_MAX_TRANSFER;
+
+    fn write(&self, value: u32, offset: usize) -> Result {
+        self.bar
+            .try_access_with(|bar| bar.try_write32(value, offset))
+            .ok_or(ENODEV)?
+    }
+
+    fn read(&self, offset: usize) -> Result<u32> {
+        self.bar
+            .try_access_with(|bar| bar.try_read32(offset))
+            .ok_or(ENODEV)?
+    }
+
+    /// One transfer of `len` bytes, waiting for it to finish.
+    fn transfer(&self, src: u64, dst: u64, len: usize, to_memory: bool) -> Result {
+        if len == 0 || len > EDU_MAX_TRANSFER {
+            return Err(EINVAL);
+        }
+        // edu addresses 28 bits: the low 32 bits are the whole address.
+        let (src, dst) = (u32::try_from(src)?, u32::try_from(dst)?);
+        self.write(src, REG_DMA_SRC)?;
+        self.write(dst, REG_DMA_DST)?;
+        self.write(u32::try_from(len)?, REG_DMA_COUNT)?;
+        let dir = if to_memory { CMD_TO_MEMORY } else { 0 };
+        self.write(CMD_START | dir, REG_DMA_CMD)?;
+        let start = Instant::<Monotonic>::now();
+        while self.read(REG_DMA_CMD)? & CMD_START != 0 {
+            if start.elapsed() > Delta::from_millis(TRANSFER_TIMEOUT_MS) {
+                return Err(ETIMEDOUT);
+            }
+            fsleep(Delta::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes at DMA address `src` into the device's buffer: the first half of a copy,
+    /// alone (for tests that aim the engine at an address on purpose).
+    pub(crate) fn read_into_device(&self, src: u64, len: usize) -> Result {
+        self.transfer(src, EDU_BUFFER, len, false)
+    }
+
+    /// Copies `len` bytes (at most [`Self::MAX_PIECE`]) from DMA address `src` to `dst`, through
+    /// the device's buffer: memory -> device, then device -> memory.
+    pub(crate) fn copy(&self, dst: u64, src: u64, len: usize) -> Result {
+        self.transfer(src, EDU_BUFFER, len, false)?;
+        self.transfer(EDU_BUFFER, dst, len, true)
+    }
+}
 
 /// The driver.
 pub(crate) struct EduDriver;
@@ -70,6 +150,11 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
     pdev.enable_device_mem()?;
     pdev.set_master();
     dma::set_mask::<EDU_DMA_BITS>(pdev)?;
+    let engine = EduEngine {
+        bar: pdev
+            .iomap_region_sized::<EDU_BAR_SIZE>(0, c"ruvm-edu")?
+            .into_devres()?,
+    };
     let bdf = pdev.dev_id();
     let dev = gpu::register(
         GpuInfo {
@@ -84,6 +169,7 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
             page_sizes: gpu::TEST_PAGE_SIZES,
         },
         DmaDevice::new(pdev),
+        Some(engine),
     )?;
     dev_info!(pdev, "test GPU {} (edu)\n", dev.id);
     Ok(EduGpu { dev })

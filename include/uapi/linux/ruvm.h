@@ -68,8 +68,11 @@ struct ruvm_info {
 #define RUVM_FEATURE_GPU_LIST (1ULL << 2)
 /* Per-GPU DMA address tables of sysmem mems: MEM_MAP_GPU, MEM_UNMAP_GPU, MEM_DMA_ADDRS. */
 #define RUVM_FEATURE_GPU_DMA (1ULL << 3)
+/* Copies by a GPU's copy engine through its DMA tables: RUVM_IOCTL_CE_COPY. */
+#define RUVM_FEATURE_CE_COPY (1ULL << 4)
 #define RUVM_FEATURES_ALL                                                                   \
-	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA)
+	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
+	 RUVM_FEATURE_CE_COPY)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -513,6 +516,56 @@ struct ruvm_mem_dma_addrs {
 	__u64 reserved[2];
 };
 
+/**
+ * struct ruvm_ce_copy - copy bytes with a GPU's copy engine (RUVM_IOCTL_CE_COPY)
+ *
+ * The GPU's engine moves the bytes, addressing both mems only through the DMA addresses in
+ * their tables for that GPU (both must be mapped on it: RUVM_IOCTL_MEM_MAP_GPU). For the test
+ * GPUs the engine is edu's DMA engine: each piece (under 4096 bytes, within one chunk of each
+ * mem) goes memory -> device buffer -> memory, and each transfer takes about 100 ms of the
+ * machine's clock, so copies are slow: meant for checking addresses, not for bulk data.
+ *
+ * @gpu:        (in) the GPU's id
+ * @flags:      (in) must be 0
+ * @dst_handle: (in) destination mem
+ * @dst_offset: (in) destination offset
+ * @src_handle: (in) source mem
+ * @src_offset: (in) source offset
+ * @length:     (in) bytes
+ * @reserved:   (in) must be 0
+ */
+struct ruvm_ce_copy {
+	__u32 gpu;
+	__u32 flags;
+	__u64 dst_handle;
+	__u64 dst_offset;
+	__u64 src_handle;
+	__u64 src_offset;
+	__u64 length;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_test_ce_raw - one copy-engine transfer at raw addresses (RUVM_IOCTL_TEST_CE_RAW)
+ *
+ * Test-only, gated like RUVM_IOCTL_TEST_PLANT: reads @len bytes at DMA address @src into the
+ * engine, bypassing every table. Used to prove that an unmapped address really is unmapped
+ * (the IOMMU faults).
+ *
+ * @gpu:      (in) the GPU's id
+ * @flags:    (in) must be 0
+ * @src:      (in) the DMA address to read
+ * @len:      (in) bytes, 1 to 4095
+ * @reserved: (in) must be 0
+ */
+struct ruvm_test_ce_raw {
+	__u32 gpu;
+	__u32 flags;
+	__u64 src;
+	__u64 len;
+	__u64 reserved[2];
+};
+
 /* What RUVM_IOCTL_TEST_PLANT makes the module do. */
 enum ruvm_plant {
 	/* Hit a WARN_ON in the module: proves the test runner fails on kernel warnings. */
@@ -551,12 +604,14 @@ enum {
 	RUVM_IOCTL_MEM_MAP_GPU = _IOWR(RUVM_IOCTL_MAGIC, 0x21, struct ruvm_mem_gpu),
 	RUVM_IOCTL_MEM_UNMAP_GPU = _IOWR(RUVM_IOCTL_MAGIC, 0x22, struct ruvm_mem_gpu),
 	RUVM_IOCTL_MEM_DMA_ADDRS = _IOWR(RUVM_IOCTL_MAGIC, 0x23, struct ruvm_mem_dma_addrs),
+	RUVM_IOCTL_CE_COPY = _IOWR(RUVM_IOCTL_MAGIC, 0x24, struct ruvm_ce_copy),
 	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =
 		_IOWR(RUVM_IOCTL_MAGIC, 0x12, struct ruvm_register_unload_state),
 	RUVM_IOCTL_TEST_PLANT = _IOWR(RUVM_IOCTL_MAGIC, 0x80, struct ruvm_test_plant),
 	RUVM_IOCTL_TEST_LEAK = _IOWR(RUVM_IOCTL_MAGIC, 0x81, struct ruvm_test_leak),
+	RUVM_IOCTL_TEST_CE_RAW = _IOWR(RUVM_IOCTL_MAGIC, 0x82, struct ruvm_test_ce_raw),
 };
 
 #endif /* _UAPI_LINUX_RUVM_H */

@@ -60,6 +60,8 @@ ioctl_args!(
     uapi::ruvm_gpu_list,
     uapi::ruvm_mem_gpu,
     uapi::ruvm_mem_dma_addrs,
+    uapi::ruvm_ce_copy,
+    uapi::ruvm_test_ce_raw,
     uapi::ruvm_test_plant,
 );
 
@@ -256,6 +258,39 @@ impl Ruvm {
         self.ioctl(uapi::RUVM_IOCTL_MEM_DMA_ADDRS, &mut a)?;
         v.truncate(a.count as usize);
         Ok(v)
+    }
+
+    /// `RUVM_IOCTL_CE_COPY`.
+    pub fn ce_copy(
+        &self,
+        gpu: u32,
+        dst: u64,
+        dst_offset: u64,
+        src: u64,
+        src_offset: u64,
+        length: u64,
+    ) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_ce_copy {
+            gpu,
+            dst_handle: dst,
+            dst_offset,
+            src_handle: src,
+            src_offset,
+            length,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_CE_COPY, &mut a)
+    }
+
+    /// `RUVM_IOCTL_TEST_CE_RAW`: the engine reads `len` bytes at raw DMA address `src`.
+    pub fn test_ce_raw(&self, gpu: u32, src: u64, len: u64) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_test_ce_raw {
+            gpu,
+            src,
+            len,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_TEST_CE_RAW, &mut a)
     }
 
     /// `RUVM_IOCTL_AUDIT`, with the test-only walk of the real objects when `walk`.
@@ -474,6 +509,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<uapi::ruvm_gpu_list>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_gpu>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_dma_addrs>(), 56);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_ce_copy>(), 64);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_plant>(), 24);
         assert_eq!(std::mem::align_of::<uapi::ruvm_info>(), 8);
     }

@@ -114,8 +114,9 @@ fn planted_failure() -> TestResult {
     Ok(())
 }
 
-/// Runs the cases whose names contain `filter` (all without one). Returns the exit code.
-pub fn run(filter: Option<&str>, plant_failure: bool) -> std::io::Result<i32> {
+/// Runs the cases whose names contain any of `filters` (all without one). Returns the exit
+/// code.
+pub fn run(filters: &[String], plant_failure: bool) -> std::io::Result<i32> {
     let out = std::io::stdout().lock();
     let path = crate::dev::path();
     if !path.exists() {
@@ -127,7 +128,7 @@ pub fn run(filter: Option<&str>, plant_failure: bool) -> std::io::Result<i32> {
     }
     let mut list: Vec<Case> = cases()
         .into_iter()
-        .filter(|c| filter.is_none_or(|f| c.name.contains(f)))
+        .filter(|c| filters.is_empty() || filters.iter().any(|f| c.name.contains(f.as_str())))
         .collect();
     if plant_failure {
         list.push(Case {

@@ -8,7 +8,10 @@ use nix::errno::Errno;
 use nix::unistd::{setuid, Uid};
 
 use super::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
-use crate::{dev::Ruvm, uapi};
+use crate::{
+    dev::{Ruvm, UserMap},
+    pattern, uapi,
+};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -39,6 +42,18 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "gpu_dma_unbind_while_mapped",
             run: gpu_dma_unbind_while_mapped,
+        },
+        Case {
+            name: "gpu_ce_copy_moves_bytes_both_ways",
+            run: gpu_ce_copy_moves_bytes_both_ways,
+        },
+        Case {
+            name: "gpu_ce_copy_bad_inputs",
+            run: gpu_ce_copy_bad_inputs,
+        },
+        Case {
+            name: "gpu_iommu_faults_after_unmap",
+            run: gpu_iommu_faults_after_unmap,
         },
     ]
 }
@@ -537,4 +552,250 @@ fn gpu_dma_unbind_while_mapped() -> TestResult {
         dma_live(&d)?
     );
     Ok(())
+}
+
+/// The pieces a sampled copy moves: the start and the end of every chunk (`len` bytes each, or
+/// the whole chunk when it is small).
+fn samples(chunk: u64, chunks: u64, len: u64) -> Vec<(u64, u64)> {
+    let mut v = Vec::new();
+    for c in 0..chunks {
+        let base = c * chunk;
+        if chunk <= 2 * len {
+            v.push((base, chunk));
+        } else {
+            v.push((base, len));
+            v.push((base + chunk - len, len));
+        }
+    }
+    v
+}
+
+fn gpu_ce_copy_moves_bytes_both_ways() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = bound_gpus(&d)?;
+    for &g in &gpus {
+        for (size, ps) in [(12 << 10, 0u64), (192 << 10, 64 << 10), (4 << 20, 2 << 20)] {
+            let seed = size + u64::from(g);
+            let src = d.mem_alloc(size, ps, 0).ctx("alloc src")?;
+            let dst = d
+                .mem_alloc(size, 0, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)
+                .ctx("alloc dst")?;
+            for h in [src.handle, dst.handle] {
+                d.map_kernel(h).ctx("map kernel")?;
+                d.mem_gpu(true, h, g).ctx("map gpu")?;
+            }
+            let fill = |h, seed| uapi::ruvm_mem_fill {
+                handle: h,
+                length: size,
+                seed,
+                ..Default::default()
+            };
+            d.mem_fill(false, fill(src.handle, seed))
+                .ctx("CPU writes the pattern")?;
+            // Pieces of 5000 bytes cross the engine's 4095-byte limit and, for 4K chunks, the
+            // chunk boundaries of both mems.
+            let pieces = samples(src.chunk_size, src.chunk_count, 5000);
+            for &(off, len) in &pieces {
+                d.ce_copy(g, dst.handle, off, src.handle, off, len)
+                    .ctx(&format!("GPU {g} copies [{off:#x}, +{len:#x})"))?;
+            }
+            // The kernel mapping and the user mapping both see exactly the copied bytes.
+            let q = d.mem_query(dst.handle).ctx("query")?;
+            let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+            let mut copied = vec![false; size as usize];
+            for &(off, len) in &pieces {
+                let r = d
+                    .mem_fill(
+                        true,
+                        uapi::ruvm_mem_fill {
+                            offset: off,
+                            length: len,
+                            ..fill(dst.handle, seed)
+                        },
+                    )
+                    .ctx("verify")?;
+                check!(r.mismatches == 0, "GPU {g}, chunk size {}: {} bytes differ in [{off:#x}, +{len:#x}), first at {:#x}", src.chunk_size, r.mismatches, r.first_mismatch);
+                copied[off as usize..(off + len) as usize]
+                    .iter_mut()
+                    .for_each(|c| *c = true);
+            }
+            for (o, &c) in copied.iter().enumerate() {
+                let want = if c {
+                    pattern::byte_at(seed, o as u64)
+                } else {
+                    0
+                };
+                let got = map.read(o);
+                check!(
+                    got == want,
+                    "GPU {g}: user sees {got:#x} at {o:#x}, wanted {want:#x}"
+                );
+            }
+            // The other way: user space writes through mmap, the engine copies back, the kernel
+            // checks.
+            let back = seed ^ 0xffff;
+            for &(off, len) in &pieces {
+                for o in off..off + len {
+                    map.write(o as usize, pattern::byte_at(back, o));
+                }
+                d.ce_copy(g, src.handle, off, dst.handle, off, len)
+                    .ctx("copy back")?;
+                let r = d
+                    .mem_fill(
+                        true,
+                        uapi::ruvm_mem_fill {
+                            offset: off,
+                            length: len,
+                            ..fill(src.handle, back)
+                        },
+                    )
+                    .ctx("verify back")?;
+                check!(
+                    r.mismatches == 0,
+                    "GPU {g}: copy back: {} bytes differ at {:#x}",
+                    r.mismatches,
+                    r.first_mismatch
+                );
+            }
+            drop(map);
+            d.mem_free(src.handle).ctx("free")?;
+            d.mem_free(dst.handle).ctx("free")?;
+        }
+    }
+    Ok(())
+}
+
+fn gpu_ce_copy_bad_inputs() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let g = bound_gpus(&d)?[0];
+    let a = d.mem_alloc(8192, 0, 0).ctx("alloc")?.handle;
+    let b = d.mem_alloc(8192, 0, 0).ctx("alloc")?.handle;
+    d.mem_gpu(true, a, g).ctx("map a")?;
+    expect_errno(
+        d.ce_copy(g, b, 0, a, 0, 16),
+        Errno::ENXIO,
+        "destination not mapped on the GPU",
+    )?;
+    expect_errno(
+        d.ce_copy(g, a, 0, b, 0, 16),
+        Errno::ENXIO,
+        "source not mapped on the GPU",
+    )?;
+    d.mem_gpu(true, b, g).ctx("map b")?;
+    expect_errno(d.ce_copy(99, b, 0, a, 0, 16), Errno::ENODEV, "unknown GPU")?;
+    expect_errno(
+        d.ce_copy(g, b, 0, u64::MAX, 0, 16),
+        Errno::ENOENT,
+        "unknown source",
+    )?;
+    expect_errno(
+        d.ce_copy(g, b, 8190, a, 0, 16),
+        Errno::EINVAL,
+        "destination past the end",
+    )?;
+    expect_errno(
+        d.ce_copy(g, b, 0, a, 8190, 16),
+        Errno::EINVAL,
+        "source past the end",
+    )?;
+    expect_errno(
+        d.ce_copy(g, b, u64::MAX, a, 0, 16),
+        Errno::EOVERFLOW,
+        "offset overflows",
+    )?;
+    let mut c = uapi::ruvm_ce_copy {
+        gpu: g,
+        dst_handle: b,
+        src_handle: a,
+        length: 1,
+        flags: 1,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_CE_COPY, &mut c),
+        Errno::EINVAL,
+        "flags",
+    )?;
+    d.ce_copy(g, b, 0, a, 0, 0).ctx("an empty copy")?;
+    d.mem_free(a).ctx("free")?;
+    d.mem_free(b).ctx("free")
+}
+
+/// Whether the kernel log after `mark` has an IOMMU fault report for device `bdf` (`bb:dd.f`)
+/// at `addr`, waiting up to a second (faults are reported by interrupt).
+fn iommu_fault_after(mark: &str, bdf: &str, addr: u64) -> Result<bool, Stop> {
+    for _ in 0..20 {
+        let log = crate::audit::read_kmsg().ctx("kmsg")?;
+        let part = crate::audit::since(&log, Some(mark)).ok_or(Stop::Fail("marker lost".into()))?;
+        let needle = format!("fault addr {addr:#x}");
+        if part
+            .iter()
+            .any(|m| m.contains("DMAR") && m.contains(bdf) && m.contains(&needle))
+        {
+            return Ok(true);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Ok(false)
+}
+
+fn gpu_iommu_faults_after_unmap() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    if d.info().ctx("INFO")?.test_ioctls == 0 {
+        return Err(Stop::Skip(
+            "raw engine transfers need enable_test_ioctls=1".into(),
+        ));
+    }
+    let gpus = d.gpus().ctx("GPU_LIST")?;
+    let Some(g) = gpus.iter().find(|g| present(g)) else {
+        return Err(Stop::Skip("no GPU bound".into()));
+    };
+    if !std::path::Path::new("/sys/class/iommu")
+        .read_dir()
+        .is_ok_and(|mut d| d.next().is_some())
+    {
+        return Err(Stop::Skip("no IOMMU".into()));
+    }
+    let bdf = format!(
+        "{:02x}:{:02x}.{}",
+        g.pci_bus,
+        g.pci_devfn >> 3,
+        g.pci_devfn & 7
+    );
+    let h = d.mem_alloc(64 << 10, 64 << 10, 0).ctx("alloc")?.handle;
+    d.mem_gpu(true, h, g.id).ctx("map")?;
+    let addr = d.dma_addrs(h, g.id, 0, 1).ctx("addrs")?[0];
+    // Mapped: the engine reads it without a fault.
+    let mark = crate::audit::write_marker().ctx("mark")?;
+    d.test_ce_raw(g.id, addr, 4000).ctx("read while mapped")?;
+    check!(
+        !iommu_fault_after(&mark, &bdf, addr)?,
+        "an IOMMU fault at {addr:#x} while the address was mapped"
+    );
+    // Unmapped: the same read faults in the IOMMU, naming this device and address.
+    d.mem_gpu(false, h, g.id).ctx("unmap")?;
+    let mark = crate::audit::write_marker().ctx("mark")?;
+    d.test_ce_raw(g.id, addr, 4000).ctx("read after unmap")?;
+    check!(
+        iommu_fault_after(&mark, &bdf, addr)?,
+        "no IOMMU fault for {bdf} at {addr:#x} after unmap: the unmap was not real"
+    );
+    d.mem_free(h).ctx("free")?;
+    let mut r = uapi::ruvm_test_ce_raw {
+        gpu: g.id,
+        src: 0,
+        len: 4096,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_TEST_CE_RAW, &mut r),
+        Errno::EINVAL,
+        "a 4096-byte transfer",
+    )?;
+    r.len = 0;
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_TEST_CE_RAW, &mut r),
+        Errno::EINVAL,
+        "an empty transfer",
+    )
 }
