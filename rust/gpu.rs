@@ -151,11 +151,14 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
             uapi::ruvm_gpu_info {
                 id: e.id,
                 kind: i.kind,
-                flags: if e.dev.is_some() {
-                    uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT
-                } else {
-                    0
-                },
+                flags: e.dev.as_ref().map_or(0, |d| {
+                    let ce = if d.engine.is_some() {
+                        uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE
+                    } else {
+                        0
+                    };
+                    uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT | ce
+                }),
                 vendor: i.vendor,
                 device: i.device,
                 pci_domain: i.domain,
@@ -163,9 +166,10 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
                 pci_devfn: i.devfn,
                 dma_mask_bits: i.dma_mask_bits,
                 page_sizes: i.page_sizes,
+                dma_mapped_bytes: e.dev.as_ref().map_or(0, |d| d.dma.mapped_bytes()),
                 pad: 0,
                 pad2: 0,
-                reserved: [0; 2],
+                reserved: [0; 1],
             },
             GFP_KERNEL,
         )?;

@@ -16,7 +16,11 @@ use kernel::{
     dma::{Device as _, DmaMask},
     pci,
     prelude::*,
-    sync::{aref::ARef, Arc},
+    sync::{
+        aref::ARef,
+        atomic::{ordering::Relaxed, Atomic},
+        Arc,
+    },
 };
 
 use crate::audit::Class;
@@ -28,9 +32,11 @@ pub(crate) fn set_mask<const BITS: u32>(pdev: &pci::Device<Core<'_>>) -> Result 
     unsafe { pdev.dma_set_mask_and_coherent(DmaMask::new::<BITS>()) }
 }
 
-/// A GPU's device, for streaming DMA mappings (kept referenced while anything maps with it).
+/// A GPU's device, for streaming DMA mappings (kept referenced while anything maps with it),
+/// and the bytes mapped for it now.
 pub(crate) struct DmaDevice {
     pdev: ARef<pci::Device>,
+    mapped: Atomic<u64>,
 }
 
 impl DmaDevice {
@@ -39,7 +45,13 @@ impl DmaDevice {
         let normal: &pci::Device = pdev;
         Self {
             pdev: normal.into(),
+            mapped: Atomic::new(0),
         }
+    }
+
+    /// Bytes mapped for this device now.
+    pub(crate) fn mapped_bytes(&self) -> u64 {
+        self.mapped.load(Relaxed)
     }
 
     fn raw(&self) -> *mut bindings::device {
@@ -132,6 +144,7 @@ impl<P: ChunkSource> DmaTable<P> {
                 };
             })?;
             audit_add(bytes);
+            table.dev.mapped.fetch_add(bytes, Relaxed);
             match addr.checked_add(bytes - 1) {
                 Some(end) if end <= limit => {}
                 _ => {
@@ -175,6 +188,7 @@ impl<P: ChunkSource> Drop for DmaTable<P> {
             };
             crate::audit::sub(Class::DmaMappings, 1);
             crate::audit::sub(Class::DmaBytes, self.len as u64);
+            self.dev.mapped.fetch_sub(self.len as u64, Relaxed);
         }
     }
 }

@@ -427,6 +427,8 @@ enum ruvm_gpu_kind {
 enum ruvm_gpu_flags {
 	/* Bound now. An unbound GPU keeps its id and its entry, for when it comes back. */
 	RUVM_GPU_PRESENT = 1 << 0,
+	/* Has a copy engine (RUVM_IOCTL_CE_COPY). */
+	RUVM_GPU_COPY_ENGINE = 1 << 1,
 };
 
 /**
@@ -441,6 +443,7 @@ enum ruvm_gpu_flags {
  * @pci_devfn:     PCI device and function (device << 3 | function)
  * @dma_mask_bits: width of the device's DMA addresses
  * @page_sizes:    bitmask of the GPU's page sizes (bit n: 2^n bytes)
+ * @dma_mapped_bytes: bytes of sysmem DMA-mapped for the GPU now (0 once it is unbound)
  * @reserved:      0
  */
 struct ruvm_gpu_info {
@@ -456,7 +459,8 @@ struct ruvm_gpu_info {
 	__u32 dma_mask_bits;
 	__u32 pad2;
 	__u64 page_sizes;
-	__u64 reserved[2];
+	__u64 dma_mapped_bytes;
+	__u64 reserved[1];
 };
 
 /**

@@ -565,6 +565,8 @@ struct GpuOut {
     device: String,
     dma_mask_bits: u32,
     page_sizes: Vec<String>,
+    copy_engine: bool,
+    dma_mapped_bytes: u64,
 }
 
 fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
@@ -593,6 +595,8 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
                 .filter(|b| g.page_sizes & (1u64 << b) != 0)
                 .map(|b| show_size(1u64 << b))
                 .collect(),
+            copy_engine: g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE != 0,
+            dma_mapped_bytes: g.dma_mapped_bytes,
         })
         .collect();
     if json {
@@ -603,7 +607,7 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
     }
     for g in &out {
         println!(
-            "GPU {}: {} at {} [{}:{}], {}, DMA {} bits, pages {}",
+            "GPU {}: {} at {} [{}:{}], {}, DMA {} bits, pages {}, copy engine {}, {} bytes DMA-mapped",
             g.id,
             g.kind,
             g.pci,
@@ -615,7 +619,9 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
                 "gone (unbound)"
             },
             g.dma_mask_bits,
-            g.page_sizes.join(" ")
+            g.page_sizes.join(" "),
+            if g.copy_engine { "yes" } else { "no" },
+            g.dma_mapped_bytes
         );
     }
     Ok(())

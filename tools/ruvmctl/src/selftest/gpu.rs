@@ -134,6 +134,11 @@ fn gpu_list_matches_sysfs() -> TestResult {
             g.device
         );
         check!(
+            g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE != 0,
+            "GPU {} has no copy engine",
+            g.id
+        );
+        check!(
             g.dma_mask_bits == 28,
             "GPU {} DMA mask {} bits",
             g.id,
@@ -340,6 +345,15 @@ fn gpu_dma_map_is_idempotent_and_in_the_window() -> TestResult {
                 "chunks 1.. read {tail:x?}, table {addrs:x?}"
             );
         }
+        for &g in &gpus {
+            let e = d.gpus().ctx("GPU_LIST")?.into_iter().find(|x| x.id == g);
+            let bytes = e.map_or(0, |x| x.dma_mapped_bytes);
+            check!(
+                bytes == a.chunk_count * a.chunk_size,
+                "GPU {g} reports {bytes} bytes DMA-mapped, the mem has {}",
+                a.chunk_count * a.chunk_size
+            );
+        }
         let during = dma_live(&d)?;
         let n = gpus.len() as u64 * a.chunk_count;
         check!(
@@ -359,6 +373,16 @@ fn gpu_dma_map_is_idempotent_and_in_the_window() -> TestResult {
             dma_live(&d)? == before,
             "DMA mappings left after unmapping: {:?}",
             dma_live(&d)?
+        );
+        let left: u64 = d
+            .gpus()
+            .ctx("GPU_LIST")?
+            .iter()
+            .map(|x| x.dma_mapped_bytes)
+            .sum();
+        check!(
+            left == 0,
+            "GPUs report {left} bytes DMA-mapped after unmapping"
         );
         d.mem_free(a.handle).ctx("free")?;
         d.mem_free(never).ctx("free")?;
