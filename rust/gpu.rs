@@ -177,6 +177,81 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
     Ok(out)
 }
 
+/// The PCI addresses (bus << 8 | devfn, domain 0) named by `host_gpus`: up to four 16-bit
+/// fields of the parameter, 0 meaning none (00:00.0 is never a GPU).
+pub(crate) fn host_addresses(param: u64) -> impl Iterator<Item = (u8, u8)> {
+    (0..4)
+        .map(move |i| (param >> (16 * i)) & 0xffff)
+        .filter(|&a| a != 0)
+        // CAST: each part is masked to a byte.
+        .map(|a| ((a >> 8) as u8, (a & 0xff) as u8))
+}
+
+/// Whether `host_gpus` names the device at `bus`/`devfn` (the edu driver leaves those alone).
+pub(crate) fn is_host(bus: u8, devfn: u8) -> bool {
+    host_addresses(crate::host_gpus_param()).any(|a| a == (bus, devfn))
+}
+
+/// The host GPUs of `host_gpus`, registered for DMA mapping only, unregistered on drop.
+pub(crate) struct HostGpus {
+    gpus: KVec<Arc<GpuDev>>,
+}
+
+impl HostGpus {
+    /// Finds and registers every device `host_gpus` names; `ENODEV` (with an error line) if one
+    /// does not exist or has no DMA mask, so that a mistyped address fails the load.
+    pub(crate) fn new(param: u64) -> Result<Self> {
+        let mut gpus = KVec::new();
+        for (bus, devfn) in host_addresses(param) {
+            let Some(pdev) = crate::bind::dma::find_pci(bus, devfn) else {
+                pr_err!(
+                    "host_gpus: no PCI device at 0000:{bus:02x}:{:02x}.{}\n",
+                    devfn >> 3,
+                    devfn & 7
+                );
+                return Err(ENODEV);
+            };
+            let (vendor, device) = (pdev.vendor_id().as_raw(), pdev.device_id());
+            let dma = DmaDevice::from_pci(pdev);
+            let Some(mask) = dma.dma_mask() else {
+                pr_err!(
+                    "host_gpus: 0000:{bus:02x}:{:02x}.{} has no DMA mask\n",
+                    devfn >> 3,
+                    devfn & 7
+                );
+                return Err(ENODEV);
+            };
+            let info = GpuInfo {
+                kind: uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST,
+                vendor,
+                device,
+                domain: 0,
+                bus,
+                devfn,
+                dma_mask_bits: 64 - mask.leading_zeros(),
+                page_sizes: TEST_PAGE_SIZES,
+            };
+            let dev = register(info, dma, None)?;
+            pr_info!(
+                "host GPU {} at 0000:{bus:02x}:{:02x}.{} (DMA mapping only)\n",
+                dev.id,
+                devfn >> 3,
+                devfn & 7
+            );
+            gpus.push(dev, GFP_KERNEL)?;
+        }
+        Ok(Self { gpus })
+    }
+}
+
+impl Drop for HostGpus {
+    fn drop(&mut self) {
+        for dev in self.gpus.iter() {
+            unregister(dev);
+        }
+    }
+}
+
 /// Empties the registry at unload, after the drivers have let their GPUs go.
 pub(crate) fn drain() {
     let _all = core::mem::replace(&mut *GPUS.lock(), KVec::new());

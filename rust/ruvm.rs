@@ -38,6 +38,10 @@ module! {
             default: 1024,
             description: "Largest physical size of one mem, in MiB (ENOSPC beyond)",
         },
+        host_gpus: u64 {
+            default: 0,
+            description: "Host GPUs to DMA-map for, not bound: up to four PCI addresses (bus << 8 | devfn, domain 0) in 16-bit fields; 0 none",
+        },
         leak_checker: u32 {
             default: 1,
             description: "Leak audit reports: 0 none, 1 class counts at unload and reclaims at close, 2 also every object's origin",
@@ -52,6 +56,11 @@ module! {
 /// A size parameter in MiB, as bytes (saturating: a huge value means "no limit").
 fn mib(value: u64) -> u64 {
     value.saturating_mul(1 << 20)
+}
+
+/// The `host_gpus` parameter.
+pub(crate) fn host_gpus_param() -> u64 {
+    *module_parameters::host_gpus.value()
 }
 
 /// The `leak_checker` level.
@@ -83,6 +92,8 @@ pub(crate) fn test_ioctls_enabled() -> bool {
 struct RuvmModule {
     #[pin]
     _miscdev: MiscDeviceRegistration<file::RuvmFile>,
+    /// Before the edu driver, so that it leaves the host GPUs alone.
+    _host: gpu::HostGpus,
     #[pin]
     _edu: driver::Registration<pci::Adapter<gpu::edu::EduDriver>>,
     #[pin]
@@ -106,6 +117,7 @@ impl kernel::InPlaceModule for RuvmModule {
         let dir = debugfs::Dir::new(c"ruvm");
         try_pin_init!(Self {
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
+            _host: gpu::HostGpus::new(host_gpus_param())?,
             _edu <- driver::Registration::new(c"ruvm-edu", module),
             _stats <- dir.read_only_file(c"stats", audit::StatsView),
             _audit <- dir.read_only_file(c"audit", audit::LiveView),

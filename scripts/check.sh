@@ -154,6 +154,10 @@ guest_suite "debug kernel" debug CMD=/selftests/run_all.sh
 # kmemleak's report of the mem leaked for good is expected there, and only there.
 plant=(VM_MODARGS="enable_test_ioctls=1 leak_checker=2" CMD="ruvmctl selftest --filter audit_ --filter gpu_iommu"
 	VM_EXPECT_KMSG="kmemleak: [0-9]+ new suspected memory leaks")
+# A host GPU: the first edu device named by host_gpus, DMA-mapped for but never bound.
+host=(VM_MODARGS="host_gpus=0x18" CMD="ruvmctl selftest --filter gpu_")
+guest_suite "fast kernel, host GPU" fast "${host[@]}"
+guest_suite "debug kernel, host GPU" debug "${host[@]}"
 guest_suite "fast kernel, planted leaks" fast "${plant[@]}"
 guest_suite "debug kernel, planted leaks" debug "${plant[@]}"
 

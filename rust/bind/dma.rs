@@ -32,6 +32,17 @@ pub(crate) fn set_mask<const BITS: u32>(pdev: &pci::Device<Core<'_>>) -> Result 
     unsafe { pdev.dma_set_mask_and_coherent(DmaMask::new::<BITS>()) }
 }
 
+/// The PCI device at `bus`/`devfn` of domain 0, referenced, if there is one (for host GPUs,
+/// which ruvm does not bind).
+pub(crate) fn find_pci(bus: u8, devfn: u8) -> Option<ARef<pci::Device>> {
+    // SAFETY: looks the device up and takes a reference on it (or returns NULL).
+    let raw = unsafe { bindings::pci_get_domain_bus_and_slot(0, bus.into(), devfn.into()) };
+    let raw = NonNull::new(raw)?;
+    // SAFETY: `raw` is a valid `struct pci_dev` whose reference we now own, given to the `ARef`;
+    // `pci::Device` is `#[repr(transparent)]` over `Opaque<bindings::pci_dev>`.
+    Some(unsafe { ARef::from_raw(raw.cast::<pci::Device>()) })
+}
+
 /// A GPU's device, for streaming DMA mappings (kept referenced while anything maps with it),
 /// and the bytes mapped for it now.
 pub(crate) struct DmaDevice {
@@ -46,6 +57,25 @@ impl DmaDevice {
         Self {
             pdev: normal.into(),
             mapped: Atomic::new(0),
+        }
+    }
+
+    /// A device ruvm does not bind (a host GPU).
+    pub(crate) fn from_pci(pdev: ARef<pci::Device>) -> Self {
+        Self {
+            pdev,
+            mapped: Atomic::new(0),
+        }
+    }
+
+    /// The device's streaming DMA mask, if it has one.
+    pub(crate) fn dma_mask(&self) -> Option<u64> {
+        let raw = self.raw();
+        // SAFETY: the device is referenced by `self`; `dma_mask` points at the device's mask (in
+        // the device itself) or is NULL, and is set by its driver before it does DMA.
+        unsafe {
+            let mask = (*raw).dma_mask;
+            (!mask.is_null()).then(|| *mask)
         }
     }
 

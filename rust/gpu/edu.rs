@@ -147,6 +147,13 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
         // Same class, another device: not ours.
         return Err(ENODEV);
     }
+    let bdf = pdev.dev_id();
+    // CAST: `dev_id` is bus << 8 | devfn; each part is a byte.
+    let (bus, devfn) = ((bdf >> 8) as u8, (bdf & 0xff) as u8);
+    if gpu::is_host(bus, devfn) {
+        // Named as a host GPU: used for DMA mapping only, never bound.
+        return Err(ENODEV);
+    }
     pdev.enable_device_mem()?;
     pdev.set_master();
     dma::set_mask::<EDU_DMA_BITS>(pdev)?;
@@ -155,7 +162,6 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
             .iomap_region_sized::<EDU_BAR_SIZE>(0, c"ruvm-edu")?
             .into_devres()?,
     };
-    let bdf = pdev.dev_id();
     let dev = gpu::register(
         GpuInfo {
             kind: uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU,

@@ -421,6 +421,11 @@ struct ruvm_test_leak {
 enum ruvm_gpu_kind {
 	/* A QEMU edu PCI device (1234:11e8) bound by ruvm's own PCI driver: a test GPU. */
 	RUVM_GPU_KIND_EDU = 1,
+	/*
+	 * A PCI device named by the host_gpus module parameter (e.g. an NVIDIA GPU, which its own
+	 * driver owns): not bound by ruvm, used for DMA mapping only, no copy engine.
+	 */
+	RUVM_GPU_KIND_HOST = 2,
 };
 
 /* ruvm_gpu_info.flags */

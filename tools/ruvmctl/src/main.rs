@@ -575,10 +575,10 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
         .iter()
         .map(|g| GpuOut {
             id: g.id,
-            kind: if g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU {
-                "edu (test GPU)"
-            } else {
-                "unknown"
+            kind: match g.kind {
+                uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU => "edu (test GPU)",
+                uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST => "host GPU (DMA mapping only)",
+                _ => "unknown",
             },
             present: g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0,
             pci: format!(

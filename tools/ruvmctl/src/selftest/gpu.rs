@@ -55,6 +55,10 @@ pub fn cases() -> Vec<Case> {
             name: "gpu_iommu_faults_after_unmap",
             run: gpu_iommu_faults_after_unmap,
         },
+        Case {
+            name: "gpu_host_gpu_maps_without_binding",
+            run: gpu_host_gpu_maps_without_binding,
+        },
     ]
 }
 
@@ -97,6 +101,11 @@ fn present(g: &uapi::ruvm_gpu_info) -> bool {
     g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
 }
 
+/// Bound by ruvm's edu driver (so it can be unbound through it, and has an engine).
+fn bound_edu(g: &uapi::ruvm_gpu_info) -> bool {
+    present(g) && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU
+}
+
 fn gpu_list_matches_sysfs() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let want = edu_devices()?;
@@ -121,28 +130,11 @@ fn gpu_list_matches_sysfs() -> TestResult {
     let mut groups = Vec::new();
     for g in &gpus {
         check!(
-            g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU,
-            "GPU {} kind {}",
-            g.id,
-            g.kind
-        );
-        check!(
             (g.vendor, g.device) == (0x1234, 0x11e8),
             "GPU {} is {:04x}:{:04x}",
             g.id,
             g.vendor,
             g.device
-        );
-        check!(
-            g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE != 0,
-            "GPU {} has no copy engine",
-            g.id
-        );
-        check!(
-            g.dma_mask_bits == 28,
-            "GPU {} DMA mask {} bits",
-            g.id,
-            g.dma_mask_bits
         );
         check!(
             g.page_sizes == (4 << 10) | (64 << 10) | (2 << 20),
@@ -151,11 +143,31 @@ fn gpu_list_matches_sysfs() -> TestResult {
             g.page_sizes
         );
         let name = pci_name(g);
-        // Bound by ruvm's driver, and each in its own IOMMU group.
-        check!(
-            std::path::Path::new(&format!("{DRIVER}/{name}")).exists(),
-            "{name} is not bound to ruvm-edu"
-        );
+        let bound = std::path::Path::new(&format!("{DRIVER}/{name}")).exists();
+        let engine = g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE != 0;
+        match g.kind {
+            // Bound by ruvm's driver, with edu's engine and 28-bit DMA.
+            uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU => {
+                check!(
+                    bound && engine && g.dma_mask_bits == 28,
+                    "edu GPU {}: bound {bound}, engine {engine}, DMA {} bits",
+                    g.id,
+                    g.dma_mask_bits
+                );
+            }
+            // Named by host_gpus: not bound, no engine, the device's own DMA mask.
+            uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST => {
+                check!(
+                    !bound && !engine && g.dma_mask_bits >= 28,
+                    "host GPU {}: bound {bound}, engine {engine}, DMA {} bits",
+                    g.id,
+                    g.dma_mask_bits
+                );
+            }
+            k => return Err(Stop::Fail(format!("GPU {} has kind {k}", g.id))),
+        }
+
+        // Each in its own IOMMU group.
         let group = std::fs::read_link(format!("/sys/bus/pci/devices/{name}/iommu_group"))
             .ctx("iommu_group")?;
         groups.push(group);
@@ -170,8 +182,8 @@ fn gpu_list_matches_sysfs() -> TestResult {
 fn gpu_unbind_and_rebind_keep_the_id() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let before = d.gpus().ctx("GPU_LIST")?;
-    let Some(g) = before.iter().find(|g| present(g)) else {
-        return Err(Stop::Skip("no GPU bound".into()));
+    let Some(g) = before.iter().find(|g| bound_edu(g)) else {
+        return Err(Stop::Skip("no GPU bound by ruvm-edu".into()));
     };
     let name = pci_name(g);
     std::fs::write(format!("{DRIVER}/unbind"), &name).ctx("unbind")?;
@@ -273,6 +285,21 @@ fn gpu_list_bad_inputs() -> TestResult {
 const DMA_MAPPINGS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize;
 const DMA_BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_BYTES as usize;
 
+/// The ids of the bound GPUs with a copy engine; skips the case without any.
+fn engine_gpus(d: &Ruvm) -> Result<Vec<u32>, Stop> {
+    let ids: Vec<u32> = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .iter()
+        .filter(|g| bound_edu(g))
+        .map(|g| g.id)
+        .collect();
+    if ids.is_empty() {
+        return Err(Stop::Skip("no GPU with a copy engine".into()));
+    }
+    Ok(ids)
+}
+
 /// The ids of the bound GPUs; skips the case without any.
 fn bound_gpus(d: &Ruvm) -> Result<Vec<u32>, Stop> {
     let ids: Vec<u32> = d
@@ -322,11 +349,21 @@ fn gpu_dma_map_is_idempotent_and_in_the_window() -> TestResult {
                 addrs.len(),
                 a.chunk_count
             );
-            let limit = (1u64 << 28) - 1;
+            let bits = d
+                .gpus()
+                .ctx("GPU_LIST")?
+                .iter()
+                .find(|x| x.id == g)
+                .map_or(28, |x| x.dma_mask_bits);
+            let limit = if bits >= 64 {
+                u64::MAX
+            } else {
+                (1u64 << bits) - 1
+            };
             for (i, &x) in addrs.iter().enumerate() {
                 check!(
                     x.checked_add(a.chunk_size - 1).is_some_and(|e| e <= limit),
-                    "chunk {i} at {x:#x} is outside the 28-bit window"
+                    "chunk {i} at {x:#x} is outside the {bits}-bit window"
                 );
             }
             let mut sorted = addrs.clone();
@@ -517,9 +554,9 @@ fn gpu_dma_free_while_mapped_everywhere() -> TestResult {
 fn gpu_dma_unbind_while_mapped() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let gpus = d.gpus().ctx("GPU_LIST")?;
-    let bound: Vec<&uapi::ruvm_gpu_info> = gpus.iter().filter(|g| present(g)).collect();
+    let bound: Vec<&uapi::ruvm_gpu_info> = gpus.iter().filter(|g| bound_edu(g)).collect();
     if bound.len() < 2 {
-        return Err(Stop::Skip("needs two bound GPUs".into()));
+        return Err(Stop::Skip("needs two GPUs bound by ruvm-edu".into()));
     }
     let (g0, g1) = (bound[0].id, bound[1].id);
     let name = pci_name(bound[0]);
@@ -596,7 +633,7 @@ fn samples(chunk: u64, chunks: u64, len: u64) -> Vec<(u64, u64)> {
 
 fn gpu_ce_copy_moves_bytes_both_ways() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
-    let gpus = bound_gpus(&d)?;
+    let gpus = engine_gpus(&d)?;
     for &g in &gpus {
         for (size, ps) in [(12 << 10, 0u64), (192 << 10, 64 << 10), (4 << 20, 2 << 20)] {
             let seed = size + u64::from(g);
@@ -691,7 +728,7 @@ fn gpu_ce_copy_moves_bytes_both_ways() -> TestResult {
 
 fn gpu_ce_copy_bad_inputs() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
-    let g = bound_gpus(&d)?[0];
+    let g = engine_gpus(&d)?[0];
     let a = d.mem_alloc(8192, 0, 0).ctx("alloc")?.handle;
     let b = d.mem_alloc(8192, 0, 0).ctx("alloc")?.handle;
     d.mem_gpu(true, a, g).ctx("map a")?;
@@ -771,8 +808,8 @@ fn gpu_iommu_faults_after_unmap() -> TestResult {
         ));
     }
     let gpus = d.gpus().ctx("GPU_LIST")?;
-    let Some(g) = gpus.iter().find(|g| present(g)) else {
-        return Err(Stop::Skip("no GPU bound".into()));
+    let Some(g) = gpus.iter().find(|g| bound_edu(g)) else {
+        return Err(Stop::Skip("no GPU with a copy engine".into()));
     };
     if !std::path::Path::new("/sys/class/iommu")
         .read_dir()
@@ -822,4 +859,59 @@ fn gpu_iommu_faults_after_unmap() -> TestResult {
         Errno::EINVAL,
         "an empty transfer",
     )
+}
+
+fn gpu_host_gpu_maps_without_binding() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = d.gpus().ctx("GPU_LIST")?;
+    let hosts: Vec<&uapi::ruvm_gpu_info> = gpus
+        .iter()
+        .filter(|g| g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST)
+        .collect();
+    if hosts.is_empty() {
+        return Err(Stop::Skip("no host GPU (load with host_gpus=...)".into()));
+    }
+    for g in hosts {
+        check!(present(g), "host GPU {} not present", g.id);
+        let name = pci_name(g);
+        let driver = std::fs::read_link(format!("/sys/bus/pci/devices/{name}/driver")).ok();
+        check!(
+            driver.is_none(),
+            "host GPU {name} is bound to {driver:?}: ruvm must not bind it"
+        );
+        let a = d.mem_alloc(3 << 20, 2 << 20, 0).ctx("alloc")?;
+        d.mem_gpu(true, a.handle, g.id).ctx("map on the host GPU")?;
+        let addrs = d.dma_addrs(a.handle, g.id, 0, 16).ctx("addrs")?;
+        let limit = if g.dma_mask_bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << g.dma_mask_bits) - 1
+        };
+        check!(
+            addrs.len() == 2 && addrs.iter().all(|&x| x + (2 << 20) - 1 <= limit),
+            "addresses {addrs:x?} for a {}-bit device",
+            g.dma_mask_bits
+        );
+        let b = d.mem_alloc(4096, 0, 0).ctx("alloc")?.handle;
+        d.mem_gpu(true, b, g.id).ctx("map b")?;
+        expect_errno(
+            d.ce_copy(g.id, b, 0, a.handle, 0, 16),
+            Errno::ENODEV,
+            "copy with a host GPU (no engine)",
+        )?;
+        d.mem_free(a.handle).ctx("free")?;
+        d.mem_free(b).ctx("free")?;
+        let after = d
+            .gpus()
+            .ctx("GPU_LIST")?
+            .into_iter()
+            .find(|x| x.id == g.id)
+            .map_or(1, |x| x.dma_mapped_bytes);
+        check!(
+            after == 0,
+            "host GPU {} still reports {after} bytes mapped",
+            g.id
+        );
+    }
+    Ok(())
 }
