@@ -298,6 +298,21 @@ struct MemState {
     freed: bool,
 }
 
+impl MemState {
+    /// Takes the DMA table for GPU `id` out of the mem, if it has one.
+    fn take_gpu(&mut self, id: u32) -> Option<Arc<DmaTable<SysPages>>> {
+        let at = self.gpus.iter().position(|(g, _)| *g == id)?;
+        self.gpus.remove(at).ok().map(|(_, t)| t)
+    }
+
+    /// Bit `n` set: a DMA table for GPU `n`.
+    fn gpu_mask(&self) -> u64 {
+        self.gpus
+            .iter()
+            .fold(0, |m, (id, _)| m | 1u64.checked_shl(*id).unwrap_or(0))
+    }
+}
+
 /// What `RUVM_IOCTL_MEM_QUERY` reports.
 pub(crate) struct MemInfo {
     pub(crate) size: u64,
@@ -391,7 +406,10 @@ impl Mem {
 
     /// Everything the mem knows about itself.
     pub(crate) fn info(&self) -> MemInfo {
-        let cpu_kernel = self.state.lock().kmap.is_some();
+        let (cpu_kernel, mapped_gpus) = {
+            let st = self.state.lock();
+            (st.kmap.is_some(), st.gpu_mask())
+        };
         MemInfo {
             size: self.size,
             layout: self.layout,
@@ -399,7 +417,7 @@ impl Mem {
             cpu_kernel,
             user_mappings: self.user_mappings.load(Relaxed),
             alloc_flags: self.alloc_flags,
-            mapped_gpus: self.mapped_gpus(),
+            mapped_gpus,
         }
     }
 
@@ -532,11 +550,8 @@ impl Mem {
 
     /// Drops the mem's DMA address table for GPU `id`, unmapping it. Idempotent.
     pub(crate) fn unmap_gpu(&self, id: u32) {
-        let _old = {
-            let mut st = self.state.lock();
-            let at = st.gpus.iter().position(|(g, _)| *g == id);
-            at.map(|i| st.gpus.remove(i))
-        };
+        // Dropped (unmapped) after the lock is released.
+        let _old = self.state.lock().take_gpu(id);
     }
 
     /// The mem's DMA table for GPU `id`, or `ENXIO`.
@@ -584,14 +599,6 @@ impl Mem {
         }
         drop(alive);
         Ok(())
-    }
-
-    /// Bit `n` set: the mem has a table for GPU `n`.
-    pub(crate) fn mapped_gpus(&self) -> u64 {
-        let st = self.state.lock();
-        st.gpus
-            .iter()
-            .fold(0, |m, (id, _)| m | 1u64.checked_shl(*id).unwrap_or(0))
     }
 
     /// The DMA addresses of chunks `first..` on GPU `id`, at most `max`; `ENXIO` if the mem is not
@@ -710,11 +717,7 @@ pub(crate) fn walk() -> [u64; CLASSES] {
 pub(crate) fn drop_gpu_tables(id: u32) {
     let registry = MEM_REGISTRY.lock();
     for core in registry.iter().flat_map(|r| r.values()) {
-        let _old = {
-            let mut st = core.state.lock();
-            let at = st.gpus.iter().position(|(g, _)| *g == id);
-            at.map(|i| st.gpus.remove(i))
-        };
+        let _old = core.state.lock().take_gpu(id);
     }
 }
 

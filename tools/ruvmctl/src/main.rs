@@ -56,6 +56,20 @@ struct Range {
     byte: Option<u64>,
 }
 
+/// What to copy, from which mem to which.
+#[derive(Args)]
+struct CopyArgs {
+    dst: u64,
+    src: u64,
+    /// Bytes to copy.
+    #[arg(long, value_parser = parse_size)]
+    length: u64,
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    dst_offset: u64,
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    src_offset: u64,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Show the loaded module's version, ABI, features and live mems (RUVM_IOCTL_INFO).
@@ -105,17 +119,7 @@ enum Cmd {
         json: Json,
     },
     /// Copy bytes between mems through their kernel mappings (RUVM_IOCTL_MEM_COPY).
-    Copy {
-        dst: u64,
-        src: u64,
-        /// Bytes to copy.
-        #[arg(long, value_parser = parse_size)]
-        length: u64,
-        #[arg(long, default_value = "0", value_parser = parse_size)]
-        dst_offset: u64,
-        #[arg(long, default_value = "0", value_parser = parse_size)]
-        src_offset: u64,
-    },
+    Copy(CopyArgs),
     /// Write the pattern (or a byte) through a user mapping (mmap of /dev/ruvm).
     MmapFill {
         handle: u64,
@@ -140,14 +144,8 @@ enum Cmd {
     /// (RUVM_IOCTL_CE_COPY). Slow on the test GPUs: ~0.2 s per 4 KiB.
     CeCopy {
         gpu: u32,
-        dst: u64,
-        src: u64,
-        #[arg(long, value_parser = parse_size)]
-        length: u64,
-        #[arg(long, default_value = "0", value_parser = parse_size)]
-        dst_offset: u64,
-        #[arg(long, default_value = "0", value_parser = parse_size)]
-        src_offset: u64,
+        #[command(flatten)]
+        copy: CopyArgs,
     },
     /// A mem's DMA addresses for a GPU, one per chunk (RUVM_IOCTL_MEM_DMA_ADDRS; root only).
     DmaAddrs {
@@ -925,14 +923,8 @@ fn run(cli: Cli) -> CliResult {
                 json.json,
             )
         }
-        Cmd::Copy {
-            dst,
-            src,
-            length,
-            dst_offset,
-            src_offset,
-        } => d()?
-            .mem_copy(dst, dst_offset, src, src_offset, length)
+        Cmd::Copy(c) => d()?
+            .mem_copy(c.dst, c.dst_offset, c.src, c.src_offset, c.length)
             .map_err(ioctl_err("RUVM_IOCTL_MEM_COPY")),
         Cmd::MmapFill { handle, range } => mmap_fill(&d()?, handle, &range, false, false),
         Cmd::MmapVerify {
@@ -941,15 +933,8 @@ fn run(cli: Cli) -> CliResult {
             json,
         } => mmap_fill(&d()?, handle, &range, true, json.json),
         Cmd::Gpus(j) => gpus(&d()?, j.json),
-        Cmd::CeCopy {
-            gpu,
-            dst,
-            src,
-            length,
-            dst_offset,
-            src_offset,
-        } => d()?
-            .ce_copy(gpu, dst, dst_offset, src, src_offset, length)
+        Cmd::CeCopy { gpu, copy: c } => d()?
+            .ce_copy(gpu, c.dst, c.dst_offset, c.src, c.src_offset, c.length)
             .map_err(ioctl_err("RUVM_IOCTL_CE_COPY")),
         Cmd::MapGpu { handle, gpu } => d()?
             .mem_gpu(true, handle, gpu)

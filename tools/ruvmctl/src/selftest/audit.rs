@@ -261,6 +261,8 @@ fn audit_bad_inputs() -> TestResult {
     )?;
     if !test_ioctls(&d)? {
         expect_errno(d.audit(true), Errno::ENOSYS, "walk without test ioctls")?;
+        let leak = d.test_leak(uapi::ruvm_leak_RUVM_LEAK_CHUNK, 0, 1, 0, 0);
+        expect_errno(leak, Errno::ENOSYS, "planted leak with test ioctls off")?;
     }
     let mut s = uapi::ruvm_stats {
         backing: 5,

@@ -285,34 +285,29 @@ fn gpu_list_bad_inputs() -> TestResult {
 const DMA_MAPPINGS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize;
 const DMA_BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_BYTES as usize;
 
-/// The ids of the bound GPUs with a copy engine; skips the case without any.
-fn engine_gpus(d: &Ruvm) -> Result<Vec<u32>, Stop> {
+/// The ids of the GPUs that `keep` accepts; skips the case (saying `none`) without any.
+fn gpu_ids(d: &Ruvm, keep: fn(&uapi::ruvm_gpu_info) -> bool, none: &str) -> Result<Vec<u32>, Stop> {
     let ids: Vec<u32> = d
         .gpus()
         .ctx("GPU_LIST")?
         .iter()
-        .filter(|g| bound_edu(g))
+        .filter(|g| keep(g))
         .map(|g| g.id)
         .collect();
     if ids.is_empty() {
-        return Err(Stop::Skip("no GPU with a copy engine".into()));
+        return Err(Stop::Skip(none.into()));
     }
     Ok(ids)
 }
 
-/// The ids of the bound GPUs; skips the case without any.
+/// The ids of the bound GPUs with a copy engine.
+fn engine_gpus(d: &Ruvm) -> Result<Vec<u32>, Stop> {
+    gpu_ids(d, bound_edu, "no GPU with a copy engine")
+}
+
+/// The ids of the bound GPUs.
 fn bound_gpus(d: &Ruvm) -> Result<Vec<u32>, Stop> {
-    let ids: Vec<u32> = d
-        .gpus()
-        .ctx("GPU_LIST")?
-        .iter()
-        .filter(|g| present(g))
-        .map(|g| g.id)
-        .collect();
-    if ids.is_empty() {
-        return Err(Stop::Skip("no GPU bound".into()));
-    }
-    Ok(ids)
+    gpu_ids(d, present, "no GPU bound")
 }
 
 fn dma_live(d: &Ruvm) -> Result<(u64, u64), Stop> {
@@ -778,6 +773,13 @@ fn gpu_ce_copy_bad_inputs() -> TestResult {
         "flags",
     )?;
     d.ce_copy(g, b, 0, a, 0, 0).ctx("an empty copy")?;
+    if d.info().ctx("INFO")?.test_ioctls == 0 {
+        expect_errno(
+            d.test_ce_raw(g, 0, 16),
+            Errno::ENOSYS,
+            "raw transfer with test ioctls off",
+        )?;
+    }
     d.mem_free(a).ctx("free")?;
     d.mem_free(b).ctx("free")
 }
