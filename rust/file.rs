@@ -514,7 +514,7 @@ fn test_ce_raw(user: UserSlice) -> Result {
         return Err(ENODEV);
     }
     let len = usize::try_from(args.len).map_err(|_| EINVAL)?;
-    engine.read_into_device(args.src, len)?;
+    engine.read_raw(&gpu.dma, args.src, len)?;
     drop(alive);
     Ok(())
 }

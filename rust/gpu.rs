@@ -3,8 +3,9 @@
 //! The GPU registry: every GPU ruvm knows, under a stable id.
 //!
 //! A GPU enters the registry when its driver binds it and stays when it is unbound (marked not
-//! present), so that a rebind of the same PCI device gets the same id back. Sources today: the
-//! test GPUs, QEMU `edu` devices bound by ruvm's own PCI driver ([`edu`]).
+//! present), so that a rebind of the same PCI device gets the same id back. Sources: the test
+//! GPUs, QEMU `edu` devices bound by ruvm's own PCI driver ([`edu`]); host GPUs named by
+//! `host_gpus` ([`HostGpus`]); simulated GPUs on the faux bus ([`sim`]).
 //!
 //! Locking: one module-wide mutex (`bind::globals::GPUS`), a leaf: nothing else is taken under it.
 
@@ -20,6 +21,7 @@ use crate::{
 };
 
 pub(crate) mod edu;
+pub(crate) mod sim;
 
 /// The most GPUs the registry holds.
 const MAX_GPUS: usize = uapi::RUVM_MAX_GPUS as usize;
@@ -43,7 +45,43 @@ pub(crate) struct GpuInfo {
 
 impl GpuInfo {
     fn same_device(&self, other: &GpuInfo) -> bool {
-        (self.domain, self.bus, self.devfn) == (other.domain, other.bus, other.devfn)
+        (self.kind, self.domain, self.bus, self.devfn)
+            == (other.kind, other.domain, other.bus, other.devfn)
+    }
+}
+
+/// A GPU's copy engine.
+pub(crate) enum Engine {
+    /// edu's DMA engine, through the IOMMU.
+    Edu(edu::EduEngine),
+    /// A simulated GPU's: the CPU, through the GPU's DMA address translation.
+    Sim,
+}
+
+impl Engine {
+    /// The largest piece one [`Self::copy`] moves.
+    pub(crate) fn max_piece(&self) -> usize {
+        match self {
+            Engine::Edu(_) => edu::EduEngine::MAX_PIECE,
+            Engine::Sim => sim::MAX_PIECE,
+        }
+    }
+
+    /// Copies `len` bytes (at most [`Self::max_piece`]) from DMA address `src` to `dst`.
+    pub(crate) fn copy(&self, dma: &DmaDevice, dst: u64, src: u64, len: usize) -> Result {
+        match self {
+            Engine::Edu(e) => e.copy(dst, src, len),
+            Engine::Sim => sim::check_piece(len).and_then(|()| dma.sim_copy(dst, src, len)),
+        }
+    }
+
+    /// Reads `len` bytes at DMA address `src` into the engine, bypassing every table (to aim
+    /// it at an unmapped address on purpose).
+    pub(crate) fn read_raw(&self, dma: &DmaDevice, src: u64, len: usize) -> Result {
+        match self {
+            Engine::Edu(e) => e.read_into_device(src, len),
+            Engine::Sim => sim::check_piece(len).and_then(|()| dma.sim_read(src, len)),
+        }
     }
 }
 
@@ -59,7 +97,7 @@ pub(crate) struct GpuDev {
     /// The highest DMA address the GPU can use.
     pub(crate) limit: u64,
     /// Its copy engine.
-    pub(crate) engine: Option<edu::EduEngine>,
+    pub(crate) engine: Option<Engine>,
     #[pin]
     pub(crate) alive: Mutex<bool>,
 }
@@ -77,7 +115,7 @@ pub(crate) struct GpuEntry {
 pub(crate) fn register(
     info: GpuInfo,
     dma: DmaDevice,
-    engine: Option<edu::EduEngine>,
+    engine: Option<Engine>,
 ) -> Result<Arc<GpuDev>> {
     let dma = Arc::new(dma, GFP_KERNEL)?;
     let limit = match info.dma_mask_bits {

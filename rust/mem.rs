@@ -589,12 +589,12 @@ impl Mem {
             let (s, d) = (src_offset + done, dst_offset + done);
             // A piece stays inside one chunk of each mem: chunks are contiguous only inside.
             let piece = (len - done)
-                .min(crate::gpu::edu::EduEngine::MAX_PIECE)
+                .min(engine.max_piece())
                 .min(sc - s % sc)
                 .min(dc - d % dc);
             let s_addr = st.addrs().get(s / sc).ok_or(EINVAL)? + (s % sc) as u64;
             let d_addr = dt.addrs().get(d / dc).ok_or(EINVAL)? + (d % dc) as u64;
-            engine.copy(d_addr, s_addr, piece)?;
+            engine.copy(&gpu.dma, d_addr, s_addr, piece)?;
             done += piece;
         }
         drop(alive);

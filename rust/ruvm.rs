@@ -42,6 +42,10 @@ module! {
             default: 0,
             description: "Host GPUs to DMA-map for, not bound: up to four PCI addresses (bus << 8 | devfn, domain 0) in 16-bit fields; 0 none",
         },
+        sim_gpus: u32 {
+            default: 0,
+            description: "Simulated GPUs (faux devices, CPU copy engine) to create, 0 to 8",
+        },
         leak_checker: u32 {
             default: 1,
             description: "Leak audit reports: 0 none, 1 class counts at unload and reclaims at close, 2 also every object's origin",
@@ -94,6 +98,7 @@ struct RuvmModule {
     _miscdev: MiscDeviceRegistration<file::RuvmFile>,
     /// Before the edu driver, so that it leaves the host GPUs alone.
     _host: gpu::HostGpus,
+    _sim: gpu::sim::SimGpus,
     #[pin]
     _edu: driver::Registration<pci::Adapter<gpu::edu::EduDriver>>,
     #[pin]
@@ -118,6 +123,7 @@ impl kernel::InPlaceModule for RuvmModule {
         try_pin_init!(Self {
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
             _host: gpu::HostGpus::new(host_gpus_param())?,
+            _sim: gpu::sim::SimGpus::new(*module_parameters::sim_gpus.value())?,
             _edu <- driver::Registration::new(c"ruvm-edu", module),
             _stats <- dir.read_only_file(c"stats", audit::StatsView),
             _audit <- dir.read_only_file(c"audit", audit::LiveView),

@@ -175,7 +175,7 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
             page_sizes: gpu::TEST_PAGE_SIZES,
         },
         DmaDevice::new(pdev),
-        Some(engine),
+        Some(gpu::Engine::Edu(engine)),
     )?;
     dev_info!(pdev, "test GPU {} (edu)\n", dev.id);
     Ok(EduGpu { dev })

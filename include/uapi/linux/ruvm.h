@@ -426,6 +426,12 @@ enum ruvm_gpu_kind {
 	 * driver owns): not bound by ruvm, used for DMA mapping only, no copy engine.
 	 */
 	RUVM_GPU_KIND_HOST = 2,
+	/*
+	 * A simulated GPU (sim_gpus module parameter): a faux device with real DMA mappings
+	 * (dma-direct, 47-bit mask) whose copy engine is the CPU, reaching memory only through
+	 * the DMA addresses it is given. Its PCI fields are 0 but for pci_devfn, its index.
+	 */
+	RUVM_GPU_KIND_SIM = 3,
 };
 
 /* ruvm_gpu_info.flags */

@@ -558,7 +558,7 @@ struct GpuOut {
     id: u32,
     kind: &'static str,
     present: bool,
-    pci: String,
+    location: String,
     vendor: String,
     device: String,
     dma_mask_bits: u32,
@@ -576,16 +576,22 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
             kind: match g.kind {
                 uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU => "edu (test GPU)",
                 uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST => "host GPU (DMA mapping only)",
+                uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM => "simulated GPU",
                 _ => "unknown",
             },
             present: g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0,
-            pci: format!(
-                "{:04x}:{:02x}:{:02x}.{}",
-                g.pci_domain,
-                g.pci_bus,
-                g.pci_devfn >> 3,
-                g.pci_devfn & 7
-            ),
+            // Where the device is: a PCI address, or a simulated GPU's faux device.
+            location: if g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM {
+                format!("faux/ruvm-sim{}", g.pci_devfn)
+            } else {
+                format!(
+                    "{:04x}:{:02x}:{:02x}.{}",
+                    g.pci_domain,
+                    g.pci_bus,
+                    g.pci_devfn >> 3,
+                    g.pci_devfn & 7
+                )
+            },
             vendor: format!("{:04x}", g.vendor),
             device: format!("{:04x}", g.device),
             dma_mask_bits: g.dma_mask_bits,
@@ -608,7 +614,7 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
             "GPU {}: {} at {} [{}:{}], {}, DMA {} bits, pages {}, copy engine {}, {} bytes DMA-mapped",
             g.id,
             g.kind,
-            g.pci,
+            g.location,
             g.vendor,
             g.device,
             if g.present {
