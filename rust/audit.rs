@@ -12,8 +12,9 @@
 //!
 //! # Statistics
 //!
-//! Per backing: reserved bytes (what mems hold), used bytes (what was asked for), mems, each
-//! with a high watermark that can be restarted; allocations, frees and failures since load.
+//! Per backing (sysmem, vidmem of all GPUs): reserved bytes (what mems hold), used bytes (what
+//! was asked for), mems, each with a high watermark that can be restarted; allocations, frees
+//! and failures since load.
 //!
 //! # Reports
 //!
@@ -59,6 +60,12 @@ pub(crate) enum Class {
     DmaMappings,
     /// Their bytes.
     DmaBytes,
+    /// Physical bytes of vidmem mems.
+    VidmemBytes,
+    /// Vidmem chunks held by mems.
+    VidmemChunks,
+    /// Vidmem root chunks with storage (2 MiB of kernel pages each).
+    VidmemRoots,
 }
 
 /// The names used in reports and by ruvmctl, by class index.
@@ -81,9 +88,9 @@ const NAMES: [&str; CLASSES] = [
     "sysmem_chunks_o10",
     "dma_mappings",
     "dma_bytes",
-    "reserved_18",
-    "reserved_19",
-    "reserved_20",
+    "vidmem_bytes",
+    "vidmem_chunks",
+    "vidmem_roots",
     "reserved_21",
     "reserved_22",
     "reserved_23",
@@ -103,6 +110,9 @@ impl Class {
             }
             Class::DmaMappings => uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS,
             Class::DmaBytes => uapi::ruvm_audit_class_RUVM_AUDIT_DMA_BYTES,
+            Class::VidmemBytes => uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_BYTES,
+            Class::VidmemChunks => uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_CHUNKS,
+            Class::VidmemRoots => uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_ROOTS,
         };
         i as usize
     }
@@ -195,47 +205,98 @@ impl Watermark {
     }
 }
 
-/// Sysmem statistics.
-static RESERVED: Watermark = Watermark::new();
-static USED: Watermark = Watermark::new();
-static MEMS: Watermark = Watermark::new();
-static ALLOCS: Atomic<u64> = Atomic::new(0);
-static FREES: Atomic<u64> = Atomic::new(0);
-static FAILURES: Atomic<u64> = Atomic::new(0);
+/// What the statistics are kept for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StatsBacking {
+    /// Sysmem mems.
+    Sysmem,
+    /// Vidmem mems, of every GPU.
+    Vidmem,
+}
+
+/// The statistics of one backing.
+struct BackingStats {
+    reserved: Watermark,
+    used: Watermark,
+    mems: Watermark,
+    allocs: Atomic<u64>,
+    frees: Atomic<u64>,
+    failures: Atomic<u64>,
+}
+
+impl BackingStats {
+    const fn new() -> Self {
+        Self {
+            reserved: Watermark::new(),
+            used: Watermark::new(),
+            mems: Watermark::new(),
+            allocs: Atomic::new(0),
+            frees: Atomic::new(0),
+            failures: Atomic::new(0),
+        }
+    }
+}
+
+static SYSMEM_STATS: BackingStats = BackingStats::new();
+static VIDMEM_STATS: BackingStats = BackingStats::new();
+
+impl StatsBacking {
+    fn stats(self) -> &'static BackingStats {
+        match self {
+            StatsBacking::Sysmem => &SYSMEM_STATS,
+            StatsBacking::Vidmem => &VIDMEM_STATS,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            StatsBacking::Sysmem => "sysmem",
+            StatsBacking::Vidmem => "vidmem",
+        }
+    }
+}
 
 /// A mem's share of the statistics, for as long as it lives.
 pub(crate) struct Usage {
+    backing: StatsBacking,
     reserved: u64,
     used: u64,
 }
 
 impl Usage {
     /// A successful allocation of `reserved` physical bytes for `used` requested ones.
-    pub(crate) fn new(reserved: u64, used: u64) -> Self {
-        RESERVED.add(reserved);
-        USED.add(used);
-        MEMS.add(1);
-        ALLOCS.fetch_add(1, Relaxed);
-        Self { reserved, used }
+    pub(crate) fn new(backing: StatsBacking, reserved: u64, used: u64) -> Self {
+        let s = backing.stats();
+        s.reserved.add(reserved);
+        s.used.add(used);
+        s.mems.add(1);
+        s.allocs.fetch_add(1, Relaxed);
+        Self {
+            backing,
+            reserved,
+            used,
+        }
     }
 }
 
 impl Drop for Usage {
     fn drop(&mut self) {
-        RESERVED.sub(self.reserved);
-        USED.sub(self.used);
-        MEMS.sub(1);
-        FREES.fetch_add(1, Relaxed);
+        let s = self.backing.stats();
+        s.reserved.sub(self.reserved);
+        s.used.sub(self.used);
+        s.mems.sub(1);
+        s.frees.fetch_add(1, Relaxed);
     }
 }
 
 /// Counts an allocation that was refused or failed.
-pub(crate) fn alloc_failed() {
-    FAILURES.fetch_add(1, Relaxed);
+pub(crate) fn alloc_failed(backing: StatsBacking) {
+    backing.stats().failures.fetch_add(1, Relaxed);
 }
 
-/// A snapshot of the sysmem statistics.
+/// A snapshot of one backing's statistics.
 pub(crate) struct Stats {
+    pub(crate) backing: StatsBacking,
     pub(crate) reserved: (u64, u64),
     pub(crate) used: (u64, u64),
     pub(crate) mems: (u64, u64),
@@ -244,27 +305,29 @@ pub(crate) struct Stats {
     pub(crate) failures: u64,
 }
 
-/// The sysmem statistics; with `reset_peaks`, the watermarks restart from now afterwards.
-pub(crate) fn stats(reset_peaks: bool) -> Stats {
+/// One backing's statistics; with `reset_peaks`, its watermarks restart from now afterwards.
+pub(crate) fn stats(backing: StatsBacking, reset_peaks: bool) -> Stats {
+    let b = backing.stats();
     let s = Stats {
-        reserved: RESERVED.get(),
-        used: USED.get(),
-        mems: MEMS.get(),
-        allocs: ALLOCS.load(Relaxed),
-        frees: FREES.load(Relaxed),
-        failures: FAILURES.load(Relaxed),
+        backing,
+        reserved: b.reserved.get(),
+        used: b.used.get(),
+        mems: b.mems.get(),
+        allocs: b.allocs.load(Relaxed),
+        frees: b.frees.load(Relaxed),
+        failures: b.failures.load(Relaxed),
     };
     if reset_peaks {
-        RESERVED.reset_peak();
-        USED.reset_peak();
-        MEMS.reset_peak();
+        b.reserved.reset_peak();
+        b.used.reset_peak();
+        b.mems.reset_peak();
     }
     s
 }
 
 impl core::fmt::Display for Stats {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        writeln!(f, "backing sysmem")?;
+        writeln!(f, "backing {}", self.backing.name())?;
         writeln!(
             f,
             "reserved_bytes {} peak {}",
@@ -283,7 +346,8 @@ pub(crate) struct StatsView;
 
 impl kernel::debugfs::Writer for StatsView {
     fn write(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "{}", stats(false))
+        write!(f, "{}", stats(StatsBacking::Sysmem, false))?;
+        write!(f, "{}", stats(StatsBacking::Vidmem, false))
     }
 }
 

@@ -96,6 +96,9 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_UNMAP_GPU => me.mem_map_gpu(user, false)?,
             uapi::RUVM_IOCTL_MEM_DMA_ADDRS => me.mem_dma_addrs(user)?,
             uapi::RUVM_IOCTL_CE_COPY => me.ce_copy(user)?,
+            uapi::RUVM_IOCTL_MEM_GPU_PHYS => me.mem_gpu_phys(user)?,
+            uapi::RUVM_IOCTL_PMM_STATS => pmm_stats(user)?,
+            uapi::RUVM_IOCTL_PMM_CHECK_LEAK => pmm_check_leak(user)?,
             uapi::RUVM_IOCTL_AUDIT => audit_ioctl(user)?,
             uapi::RUVM_IOCTL_STATS => stats(user)?,
             uapi::RUVM_IOCTL_REGISTER_UNLOAD_STATE => register_unload_state(user)?,
@@ -135,14 +138,18 @@ impl RuvmFile {
         let (mut reader, mut writer) = user.reader_writer();
         let mut args: uapi::ruvm_mem_alloc = reader.read()?;
         if args.flags & !uapi::ruvm_alloc_flags_RUVM_ALLOC_FLAGS_ALL != 0
+            || args.pad != 0
             || !all_zero(&args.reserved)
         {
             return Err(EINVAL);
         }
-        if args.backing != uapi::ruvm_backing_RUVM_BACKING_SYSMEM {
-            return Err(EINVAL);
-        }
+        let gpu = match args.backing {
+            uapi::ruvm_backing_RUVM_BACKING_SYSMEM if args.gpu == 0 => None,
+            uapi::ruvm_backing_RUVM_BACKING_VIDMEM => Some(crate::gpu::get(args.gpu)?),
+            _ => return Err(EINVAL),
+        };
         let req = AllocRequest {
+            gpu,
             size: args.size,
             page_size: args.page_size,
             zero: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO != 0,
@@ -208,7 +215,11 @@ impl RuvmFile {
             return Err(EINVAL);
         }
         let info = self.mem(args.handle)?.info();
-        args.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
+        (args.backing, args.gpu) = match info.vidmem_gpu {
+            None => (uapi::ruvm_backing_RUVM_BACKING_SYSMEM, 0),
+            Some(gpu) => (uapi::ruvm_backing_RUVM_BACKING_VIDMEM, gpu),
+        };
+        args.pad = 0;
         args.size = info.size;
         args.physical_size = info.layout.physical_size;
         args.chunk_size = info.layout.chunk_size;
@@ -293,6 +304,20 @@ impl RuvmFile {
             out.write(a)?;
         }
         args.count = addrs.len() as u64;
+        writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_MEM_GPU_PHYS` (privileged).
+    fn mem_gpu_phys(&self, user: UserSlice) -> Result {
+        cred::require_sys_admin()?;
+        let (mut reader, mut writer) = user.reader_writer();
+        let mut args: uapi::ruvm_mem_gpu_phys = reader.read()?;
+        if args.flags != 0 || args.pad != 0 || !all_zero(&args.reserved) {
+            return Err(EINVAL);
+        }
+        let mem = self.mem(args.handle)?;
+        let gpu = crate::gpu::get(args.gpu)?;
+        (args.address, args.aperture) = mem.gpu_phys(&gpu, args.offset, args.length)?;
         writer.write(&args)
     }
 
@@ -417,21 +442,64 @@ fn stats(user: UserSlice) -> Result {
     if args.flags & !reset_flag != 0 || !all_zero(&args.reserved) {
         return Err(EINVAL);
     }
-    if args.backing != uapi::ruvm_backing_RUVM_BACKING_SYSMEM {
-        return Err(EINVAL);
-    }
+    let backing = match args.backing {
+        uapi::ruvm_backing_RUVM_BACKING_SYSMEM => audit::StatsBacking::Sysmem,
+        uapi::ruvm_backing_RUVM_BACKING_VIDMEM => audit::StatsBacking::Vidmem,
+        _ => return Err(EINVAL),
+    };
     let reset = args.flags & reset_flag != 0;
     if reset {
         // The watermarks are shared by every user of the module.
         cred::require_sys_admin()?;
     }
-    let s = audit::stats(reset);
+    let s = audit::stats(backing, reset);
     (args.reserved_bytes, args.reserved_peak) = s.reserved;
     (args.used_bytes, args.used_peak) = s.used;
     (args.mems, args.mems_peak) = s.mems;
     args.allocs = s.allocs;
     args.frees = s.frees;
     args.alloc_failures = s.failures;
+    writer.write(&args)
+}
+
+/// The PMM of GPU `id`: `ENODEV` if it is not bound, `ENXIO` if it has no vidmem.
+fn pmm_of(id: u32) -> Result<Arc<crate::gpu::pmm::Pmm>> {
+    crate::gpu::get(id)?.pmm.clone().ok_or(ENXIO)
+}
+
+/// `RUVM_IOCTL_PMM_STATS`.
+fn pmm_stats(user: UserSlice) -> Result {
+    let (mut reader, mut writer) = user.reader_writer();
+    let mut args: uapi::ruvm_pmm_stats = reader.read()?;
+    if args.flags != 0 || !all_zero(&args.reserved) {
+        return Err(EINVAL);
+    }
+    let s = pmm_of(args.gpu)?.stats();
+    args.capacity = s.capacity;
+    args.free = s.free;
+    args.allocated = s.allocated;
+    args.roots = s.roots;
+    args.roots_used = s.roots_used;
+    args.roots_split = s.roots_split;
+    args.roots_stored = s.roots_stored;
+    writer.write(&args)
+}
+
+/// `RUVM_IOCTL_PMM_CHECK_LEAK` (privileged).
+fn pmm_check_leak(user: UserSlice) -> Result {
+    cred::require_sys_admin()?;
+    let (mut reader, mut writer) = user.reader_writer();
+    let mut args: uapi::ruvm_pmm_check_leak = reader.read()?;
+    if args.flags != 0 || !all_zero(&args.reserved) {
+        return Err(EINVAL);
+    }
+    if !crate::gpu::pmm::CHUNK_SIZES.contains(&args.chunk_size) {
+        return Err(EINVAL);
+    }
+    let (got, before, after) = pmm_of(args.gpu)?.check_leak(args.chunk_size, args.alloc_limit)?;
+    args.allocated = got;
+    args.free_before = before;
+    args.free_after = after;
     writer.write(&args)
 }
 

@@ -21,6 +21,7 @@ use crate::{
 };
 
 pub(crate) mod edu;
+pub(crate) mod pmm;
 pub(crate) mod sim;
 
 /// The most GPUs the registry holds.
@@ -98,6 +99,10 @@ pub(crate) struct GpuDev {
     pub(crate) limit: u64,
     /// Its copy engine.
     pub(crate) engine: Option<Engine>,
+    /// Its page sizes (bit n: 2^n bytes).
+    pub(crate) page_sizes: u64,
+    /// Its vidmem manager, if it has vidmem.
+    pub(crate) pmm: Option<Arc<pmm::Pmm>>,
     #[pin]
     pub(crate) alive: Mutex<bool>,
 }
@@ -143,12 +148,18 @@ pub(crate) fn register(
     };
     let entry = gpus.get_mut(index).ok_or(EINVAL)?;
     let id = entry.id;
+    let pmm = match crate::vidmem_bytes(id) {
+        0 => None,
+        bytes => Some(pmm::Pmm::new(bytes, dma.clone(), limit)?),
+    };
     let dev = Arc::pin_init(
         try_pin_init!(GpuDev {
             id,
             dma,
             limit,
             engine,
+            page_sizes: info.page_sizes,
+            pmm,
             alive <- new_mutex!(true),
         }),
         GFP_KERNEL,
@@ -159,11 +170,15 @@ pub(crate) fn register(
 }
 
 /// Removes a GPU that is being unbound: no new mapping can start, the mappings every mem has
-/// for it are dropped (while the device is still bound), and its entry stays, marked gone.
+/// for it are dropped and its vidmem's storage freed (while the device is still bound), and its
+/// entry stays, marked gone. Its vidmem mems stay, unusable (`ENODEV`) but free to free.
 pub(crate) fn unregister(dev: &GpuDev) {
     let mut alive = dev.alive.lock();
     *alive = false;
     crate::mem::drop_gpu_tables(dev.id);
+    if let Some(pmm) = &dev.pmm {
+        pmm.kill();
+    }
     drop(alive);
     if let Some(e) = GPUS.lock().iter_mut().find(|e| e.id == dev.id) {
         e.dev = None;
@@ -205,9 +220,13 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
                 dma_mask_bits: i.dma_mask_bits,
                 page_sizes: i.page_sizes,
                 dma_mapped_bytes: e.dev.as_ref().map_or(0, |d| d.dma.mapped_bytes()),
+                vidmem_size: e
+                    .dev
+                    .as_ref()
+                    .and_then(|d| d.pmm.as_ref())
+                    .map_or(0, |p| p.capacity()),
                 pad: 0,
                 pad2: 0,
-                reserved: [0; 1],
             },
             GFP_KERNEL,
         )?;
@@ -288,6 +307,15 @@ impl Drop for HostGpus {
             unregister(dev);
         }
     }
+}
+
+/// For the audit's walk: every present GPU's vidmem root chunks with storage, and the DMA
+/// mappings of that storage.
+pub(crate) fn walk_vidmem() -> (u64, u64) {
+    let gpus = GPUS.lock();
+    gpus.iter()
+        .filter_map(|e| e.dev.as_ref()?.pmm.as_ref().map(|p| p.walk()))
+        .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
 }
 
 /// Empties the registry at unload, after the drivers have let their GPUs go.

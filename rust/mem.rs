@@ -16,6 +16,8 @@
 //! it), and never held while touching user memory. The `mmap` path takes it under the mmap lock.
 //! `unmap_mapping_range` (the zap) runs without it.
 
+use core::num::NonZeroUsize;
+
 use kernel::{
     mm::virt::{flags as vm_flags, VmaNew},
     new_mutex,
@@ -28,7 +30,7 @@ use kernel::{
 };
 
 use crate::{
-    audit::{self, Class, Counted, Usage, CLASSES},
+    audit::{self, Class, Counted, StatsBacking, Usage, CLASSES},
     bind::{
         dma::{ChunkSource, DmaTable},
         globals::MEM_REGISTRY,
@@ -37,6 +39,7 @@ use crate::{
         vma::{self, VmaOwner},
         vmap::{PageSource, VMap},
     },
+    gpu::{pmm::VidChunk, GpuDev},
     uapi,
 };
 
@@ -176,6 +179,62 @@ impl PageSource for SysPages {
     }
 }
 
+/// The chunks of a vidmem mem, in order, from its GPU's PMM.
+pub(crate) struct VidPages {
+    /// The GPU whose memory it is (as it was bound when the mem was made).
+    gpu: Arc<GpuDev>,
+    chunks: KVVec<VidChunk>,
+    _audit: Counted,
+}
+
+/// What holds a mem's bytes.
+enum Storage {
+    Sys(Arc<SysPages>),
+    Vid(VidPages),
+}
+
+impl VidPages {
+    /// `ENODEV` unless `gpu` is this mem's GPU, still bound (the same binding: a GPU that was
+    /// unbound took its memory with it, even if it is back); `EINVAL` for another GPU (peer
+    /// access is not supported).
+    fn check_gpu(&self, gpu: &GpuDev) -> Result {
+        if self.gpu.id != gpu.id {
+            return Err(EINVAL);
+        }
+        if !core::ptr::eq(&*self.gpu, gpu) {
+            return Err(ENODEV);
+        }
+        Ok(())
+    }
+
+    /// The vidmem address of byte `offset` (of a chunk of `chunk` bytes).
+    fn phys(&self, offset: usize, chunk: NonZeroUsize) -> Result<u64> {
+        let c = self.chunks.get(offset / chunk).ok_or(EINVAL)?;
+        Ok(c.phys() + (offset % chunk) as u64)
+    }
+}
+
+/// How a GPU's engine reaches one mem: through its DMA table, or in its own memory.
+enum EngineView<'a> {
+    Table(Arc<DmaTable<SysPages>>),
+    Vid(&'a VidPages),
+}
+
+impl EngineView<'_> {
+    /// The DMA address at which the engine reaches byte `offset` (chunks of `chunk` bytes).
+    fn addr(&self, offset: usize, chunk: NonZeroUsize) -> Result<u64> {
+        match self {
+            EngineView::Table(t) => {
+                Ok(t.addrs().get(offset / chunk).ok_or(EINVAL)? + (offset % chunk) as u64)
+            }
+            EngineView::Vid(v) => {
+                let pmm = v.gpu.pmm.as_ref().ok_or(ENODEV)?;
+                pmm.engine_addr(v.phys(offset, chunk)?)
+            }
+        }
+    }
+}
+
 /// The CPU kernel mapping of a sysmem mem.
 type KernelMap = VMap<SysPages>;
 
@@ -196,6 +255,8 @@ impl KernelMapping {
 
 /// What an allocation asks for, validated from `struct ruvm_mem_alloc`.
 pub(crate) struct AllocRequest {
+    /// The GPU whose memory backs a vidmem mem; `None` for sysmem.
+    pub(crate) gpu: Option<Arc<GpuDev>>,
     pub(crate) size: u64,
     pub(crate) page_size: u64,
     pub(crate) zero: bool,
@@ -250,7 +311,7 @@ pub(crate) struct MemCore {
     layout: Layout,
     alloc_flags: u32,
     mmap_offset: u64,
-    pages: Arc<SysPages>,
+    storage: Storage,
     /// How many user VMAs map the mem.
     user_mappings: Atomic<u32>,
     #[pin]
@@ -322,6 +383,8 @@ pub(crate) struct MemInfo {
     pub(crate) user_mappings: u32,
     pub(crate) alloc_flags: u32,
     pub(crate) mapped_gpus: u64,
+    /// The GPU of a vidmem mem.
+    pub(crate) vidmem_gpu: Option<u32>,
 }
 
 impl Mem {
@@ -334,7 +397,7 @@ impl Mem {
     ) -> Result<Arc<Mem>> {
         let r = Self::try_alloc(req, quota, origin);
         if r.is_err() {
-            audit::alloc_failed();
+            audit::alloc_failed(stats_backing(req));
         }
         r
     }
@@ -342,13 +405,30 @@ impl Mem {
     fn try_alloc(req: &AllocRequest, quota: &Arc<Quota>, origin: Origin) -> Result<Arc<Mem>> {
         static SERIAL: Atomic<u64> = Atomic::new(1);
         let page = PAGE_SIZE as u64;
+        let backing = match &req.gpu {
+            None => Backing::Sysmem,
+            Some(gpu) => Backing::Vidmem {
+                gpu_page_sizes: gpu.page_sizes,
+                numa: false,
+            },
+        };
         let layout =
-            policy::layout(Backing::Sysmem, req.size, req.page_size, page).map_err(policy_error)?;
+            policy::layout(backing, req.size, req.page_size, page).map_err(policy_error)?;
         if layout.physical_size > req.max_bytes {
             return Err(ENOSPC);
         }
         let charge = quota.charge(layout.physical_size)?;
-        let (layout, pages) = alloc_chunks(req, layout)?;
+        let (layout, storage) = match &req.gpu {
+            None => {
+                let (layout, pages) = alloc_chunks(req, layout)?;
+                (layout, Storage::Sys(Arc::new(pages, GFP_KERNEL)?))
+            }
+            Some(gpu) => (layout, Storage::Vid(alloc_vidmem(gpu, &layout)?)),
+        };
+        let bytes_class = match storage {
+            Storage::Sys(_) => Class::SysmemBytes,
+            Storage::Vid(_) => Class::VidmemBytes,
+        };
         let mmap_offset = new_mmap_offset(layout.physical_size)?;
         let mut alloc_flags = 0;
         if req.zero {
@@ -365,7 +445,7 @@ impl Mem {
                 layout,
                 alloc_flags,
                 mmap_offset,
-                pages: Arc::new(pages, GFP_KERNEL)?,
+                storage,
                 user_mappings: Atomic::new(0),
                 state <- new_mutex!(MemState {
                     kmap: None,
@@ -374,8 +454,8 @@ impl Mem {
                 }),
                 origin,
                 _mems: Counted::new(Class::Mems, 1),
-                _bytes: Counted::new(Class::SysmemBytes, layout.physical_size),
-                _usage: Usage::new(layout.physical_size, req.size),
+                _bytes: Counted::new(bytes_class, layout.physical_size),
+                _usage: Usage::new(stats_backing(req), layout.physical_size, req.size),
             }),
             GFP_KERNEL,
         )?;
@@ -404,6 +484,20 @@ impl Mem {
         self.layout
     }
 
+    /// The chunk size, as a non-zero `usize` (for offsets within the mem).
+    fn chunk_len(&self) -> Result<NonZeroUsize> {
+        NonZeroUsize::new(usize::try_from(self.layout.chunk_size)?).ok_or(EINVAL)
+    }
+
+    /// The sysmem pages, or `EOPNOTSUPP` for vidmem (which the CPU cannot map: as in uvm_mem
+    /// for GPUs whose memory is not CPU-coherent).
+    fn sys_pages(&self) -> Result<&Arc<SysPages>> {
+        match &self.storage {
+            Storage::Sys(p) => Ok(p),
+            Storage::Vid(_) => Err(eopnotsupp()),
+        }
+    }
+
     /// Everything the mem knows about itself.
     pub(crate) fn info(&self) -> MemInfo {
         let (cpu_kernel, mapped_gpus) = {
@@ -418,6 +512,10 @@ impl Mem {
             user_mappings: self.user_mappings.load(Relaxed),
             alloc_flags: self.alloc_flags,
             mapped_gpus,
+            vidmem_gpu: match &self.storage {
+                Storage::Sys(_) => None,
+                Storage::Vid(v) => Some(v.gpu.id),
+            },
         }
     }
 
@@ -428,7 +526,7 @@ impl Mem {
             return Err(ENOENT);
         }
         if st.kmap.is_none() {
-            let map = KernelMapping::new(self.pages.clone())?;
+            let map = KernelMapping::new(self.sys_pages()?.clone())?;
             st.kmap = Some(Arc::new(map, GFP_KERNEL)?);
         }
         Ok(())
@@ -528,13 +626,18 @@ impl Mem {
         };
     }
 
-    /// Makes (if it has none yet) the mem's DMA address table for `gpu`. Idempotent.
-    pub(crate) fn map_gpu(&self, gpu: &crate::gpu::GpuDev) -> Result {
+    /// Makes (if it has none yet) the mem's DMA address table for `gpu`. Idempotent. For
+    /// vidmem: nothing to do on its own GPU, `EINVAL` on another.
+    pub(crate) fn map_gpu(&self, gpu: &GpuDev) -> Result {
         // Held across the mapping: the GPU cannot be removed meanwhile.
         let alive = gpu.alive.lock();
         if !*alive {
             return Err(ENODEV);
         }
+        let pages = match &self.storage {
+            Storage::Sys(p) => p,
+            Storage::Vid(v) => return v.check_gpu(gpu),
+        };
         let mut st = self.state.lock();
         if st.freed {
             return Err(ENOENT);
@@ -542,7 +645,7 @@ impl Mem {
         if st.gpus.iter().any(|(id, _)| *id == gpu.id) {
             return Ok(());
         }
-        let table = DmaTable::new(gpu.dma.clone(), self.pages.clone(), gpu.limit)?;
+        let table = DmaTable::new(gpu.dma.clone(), pages.clone(), gpu.limit)?;
         st.gpus
             .push((gpu.id, Arc::new(table, GFP_KERNEL)?), GFP_KERNEL)?;
         Ok(())
@@ -567,7 +670,7 @@ impl Mem {
     /// Copies `len` bytes from `src` to `dst` with `gpu`'s copy engine, addressing both only
     /// through their DMA tables for that GPU. The GPU cannot be removed meanwhile.
     pub(crate) fn ce_copy(
-        gpu: &crate::gpu::GpuDev,
+        gpu: &GpuDev,
         dst: &Mem,
         dst_offset: u64,
         src: &Mem,
@@ -581,19 +684,17 @@ impl Mem {
         }
         let (dst_offset, len) = dst.range(dst_offset, len)?;
         let (src_offset, _) = src.range(src_offset, len as u64)?;
-        let (dt, st) = (dst.gpu_table(gpu.id)?, src.gpu_table(gpu.id)?);
-        let dc = usize::try_from(dst.layout.chunk_size)?;
-        let sc = usize::try_from(src.layout.chunk_size)?;
+        let (dt, st) = (dst.engine_view(gpu)?, src.engine_view(gpu)?);
+        let (dc, sc) = (dst.chunk_len()?, src.chunk_len()?);
         let mut done = 0;
         while done < len {
             let (s, d) = (src_offset + done, dst_offset + done);
             // A piece stays inside one chunk of each mem: chunks are contiguous only inside.
             let piece = (len - done)
                 .min(engine.max_piece())
-                .min(sc - s % sc)
-                .min(dc - d % dc);
-            let s_addr = st.addrs().get(s / sc).ok_or(EINVAL)? + (s % sc) as u64;
-            let d_addr = dt.addrs().get(d / dc).ok_or(EINVAL)? + (d % dc) as u64;
+                .min(sc.get() - s % sc)
+                .min(dc.get() - d % dc);
+            let (s_addr, d_addr) = (st.addr(s, sc)?, dt.addr(d, dc)?);
             engine.copy(&gpu.dma, d_addr, s_addr, piece)?;
             done += piece;
         }
@@ -601,8 +702,50 @@ impl Mem {
         Ok(())
     }
 
+    /// How `gpu`'s engine reaches the mem: its DMA table for the GPU (`ENXIO` without one), or,
+    /// for vidmem, the GPU's own memory (see [`VidPages::check_gpu`]).
+    fn engine_view(&self, gpu: &GpuDev) -> Result<EngineView<'_>> {
+        match &self.storage {
+            Storage::Sys(_) => Ok(EngineView::Table(self.gpu_table(gpu.id)?)),
+            Storage::Vid(v) => v.check_gpu(gpu).map(|()| EngineView::Vid(v)),
+        }
+    }
+
+    /// The GPU address of `[offset, offset + len)`, which must lie in one chunk (`EINVAL`):
+    /// for sysmem its DMA address on `gpu` (`ENXIO` if not mapped there), for vidmem its vidmem
+    /// address (`gpu` must be its GPU). Returns the address and its `enum ruvm_aperture`.
+    pub(crate) fn gpu_phys(&self, gpu: &GpuDev, offset: u64, len: u64) -> Result<(u64, u32)> {
+        if len == 0 {
+            return Err(EINVAL);
+        }
+        let (offset, len) = self.range(offset, len)?;
+        let chunk = self.chunk_len()?;
+        if offset / chunk != (offset + len - 1) / chunk {
+            return Err(EINVAL);
+        }
+        match &self.storage {
+            Storage::Sys(_) => {
+                let t = self.gpu_table(gpu.id)?;
+                let addr = t.addrs().get(offset / chunk).ok_or(EINVAL)? + (offset % chunk) as u64;
+                Ok((addr, uapi::ruvm_aperture_RUVM_APERTURE_SYS))
+            }
+            Storage::Vid(v) => {
+                let alive = gpu.alive.lock();
+                if !*alive {
+                    return Err(ENODEV);
+                }
+                v.check_gpu(gpu)?;
+                drop(alive);
+                Ok((
+                    v.phys(offset, chunk)?,
+                    uapi::ruvm_aperture_RUVM_APERTURE_VID,
+                ))
+            }
+        }
+    }
+
     /// The DMA addresses of chunks `first..` on GPU `id`, at most `max`; `ENXIO` if the mem is not
-    /// mapped on it.
+    /// mapped on it (a vidmem mem never is: it has no DMA addresses).
     pub(crate) fn dma_addrs(&self, id: u32, first: u64, max: usize) -> Result<KVVec<u64>> {
         let st = self.state.lock();
         let (_, table) = st.gpus.iter().find(|(g, _)| *g == id).ok_or(ENXIO)?;
@@ -633,13 +776,14 @@ impl Mem {
         vma.try_clear_mayexec()?;
         vma.set_dontcopy();
         vma.set_dontexpand();
+        let pages = self.sys_pages()?;
         if self.state.lock().freed {
             return Err(ENXIO);
         }
         let map = vma.set_mixedmap();
         let mut addr = vma.start();
-        for i in 0..self.pages.page_count() {
-            let page = self.pages.page(i).ok_or(EINVAL)?;
+        for i in 0..pages.page_count() {
+            let page = pages.page(i).ok_or(EINVAL)?;
             map.vm_insert_page(addr, &page)?;
             addr += PAGE_SIZE;
         }
@@ -680,11 +824,16 @@ pub(crate) fn walk() -> [u64; CLASSES] {
         let registry = MEM_REGISTRY.lock();
         for core in registry.iter().flat_map(|r| r.values()) {
             bump(Class::Mems, 1);
-            bump(Class::SysmemBytes, core.layout.physical_size);
-            bump(
-                Class::SysmemChunks(core.pages.order),
-                core.pages.chunks.len() as u64,
-            );
+            match &core.storage {
+                Storage::Sys(pages) => {
+                    bump(Class::SysmemBytes, core.layout.physical_size);
+                    bump(Class::SysmemChunks(pages.order), pages.chunks.len() as u64);
+                }
+                Storage::Vid(v) => {
+                    bump(Class::VidmemBytes, core.layout.physical_size);
+                    bump(Class::VidmemChunks, v.chunks.len() as u64);
+                }
+            }
             bump(Class::UserMappings, core.user_mappings.load(Relaxed).into());
             let st = core.state.lock();
             bump(Class::KernelMaps, u64::from(st.kmap.is_some()));
@@ -696,6 +845,11 @@ pub(crate) fn walk() -> [u64; CLASSES] {
             }
         }
     }
+    // Vidmem storage: counted per root chunk, and DMA-mapped (one 2 MiB mapping each).
+    let (roots, mapped) = crate::gpu::walk_vidmem();
+    bump(Class::VidmemRoots, roots);
+    bump(Class::DmaMappings, mapped);
+    bump(Class::DmaBytes, mapped * policy::CHUNK_MAX);
     for p in crate::bind::globals::UNLOAD.lock().planted.iter() {
         match p {
             // Its core is in the registry, counted above; it has no handle.
@@ -772,6 +926,7 @@ pub(crate) fn plant(kind: &LeakKind, lost: bool) -> Result<Option<Planted>> {
     let planted = match *kind {
         LeakKind::Mem { size, mapped } => {
             let req = AllocRequest {
+                gpu: None,
                 size,
                 page_size: 0,
                 zero: false,
@@ -830,6 +985,47 @@ impl Fill {
             Fill::Byte(b) => buf.fill(b),
         }
     }
+}
+
+/// `EOPNOTSUPP`, which the kernel crate has no constant for.
+fn eopnotsupp() -> Error {
+    // CAST: EOPNOTSUPP is 95, which fits a `c_int`.
+    Error::from_errno(-(kernel::bindings::EOPNOTSUPP as i32))
+}
+
+/// Which statistics an allocation request counts in.
+fn stats_backing(req: &AllocRequest) -> StatsBacking {
+    match req.gpu {
+        None => StatsBacking::Sysmem,
+        Some(_) => StatsBacking::Vidmem,
+    }
+}
+
+/// Allocates every chunk of a vidmem mem from `gpu`'s PMM, each with storage. `ENOMEM` when
+/// the GPU has no vidmem or not enough is free, `ENODEV` once it is gone. On failure the chunks
+/// allocated so far go back (dropped with the vector).
+fn alloc_vidmem(gpu: &Arc<GpuDev>, layout: &Layout) -> Result<VidPages> {
+    let pmm = gpu.pmm.as_ref().ok_or(ENOMEM)?;
+    let count = usize::try_from(layout.chunk_count)?;
+    let mut chunks = KVVec::with_capacity(count, GFP_KERNEL)?;
+    // Held across the allocation: the GPU cannot be removed meanwhile.
+    let alive = gpu.alive.lock();
+    if !*alive {
+        return Err(ENODEV);
+    }
+    for _ in 0..count {
+        if kernel::current!().signal_pending() {
+            return Err(ERESTARTSYS);
+        }
+        chunks.push(pmm.alloc(layout.chunk_size, true)?, GFP_KERNEL)?;
+    }
+    drop(alive);
+    let n = chunks.len() as u64;
+    Ok(VidPages {
+        gpu: gpu.clone(),
+        chunks,
+        _audit: Counted::new(Class::VidmemChunks, n),
+    })
 }
 
 /// Allocates the chunks for `layout`, halving the chunk size on `ENOMEM` when the request

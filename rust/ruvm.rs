@@ -42,6 +42,14 @@ module! {
             default: 0,
             description: "Host GPUs to DMA-map for, not bound: up to four PCI addresses (bus << 8 | devfn, domain 0) in 16-bit fields; 0 none",
         },
+        vidmem_mib: u64 {
+            default: 64,
+            description: "Vidmem of each GPU, in MiB: even (2 MiB root chunks), at most 65534; 0 none",
+        },
+        vidmem_mib_gpu: u64 {
+            default: 0,
+            description: "Per-GPU vidmem overrides: MiB for GPU ids 0 to 3 in 16-bit fields (even); a 0 field uses vidmem_mib",
+        },
         sim_gpus: u32 {
             default: 0,
             description: "Simulated GPUs (faux devices, CPU copy engine) to create, 0 to 8",
@@ -65,6 +73,39 @@ fn mib(value: u64) -> u64 {
 /// The `host_gpus` parameter.
 pub(crate) fn host_gpus_param() -> u64 {
     *module_parameters::host_gpus.value()
+}
+
+/// The most vidmem one GPU may have, in MiB (a 16-bit field of `vidmem_mib_gpu`).
+const MAX_VIDMEM_MIB: u64 = 65534;
+
+/// The vidmem size of GPU `id`, in bytes, from `vidmem_mib` and `vidmem_mib_gpu`.
+pub(crate) fn vidmem_bytes(id: u32) -> u64 {
+    let per_gpu = *module_parameters::vidmem_mib_gpu.value();
+    let field = if id < 4 {
+        (per_gpu >> (16 * id)) & 0xffff
+    } else {
+        0
+    };
+    let mib_value = if field != 0 {
+        field
+    } else {
+        *module_parameters::vidmem_mib.value()
+    };
+    mib(mib_value)
+}
+
+/// Checks the vidmem parameters (so that a bad value fails the load, not a later probe).
+fn check_vidmem_params() -> Result {
+    let all = *module_parameters::vidmem_mib.value();
+    let per_gpu = *module_parameters::vidmem_mib_gpu.value();
+    let fields = (0..4).map(|i| (per_gpu >> (16 * i)) & 0xffff);
+    for v in Iterator::chain(core::iter::once(all), fields) {
+        if v % 2 != 0 || v > MAX_VIDMEM_MIB {
+            pr_err!("vidmem size {v} MiB: must be even and at most {MAX_VIDMEM_MIB}\n");
+            return Err(EINVAL);
+        }
+    }
+    Ok(())
 }
 
 /// The `leak_checker` level.
@@ -121,6 +162,8 @@ impl kernel::InPlaceModule for RuvmModule {
         );
         let dir = debugfs::Dir::new(c"ruvm");
         try_pin_init!(Self {
+            // First: a bad parameter fails the load before anything is registered.
+            _: { check_vidmem_params()? },
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
             _host: gpu::HostGpus::new(host_gpus_param())?,
             _sim: gpu::sim::SimGpus::new(*module_parameters::sim_gpus.value())?,

@@ -55,4 +55,7 @@ plain_old_data!(
     ruvm_ce_copy,
     ruvm_test_ce_raw,
     ruvm_test_plant,
+    ruvm_mem_gpu_phys,
+    ruvm_pmm_stats,
+    ruvm_pmm_check_leak,
 );

@@ -10,7 +10,11 @@
 
 use core::ptr::NonNull;
 
-use kernel::{bindings, page::BorrowedPage, prelude::*};
+use kernel::{
+    bindings,
+    page::{BorrowedPage, PAGE_SIZE},
+    prelude::*,
+};
 
 /// How the chunks of a mem are allocated.
 #[derive(Clone, Copy, Debug)]
@@ -99,6 +103,29 @@ impl Chunk {
         // SAFETY: `p` is a page of this chunk, valid until the chunk is dropped, which the
         // borrow of `self` outlives.
         Some(unsafe { BorrowedPage::from_raw(p) })
+    }
+}
+
+impl Chunk {
+    /// Zeroes `len` bytes from byte `offset` of the chunk. The caller owns that range: nothing
+    /// else reads or writes it meanwhile (for a vidmem chunk being handed back: its mem is
+    /// gone, and the copy engine only reaches chunks of live mems).
+    pub(crate) fn zero(&self, offset: usize, len: usize) -> Result {
+        let end = offset.checked_add(len).ok_or(EINVAL)?;
+        if end > self.pages() * PAGE_SIZE {
+            return Err(EINVAL);
+        }
+        let mut at = offset;
+        while at < end {
+            let (index, in_page) = (at / PAGE_SIZE, at % PAGE_SIZE);
+            let n = (end - at).min(PAGE_SIZE - in_page);
+            let page = self.page(index).ok_or(EINVAL)?;
+            // SAFETY: the range is inside the chunk and, by this function's contract, no one
+            // else accesses it now.
+            unsafe { page.fill_zero_raw(in_page, n)? };
+            at += n;
+        }
+        Ok(())
     }
 }
 

@@ -27,13 +27,6 @@ pub(crate) enum Backing {
     /// Kernel pages.
     Sysmem,
     /// A GPU's memory.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "vidmem mems come with the GPU memory manager; host tests check its rules now"
-        )
-    )]
     Vidmem {
         /// Bitmask of the GPU's page sizes (bit `n` set = `1 << n` bytes is a page size).
         gpu_page_sizes: u64,

@@ -70,14 +70,24 @@ struct ruvm_info {
 #define RUVM_FEATURE_GPU_DMA (1ULL << 3)
 /* Copies by a GPU's copy engine through its DMA tables: RUVM_IOCTL_CE_COPY. */
 #define RUVM_FEATURE_CE_COPY (1ULL << 4)
+/*
+ * Vidmem: each GPU's memory, managed by a PMM; RUVM_BACKING_VIDMEM mems, MEM_GPU_PHYS,
+ * PMM_STATS, PMM_CHECK_LEAK, CE copies to and from vidmem.
+ */
+#define RUVM_FEATURE_VIDMEM (1ULL << 5)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
-	 RUVM_FEATURE_CE_COPY)
+	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
 	/* Kernel pages (the CPU's memory). */
 	RUVM_BACKING_SYSMEM = 0,
+	/*
+	 * A GPU's memory (vidmem), from that GPU's PMM (ruvm_mem_alloc.gpu). Not CPU-mappable:
+	 * its bytes move with the GPU's copy engine (RUVM_IOCTL_CE_COPY).
+	 */
+	RUVM_BACKING_VIDMEM = 1,
 };
 
 /* ruvm_mem_alloc.flags */
@@ -99,7 +109,10 @@ enum ruvm_alloc_flags {
  *
  * The mem is made of chunk_count chunks of chunk_size bytes (physical size = chunk_count *
  * chunk_size >= size). Sysmem chunk size: PAGE_SIZE by default; an explicit page_size must be
- * a power of two from PAGE_SIZE to 2 MiB. The handle belongs to the file that made it.
+ * a power of two from PAGE_SIZE to 2 MiB. Vidmem chunk size: by default 4 KiB below 64 KiB,
+ * 64 KiB below the GPU's biggest page size up to 2 MiB, else that size; an explicit page_size
+ * must be one of the GPU's page sizes up to 2 MiB. Vidmem is always zeroed (the PMM scrubs
+ * chunks when they are freed). The handle belongs to the file that made it.
  *
  * @size:        (in)  bytes wanted, > 0
  * @page_size:   (in)  chunk size wanted, 0 for the default
@@ -109,6 +122,8 @@ enum ruvm_alloc_flags {
  * @chunk_size:  (out) bytes per chunk
  * @chunk_count: (out) number of chunks
  * @mmap_offset: (out) the offset to mmap the mem at (length: the physical size)
+ * @gpu:         (in)  RUVM_BACKING_VIDMEM: the GPU whose memory backs the mem; else 0
+ * @pad:         (in)  must be 0
  * @reserved:    (in)  must be 0
  */
 struct ruvm_mem_alloc {
@@ -120,7 +135,9 @@ struct ruvm_mem_alloc {
 	__u64 chunk_size;
 	__u64 chunk_count;
 	__u64 mmap_offset;
-	__u64 reserved[4];
+	__u32 gpu;
+	__u32 pad;
+	__u64 reserved[3];
 };
 
 /**
@@ -156,7 +173,9 @@ enum ruvm_mapped {
  * @mapped:        (out) enum ruvm_mapped bits
  * @user_mappings: (out) how many user VMAs map it
  * @alloc_flags:   (out) the enum ruvm_alloc_flags it was allocated with
- * @mapped_gpus:   (out) bit n set: the mem has a DMA address table for GPU n
+ * @mapped_gpus:   (out) bit n set: the mem has a DMA address table for GPU n (sysmem only)
+ * @gpu:           (out) vidmem: the GPU whose memory backs it; sysmem: 0
+ * @pad:           (out) 0
  * @reserved:      (in)  must be 0
  */
 struct ruvm_mem_query {
@@ -172,7 +191,9 @@ struct ruvm_mem_query {
 	__u32 user_mappings;
 	__u32 alloc_flags;
 	__u64 mapped_gpus;
-	__u64 reserved[3];
+	__u32 gpu;
+	__u32 pad;
+	__u64 reserved[2];
 };
 
 /* ruvm_mem_fill.kind */
@@ -260,7 +281,10 @@ enum ruvm_audit_class {
 	RUVM_AUDIT_SYSMEM_CHUNKS_MAX_ORDER = 10,
 	RUVM_AUDIT_DMA_MAPPINGS = 16,	/* chunks DMA-mapped for a GPU (all GPUs) */
 	RUVM_AUDIT_DMA_BYTES = 17,	/* their bytes */
-	/* 18 to 23: reserved for later classes, always 0. */
+	RUVM_AUDIT_VIDMEM_BYTES = 18,	/* physical bytes of vidmem mems */
+	RUVM_AUDIT_VIDMEM_CHUNKS = 19,	/* vidmem chunks held by mems */
+	RUVM_AUDIT_VIDMEM_ROOTS = 20,	/* vidmem root chunks with storage (2 MiB each) */
+	/* 21 to 23: reserved for later classes, always 0. */
 	RUVM_AUDIT_CLASSES = 24,
 };
 
@@ -454,8 +478,9 @@ enum ruvm_gpu_flags {
  * @pci_devfn:     PCI device and function (device << 3 | function)
  * @dma_mask_bits: width of the device's DMA addresses
  * @page_sizes:    bitmask of the GPU's page sizes (bit n: 2^n bytes)
- * @dma_mapped_bytes: bytes of sysmem DMA-mapped for the GPU now (0 once it is unbound)
- * @reserved:      0
+ * @dma_mapped_bytes: bytes DMA-mapped for the GPU now: sysmem mems' tables and the storage of
+ *                 its vidmem root chunks (0 once it is unbound)
+ * @vidmem_size:   bytes of vidmem (its PMM's capacity; 0: none)
  */
 struct ruvm_gpu_info {
 	__u32 id;
@@ -471,7 +496,7 @@ struct ruvm_gpu_info {
 	__u32 pad2;
 	__u64 page_sizes;
 	__u64 dma_mapped_bytes;
-	__u64 reserved[1];
+	__u64 vidmem_size;
 };
 
 /**
@@ -534,11 +559,14 @@ struct ruvm_mem_dma_addrs {
 /**
  * struct ruvm_ce_copy - copy bytes with a GPU's copy engine (RUVM_IOCTL_CE_COPY)
  *
- * The GPU's engine moves the bytes, addressing both mems only through the DMA addresses in
- * their tables for that GPU (both must be mapped on it: RUVM_IOCTL_MEM_MAP_GPU). For the test
- * GPUs the engine is edu's DMA engine: each piece (under 4096 bytes, within one chunk of each
- * mem) goes memory -> device buffer -> memory, and each transfer takes about 100 ms of the
- * machine's clock, so copies are slow: meant for checking addresses, not for bulk data.
+ * The GPU's engine moves the bytes, addressing both mems only through GPU addresses: a sysmem
+ * mem through the DMA addresses in its table for that GPU (it must be mapped on it:
+ * RUVM_IOCTL_MEM_MAP_GPU), a vidmem mem through its vidmem addresses (it must be that GPU's
+ * memory; the engine reaches a root chunk's storage at its DMA address). For the test GPUs
+ * the engine is edu's DMA engine: each piece (under 4096 bytes, within one chunk of each mem)
+ * goes memory -> device buffer -> memory, and each transfer takes about 100 ms of the
+ * machine's clock, so copies are slow: meant for checking addresses, not for bulk data. A
+ * simulated GPU's engine is the CPU, in pieces of up to 2 MiB.
  *
  * @gpu:        (in) the GPU's id
  * @flags:      (in) must be 0
@@ -557,6 +585,101 @@ struct ruvm_ce_copy {
 	__u64 src_handle;
 	__u64 src_offset;
 	__u64 length;
+	__u64 reserved[2];
+};
+
+/* ruvm_mem_gpu_phys.aperture: what a GPU address points into. */
+enum ruvm_aperture {
+	/* System memory, at a DMA address of the GPU's (GPU-relative). */
+	RUVM_APERTURE_SYS = 0,
+	/* The GPU's own memory, at a vidmem (GPU physical) address. */
+	RUVM_APERTURE_VID = 1,
+};
+
+/**
+ * struct ruvm_mem_gpu_phys - where a GPU reaches a range of a mem (RUVM_IOCTL_MEM_GPU_PHYS)
+ *
+ * Privileged (CAP_SYS_ADMIN). The range must lie inside one chunk. For sysmem the mem must be
+ * mapped on the GPU (its DMA address); for vidmem the GPU must be the backing GPU (its
+ * vidmem address).
+ *
+ * @handle:   (in)  the mem
+ * @gpu:      (in)  the GPU's id
+ * @flags:    (in)  must be 0
+ * @offset:   (in)  first byte
+ * @length:   (in)  bytes, > 0
+ * @address:  (out) the GPU address of the first byte
+ * @aperture: (out) enum ruvm_aperture
+ * @pad:      (out) 0
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_mem_gpu_phys {
+	__u64 handle;
+	__u32 gpu;
+	__u32 flags;
+	__u64 offset;
+	__u64 length;
+	__u64 address;
+	__u32 aperture;
+	__u32 pad;
+	__u64 reserved[2];
+};
+
+/* ruvm_pmm_stats.allocated[] and ruvm_pmm_check_leak.chunk_size: the PMM's chunk sizes. */
+#define RUVM_PMM_CHUNK_SIZES 3 /* 4 KiB, 64 KiB, 2 MiB */
+
+/**
+ * struct ruvm_pmm_stats - a GPU's vidmem manager (RUVM_IOCTL_PMM_STATS)
+ * @gpu:           (in)  the GPU's id
+ * @flags:         (in)  must be 0
+ * @capacity:      (out) vidmem bytes
+ * @free:          (out) free bytes
+ * @allocated:     (out) chunks allocated now: of 4 KiB, 64 KiB, 2 MiB
+ * @roots:         (out) 2 MiB root chunks (capacity / 2 MiB)
+ * @roots_used:    (out) root chunks holding at least one chunk
+ * @roots_split:   (out) of those, the ones split into smaller chunks
+ * @roots_stored:  (out) root chunks with storage (kernel pages) now
+ * @reserved:      (in)  must be 0
+ */
+struct ruvm_pmm_stats {
+	__u32 gpu;
+	__u32 flags;
+	__u64 capacity;
+	__u64 free;
+	__u64 allocated[RUVM_PMM_CHUNK_SIZES];
+	__u64 roots;
+	__u64 roots_used;
+	__u64 roots_split;
+	__u64 roots_stored;
+	__u64 reserved[4];
+};
+
+/**
+ * struct ruvm_pmm_check_leak - allocate a GPU's chunks until a limit, then free them all
+ *                              (RUVM_IOCTL_PMM_CHECK_LEAK)
+ *
+ * uvm's PMM_CHECK_LEAK: the PMM hands out chunks of @chunk_size (without storage) until
+ * @alloc_limit of them or until none is left, then takes them all back. Comparing @allocated
+ * and @free_after across runs shows a leak. Privileged (CAP_SYS_ADMIN): it briefly takes the
+ * GPU's whole memory.
+ *
+ * @gpu:         (in)  the GPU's id
+ * @flags:       (in)  must be 0
+ * @chunk_size:  (in)  4 KiB, 64 KiB or 2 MiB
+ * @alloc_limit: (in)  most chunks to take; ~0 for "until none is left"
+ * @allocated:   (out) chunks taken
+ * @free_before: (out) the PMM's free bytes before
+ * @free_after:  (out) and after
+ * @reserved:    (in)  must be 0
+ */
+struct ruvm_pmm_check_leak {
+	__u32 gpu;
+	__u32 flags;
+	__u64 chunk_size;
+	__u64 alloc_limit;
+	__u64 allocated;
+	__u64 free_before;
+	__u64 free_after;
 	__u64 reserved[2];
 };
 
@@ -620,6 +743,9 @@ enum {
 	RUVM_IOCTL_MEM_UNMAP_GPU = _IOWR(RUVM_IOCTL_MAGIC, 0x22, struct ruvm_mem_gpu),
 	RUVM_IOCTL_MEM_DMA_ADDRS = _IOWR(RUVM_IOCTL_MAGIC, 0x23, struct ruvm_mem_dma_addrs),
 	RUVM_IOCTL_CE_COPY = _IOWR(RUVM_IOCTL_MAGIC, 0x24, struct ruvm_ce_copy),
+	RUVM_IOCTL_MEM_GPU_PHYS = _IOWR(RUVM_IOCTL_MAGIC, 0x25, struct ruvm_mem_gpu_phys),
+	RUVM_IOCTL_PMM_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x26, struct ruvm_pmm_stats),
+	RUVM_IOCTL_PMM_CHECK_LEAK = _IOWR(RUVM_IOCTL_MAGIC, 0x27, struct ruvm_pmm_check_leak),
 	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =

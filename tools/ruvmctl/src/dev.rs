@@ -63,6 +63,9 @@ ioctl_args!(
     uapi::ruvm_ce_copy,
     uapi::ruvm_test_ce_raw,
     uapi::ruvm_test_plant,
+    uapi::ruvm_mem_gpu_phys,
+    uapi::ruvm_pmm_stats,
+    uapi::ruvm_pmm_check_leak,
 );
 
 impl Ruvm {
@@ -138,6 +141,72 @@ impl Ruvm {
             ..Default::default()
         };
         self.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a)?;
+        Ok(a)
+    }
+
+    /// `RUVM_IOCTL_MEM_ALLOC` of vidmem on `gpu`.
+    pub fn vidmem_alloc(
+        &self,
+        gpu: u32,
+        size: u64,
+        page_size: u64,
+        flags: u32,
+    ) -> Result<uapi::ruvm_mem_alloc, Errno> {
+        let mut a = uapi::ruvm_mem_alloc {
+            size,
+            page_size,
+            flags,
+            backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+            gpu,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a)?;
+        Ok(a)
+    }
+
+    /// `RUVM_IOCTL_MEM_GPU_PHYS`: the GPU address of a range and its aperture.
+    pub fn gpu_phys(
+        &self,
+        handle: u64,
+        gpu: u32,
+        offset: u64,
+        length: u64,
+    ) -> Result<(u64, u32), Errno> {
+        let mut a = uapi::ruvm_mem_gpu_phys {
+            handle,
+            gpu,
+            offset,
+            length,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_MEM_GPU_PHYS, &mut a)?;
+        Ok((a.address, a.aperture))
+    }
+
+    /// `RUVM_IOCTL_PMM_STATS`.
+    pub fn pmm_stats(&self, gpu: u32) -> Result<uapi::ruvm_pmm_stats, Errno> {
+        let mut a = uapi::ruvm_pmm_stats {
+            gpu,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_PMM_STATS, &mut a)?;
+        Ok(a)
+    }
+
+    /// `RUVM_IOCTL_PMM_CHECK_LEAK`.
+    pub fn pmm_check_leak(
+        &self,
+        gpu: u32,
+        chunk_size: u64,
+        alloc_limit: u64,
+    ) -> Result<uapi::ruvm_pmm_check_leak, Errno> {
+        let mut a = uapi::ruvm_pmm_check_leak {
+            gpu,
+            chunk_size,
+            alloc_limit,
+            ..Default::default()
+        };
+        self.ioctl(uapi::RUVM_IOCTL_PMM_CHECK_LEAK, &mut a)?;
         Ok(a)
     }
 
@@ -309,8 +378,13 @@ impl Ruvm {
 
     /// `RUVM_IOCTL_STATS` of sysmem.
     pub fn stats(&self, reset_peaks: bool) -> Result<uapi::ruvm_stats, Errno> {
+        self.stats_of(uapi::ruvm_backing_RUVM_BACKING_SYSMEM, reset_peaks)
+    }
+
+    /// `RUVM_IOCTL_STATS` of one backing.
+    pub fn stats_of(&self, backing: u32, reset_peaks: bool) -> Result<uapi::ruvm_stats, Errno> {
         let mut a = uapi::ruvm_stats {
-            backing: uapi::ruvm_backing_RUVM_BACKING_SYSMEM,
+            backing,
             flags: if reset_peaks {
                 uapi::ruvm_stats_flags_RUVM_STATS_RESET_PEAKS
             } else {

@@ -74,14 +74,18 @@ struct CopyArgs {
 enum Cmd {
     /// Show the loaded module's version, ABI, features and live mems (RUVM_IOCTL_INFO).
     Info(Json),
-    /// Allocate a sysmem mem (RUVM_IOCTL_MEM_ALLOC).
+    /// Allocate a mem (RUVM_IOCTL_MEM_ALLOC): sysmem, or with --vidmem a GPU's memory.
     Alloc {
         /// Size, e.g. 4096, 64K, 7M+17.
         #[arg(value_parser = parse_size)]
         size: u64,
-        /// Chunk size: a power of two from the page size to 2M (default: the page size).
+        /// Chunk size (default: uvm_mem's rules). Sysmem: a power of two from the page size to
+        /// 2M; vidmem: one of the GPU's page sizes up to 2M.
         #[arg(long, default_value = "0", value_parser = parse_size)]
         page_size: u64,
+        /// Allocate from this GPU's memory (vidmem) instead of sysmem.
+        #[arg(long, value_name = "GPU")]
+        vidmem: Option<u32>,
         /// Zero the memory.
         #[arg(long)]
         zero: bool,
@@ -151,6 +155,36 @@ enum Cmd {
     DmaAddrs {
         handle: u64,
         gpu: u32,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Where a GPU reaches a range of a mem, which must lie in one chunk (RUVM_IOCTL_MEM_GPU_PHYS;
+    /// root only): a sysmem DMA address or a vidmem address.
+    GpuPhys {
+        handle: u64,
+        gpu: u32,
+        /// First byte.
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        offset: u64,
+        /// Bytes.
+        #[arg(long, default_value = "1", value_parser = parse_size)]
+        length: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// The vidmem managers (PMMs) of every present GPU with vidmem (RUVM_IOCTL_PMM_STATS).
+    Pmm(Json),
+    /// uvm's PMM_CHECK_LEAK: take a GPU's chunks of one size until none is left (or --limit),
+    /// give them all back, and report (RUVM_IOCTL_PMM_CHECK_LEAK; root only). Exits 1 if the
+    /// PMM did not get back all it had free.
+    PmmCheckLeak {
+        gpu: u32,
+        /// Chunk size: 4K, 64K or 2M.
+        #[arg(long, default_value = "2M", value_parser = parse_size)]
+        chunk_size: u64,
+        /// Most chunks to take.
+        #[arg(long)]
+        limit: Option<u64>,
         #[command(flatten)]
         json: Json,
     },
@@ -348,7 +382,7 @@ fn info(d: &dev::Ruvm, json: bool) -> CliResult {
 #[derive(Serialize)]
 struct MemOut {
     handle: u64,
-    backing: &'static str,
+    backing: String,
     size: u64,
     physical_size: u64,
     chunk_size: u64,
@@ -365,7 +399,11 @@ struct MemOut {
 fn mem_out(q: &uapi::ruvm_mem_query) -> MemOut {
     MemOut {
         handle: q.handle,
-        backing: "sysmem",
+        backing: if q.backing == uapi::ruvm_backing_RUVM_BACKING_VIDMEM {
+            format!("vidmem of GPU {}", q.gpu)
+        } else {
+            "sysmem".to_owned()
+        },
         size: q.size,
         physical_size: q.physical_size,
         chunk_size: q.chunk_size,
@@ -549,6 +587,15 @@ fn class_name(i: usize) -> String {
             "dma_mappings".to_owned()
         }
         _ if i == uapi::ruvm_audit_class_RUVM_AUDIT_DMA_BYTES as usize => "dma_bytes".to_owned(),
+        _ if i == uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_BYTES as usize => {
+            "vidmem_bytes".to_owned()
+        }
+        _ if i == uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_CHUNKS as usize => {
+            "vidmem_chunks".to_owned()
+        }
+        _ if i == uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_ROOTS as usize => {
+            "vidmem_roots".to_owned()
+        }
         _ => format!("reserved_{i}"),
     }
 }
@@ -565,6 +612,7 @@ struct GpuOut {
     page_sizes: Vec<String>,
     copy_engine: bool,
     dma_mapped_bytes: u64,
+    vidmem_size: u64,
 }
 
 fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
@@ -601,6 +649,7 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
                 .collect(),
             copy_engine: g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE != 0,
             dma_mapped_bytes: g.dma_mapped_bytes,
+            vidmem_size: g.vidmem_size,
         })
         .collect();
     if json {
@@ -611,7 +660,7 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
     }
     for g in &out {
         println!(
-            "GPU {}: {} at {} [{}:{}], {}, DMA {} bits, pages {}, copy engine {}, {} bytes DMA-mapped",
+            "GPU {}: {} at {} [{}:{}], {}, DMA {} bits, pages {}, copy engine {}, {} bytes DMA-mapped, vidmem {}",
             g.id,
             g.kind,
             g.location,
@@ -625,14 +674,75 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
             g.dma_mask_bits,
             g.page_sizes.join(" "),
             if g.copy_engine { "yes" } else { "no" },
-            g.dma_mapped_bytes
+            g.dma_mapped_bytes,
+            show_size(g.vidmem_size)
         );
     }
     Ok(())
 }
 
 #[derive(Serialize)]
-struct StatsOut {
+struct PmmOut {
+    gpu: u32,
+    capacity: u64,
+    free: u64,
+    allocated_4k: u64,
+    allocated_64k: u64,
+    allocated_2m: u64,
+    roots: u64,
+    roots_used: u64,
+    roots_split: u64,
+    roots_stored: u64,
+}
+
+fn pmm(d: &dev::Ruvm, json: bool) -> CliResult {
+    let mut out = Vec::new();
+    for g in d.gpus().map_err(ioctl_err("RUVM_IOCTL_GPU_LIST"))? {
+        if g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT == 0 || g.vidmem_size == 0 {
+            continue;
+        }
+        let s = d
+            .pmm_stats(g.id)
+            .map_err(ioctl_err("RUVM_IOCTL_PMM_STATS"))?;
+        out.push(PmmOut {
+            gpu: g.id,
+            capacity: s.capacity,
+            free: s.free,
+            allocated_4k: s.allocated[0],
+            allocated_64k: s.allocated[1],
+            allocated_2m: s.allocated[2],
+            roots: s.roots,
+            roots_used: s.roots_used,
+            roots_split: s.roots_split,
+            roots_stored: s.roots_stored,
+        });
+    }
+    if json {
+        return print_json(&out);
+    }
+    if out.is_empty() {
+        println!("no GPU with vidmem");
+    }
+    for p in &out {
+        println!(
+            "GPU {}: vidmem {}, free {}; chunks 4K {} 64K {} 2M {}; root chunks {} ({} used, {} split, {} with storage)",
+            p.gpu,
+            show_size(p.capacity),
+            show_size(p.free),
+            p.allocated_4k,
+            p.allocated_64k,
+            p.allocated_2m,
+            p.roots,
+            p.roots_used,
+            p.roots_split,
+            p.roots_stored
+        );
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct BackingOut {
     backing: &'static str,
     reserved_bytes: u64,
     reserved_peak: u64,
@@ -643,15 +753,21 @@ struct StatsOut {
     allocs: u64,
     frees: u64,
     alloc_failures: u64,
+}
+
+#[derive(Serialize)]
+struct StatsOut {
+    /// Sysmem, at the top level.
+    #[serde(flatten)]
+    sysmem: BackingOut,
+    vidmem: BackingOut,
     live: std::collections::BTreeMap<String, u64>,
     leak_checker: u32,
 }
 
-fn stats(d: &dev::Ruvm, json: bool, reset: bool) -> CliResult {
-    let s = d.stats(reset).map_err(ioctl_err("RUVM_IOCTL_STATS"))?;
-    let a = d.audit(false).map_err(ioctl_err("RUVM_IOCTL_AUDIT"))?;
-    let out = StatsOut {
-        backing: "sysmem",
+fn backing_out(backing: &'static str, s: &uapi::ruvm_stats) -> BackingOut {
+    BackingOut {
+        backing,
         reserved_bytes: s.reserved_bytes,
         reserved_peak: s.reserved_peak,
         used_bytes: s.used_bytes,
@@ -661,6 +777,20 @@ fn stats(d: &dev::Ruvm, json: bool, reset: bool) -> CliResult {
         allocs: s.allocs,
         frees: s.frees,
         alloc_failures: s.alloc_failures,
+    }
+}
+
+fn stats(d: &dev::Ruvm, json: bool, reset: bool) -> CliResult {
+    let sys = d
+        .stats_of(uapi::ruvm_backing_RUVM_BACKING_SYSMEM, reset)
+        .map_err(ioctl_err("RUVM_IOCTL_STATS"))?;
+    let vid = d
+        .stats_of(uapi::ruvm_backing_RUVM_BACKING_VIDMEM, reset)
+        .map_err(ioctl_err("RUVM_IOCTL_STATS"))?;
+    let a = d.audit(false).map_err(ioctl_err("RUVM_IOCTL_AUDIT"))?;
+    let out = StatsOut {
+        sysmem: backing_out("sysmem", &sys),
+        vidmem: backing_out("vidmem", &vid),
         live: a
             .live
             .iter()
@@ -672,20 +802,19 @@ fn stats(d: &dev::Ruvm, json: bool, reset: bool) -> CliResult {
     if json {
         return print_json(&out);
     }
-    println!("{:<10} {:>14} {:>14}", "sysmem", "now", "peak");
-    println!(
-        "{:<10} {:>14} {:>14}",
-        "reserved", out.reserved_bytes, out.reserved_peak
-    );
-    println!(
-        "{:<10} {:>14} {:>14}",
-        "used", out.used_bytes, out.used_peak
-    );
-    println!("{:<10} {:>14} {:>14}", "mems", out.mems, out.mems_peak);
-    println!(
-        "allocs {}, frees {}, failed allocations {}",
-        out.allocs, out.frees, out.alloc_failures
-    );
+    for b in [&out.sysmem, &out.vidmem] {
+        println!("{:<10} {:>14} {:>14}", b.backing, "now", "peak");
+        println!(
+            "{:<10} {:>14} {:>14}",
+            "reserved", b.reserved_bytes, b.reserved_peak
+        );
+        println!("{:<10} {:>14} {:>14}", "used", b.used_bytes, b.used_peak);
+        println!("{:<10} {:>14} {:>14}", "mems", b.mems, b.mems_peak);
+        println!(
+            "allocs {}, frees {}, failed allocations {}",
+            b.allocs, b.frees, b.alloc_failures
+        );
+    }
     let live: Vec<String> = out
         .live
         .iter()
@@ -861,6 +990,7 @@ fn run(cli: Cli) -> CliResult {
         Cmd::Alloc {
             size,
             page_size,
+            vidmem,
             zero,
             fallback,
             json,
@@ -873,9 +1003,11 @@ fn run(cli: Cli) -> CliResult {
             if fallback {
                 flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
             }
-            let a = dev
-                .mem_alloc(size, page_size, flags)
-                .map_err(ioctl_err("RUVM_IOCTL_MEM_ALLOC"))?;
+            let a = match vidmem {
+                None => dev.mem_alloc(size, page_size, flags),
+                Some(gpu) => dev.vidmem_alloc(gpu, size, page_size, flags),
+            }
+            .map_err(ioctl_err("RUVM_IOCTL_MEM_ALLOC"))?;
             let q = dev
                 .mem_query(a.handle)
                 .map_err(ioctl_err("RUVM_IOCTL_MEM_QUERY"))?;
@@ -970,6 +1102,64 @@ fn run(cli: Cli) -> CliResult {
                 println!("  chunk {i:>5}  {a:#014x}");
             }
             Ok(())
+        }
+        Cmd::GpuPhys {
+            handle,
+            gpu,
+            offset,
+            length,
+            json,
+        } => {
+            let (addr, aperture) = d()?
+                .gpu_phys(handle, gpu, offset, length)
+                .map_err(ioctl_err("RUVM_IOCTL_MEM_GPU_PHYS"))?;
+            let aperture = if aperture == uapi::ruvm_aperture_RUVM_APERTURE_VID {
+                "vidmem"
+            } else {
+                "sysmem"
+            };
+            if json.json {
+                return print_json(&serde_json::json!({
+                    "handle": handle, "gpu": gpu, "offset": offset, "length": length,
+                    "address": addr, "aperture": aperture,
+                }));
+            }
+            println!(
+                "mem {handle} [{offset:#x}, +{length:#x}) on GPU {gpu}: {aperture} {addr:#014x}"
+            );
+            Ok(())
+        }
+        Cmd::Pmm(j) => pmm(&d()?, j.json),
+        Cmd::PmmCheckLeak {
+            gpu,
+            chunk_size,
+            limit,
+            json,
+        } => {
+            let r = d()?
+                .pmm_check_leak(gpu, chunk_size, limit.unwrap_or(u64::MAX))
+                .map_err(ioctl_err("RUVM_IOCTL_PMM_CHECK_LEAK"))?;
+            let clean = r.free_after == r.free_before;
+            if json.json {
+                print_json(&serde_json::json!({
+                    "gpu": gpu, "chunk_size": chunk_size, "allocated": r.allocated,
+                    "free_before": r.free_before, "free_after": r.free_after, "clean": clean,
+                }))?;
+            } else {
+                println!(
+                    "GPU {gpu}: took {} chunks of {}, gave them back; free {} -> {} bytes: {}",
+                    r.allocated,
+                    show_size(chunk_size),
+                    r.free_before,
+                    r.free_after,
+                    if clean { "no leak" } else { "LEAK" }
+                );
+            }
+            if clean {
+                Ok(())
+            } else {
+                Err("the PMM did not get back all it had free".to_owned())
+            }
         }
         Cmd::Stats {
             json,
@@ -1079,6 +1269,9 @@ mod tests {
         assert_eq!(class_name(15), "sysmem_chunks_o10");
         assert_eq!(class_name(16), "dma_mappings");
         assert_eq!(class_name(17), "dma_bytes");
+        assert_eq!(class_name(18), "vidmem_bytes");
+        assert_eq!(class_name(19), "vidmem_chunks");
+        assert_eq!(class_name(20), "vidmem_roots");
         assert_eq!(class_name(23), "reserved_23");
     }
 }

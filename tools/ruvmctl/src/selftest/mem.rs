@@ -514,7 +514,7 @@ fn mem_alloc_bad_inputs() -> TestResult {
             &format!("unknown flag bit {bit}"),
         )?;
     }
-    for i in 0..4 {
+    for i in 0..3 {
         let mut a = uapi::ruvm_mem_alloc {
             size: 4096,
             ..Default::default()
@@ -526,16 +526,39 @@ fn mem_alloc_bad_inputs() -> TestResult {
             &format!("reserved[{i}]"),
         )?;
     }
-    let mut a = uapi::ruvm_mem_alloc {
-        size: 4096,
-        backing: 7,
-        ..Default::default()
-    };
-    expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a),
-        Errno::EINVAL,
-        "unknown backing",
-    )?;
+    for (what, a) in [
+        (
+            "pad",
+            uapi::ruvm_mem_alloc {
+                size: 4096,
+                pad: 1,
+                ..Default::default()
+            },
+        ),
+        (
+            "unknown backing",
+            uapi::ruvm_mem_alloc {
+                size: 4096,
+                backing: 7,
+                ..Default::default()
+            },
+        ),
+        (
+            "a GPU for sysmem",
+            uapi::ruvm_mem_alloc {
+                size: 4096,
+                gpu: 1,
+                ..Default::default()
+            },
+        ),
+    ] {
+        let mut a = a;
+        expect_errno(
+            d.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a),
+            Errno::EINVAL,
+            what,
+        )?;
+    }
     // Rounding up to whole chunks overflows.
     expect_errno(
         d.mem_alloc(u64::MAX, 0, 0),
@@ -609,7 +632,7 @@ fn mem_handle_bad_inputs() -> TestResult {
         handle: h,
         ..Default::default()
     };
-    q.reserved[2] = 1;
+    q.reserved[1] = 1;
     expect_errno(
         d.ioctl(uapi::RUVM_IOCTL_MEM_QUERY, &mut q),
         Errno::EINVAL,

@@ -1,0 +1,379 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A GPU's physical memory manager (PMM): its vidmem, handed out in chunks of 4K, 64K and 2M.
+//!
+//! The allocator is the kernel's own GPU buddy allocator (`kernel::gpu::buddy`, the one DRM
+//! drivers use) over the GPU's vidmem, with 4 KiB as its smallest block. Every chunk is one
+//! naturally aligned block, so it lies inside one 2 MiB root chunk (`phys / 2 MiB`): the buddy
+//! splits a bigger free block only when no block of the asked size is free (lazily) and merges
+//! buddies as soon as both are free (eagerly), which is uvm's PMM behaviour. The PMM keeps per
+//! root chunk what the buddy does not tell: how many chunks it holds, and its storage.
+//!
+//! # Storage
+//!
+//! Vidmem holds real bytes. The first chunk of a mem handed out from a root chunk gives that
+//! root its storage: 2 MiB of contiguous, zeroed kernel pages, DMA-mapped for the GPU (so its
+//! copy engine reaches them at the root's DMA address plus the offset). The storage goes when
+//! the root holds no stored chunk any more. A chunk is zeroed when it is handed back, so no
+//! mem ever sees an earlier one's bytes.
+//!
+//! # Locking
+//!
+//! One mutex per PMM (`state`), taken after the GPU's `alive` lock and never with a mem's lock
+//! held; the buddy's own lock is taken inside it (a leaf). Nothing else is called under it but
+//! page allocation and DMA mapping (and a simulated GPU's translation lock, a leaf).
+
+use kernel::{
+    gpu::buddy::{
+        AllocatedBlocks, GpuBuddy, GpuBuddyAllocFlags, GpuBuddyAllocMode, GpuBuddyParams,
+    },
+    new_mutex,
+    prelude::*,
+    ptr::Alignment,
+    sync::{Arc, Mutex},
+};
+
+use crate::{
+    audit::{Class, Counted},
+    bind::{
+        dma::{ChunkSource, DmaDevice, DmaTable},
+        pages::{Chunk, ChunkFlags},
+    },
+    mem::policy::CHUNK_MAX,
+};
+
+/// The chunk sizes the PMM hands out, smallest first.
+pub(crate) const CHUNK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 2 << 20];
+
+/// The buddy order of a root chunk's storage (2 MiB of 4 KiB pages).
+const ROOT_ORDER: u32 = 9;
+
+/// The index of `size` in [`CHUNK_SIZES`].
+fn size_index(size: u64) -> Option<usize> {
+    CHUNK_SIZES.iter().position(|&s| s == size)
+}
+
+/// A root chunk's storage: 2 MiB of kernel pages, and their DMA mapping for the GPU.
+struct RootStore {
+    pages: Arc<RootPages>,
+    table: DmaTable<RootPages>,
+}
+
+/// The pages behind one root chunk, counted by the audit (`vidmem_roots`).
+pub(crate) struct RootPages {
+    chunk: Chunk,
+    _audit: Counted,
+}
+
+impl ChunkSource for RootPages {
+    fn chunk_count(&self) -> usize {
+        1
+    }
+
+    fn chunk_len(&self) -> usize {
+        CHUNK_MAX as usize
+    }
+
+    fn chunk_page(&self, i: usize) -> Option<core::ptr::NonNull<kernel::bindings::page>> {
+        if i != 0 {
+            return None;
+        }
+        self.chunk.page_ptr(0)
+    }
+}
+
+/// What the PMM knows of one root chunk.
+#[derive(Default)]
+struct Root {
+    /// Chunks allocated from it.
+    chunks: u32,
+    /// Of which 2 MiB ones (then it is not split).
+    whole: bool,
+    /// Chunks allocated from it that use its storage.
+    stored: u32,
+    store: Option<RootStore>,
+}
+
+/// The PMM's bookkeeping, under its lock.
+struct PmmState {
+    roots: KVec<Root>,
+    /// Chunks allocated now, per [`CHUNK_SIZES`].
+    allocated: [u64; 3],
+    /// The GPU is gone: storage dropped, nothing more is handed out.
+    dead: bool,
+}
+
+/// A GPU's PMM.
+#[pin_data]
+pub(crate) struct Pmm {
+    buddy: GpuBuddy,
+    capacity: u64,
+    dma: Arc<DmaDevice>,
+    limit: u64,
+    #[pin]
+    state: Mutex<PmmState>,
+}
+
+/// A snapshot of a PMM (`RUVM_IOCTL_PMM_STATS`).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct PmmStats {
+    pub(crate) capacity: u64,
+    pub(crate) free: u64,
+    pub(crate) allocated: [u64; 3],
+    pub(crate) roots: u64,
+    pub(crate) roots_used: u64,
+    pub(crate) roots_split: u64,
+    pub(crate) roots_stored: u64,
+}
+
+/// One chunk of vidmem, handed back on drop (zeroed first if it used storage).
+pub(crate) struct VidChunk {
+    pmm: Arc<Pmm>,
+    /// The buddy's block, given back when this drops (after `Drop::drop` ran).
+    _blocks: Pin<KBox<AllocatedBlocks>>,
+    phys: u64,
+    size: u64,
+    stored: bool,
+}
+
+impl Pmm {
+    /// A PMM over `capacity` bytes of vidmem (a non-zero multiple of 2 MiB) for the GPU whose
+    /// DMA device is `dma` and whose highest DMA address is `limit`.
+    pub(crate) fn new(capacity: u64, dma: Arc<DmaDevice>, limit: u64) -> Result<Arc<Self>> {
+        if capacity == 0 || capacity % CHUNK_MAX != 0 {
+            return Err(EINVAL);
+        }
+        let count = usize::try_from(capacity / CHUNK_MAX)?;
+        let mut roots = KVec::with_capacity(count, GFP_KERNEL)?;
+        for _ in 0..count {
+            roots.push(Root::default(), GFP_KERNEL)?;
+        }
+        let buddy = GpuBuddy::new(GpuBuddyParams {
+            base_offset: 0,
+            size: capacity,
+            chunk_size: Alignment::new::<{ 4 << 10 }>(),
+        })?;
+        Arc::pin_init(
+            try_pin_init!(Pmm {
+                buddy,
+                capacity,
+                dma,
+                limit,
+                state <- new_mutex!(PmmState {
+                    roots,
+                    allocated: [0; 3],
+                    dead: false,
+                }),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    /// The vidmem size.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Hands out one chunk of `size` (one of [`CHUNK_SIZES`]); with `store`, its root chunk
+    /// gets storage if it has none. `ENOMEM` when no free block of that size is left (or its
+    /// storage cannot be had), `ENODEV` once the GPU is gone, `EINVAL` for another size.
+    pub(crate) fn alloc(self: &Arc<Self>, size: u64, store: bool) -> Result<VidChunk> {
+        let index = size_index(size).ok_or(EINVAL)?;
+        let align = Alignment::new_checked(usize::try_from(size)?).ok_or(EINVAL)?;
+        let mut st = self.state.lock();
+        if st.dead {
+            return Err(ENODEV);
+        }
+        let blocks = KBox::pin_init(
+            self.buddy.alloc_blocks(
+                GpuBuddyAllocMode::Simple,
+                size,
+                align,
+                GpuBuddyAllocFlags::default(),
+            ),
+            GFP_KERNEL,
+        )
+        .map_err(|e| if e == ENOSPC { ENOMEM } else { e })?;
+        let phys = {
+            let mut it = blocks.iter();
+            match (it.next(), it.next()) {
+                (Some(b), None) if b.size() == size => b.offset(),
+                // The buddy gives one naturally aligned block for a power-of-two size.
+                _ => return Err(EINVAL),
+            }
+        };
+        let root = st
+            .roots
+            .get_mut(usize::try_from(phys / CHUNK_MAX)?)
+            .ok_or(EINVAL)?;
+        if store && root.store.is_none() {
+            root.store = Some(self.new_store()?);
+        }
+        root.chunks += 1;
+        root.whole = size == CHUNK_MAX;
+        if store {
+            root.stored += 1;
+        }
+        if let Some(n) = st.allocated.get_mut(index) {
+            *n += 1;
+        }
+        Ok(VidChunk {
+            pmm: self.clone(),
+            _blocks: blocks,
+            phys,
+            size,
+            stored: store,
+        })
+    }
+
+    /// Storage for a root chunk: 2 MiB of zeroed pages, DMA-mapped for the GPU.
+    fn new_store(&self) -> Result<RootStore> {
+        let flags = ChunkFlags {
+            zero: true,
+            fail_fast: false,
+        };
+        let pages = Arc::new(
+            RootPages {
+                chunk: Chunk::alloc(ROOT_ORDER, flags)?,
+                _audit: Counted::new(Class::VidmemRoots, 1),
+            },
+            GFP_KERNEL,
+        )?;
+        let table = DmaTable::new(self.dma.clone(), pages.clone(), self.limit)?;
+        Ok(RootStore { pages, table })
+    }
+
+    /// Takes a chunk back (from [`VidChunk`]'s drop).
+    fn free(&self, chunk: &VidChunk) {
+        let index = size_index(chunk.size);
+        // The pages of the root's storage, if the chunk used it: zeroed outside the lock.
+        let pages = {
+            let st = self.state.lock();
+            let root = st.roots.get((chunk.phys / CHUNK_MAX) as usize);
+            match (chunk.stored, root.and_then(|r| r.store.as_ref())) {
+                (true, Some(store)) => Some(store.pages.clone()),
+                _ => None,
+            }
+        };
+        if let Some(pages) = pages {
+            let offset = (chunk.phys % CHUNK_MAX) as usize;
+            if pages.chunk.zero(offset, chunk.size as usize).is_err() {
+                pr_err!("pmm: could not scrub chunk {:#x}\n", chunk.phys);
+            }
+        }
+        let _gone = {
+            let mut st = self.state.lock();
+            if let Some(n) = index.and_then(|i| st.allocated.get_mut(i)) {
+                *n -= 1;
+            }
+            let root = st.roots.get_mut((chunk.phys / CHUNK_MAX) as usize);
+            root.and_then(|r| {
+                r.chunks -= 1;
+                if chunk.size == CHUNK_MAX {
+                    r.whole = false;
+                }
+                if chunk.stored {
+                    r.stored -= 1;
+                }
+                // Dropped (unmapped, freed) after the lock is released.
+                if r.stored == 0 {
+                    r.store.take()
+                } else {
+                    None
+                }
+            })
+        };
+    }
+
+    /// The DMA address at which the GPU's engine reaches vidmem address `phys`, if its root
+    /// chunk has storage.
+    pub(crate) fn engine_addr(&self, phys: u64) -> Result<u64> {
+        let st = self.state.lock();
+        if st.dead {
+            return Err(ENODEV);
+        }
+        let root = st.roots.get(usize::try_from(phys / CHUNK_MAX)?);
+        let store = root.and_then(|r| r.store.as_ref()).ok_or(ENXIO)?;
+        let base = store.table.addrs().first().copied().ok_or(ENXIO)?;
+        Ok(base + phys % CHUNK_MAX)
+    }
+
+    /// The GPU is going: nothing more is handed out, and the storage of every root is dropped
+    /// (unmapped while the device is still bound). Chunks still held stay valid to free.
+    pub(crate) fn kill(&self) {
+        let mut st = self.state.lock();
+        st.dead = true;
+        for r in st.roots.iter_mut() {
+            // Unmapped and freed here, under the lock (as storage is made under it).
+            drop(r.store.take());
+        }
+    }
+
+    /// The PMM's counters now.
+    pub(crate) fn stats(&self) -> PmmStats {
+        let free = self.buddy.avail();
+        let st = self.state.lock();
+        let mut s = PmmStats {
+            capacity: self.capacity,
+            free,
+            allocated: st.allocated,
+            roots: st.roots.len() as u64,
+            ..PmmStats::default()
+        };
+        for r in st.roots.iter() {
+            s.roots_used += u64::from(r.chunks > 0);
+            s.roots_split += u64::from(r.chunks > 0 && !r.whole);
+            s.roots_stored += u64::from(r.store.is_some());
+        }
+        s
+    }
+
+    /// For the audit's walk: root chunks with storage, and their DMA mappings.
+    pub(crate) fn walk(&self) -> (u64, u64) {
+        let st = self.state.lock();
+        let stored = st.roots.iter().filter(|r| r.store.is_some()).count() as u64;
+        let mapped = st
+            .roots
+            .iter()
+            .filter_map(|r| r.store.as_ref())
+            .map(|s| s.table.addrs().len() as u64)
+            .sum();
+        (stored, mapped)
+    }
+
+    /// The PMM_CHECK_LEAK test: hands out chunks of `size` (without storage) until `limit` of
+    /// them or until none is left, then gives them all back. Returns how many it got, and the
+    /// free bytes before and after.
+    pub(crate) fn check_leak(self: &Arc<Self>, size: u64, limit: u64) -> Result<(u64, u64, u64)> {
+        let before = self.buddy.avail();
+        let mut held = KVVec::new();
+        while (held.len() as u64) < limit {
+            match self.alloc(size, false) {
+                Ok(c) => held.push(c, GFP_KERNEL)?,
+                Err(e) if e == ENOMEM => break,
+                Err(e) => return Err(e),
+            }
+            if kernel::current!().signal_pending() {
+                return Err(EINTR);
+            }
+        }
+        let got = held.len() as u64;
+        drop(held);
+        Ok((got, before, self.buddy.avail()))
+    }
+}
+
+impl VidChunk {
+    /// The chunk's vidmem (GPU physical) address.
+    pub(crate) fn phys(&self) -> u64 {
+        self.phys
+    }
+}
+
+impl Drop for VidChunk {
+    fn drop(&mut self) {
+        // Zero it and update the roots first; the buddy takes the block back when `blocks`
+        // drops, right after.
+        self.pmm.free(self);
+    }
+}
