@@ -155,10 +155,10 @@ guest_suite "debug kernel" debug CMD=/selftests/run_all.sh
 plant=(VM_MODARGS="enable_test_ioctls=1 leak_checker=2" CMD="ruvmctl selftest --filter audit_ --filter gpu_iommu"
 	VM_EXPECT_KMSG="kmemleak: [0-9]+ new suspected memory leaks")
 # A host GPU: the first edu device named by host_gpus, DMA-mapped for but never bound.
-host=(VM_MODARGS="host_gpus=0x18" CMD="ruvmctl selftest --filter gpu_")
+host=(VM_MODARGS="host_gpus=0x18" CMD="ruvmctl selftest --filter gpu_ --filter vidmem_")
 # Simulated GPUs only (no edu devices): the GPU suite on faux devices, with the test ioctls on
 # for the engine's fault test.
-sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" CMD="ruvmctl selftest --filter gpu_")
+sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts")
 guest_suite "fast kernel, host GPU" fast "${host[@]}"
 guest_suite "debug kernel, host GPU" debug "${host[@]}"
 guest_suite "fast kernel, simulated GPUs" fast "${sim[@]}"

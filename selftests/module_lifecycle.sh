@@ -9,7 +9,7 @@ ok() { n=$((n + 1)); echo "ok $n $1"; }
 notok() { n=$((n + 1)); failed=1; echo "# $1: $2"; echo "not ok $n $1"; }
 
 echo "TAP version 13"
-echo "1..3"
+echo "1..4"
 
 if [ -d /sys/module/ruvm ]; then
 	echo "# ruvm is already loaded"
@@ -27,6 +27,23 @@ for i in 1 2 3 4 5; do
 	[ ! -e /dev/ruvm ] || { why="/dev/ruvm still there after rmmod in cycle $i"; break; }
 done
 [ -z "$why" ] && ok insmod_rmmod_cycles || notok insmod_rmmod_cycles "$why"
+
+# Parameters the module cannot honour fail the load, leave nothing behind, and say why.
+why=
+for bad in vidmem_mib=3 vidmem_mib=65536 vidmem_mib_gpu=0x10000 vidmem_mib_gpu=0x30000 \
+	sim_gpus=9 host_gpus=0xffff; do
+	if insmod "$KO" "$bad" 2> /dev/null; then
+		why="insmod with $bad succeeded"
+		rmmod ruvm
+		break
+	fi
+	if [ -d /sys/module/ruvm ] || [ -e /dev/ruvm ] || [ -e /sys/bus/faux/devices/ruvm-sim0 ]; then
+		why="a failed insmod with $bad left the module or its devices behind"
+		break
+	fi
+	dmesg | tail -n 5 | grep -q 'ruvm: ' || { why="no error line for $bad"; break; }
+done
+[ -z "$why" ] && ok bad_parameters_fail_the_load || notok bad_parameters_fail_the_load "$why"
 
 insmod "$KO" || { notok rmmod_refused_while_open "insmod failed"; echo "Bail out!"; exit 1; }
 exec 3<> /dev/ruvm

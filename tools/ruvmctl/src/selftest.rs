@@ -15,6 +15,7 @@ mod audit;
 mod basic;
 mod gpu;
 mod mem;
+mod vidmem;
 
 /// Why a case stopped early.
 #[derive(Debug)]
@@ -95,6 +96,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(mem::cases());
     v.extend(audit::cases());
     v.extend(gpu::cases());
+    v.extend(vidmem::cases());
     v
 }
 

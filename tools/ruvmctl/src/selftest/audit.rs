@@ -25,6 +25,10 @@ pub fn cases() -> Vec<Case> {
             run: audit_counters_match_the_objects,
         },
         Case {
+            name: "audit_counts_vidmem_and_its_storage",
+            run: audit_counts_vidmem_and_its_storage,
+        },
+        Case {
             name: "audit_stats_watermarks_follow_a_script",
             run: audit_stats_watermarks_follow_a_script,
         },
@@ -149,6 +153,54 @@ fn audit_counters_match_the_objects() -> TestResult {
         l
     );
     d.mem_free(b.handle).ctx("free")?;
+    check!(
+        consistent(&d, "at the end")? == base,
+        "counters did not return to where they started"
+    );
+    Ok(())
+}
+
+fn audit_counts_vidmem_and_its_storage() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    if !test_ioctls(&d)? {
+        return Err(Stop::Skip("the walk needs enable_test_ioctls=1".into()));
+    }
+    let Some(g) = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .find(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0 && g.vidmem_size > 0)
+    else {
+        return Err(Stop::Skip("no GPU with vidmem".into()));
+    };
+    let vbytes = uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_BYTES as usize;
+    let vchunks = uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_CHUNKS as usize;
+    let vroots = uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_ROOTS as usize;
+    let dma = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize;
+    let base = consistent(&d, "at the start")?;
+    // 3M in 2M chunks (two roots), and 100K in 64K chunks (a third root, split).
+    let a = d.vidmem_alloc(g.id, 3 * M, 0, 0).ctx("alloc")?.handle;
+    let b = d.vidmem_alloc(g.id, 100 * 1024, 0, 0).ctx("alloc")?.handle;
+    let l = consistent(&d, "with two vidmem mems")?;
+    check!(
+        l[MEMS] == base[MEMS] + 2
+            && l[BYTES] == base[BYTES]
+            && l[vbytes] == base[vbytes] + 4 * M + 128 * 1024
+            && l[vchunks] == base[vchunks] + 4
+            && l[vroots] == base[vroots] + 3
+            && l[dma] == base[dma] + 3,
+        "vidmem counts {:?} (from {:?})",
+        l,
+        base
+    );
+    d.mem_free(a).ctx("free")?;
+    let l = consistent(&d, "after freeing the 2M mem")?;
+    check!(
+        l[vroots] == base[vroots] + 1 && l[vchunks] == base[vchunks] + 2,
+        "after free {:?}",
+        l
+    );
+    d.mem_free(b).ctx("free")?;
     check!(
         consistent(&d, "at the end")? == base,
         "counters did not return to where they started"

@@ -1,0 +1,758 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Vidmem: each GPU's memory, its PMM (on the kernel's GPU buddy allocator), vidmem mems, and
+//! bytes moved in and out of it by the GPU's copy engine.
+
+use nix::errno::Errno;
+use nix::unistd::{setuid, Uid};
+
+use super::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use crate::{
+    dev::{Ruvm, UserMap},
+    pattern, uapi,
+};
+
+const K: u64 = 1024;
+const M: u64 = 1024 * K;
+/// The PMM's chunk sizes, in the order of `ruvm_pmm_stats.allocated`.
+const SIZES: [u64; 3] = [4 * K, 64 * K, 2 * M];
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "vidmem_chunk_rules_for_every_page_size",
+            run: vidmem_chunk_rules_for_every_page_size,
+        },
+        Case {
+            name: "vidmem_mappings_and_addresses",
+            run: vidmem_mappings_and_addresses,
+        },
+        Case {
+            name: "vidmem_root_chunk_splits_and_merges_back",
+            run: vidmem_root_chunk_splits_and_merges_back,
+        },
+        Case {
+            name: "vidmem_exhaustion_and_recovery",
+            run: vidmem_exhaustion_and_recovery,
+        },
+        Case {
+            name: "vidmem_ce_round_trip_through_vidmem",
+            run: vidmem_ce_round_trip_through_vidmem,
+        },
+        Case {
+            name: "vidmem_pmm_bad_inputs",
+            run: vidmem_pmm_bad_inputs,
+        },
+        Case {
+            name: "vidmem_unbind_with_live_mems",
+            run: vidmem_unbind_with_live_mems,
+        },
+    ]
+}
+
+fn present(g: &uapi::ruvm_gpu_info) -> bool {
+    g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
+}
+
+fn has_engine(g: &uapi::ruvm_gpu_info) -> bool {
+    present(g) && g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE != 0
+}
+
+/// The present GPUs with vidmem; skips the case without any.
+fn vid_gpus(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>, Stop> {
+    let v: Vec<_> = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .filter(|g| present(g) && g.vidmem_size > 0)
+        .collect();
+    if v.is_empty() {
+        return Err(Stop::Skip("no GPU with vidmem".into()));
+    }
+    Ok(v)
+}
+
+/// A PMM that holds nothing: every byte free, no root chunk used or stored.
+fn check_idle(d: &Ruvm, g: u32, when: &str) -> Result<uapi::ruvm_pmm_stats, Stop> {
+    let s = d.pmm_stats(g).ctx("PMM_STATS")?;
+    check!(
+        s.free == s.capacity
+            && s.allocated == [0; 3]
+            && s.roots_used == 0
+            && s.roots_split == 0
+            && s.roots_stored == 0
+            && s.roots * 2 * M == s.capacity,
+        "GPU {g} {when}: PMM not idle: {s:?}"
+    );
+    Ok(s)
+}
+
+fn vidmem_chunk_rules_for_every_page_size() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for g in vid_gpus(&d)? {
+        let sizes: Vec<u64> = SIZES
+            .iter()
+            .copied()
+            .filter(|s| g.page_sizes & s != 0)
+            .collect();
+        let biggest = sizes.iter().copied().max().unwrap_or(0);
+        // uvm_mem's default: 4K below 64K, 64K below the biggest page size, else the biggest.
+        let default = |size: u64| {
+            if size < 64 * K {
+                4 * K
+            } else if size < biggest {
+                64 * K
+            } else {
+                biggest
+            }
+        };
+        for &ps in &sizes {
+            for size in [ps - 1, ps, 5 * biggest - 1] {
+                let a = d.vidmem_alloc(g.id, size, 0, 0).ctx("alloc")?;
+                let want = default(size);
+                check!(
+                    a.chunk_size == want && a.chunk_count == size.div_ceil(want),
+                    "GPU {}: {size} bytes got {} chunks of {}, wanted chunks of {want}",
+                    g.id,
+                    a.chunk_count,
+                    a.chunk_size
+                );
+                let q = d.mem_query(a.handle).ctx("query")?;
+                check!(
+                    q.backing == uapi::ruvm_backing_RUVM_BACKING_VIDMEM && q.gpu == g.id,
+                    "query says backing {} GPU {}",
+                    q.backing,
+                    q.gpu
+                );
+                d.mem_free(a.handle).ctx("free")?;
+            }
+            // An explicit page size is used as is.
+            let a = d.vidmem_alloc(g.id, 3 * ps + 1, ps, 0).ctx("alloc")?;
+            check!(
+                a.chunk_size == ps && a.chunk_count == 4,
+                "page size {ps}: {} chunks of {}",
+                a.chunk_count,
+                a.chunk_size
+            );
+            d.mem_free(a.handle).ctx("free")?;
+        }
+        for ps in [1, 2 * K, 8 * K, 128 * K, M, 4 * M, 3 * 64 * K, u64::MAX] {
+            expect_errno(
+                d.vidmem_alloc(g.id, 4096, ps, 0),
+                Errno::EINVAL,
+                &format!("vidmem page size {ps}"),
+            )?;
+        }
+        expect_errno(d.vidmem_alloc(g.id, 0, 0, 0), Errno::EINVAL, "size 0")?;
+        expect_errno(
+            d.vidmem_alloc(g.id, u64::MAX, 0, 0),
+            Errno::EOVERFLOW,
+            "size u64::MAX",
+        )?;
+        check_idle(&d, g.id, "after the rules")?;
+    }
+    expect_errno(
+        d.vidmem_alloc(uapi::RUVM_MAX_GPUS + 1, 4096, 0, 0),
+        Errno::ENODEV,
+        "vidmem of an unknown GPU",
+    )
+}
+
+fn vidmem_mappings_and_addresses() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = vid_gpus(&d)?;
+    let all = d.gpus().ctx("GPU_LIST")?;
+    for g in &gpus {
+        let a = d.vidmem_alloc(g.id, 3 * 64 * K, 64 * K, 0).ctx("alloc")?;
+        let h = a.handle;
+        // The CPU cannot map vidmem, neither in the kernel nor in user space.
+        expect_errno(d.map_kernel(h), Errno::EOPNOTSUPP, "kernel map of vidmem")?;
+        let q = d.mem_query(h).ctx("query")?;
+        expect_errno(
+            UserMap::of_mem(&d, &q).map(drop),
+            Errno::EOPNOTSUPP,
+            "mmap of vidmem",
+        )?;
+        expect_errno(
+            d.mem_fill(
+                false,
+                uapi::ruvm_mem_fill {
+                    handle: h,
+                    length: 16,
+                    ..Default::default()
+                },
+            ),
+            Errno::ENXIO,
+            "CPU fill of vidmem",
+        )?;
+        // Its own GPU: mapping is a no-op, twice, and unmapping too; it has no DMA table.
+        d.mem_gpu(true, h, g.id).ctx("map on its own GPU")?;
+        d.mem_gpu(true, h, g.id).ctx("map again")?;
+        check!(
+            d.mem_query(h).ctx("query")?.mapped_gpus == 0,
+            "vidmem has a DMA table"
+        );
+        expect_errno(
+            d.dma_addrs(h, g.id, 0, 4),
+            Errno::ENXIO,
+            "DMA addresses of vidmem",
+        )?;
+        d.mem_gpu(false, h, g.id).ctx("unmap on its own GPU")?;
+        // Another GPU: no peer access.
+        for o in all.iter().filter(|o| present(o) && o.id != g.id) {
+            expect_errno(
+                d.mem_gpu(true, h, o.id),
+                Errno::EINVAL,
+                "map on another GPU",
+            )?;
+            expect_errno(
+                d.gpu_phys(h, o.id, 0, 1),
+                Errno::EINVAL,
+                "address on another GPU",
+            )?;
+        }
+        // Vidmem addresses: chunk-aligned, inside the GPU's memory, distinct per chunk, and a
+        // range crossing a chunk is refused.
+        let mut chunks = Vec::new();
+        for c in 0..a.chunk_count {
+            let (addr, ap) = d
+                .gpu_phys(h, g.id, c * a.chunk_size, a.chunk_size)
+                .ctx("gpu phys")?;
+            check!(
+                ap == uapi::ruvm_aperture_RUVM_APERTURE_VID
+                    && addr % a.chunk_size == 0
+                    && addr + a.chunk_size <= g.vidmem_size,
+                "chunk {c}: aperture {ap} address {addr:#x} (vidmem {:#x})",
+                g.vidmem_size
+            );
+            chunks.push(addr);
+        }
+        let mut sorted = chunks.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        check!(sorted.len() == chunks.len(), "chunks share an address");
+        let (inside, _) = d.gpu_phys(h, g.id, 64 * K + 5, 7).ctx("inside")?;
+        check!(
+            inside == chunks[1] + 5,
+            "offset 64K+5 at {inside:#x}, chunk 1 at {:#x}",
+            chunks[1]
+        );
+        expect_errno(
+            d.gpu_phys(h, g.id, 64 * K - 1, 2),
+            Errno::EINVAL,
+            "a range crossing a chunk",
+        )?;
+        expect_errno(d.gpu_phys(h, g.id, 0, 0), Errno::EINVAL, "an empty range")?;
+        expect_errno(
+            d.gpu_phys(h, g.id, 3 * 64 * K, 1),
+            Errno::EINVAL,
+            "past the end",
+        )?;
+        expect_errno(
+            d.gpu_phys(h, g.id, u64::MAX, 2),
+            Errno::EOVERFLOW,
+            "offset overflows",
+        )?;
+        child_checks(
+            "an unprivileged read of vidmem addresses was not refused with EPERM",
+            || {
+                setuid(Uid::from_raw(65534)).is_ok()
+                    && d.gpu_phys(h, g.id, 0, 1).err() == Some(Errno::EPERM)
+            },
+        )?;
+        // A sysmem mem's GPU address is its DMA address on that GPU, once mapped.
+        let s = d.mem_alloc(8 * K, 0, 0).ctx("alloc sysmem")?.handle;
+        expect_errno(d.gpu_phys(s, g.id, 0, 1), Errno::ENXIO, "sysmem not mapped")?;
+        d.mem_gpu(true, s, g.id).ctx("map sysmem")?;
+        let dma = d.dma_addrs(s, g.id, 0, 2).ctx("dma addrs")?;
+        let (addr, ap) = d.gpu_phys(s, g.id, 4 * K + 9, 3).ctx("sysmem gpu phys")?;
+        check!(
+            ap == uapi::ruvm_aperture_RUVM_APERTURE_SYS && addr == dma[1] + 9,
+            "sysmem: aperture {ap} at {addr:#x}, DMA table {dma:x?}"
+        );
+        // An engine reaches vidmem of its own GPU only.
+        for o in all.iter().filter(|o| has_engine(o) && o.id != g.id) {
+            d.mem_gpu(true, s, o.id)
+                .ctx("map sysmem on the other GPU")?;
+            expect_errno(
+                d.ce_copy(o.id, s, 0, h, 0, 16),
+                Errno::EINVAL,
+                "another GPU's engine reading vidmem",
+            )?;
+        }
+        d.mem_free(s).ctx("free")?;
+        d.mem_free(h).ctx("free")?;
+        check_idle(&d, g.id, "after free")?;
+    }
+    Ok(())
+}
+
+fn vidmem_root_chunk_splits_and_merges_back() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for g in vid_gpus(&d)? {
+        let idle = check_idle(&d, g.id, "at the start")?;
+        for (i, &size) in SIZES.iter().enumerate().take(2) {
+            let per_root = 2 * M / size;
+            // One root chunk's worth of small chunks: the buddy splits one root, lazily, and
+            // takes them all from it.
+            let a = d.vidmem_alloc(g.id, 2 * M, size, 0).ctx("alloc")?;
+            check!(a.chunk_count == per_root, "{} chunks", a.chunk_count);
+            let s = d.pmm_stats(g.id).ctx("PMM_STATS")?;
+            check!(
+                s.allocated[i] == per_root
+                    && s.roots_used == 1
+                    && s.roots_split == 1
+                    && s.roots_stored == 1
+                    && s.free == idle.free - 2 * M,
+                "{per_root} chunks of {size}: {s:?}"
+            );
+            let first = d.gpu_phys(a.handle, g.id, 0, 1).ctx("phys")?.0;
+            let last = d.gpu_phys(a.handle, g.id, 2 * M - 1, 1).ctx("phys")?.0;
+            check!(
+                first / (2 * M) == last / (2 * M),
+                "the chunks span root chunks: {first:#x} and {last:#x}"
+            );
+            d.mem_free(a.handle).ctx("free")?;
+            // Freed, the root is whole again: the PMM is idle and hands out every root chunk
+            // as one 2 MiB chunk.
+            check_idle(
+                &d,
+                g.id,
+                &format!("after freeing {per_root} chunks of {size}"),
+            )?;
+            let r = d
+                .pmm_check_leak(g.id, 2 * M, u64::MAX)
+                .ctx("PMM_CHECK_LEAK")?;
+            check!(
+                r.allocated == idle.roots && r.free_after == r.free_before,
+                "after the merge: {r:?}, {} roots",
+                idle.roots
+            );
+        }
+    }
+    Ok(())
+}
+
+fn vidmem_exhaustion_and_recovery() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for g in vid_gpus(&d)? {
+        let idle = check_idle(&d, g.id, "at the start")?;
+        // uvm's PMM_CHECK_LEAK, for every chunk size: as many chunks as fit, all given back.
+        for size in SIZES {
+            let r = d
+                .pmm_check_leak(g.id, size, u64::MAX)
+                .ctx("PMM_CHECK_LEAK")?;
+            check!(
+                r.allocated == idle.capacity / size
+                    && r.free_before == idle.capacity
+                    && r.free_after == idle.capacity,
+                "check-leak with {size}: {r:?}"
+            );
+            let r = d.pmm_check_leak(g.id, size, 3).ctx("limited")?;
+            check!(r.allocated == 3, "limit 3 took {}", r.allocated);
+        }
+        // Mems until the GPU is full.
+        let failures = |d: &Ruvm| {
+            d.stats_of(uapi::ruvm_backing_RUVM_BACKING_VIDMEM, false)
+                .map(|s| s.alloc_failures)
+        };
+        let mut held = Vec::new();
+        loop {
+            match d.vidmem_alloc(g.id, 2 * M, 0, 0) {
+                Ok(a) => held.push(a.handle),
+                Err(Errno::ENOMEM) => break,
+                Err(e) => return Err(Stop::Fail(format!("alloc: {e}"))),
+            }
+            check!(held.len() as u64 <= idle.roots, "more 2M mems than roots");
+        }
+        check!(
+            held.len() as u64 == idle.roots,
+            "{} mems of 2M in {} roots",
+            held.len(),
+            idle.roots
+        );
+        let full = d.pmm_stats(g.id).ctx("PMM_STATS")?;
+        let f0 = failures(&d).ctx("STATS")?;
+        expect_errno(
+            d.vidmem_alloc(g.id, 1, 0, 0),
+            Errno::ENOMEM,
+            "4K on a full GPU",
+        )?;
+        check!(
+            failures(&d).ctx("STATS")? == f0 + 1,
+            "the failure was not counted"
+        );
+        // Free two roots, then ask for three chunks: two are had, the third is not, and the
+        // two go back.
+        check!(held.len() >= 3, "only {} root chunks", held.len());
+        for h in held.split_off(held.len() - 2) {
+            d.mem_free(h).ctx("free")?;
+        }
+        let before = d.pmm_stats(g.id).ctx("PMM_STATS")?;
+        check!(
+            before.free == 4 * M,
+            "free {} after freeing two",
+            before.free
+        );
+        expect_errno(
+            d.vidmem_alloc(g.id, 6 * M, 0, 0),
+            Errno::ENOMEM,
+            "6M with 4M free",
+        )?;
+        let after = d.pmm_stats(g.id).ctx("PMM_STATS")?;
+        check!(
+            after.free == before.free
+                && after.allocated == before.allocated
+                && after.roots_stored == before.roots_stored,
+            "a failed allocation left something: {before:?} -> {after:?}"
+        );
+        check!(
+            full.roots_used == idle.roots && full.roots_stored == idle.roots,
+            "full: {full:?}"
+        );
+        for h in held.drain(..) {
+            d.mem_free(h).ctx("free")?;
+        }
+        check_idle(&d, g.id, "after freeing everything")?;
+        // The whole capacity again, in one mem of 64K chunks.
+        let a = d
+            .vidmem_alloc(g.id, idle.capacity, 64 * K, 0)
+            .ctx("the whole capacity again")?;
+        let s = d.pmm_stats(g.id).ctx("PMM_STATS")?;
+        check!(
+            s.free == 0 && s.allocated[1] == idle.capacity / (64 * K),
+            "whole capacity: {s:?}"
+        );
+        d.mem_free(a.handle).ctx("free")?;
+        check_idle(&d, g.id, "at the end")?;
+    }
+    Ok(())
+}
+
+/// Copies `[off, off + len)` from `src` to `dst` with GPU `g`'s engine.
+fn ce(d: &Ruvm, g: u32, dst: u64, src: u64, off: u64, len: u64) -> TestResult {
+    d.ce_copy(g, dst, off, src, off, len)
+        .ctx(&format!("GPU {g} copies [{off:#x}, +{len:#x})"))
+}
+
+fn vidmem_ce_round_trip_through_vidmem() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus: Vec<_> = vid_gpus(&d)?.into_iter().filter(has_engine).collect();
+    if gpus.is_empty() {
+        return Err(Stop::Skip("no GPU with vidmem and a copy engine".into()));
+    }
+    for g in &gpus {
+        for (size, ps) in [(12 * K, 4 * K), (192 * K, 64 * K), (4 * M, 2 * M)] {
+            let seed = size ^ u64::from(g.id);
+            let src = d.mem_alloc(size, 0, 0).ctx("alloc src")?.handle;
+            let dst = d
+                .mem_alloc(size, 0, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)
+                .ctx("alloc dst")?
+                .handle;
+            let vid = d.vidmem_alloc(g.id, size, ps, 0).ctx("alloc vidmem")?;
+            for h in [src, dst] {
+                d.map_kernel(h).ctx("map kernel")?;
+                d.mem_gpu(true, h, g.id).ctx("map gpu")?;
+            }
+            let fill = uapi::ruvm_mem_fill {
+                handle: src,
+                length: size,
+                seed,
+                ..Default::default()
+            };
+            d.mem_fill(false, fill).ctx("CPU writes the pattern")?;
+            // The start and end of every vidmem chunk, and a piece across the first chunk
+            // boundary (split by the engine at the boundary).
+            let mut pieces = Vec::new();
+            for c in 0..vid.chunk_count {
+                let base = c * ps;
+                pieces.push((base, 2000.min(ps)));
+                if ps > 4000 {
+                    pieces.push((base + ps - 2000, 2000));
+                }
+            }
+            pieces.push((ps - 1000, 2500));
+            pieces.sort_unstable();
+            pieces.dedup();
+            for &(off, len) in &pieces {
+                ce(&d, g.id, vid.handle, src, off, len)?;
+            }
+            for &(off, len) in &pieces {
+                ce(&d, g.id, dst, vid.handle, off, len)?;
+            }
+            // Every byte the pieces covered came back; every other byte is still 0, and a
+            // stretch of vidmem nobody wrote reads as zeros (vidmem is zeroed).
+            let mut copied = vec![false; size as usize];
+            for &(off, len) in &pieces {
+                copied[off as usize..(off + len) as usize].fill(true);
+            }
+            let q = d.mem_query(dst).ctx("query")?;
+            let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+            for (o, &c) in copied.iter().enumerate() {
+                let want = if c {
+                    pattern::byte_at(seed, o as u64)
+                } else {
+                    0
+                };
+                let got = map.read(o);
+                check!(
+                    got == want,
+                    "GPU {}, {ps} chunks: byte {o:#x} is {got:#x} after the round trip, wanted {want:#x}",
+                    g.id
+                );
+            }
+            drop(map);
+            let gap = 2000.min(ps / 2);
+            if ps > 4 * gap {
+                d.mem_fill(
+                    false,
+                    uapi::ruvm_mem_fill {
+                        handle: dst,
+                        offset: 2 * gap,
+                        length: gap,
+                        kind: uapi::ruvm_fill_kind_RUVM_FILL_BYTE,
+                        seed: 0xee,
+                        ..Default::default()
+                    },
+                )
+                .ctx("scribble")?;
+                ce(&d, g.id, dst, vid.handle, 2 * gap, gap)?;
+                let r = d
+                    .mem_fill(
+                        true,
+                        uapi::ruvm_mem_fill {
+                            handle: dst,
+                            offset: 2 * gap,
+                            length: gap,
+                            kind: uapi::ruvm_fill_kind_RUVM_FILL_BYTE,
+                            seed: 0,
+                            ..Default::default()
+                        },
+                    )
+                    .ctx("verify zeros")?;
+                check!(
+                    r.mismatches == 0,
+                    "unwritten vidmem is not zero: {} bytes",
+                    r.mismatches
+                );
+            }
+            for h in [src, dst, vid.handle] {
+                d.mem_free(h).ctx("free")?;
+            }
+        }
+        // A freed chunk is scrubbed: the next mem on the same memory reads zeros.
+        let a = d.vidmem_alloc(g.id, 4 * K, 0, 0).ctx("alloc")?.handle;
+        let s = d.mem_alloc(4 * K, 0, 0).ctx("alloc")?.handle;
+        d.map_kernel(s).ctx("map")?;
+        d.mem_gpu(true, s, g.id).ctx("map gpu")?;
+        d.mem_fill(
+            false,
+            uapi::ruvm_mem_fill {
+                handle: s,
+                length: 4 * K,
+                seed: 9,
+                ..Default::default()
+            },
+        )
+        .ctx("fill")?;
+        ce(&d, g.id, a, s, 0, 2000)?;
+        let phys = d.gpu_phys(a, g.id, 0, 1).ctx("phys")?.0;
+        d.mem_free(a).ctx("free vidmem")?;
+        let b = d.vidmem_alloc(g.id, 4 * K, 0, 0).ctx("alloc again")?.handle;
+        let again = d.gpu_phys(b, g.id, 0, 1).ctx("phys")?.0;
+        ce(&d, g.id, s, b, 0, 2000)?;
+        let r = d
+            .mem_fill(
+                true,
+                uapi::ruvm_mem_fill {
+                    handle: s,
+                    length: 2000,
+                    kind: uapi::ruvm_fill_kind_RUVM_FILL_BYTE,
+                    seed: 0,
+                    ..Default::default()
+                },
+            )
+            .ctx("verify")?;
+        check!(
+            r.mismatches == 0,
+            "GPU {}: a new vidmem mem (at {again:#x}, the old one at {phys:#x}) holds {} old bytes",
+            g.id,
+            r.mismatches
+        );
+        d.mem_free(b).ctx("free")?;
+        d.mem_free(s).ctx("free")?;
+        check_idle(&d, g.id, "after the copies")?;
+    }
+    Ok(())
+}
+
+fn vidmem_pmm_bad_inputs() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let g = vid_gpus(&d)?[0].id;
+    let mut s = uapi::ruvm_pmm_stats {
+        gpu: g,
+        flags: 1,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_PMM_STATS, &mut s),
+        Errno::EINVAL,
+        "stats flags",
+    )?;
+    let mut s = uapi::ruvm_pmm_stats {
+        gpu: g,
+        ..Default::default()
+    };
+    s.reserved[3] = 1;
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_PMM_STATS, &mut s),
+        Errno::EINVAL,
+        "stats reserved",
+    )?;
+    expect_errno(
+        d.pmm_stats(uapi::RUVM_MAX_GPUS + 1),
+        Errno::ENODEV,
+        "stats of an unknown GPU",
+    )?;
+    for size in [0, 1, 8 * K, 128 * K, M, 4 * M] {
+        expect_errno(
+            d.pmm_check_leak(g, size, 1),
+            Errno::EINVAL,
+            &format!("check-leak chunk size {size}"),
+        )?;
+    }
+    let mut c = uapi::ruvm_pmm_check_leak {
+        gpu: g,
+        chunk_size: 4 * K,
+        alloc_limit: 1,
+        flags: 1,
+        ..Default::default()
+    };
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_PMM_CHECK_LEAK, &mut c),
+        Errno::EINVAL,
+        "check-leak flags",
+    )?;
+    expect_errno(
+        d.pmm_check_leak(uapi::RUVM_MAX_GPUS + 1, 4 * K, 1),
+        Errno::ENODEV,
+        "check-leak of an unknown GPU",
+    )?;
+    let r = d.pmm_check_leak(g, 4 * K, 0).ctx("limit 0")?;
+    check!(r.allocated == 0, "limit 0 took {}", r.allocated);
+    child_checks(
+        "an unprivileged PMM_CHECK_LEAK was not refused with EPERM (and PMM_STATS was)",
+        || {
+            setuid(Uid::from_raw(65534)).is_ok()
+                && d.pmm_check_leak(g, 4 * K, 1).err() == Some(Errno::EPERM)
+                && d.pmm_stats(g).is_ok()
+        },
+    )?;
+    // The vidmem statistics follow a mem.
+    let before = d
+        .stats_of(uapi::ruvm_backing_RUVM_BACKING_VIDMEM, false)
+        .ctx("STATS")?;
+    let a = d.vidmem_alloc(g, 100 * K, 0, 0).ctx("alloc")?;
+    let during = d
+        .stats_of(uapi::ruvm_backing_RUVM_BACKING_VIDMEM, false)
+        .ctx("STATS")?;
+    check!(
+        during.reserved_bytes == before.reserved_bytes + 128 * K
+            && during.used_bytes == before.used_bytes + 100 * K
+            && during.mems == before.mems + 1
+            && during.allocs == before.allocs + 1,
+        "vidmem stats {before:?} -> {during:?}"
+    );
+    d.mem_free(a.handle).ctx("free")?;
+    let after = d
+        .stats_of(uapi::ruvm_backing_RUVM_BACKING_VIDMEM, false)
+        .ctx("STATS")?;
+    check!(
+        after.reserved_bytes == before.reserved_bytes
+            && after.mems == before.mems
+            && after.frees == before.frees + 1,
+        "vidmem stats after free {after:?}"
+    );
+    Ok(())
+}
+
+const DRIVER: &str = "/sys/bus/pci/drivers/ruvm-edu";
+
+fn vidmem_unbind_with_live_mems() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = d.gpus().ctx("GPU_LIST")?;
+    let Some(g) = gpus.iter().find(|g| {
+        present(g) && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU && g.vidmem_size > 0
+    }) else {
+        return Err(Stop::Skip("no edu GPU with vidmem (to unbind)".into()));
+    };
+    let name = format!(
+        "{:04x}:{:02x}:{:02x}.{}",
+        g.pci_domain,
+        g.pci_bus,
+        g.pci_devfn >> 3,
+        g.pci_devfn & 7
+    );
+    let audit_before = d.audit(false).ctx("AUDIT")?.live;
+    let vid = d
+        .vidmem_alloc(g.id, 3 * M, 0, 0)
+        .ctx("alloc vidmem")?
+        .handle;
+    let s = d.mem_alloc(8 * K, 0, 0).ctx("alloc sysmem")?.handle;
+    d.mem_gpu(true, s, g.id).ctx("map sysmem")?;
+    ce(&d, g.id, vid, s, 0, 16)?;
+    std::fs::write(format!("{DRIVER}/unbind"), &name).ctx("unbind")?;
+    let gone = (|| -> TestResult {
+        // Unusable while the GPU is gone, but still there.
+        expect_errno(d.ce_copy(g.id, s, 0, vid, 0, 16), Errno::ENODEV, "copy")?;
+        expect_errno(d.mem_gpu(true, vid, g.id), Errno::ENODEV, "map")?;
+        expect_errno(d.gpu_phys(vid, g.id, 0, 1), Errno::ENODEV, "address")?;
+        expect_errno(
+            d.vidmem_alloc(g.id, 4 * K, 0, 0),
+            Errno::ENODEV,
+            "alloc on the gone GPU",
+        )?;
+        let q = d.mem_query(vid).ctx("query")?;
+        check!(q.gpu == g.id, "query after unbind: GPU {}", q.gpu);
+        // The storage went with the GPU (unmapped while it was still bound).
+        let live = d.audit(false).ctx("AUDIT")?.live;
+        let roots = uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_ROOTS as usize;
+        check!(
+            live[roots] == audit_before[roots],
+            "root storage left after unbind: {} (was {})",
+            live[roots],
+            audit_before[roots]
+        );
+        Ok(())
+    })();
+    let rebind = std::fs::write(format!("{DRIVER}/bind"), &name).ctx("bind");
+    gone?;
+    rebind?;
+    // Back (same id, a new memory): the old mem stays unusable, a new one works.
+    d.mem_gpu(true, s, g.id).ctx("map sysmem again")?;
+    expect_errno(
+        d.ce_copy(g.id, s, 0, vid, 0, 16),
+        Errno::ENODEV,
+        "copy from vidmem of the earlier binding",
+    )?;
+    expect_errno(
+        d.gpu_phys(vid, g.id, 0, 1),
+        Errno::ENODEV,
+        "address of vidmem of the earlier binding",
+    )?;
+    check_idle(&d, g.id, "after rebind")?;
+    let fresh = d
+        .vidmem_alloc(g.id, 4 * K, 0, 0)
+        .ctx("alloc after rebind")?
+        .handle;
+    ce(&d, g.id, fresh, s, 0, 16)?;
+    for h in [vid, s, fresh] {
+        d.mem_free(h).ctx("free")?;
+    }
+    check!(
+        d.audit(false).ctx("AUDIT")?.live == audit_before,
+        "something was left after freeing everything"
+    );
+    check_idle(&d, g.id, "at the end")?;
+    Ok(())
+}
