@@ -30,11 +30,27 @@ _Static_assert(offsetof(struct ruvm_info, max_file_bytes) == 80, "max_file_bytes
 _Static_assert(offsetof(struct ruvm_info, reserved) == 88, "reserved");
 _Static_assert(sizeof(struct ruvm_mem_alloc) == 88, "struct ruvm_mem_alloc size");
 _Static_assert(offsetof(struct ruvm_mem_alloc, handle) == 24, "alloc handle");
-_Static_assert(offsetof(struct ruvm_mem_alloc, reserved) == 56, "alloc reserved");
+_Static_assert(offsetof(struct ruvm_mem_alloc, gpu) == 56, "alloc gpu");
+_Static_assert(offsetof(struct ruvm_mem_alloc, pad) == 60, "alloc pad");
+_Static_assert(offsetof(struct ruvm_mem_alloc, reserved) == 64, "alloc reserved");
 _Static_assert(sizeof(struct ruvm_mem_handle) == 32, "struct ruvm_mem_handle size");
 _Static_assert(sizeof(struct ruvm_mem_query) == 104, "struct ruvm_mem_query size");
 _Static_assert(offsetof(struct ruvm_mem_query, mapped) == 56, "query mapped");
 _Static_assert(offsetof(struct ruvm_mem_query, user_mappings) == 64, "query user_mappings");
+_Static_assert(offsetof(struct ruvm_mem_query, gpu) == 80, "query gpu");
+_Static_assert(offsetof(struct ruvm_mem_query, reserved) == 88, "query reserved");
+_Static_assert(sizeof(struct ruvm_gpu_info) == 56, "struct ruvm_gpu_info size");
+_Static_assert(offsetof(struct ruvm_gpu_info, dma_mapped_bytes) == 40, "gpu_info dma_mapped_bytes");
+_Static_assert(offsetof(struct ruvm_gpu_info, vidmem_size) == 48, "gpu_info vidmem_size");
+_Static_assert(sizeof(struct ruvm_mem_gpu_phys) == 64, "struct ruvm_mem_gpu_phys size");
+_Static_assert(offsetof(struct ruvm_mem_gpu_phys, address) == 32, "gpu_phys address");
+_Static_assert(offsetof(struct ruvm_mem_gpu_phys, aperture) == 40, "gpu_phys aperture");
+_Static_assert(sizeof(struct ruvm_pmm_stats) == 112, "struct ruvm_pmm_stats size");
+_Static_assert(offsetof(struct ruvm_pmm_stats, allocated) == 24, "pmm_stats allocated");
+_Static_assert(offsetof(struct ruvm_pmm_stats, roots) == 48, "pmm_stats roots");
+_Static_assert(offsetof(struct ruvm_pmm_stats, reserved) == 80, "pmm_stats reserved");
+_Static_assert(sizeof(struct ruvm_pmm_check_leak) == 64, "struct ruvm_pmm_check_leak size");
+_Static_assert(offsetof(struct ruvm_pmm_check_leak, free_after) == 40, "check_leak free_after");
 _Static_assert(sizeof(struct ruvm_mem_fill) == 72, "struct ruvm_mem_fill size");
 _Static_assert(offsetof(struct ruvm_mem_fill, mismatches) == 40, "fill mismatches");
 _Static_assert(sizeof(struct ruvm_mem_copy) == 64, "struct ruvm_mem_copy size");
@@ -91,6 +107,21 @@ TEST_F(ruvm, unknown_command_is_enotty)
 	EXPECT_EQ(ENOTTY, errno);
 	EXPECT_EQ(-1, ioctl(self->fd, _IO(RUVM_IOCTL_MAGIC, 0x00)));
 	EXPECT_EQ(ENOTTY, errno);
+}
+
+TEST_F(ruvm, vidmem_of_an_unknown_gpu_is_enodev)
+{
+	struct ruvm_mem_alloc a;
+
+	memset(&a, 0, sizeof(a));
+	a.size = 4096;
+	a.backing = RUVM_BACKING_VIDMEM;
+	a.gpu = RUVM_MAX_GPUS + 1;
+	EXPECT_EQ(-1, ioctl(self->fd, RUVM_IOCTL_MEM_ALLOC, &a));
+	EXPECT_EQ(ENODEV, errno);
+	a.backing = RUVM_BACKING_SYSMEM;
+	EXPECT_EQ(-1, ioctl(self->fd, RUVM_IOCTL_MEM_ALLOC, &a));
+	EXPECT_EQ(EINVAL, errno);
 }
 
 TEST_HARNESS_MAIN
