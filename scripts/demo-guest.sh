@@ -50,7 +50,10 @@ ruvmctl --fd 3 mmap-verify 2 --seed 1234 --length 4096
 ruvmctl --fd 3 query 1
 ruvmctl info | grep 'live mems'
 
-step "the 1M mem DMA-mapped for both GPUs: one address table per GPU (IOVAs: each GPU has its IOMMU domain)"
+step "two GPUs, two address spaces: each has its own IOMMU domain, so one mem has a table per GPU"
+# A 4M mem mapped on GPU 0 only takes IOVAs there first, so the shared mem lands elsewhere.
+ruvmctl --fd 3 alloc 4M --page-size 2M
+ruvmctl --fd 3 map-gpu 3 0
 ruvmctl --fd 3 map-gpu 2 0
 ruvmctl --fd 3 map-gpu 2 1
 ruvmctl --fd 3 query 2
@@ -59,15 +62,40 @@ ruvmctl --fd 3 dma-addrs 2 1
 
 step "each GPU's copy engine (edu's DMA engine) copies through its own table: sysmem -> sysmem"
 ruvmctl --fd 3 alloc 1M --zero
-ruvmctl --fd 3 map-gpu 3 0
-ruvmctl --fd 3 map-gpu 3 1
-ruvmctl --fd 3 ce-copy 0 3 2 --length 4095
-ruvmctl --fd 3 ce-copy 1 3 2 --length 4095 --dst-offset 8192 --src-offset 8192
-ruvmctl --fd 3 map-kernel 3
-ruvmctl --fd 3 verify 3 --seed 1234 --length 4095
-ruvmctl --fd 3 verify 3 --seed 1234 --offset 8192 --length 4095
-ruvmctl --fd 3 verify 3 --byte 0 --offset 4095 --length 4097
-ruvmctl --fd 3 free 3
+ruvmctl --fd 3 map-gpu 4 0
+ruvmctl --fd 3 map-gpu 4 1
+ruvmctl --fd 3 ce-copy 0 4 2 --length 4095
+ruvmctl --fd 3 ce-copy 1 4 2 --length 4095 --dst-offset 8192 --src-offset 8192
+ruvmctl --fd 3 map-kernel 4
+ruvmctl --fd 3 verify 4 --seed 1234 --length 4095
+ruvmctl --fd 3 verify 4 --seed 1234 --offset 8192 --length 4095
+ruvmctl --fd 3 verify 4 --byte 0 --offset 4095 --length 4097
+ruvmctl --fd 3 free 4
+
+step "vidmem: each GPU's memory, from its PMM (the kernel's GPU buddy allocator, 2 MiB root chunks)"
+ruvmctl --fd 3 alloc 3M --vidmem 0
+ruvmctl --fd 3 alloc 100K --vidmem 1
+ruvmctl pmm
+ruvmctl --fd 3 gpu-phys 5 0 --offset 2M --length 4096
+ruvmctl --fd 3 map-kernel 5 || echo "(vidmem is not CPU-mappable: the copy engine moves its bytes)"
+
+step "copy engines move bytes sysmem -> vidmem -> sysmem on both GPUs; the CPU checks the result"
+ruvmctl --fd 3 alloc 1M --zero
+ruvmctl --fd 3 map-gpu 7 0
+ruvmctl --fd 3 map-gpu 7 1
+ruvmctl --fd 3 ce-copy 0 5 2 --length 4095
+ruvmctl --fd 3 ce-copy 0 7 5 --length 4095
+ruvmctl --fd 3 ce-copy 1 6 2 --length 4095 --dst-offset 8192 --src-offset 8192
+ruvmctl --fd 3 ce-copy 1 7 6 --length 4095 --dst-offset 8192 --src-offset 8192
+ruvmctl --fd 3 map-kernel 7
+ruvmctl --fd 3 verify 7 --seed 1234 --length 4095
+ruvmctl --fd 3 verify 7 --seed 1234 --offset 8192 --length 4095
+
+step "freed, the PMMs are back to whole root chunks (uvm's PMM_CHECK_LEAK)"
+for h in 3 5 6 7; do ruvmctl --fd 3 free $h; done
+ruvmctl pmm
+ruvmctl pmm-check-leak 0 --chunk-size 64K
+ruvmctl pmm-check-leak 1
 
 step "usage statistics (also in /sys/kernel/debug/ruvm/stats) and the audit's live counts"
 ruvmctl stats

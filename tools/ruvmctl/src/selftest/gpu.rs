@@ -48,6 +48,10 @@ pub fn cases() -> Vec<Case> {
             run: gpu_ce_copy_moves_bytes_both_ways,
         },
         Case {
+            name: "gpu_two_gpus_two_address_spaces",
+            run: gpu_two_gpus_two_address_spaces,
+        },
+        Case {
             name: "gpu_ce_copy_bad_inputs",
             run: gpu_ce_copy_bad_inputs,
         },
@@ -127,7 +131,12 @@ fn gpu_list_matches_sysfs() -> TestResult {
     if want.is_empty() && gpus.is_empty() {
         return Err(Stop::Skip("no GPUs in this machine".into()));
     }
-    let mut got: Vec<String> = gpus.iter().filter(|g| bound_edu(g)).map(pci_name).collect();
+    // Every edu device is a GPU: bound by ruvm-edu, or named as a host GPU.
+    let mut got: Vec<String> = gpus
+        .iter()
+        .filter(|g| present(g) && g.kind != uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM)
+        .map(pci_name)
+        .collect();
     got.sort();
     check!(
         got == want,
@@ -749,6 +758,76 @@ fn gpu_ce_copy_moves_bytes_both_ways() -> TestResult {
         }
     }
     Ok(())
+}
+
+/// Two edu GPUs, each in its own IOMMU domain with its own IOVA allocator: once GPU 0 alone
+/// holds a mapping, one mem mapped on both gets different bus addresses on each, and each
+/// engine copies correctly through its own table.
+fn gpu_two_gpus_two_address_spaces() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = d.gpus().ctx("GPU_LIST")?;
+    let edu: Vec<u32> = gpus.iter().filter(|g| bound_edu(g)).map(|g| g.id).collect();
+    if edu.len() < 2 {
+        return Err(Stop::Skip("needs two GPUs bound by ruvm-edu".into()));
+    }
+    let (g0, g1) = (edu[0], edu[1]);
+    // 2 MiB chunks: IOVAs that size are not cached, so each allocator hands out its highest
+    // free range; GPU 0's highest is taken by the filler.
+    let filler = d.mem_alloc(4 << 20, 2 << 20, 0).ctx("alloc filler")?.handle;
+    d.mem_gpu(true, filler, g0).ctx("map filler on GPU 0")?;
+    let shared = d.mem_alloc(4 << 20, 2 << 20, 0).ctx("alloc")?.handle;
+    d.mem_gpu(true, shared, g0).ctx("map on GPU 0")?;
+    d.mem_gpu(true, shared, g1).ctx("map on GPU 1")?;
+    let a0 = d.dma_addrs(shared, g0, 0, 2).ctx("addrs on GPU 0")?;
+    let a1 = d.dma_addrs(shared, g1, 0, 2).ctx("addrs on GPU 1")?;
+    let f0 = d.dma_addrs(filler, g0, 0, 2).ctx("filler addrs")?;
+    check!(
+        a0.iter().all(|a| !a1.contains(a)),
+        "one mem, two GPUs, shared bus addresses: GPU {g0} {a0:x?}, GPU {g1} {a1:x?}"
+    );
+    check!(
+        a0.iter().all(|a| !f0.contains(a)),
+        "GPU {g0} gave the filler's addresses {f0:x?} to another mem: {a0:x?}"
+    );
+    // Each engine moves the same bytes through its own addresses.
+    let seed = 77;
+    d.map_kernel(shared).ctx("map kernel")?;
+    d.mem_fill(
+        false,
+        uapi::ruvm_mem_fill {
+            handle: shared,
+            length: 4 << 20,
+            seed,
+            ..Default::default()
+        },
+    )
+    .ctx("fill")?;
+    for (g, off) in [(g0, 0u64), (g1, (2 << 20) + 4096)] {
+        let dst = d
+            .mem_alloc(8192, 0, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)
+            .ctx("alloc dst")?
+            .handle;
+        d.mem_gpu(true, dst, g).ctx("map dst")?;
+        d.map_kernel(dst).ctx("map kernel")?;
+        d.ce_copy(g, dst, off % 8192, shared, off, 3000)
+            .ctx(&format!("GPU {g} copies"))?;
+        let q = d.mem_query(dst).ctx("query")?;
+        let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+        for i in 0..3000u64 {
+            let (got, want) = (
+                map.read(((off % 8192) + i) as usize),
+                pattern::byte_at(seed, off + i),
+            );
+            check!(
+                got == want,
+                "GPU {g}: byte {i} is {got:#x}, wanted {want:#x}"
+            );
+        }
+        drop(map);
+        d.mem_free(dst).ctx("free")?;
+    }
+    d.mem_free(shared).ctx("free")?;
+    d.mem_free(filler).ctx("free")
 }
 
 fn gpu_ce_copy_bad_inputs() -> TestResult {
