@@ -209,6 +209,7 @@ impl SimIommu {
             let (end, m) = c.current();
             (m.start <= addr && last <= *end).then(|| SimRange {
                 page: m.page.0,
+                // CAST: inside one mapping, whose length was a `usize`.
                 offset: (addr - m.start) as usize,
                 len,
             })

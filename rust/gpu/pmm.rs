@@ -53,6 +53,12 @@ fn size_index(size: u64) -> Option<usize> {
     CHUNK_SIZES.iter().position(|&s| s == size)
 }
 
+/// The index of the root chunk holding vidmem address `phys`.
+fn root_index(phys: u64) -> usize {
+    // CAST: `phys` is below the capacity, whose root count was a `usize` (the roots' vector).
+    (phys / CHUNK_MAX) as usize
+}
+
 /// A root chunk's storage: 2 MiB of kernel pages, and their DMA mapping for the GPU.
 struct RootStore {
     pages: Arc<RootPages>,
@@ -71,6 +77,7 @@ impl ChunkSource for RootPages {
     }
 
     fn chunk_len(&self) -> usize {
+        // CAST: 2 MiB fits any `usize` the kernel runs on.
         CHUNK_MAX as usize
     }
 
@@ -202,10 +209,7 @@ impl Pmm {
                 _ => return Err(EINVAL),
             }
         };
-        let root = st
-            .roots
-            .get_mut(usize::try_from(phys / CHUNK_MAX)?)
-            .ok_or(EINVAL)?;
+        let root = st.roots.get_mut(root_index(phys)).ok_or(EINVAL)?;
         if store && root.store.is_none() {
             root.store = Some(self.new_store()?);
         }
@@ -249,15 +253,16 @@ impl Pmm {
         // The pages of the root's storage, if the chunk used it: zeroed outside the lock.
         let pages = {
             let st = self.state.lock();
-            let root = st.roots.get((chunk.phys / CHUNK_MAX) as usize);
+            let root = st.roots.get(root_index(chunk.phys));
             match (chunk.stored, root.and_then(|r| r.store.as_ref())) {
                 (true, Some(store)) => Some(store.pages.clone()),
                 _ => None,
             }
         };
         if let Some(pages) = pages {
-            let offset = (chunk.phys % CHUNK_MAX) as usize;
-            if pages.chunk.zero(offset, chunk.size as usize).is_err() {
+            // CAST: both are at most 2 MiB.
+            let (offset, len) = ((chunk.phys % CHUNK_MAX) as usize, chunk.size as usize);
+            if pages.chunk.zero(offset, len).is_err() {
                 pr_err!("pmm: could not scrub chunk {:#x}\n", chunk.phys);
             }
         }
@@ -266,7 +271,7 @@ impl Pmm {
             if let Some(n) = index.and_then(|i| st.allocated.get_mut(i)) {
                 *n -= 1;
             }
-            let root = st.roots.get_mut((chunk.phys / CHUNK_MAX) as usize);
+            let root = st.roots.get_mut(root_index(chunk.phys));
             root.and_then(|r| {
                 r.chunks -= 1;
                 if chunk.size == CHUNK_MAX {
@@ -292,7 +297,7 @@ impl Pmm {
         if st.dead {
             return Err(ENODEV);
         }
-        let root = st.roots.get(usize::try_from(phys / CHUNK_MAX)?);
+        let root = st.roots.get(root_index(phys));
         let store = root.and_then(|r| r.store.as_ref()).ok_or(ENXIO)?;
         let base = store.table.addrs().first().copied().ok_or(ENXIO)?;
         Ok(base + phys % CHUNK_MAX)

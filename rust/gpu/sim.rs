@@ -64,6 +64,7 @@ impl SimGpus {
             pr_err!("sim_gpus={count}: at most {MAX_SIM_GPUS}\n");
             return Err(EINVAL);
         }
+        // CAST: at most `MAX_SIM_GPUS`.
         let mut gpus = KVec::with_capacity(count as usize, GFP_KERNEL)?;
         for index in 0..count {
             let name = CString::try_from_fmt(fmt!("ruvm-sim{index}"))?;

@@ -469,6 +469,17 @@ pub fn load_module(params: &str) -> Result<(), String> {
         .map_err(|e| format!("loading {path}: {e}"))
 }
 
+/// A GPU's PCI address as sysfs names it (`dddd:bb:dd.f`).
+pub fn pci_name(g: &uapi::ruvm_gpu_info) -> String {
+    format!(
+        "{:04x}:{:02x}:{:02x}.{}",
+        g.pci_domain,
+        g.pci_bus,
+        g.pci_devfn >> 3,
+        g.pci_devfn & 7
+    )
+}
+
 /// A user mapping of (part of) the device file, unmapped on drop.
 pub struct UserMap {
     ptr: std::ptr::NonNull<std::ffi::c_void>,

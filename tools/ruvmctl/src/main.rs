@@ -632,13 +632,7 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
             location: if g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM {
                 format!("faux/ruvm-sim{}", g.pci_devfn)
             } else {
-                format!(
-                    "{:04x}:{:02x}:{:02x}.{}",
-                    g.pci_domain,
-                    g.pci_bus,
-                    g.pci_devfn >> 3,
-                    g.pci_devfn & 7
-                )
+                dev::pci_name(g)
             },
             vendor: format!("{:04x}", g.vendor),
             device: format!("{:04x}", g.device),

@@ -9,7 +9,7 @@ use nix::unistd::{setuid, Uid};
 
 use super::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use crate::{
-    dev::{Ruvm, UserMap},
+    dev::{pci_name, Ruvm, UserMap},
     pattern, uapi,
 };
 
@@ -93,16 +93,6 @@ fn edu_devices() -> Result<Vec<String>, Stop> {
     }
     v.sort();
     Ok(v)
-}
-
-fn pci_name(g: &uapi::ruvm_gpu_info) -> String {
-    format!(
-        "{:04x}:{:02x}:{:02x}.{}",
-        g.pci_domain,
-        g.pci_bus,
-        g.pci_devfn >> 3,
-        g.pci_devfn & 7
-    )
 }
 
 fn present(g: &uapi::ruvm_gpu_info) -> bool {

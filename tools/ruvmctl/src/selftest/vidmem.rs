@@ -8,7 +8,7 @@ use nix::unistd::{setuid, Uid};
 
 use super::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use crate::{
-    dev::{Ruvm, UserMap},
+    dev::{pci_name, Ruvm, UserMap},
     pattern, uapi,
 };
 
@@ -686,13 +686,7 @@ fn vidmem_unbind_with_live_mems() -> TestResult {
     }) else {
         return Err(Stop::Skip("no edu GPU with vidmem (to unbind)".into()));
     };
-    let name = format!(
-        "{:04x}:{:02x}:{:02x}.{}",
-        g.pci_domain,
-        g.pci_bus,
-        g.pci_devfn >> 3,
-        g.pci_devfn & 7
-    );
+    let name = pci_name(g);
     let audit_before = d.audit(false).ctx("AUDIT")?.live;
     let vid = d
         .vidmem_alloc(g.id, 3 * M, 0, 0)
