@@ -20,7 +20,8 @@
 # /selftests); VM_EXTRA (files for /extra); VM_MODARGS (insmod arguments); VM_INSMOD (1);
 # VM_GPUS (2); VM_TIMEOUT (300); VM_MEM (1G); VM_LOG (console log path); VM_VERBOSE (1 shows
 # the console live); VM_EXPECT_KMSG (extended regex of kernel lines a test expects: such lines
-# are reported but do not count as errors; see Documentation/testing.rst).
+# are reported but do not count as errors; see Documentation/testing.rst); VM_ICOUNT (QEMU
+# -icount options, e.g. shift=auto,sleep=off; empty: none).
 set -euo pipefail
 
 die() { echo "vm: $*" >&2; exit 125; }
@@ -35,6 +36,7 @@ VM_MEM=${VM_MEM:-1G}
 VM_MODARGS=${VM_MODARGS:-}
 VM_VERBOSE=${VM_VERBOSE:-0}
 VM_EXPECT_KMSG=${VM_EXPECT_KMSG:-}
+VM_ICOUNT=${VM_ICOUNT:-}
 
 for f in "$KERNEL_IMAGE" "$RUVM_KO" "$RUVMCTL" /bin/busybox; do
 	[ -f "$f" ] || die "missing $f"
@@ -133,6 +135,9 @@ qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -cpu max -smp 2 -m "$
 	-device intel-iommu,intremap=on -nographic -no-reboot
 	-kernel "$KERNEL_IMAGE" -initrd "$work/initramfs.cpio.gz" -append "$append")
 for ((i = 0; i < VM_GPUS; i++)); do qemu+=(-device edu); done
+# With -icount ...,sleep=off the virtual clock jumps over idle time, so the edu engine's 100 ms
+# completion timer costs no wall time (but the vCPUs then share one host thread).
+[ -z "$VM_ICOUNT" ] || qemu+=(-icount "$VM_ICOUNT")
 
 if [ $interactive = 1 ]; then
 	exec "${qemu[@]}"
