@@ -605,7 +605,7 @@ struct GpuOut {
     id: u32,
     kind: &'static str,
     present: bool,
-    location: String,
+    name: String,
     vendor: String,
     device: String,
     dma_mask_bits: u32,
@@ -628,9 +628,10 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
                 _ => "unknown",
             },
             present: g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0,
-            // Where the device is: a PCI address, or a simulated GPU's faux device.
-            location: if g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM {
-                format!("faux/ruvm-sim{}", g.pci_devfn)
+            // The device's name in the kernel (sysfs): its PCI address, or a simulated GPU's
+            // faux device.
+            name: if g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM {
+                format!("ruvm-sim{}", g.pci_devfn)
             } else {
                 dev::pci_name(g)
             },
@@ -657,7 +658,7 @@ fn gpus(d: &dev::Ruvm, json: bool) -> CliResult {
             "GPU {}: {} at {} [{}:{}], {}, DMA {} bits, pages {}, copy engine {}, {} bytes DMA-mapped, vidmem {}",
             g.id,
             g.kind,
-            g.location,
+            g.name,
             g.vendor,
             g.device,
             if g.present {
