@@ -15,11 +15,6 @@ export RUVMCTL=$top/tools/ruvmctl/target/x86_64-unknown-linux-gnu/release/ruvmct
 export SELFTESTS="${SELFTESTS-$top/build/selftests/ruvm_abi_test}"
 # The debug kernel (KASAN, lockdep) runs several times slower under TCG.
 [ "$flavour" = debug ] && export VM_TIMEOUT=${VM_TIMEOUT:-900}
-# The fast kernel's runs wait mostly on edu's 100 ms transfer timer: an instruction-counted
-# clock that skips idle time makes them 3 times faster (main suite 58 s -> 16 s). The debug
-# kernel is CPU-bound, and loses more from its two vCPUs sharing one thread than it gains
-# (190 s -> 225 s), so it runs without. VM_ICOUNT= (empty) turns it off.
-[ "$flavour" = fast ] && export VM_ICOUNT=${VM_ICOUNT-shift=auto,sleep=off}
 if [ -n "${CMD:-}" ]; then
 	exec "$top/tools/vm/run.sh" "$CMD"
 fi
