@@ -238,7 +238,7 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
 /// fields of the parameter, 0 meaning none (00:00.0 is never a GPU).
 pub(crate) fn host_addresses(param: u64) -> impl Iterator<Item = (u8, u8)> {
     (0..4)
-        .map(move |i| (param >> (16 * i)) & 0xffff)
+        .map(move |i| crate::param_field(param, i))
         .filter(|&a| a != 0)
         // CAST: each part is masked to a byte.
         .map(|a| ((a >> 8) as u8, (a & 0xff) as u8))

@@ -214,6 +214,11 @@ impl VidPages {
     }
 }
 
+/// The DMA address of byte `offset` of a mem (chunks of `chunk` bytes) in its table `t`.
+fn table_addr(t: &DmaTable<SysPages>, offset: usize, chunk: NonZeroUsize) -> Result<u64> {
+    Ok(t.addrs().get(offset / chunk).ok_or(EINVAL)? + (offset % chunk) as u64)
+}
+
 /// How a GPU's engine reaches one mem: through its DMA table, or in its own memory.
 enum EngineView<'a> {
     Table(Arc<DmaTable<SysPages>>),
@@ -224,9 +229,7 @@ impl EngineView<'_> {
     /// The DMA address at which the engine reaches byte `offset` (chunks of `chunk` bytes).
     fn addr(&self, offset: usize, chunk: NonZeroUsize) -> Result<u64> {
         match self {
-            EngineView::Table(t) => {
-                Ok(t.addrs().get(offset / chunk).ok_or(EINVAL)? + (offset % chunk) as u64)
-            }
+            EngineView::Table(t) => table_addr(t, offset, chunk),
             EngineView::Vid(v) => {
                 let pmm = v.gpu.pmm.as_ref().ok_or(ENODEV)?;
                 pmm.engine_addr(v.phys(offset, chunk)?)
@@ -725,17 +728,14 @@ impl Mem {
         }
         match &self.storage {
             Storage::Sys(_) => {
-                let t = self.gpu_table(gpu.id)?;
-                let addr = t.addrs().get(offset / chunk).ok_or(EINVAL)? + (offset % chunk) as u64;
-                Ok((addr, uapi::ruvm_aperture_RUVM_APERTURE_SYS))
+                let table = self.gpu_table(gpu.id)?;
+                Ok((
+                    table_addr(&table, offset, chunk)?,
+                    uapi::ruvm_aperture_RUVM_APERTURE_SYS,
+                ))
             }
             Storage::Vid(v) => {
-                let alive = gpu.alive.lock();
-                if !*alive {
-                    return Err(ENODEV);
-                }
                 v.check_gpu(gpu)?;
-                drop(alive);
                 Ok((
                     v.phys(offset, chunk)?,
                     uapi::ruvm_aperture_RUVM_APERTURE_VID,
@@ -747,8 +747,7 @@ impl Mem {
     /// The DMA addresses of chunks `first..` on GPU `id`, at most `max`; `ENXIO` if the mem is not
     /// mapped on it (a vidmem mem never is: it has no DMA addresses).
     pub(crate) fn dma_addrs(&self, id: u32, first: u64, max: usize) -> Result<KVVec<u64>> {
-        let st = self.state.lock();
-        let (_, table) = st.gpus.iter().find(|(g, _)| *g == id).ok_or(ENXIO)?;
+        let table = self.gpu_table(id)?;
         let first = usize::try_from(first).map_err(|_| EINVAL)?;
         let addrs = table.addrs().get(first..).ok_or(EINVAL)?;
         let n = addrs.len().min(max);

@@ -78,14 +78,17 @@ pub(crate) fn host_gpus_param() -> u64 {
 /// The most vidmem one GPU may have, in MiB (a 16-bit field of `vidmem_mib_gpu`).
 const MAX_VIDMEM_MIB: u64 = 65534;
 
+/// Field `i` (0 to 3) of a parameter made of four 16-bit fields (7.2's `module!` parameters
+/// are integers only); 0 past the fourth.
+pub(crate) fn param_field(value: u64, i: u32) -> u64 {
+    i.checked_mul(16)
+        .and_then(|s| value.checked_shr(s))
+        .map_or(0, |v| v & 0xffff)
+}
+
 /// The vidmem size of GPU `id`, in bytes, from `vidmem_mib` and `vidmem_mib_gpu`.
 pub(crate) fn vidmem_bytes(id: u32) -> u64 {
-    let per_gpu = *module_parameters::vidmem_mib_gpu.value();
-    let field = if id < 4 {
-        (per_gpu >> (16 * id)) & 0xffff
-    } else {
-        0
-    };
+    let field = param_field(*module_parameters::vidmem_mib_gpu.value(), id);
     let mib_value = if field != 0 {
         field
     } else {
@@ -98,7 +101,7 @@ pub(crate) fn vidmem_bytes(id: u32) -> u64 {
 fn check_vidmem_params() -> Result {
     let all = *module_parameters::vidmem_mib.value();
     let per_gpu = *module_parameters::vidmem_mib_gpu.value();
-    let fields = (0..4).map(|i| (per_gpu >> (16 * i)) & 0xffff);
+    let fields = (0..4).map(|i| param_field(per_gpu, i));
     for v in Iterator::chain(core::iter::once(all), fields) {
         if v % 2 != 0 || v > MAX_VIDMEM_MIB {
             pr_err!("vidmem size {v} MiB: must be even and at most {MAX_VIDMEM_MIB}\n");

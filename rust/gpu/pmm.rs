@@ -14,8 +14,9 @@
 //! Vidmem holds real bytes. The first chunk of a mem handed out from a root chunk gives that
 //! root its storage: 2 MiB of contiguous, zeroed kernel pages, DMA-mapped for the GPU (so its
 //! copy engine reaches them at the root's DMA address plus the offset). The storage goes when
-//! the root holds no stored chunk any more. A chunk is zeroed when it is handed back, so no
-//! mem ever sees an earlier one's bytes.
+//! the root holds no stored chunk any more. A chunk is zeroed when it is handed back (unless
+//! its root's storage goes with it: new storage is zeroed anyway), so no mem ever sees an
+//! earlier one's bytes.
 //!
 //! # Locking
 //!
@@ -247,18 +248,38 @@ impl Pmm {
         Ok(RootStore { pages, table })
     }
 
-    /// Takes a chunk back (from [`VidChunk`]'s drop).
+    /// Takes a chunk back (from [`VidChunk`]'s drop, before its block returns to the buddy,
+    /// so no one else can be handed its range meanwhile).
     fn free(&self, chunk: &VidChunk) {
-        let index = size_index(chunk.size);
-        // The pages of the root's storage, if the chunk used it: zeroed outside the lock.
-        let pages = {
-            let st = self.state.lock();
-            let root = st.roots.get(root_index(chunk.phys));
-            match (chunk.stored, root.and_then(|r| r.store.as_ref())) {
-                (true, Some(store)) => Some(store.pages.clone()),
-                _ => None,
+        // Under the lock: the counts, and either the root's storage (if this was its last
+        // stored chunk: dropped, so nothing to scrub) or its pages (to scrub the chunk).
+        let (gone, pages) = {
+            let mut st = self.state.lock();
+            if let Some(n) = size_index(chunk.size).and_then(|i| st.allocated.get_mut(i)) {
+                *n -= 1;
+            }
+            match st.roots.get_mut(root_index(chunk.phys)) {
+                None => (None, None),
+                Some(r) => {
+                    r.chunks -= 1;
+                    if chunk.size == CHUNK_MAX {
+                        r.whole = false;
+                    }
+                    if chunk.stored {
+                        r.stored -= 1;
+                    }
+                    if !chunk.stored {
+                        (None, None)
+                    } else if r.stored == 0 {
+                        (r.store.take(), None)
+                    } else {
+                        (None, r.store.as_ref().map(|s| s.pages.clone()))
+                    }
+                }
             }
         };
+        // Outside the lock: the storage is unmapped and freed, or the chunk zeroed.
+        drop(gone);
         if let Some(pages) = pages {
             // CAST: both are at most 2 MiB.
             let (offset, len) = ((chunk.phys % CHUNK_MAX) as usize, chunk.size as usize);
@@ -266,28 +287,6 @@ impl Pmm {
                 pr_err!("pmm: could not scrub chunk {:#x}\n", chunk.phys);
             }
         }
-        let _gone = {
-            let mut st = self.state.lock();
-            if let Some(n) = index.and_then(|i| st.allocated.get_mut(i)) {
-                *n -= 1;
-            }
-            let root = st.roots.get_mut(root_index(chunk.phys));
-            root.and_then(|r| {
-                r.chunks -= 1;
-                if chunk.size == CHUNK_MAX {
-                    r.whole = false;
-                }
-                if chunk.stored {
-                    r.stored -= 1;
-                }
-                // Dropped (unmapped, freed) after the lock is released.
-                if r.stored == 0 {
-                    r.store.take()
-                } else {
-                    None
-                }
-            })
-        };
     }
 
     /// The DMA address at which the GPU's engine reaches vidmem address `phys`, if its root
@@ -377,7 +376,7 @@ impl VidChunk {
 
 impl Drop for VidChunk {
     fn drop(&mut self) {
-        // Zero it and update the roots first; the buddy takes the block back when `blocks`
+        // Zero it and update the roots first; the buddy takes the block back when `_blocks`
         // drops, right after.
         self.pmm.free(self);
     }

@@ -243,6 +243,46 @@ fn vidmem_mappings_and_addresses() -> TestResult {
             "a range crossing a chunk",
         )?;
         expect_errno(d.gpu_phys(h, g.id, 0, 0), Errno::EINVAL, "an empty range")?;
+        let phys_args = || uapi::ruvm_mem_gpu_phys {
+            handle: h,
+            gpu: g.id,
+            length: 1,
+            ..Default::default()
+        };
+        for (what, mut a) in [
+            (
+                "flags",
+                uapi::ruvm_mem_gpu_phys {
+                    flags: 1,
+                    ..phys_args()
+                },
+            ),
+            (
+                "pad",
+                uapi::ruvm_mem_gpu_phys {
+                    pad: 1,
+                    ..phys_args()
+                },
+            ),
+            (
+                "reserved",
+                uapi::ruvm_mem_gpu_phys {
+                    reserved: [0, 1],
+                    ..phys_args()
+                },
+            ),
+        ] {
+            expect_errno(
+                d.ioctl(uapi::RUVM_IOCTL_MEM_GPU_PHYS, &mut a),
+                Errno::EINVAL,
+                &format!("gpu phys {what}"),
+            )?;
+        }
+        expect_errno(
+            d.gpu_phys(u64::MAX, g.id, 0, 1),
+            Errno::ENOENT,
+            "gpu phys of an unknown handle",
+        )?;
         expect_errno(
             d.gpu_phys(h, g.id, 3 * 64 * K, 1),
             Errno::EINVAL,
@@ -632,6 +672,13 @@ fn vidmem_pmm_bad_inputs() -> TestResult {
         d.ioctl(uapi::RUVM_IOCTL_PMM_CHECK_LEAK, &mut c),
         Errno::EINVAL,
         "check-leak flags",
+    )?;
+    c.flags = 0;
+    c.reserved[1] = 1;
+    expect_errno(
+        d.ioctl(uapi::RUVM_IOCTL_PMM_CHECK_LEAK, &mut c),
+        Errno::EINVAL,
+        "check-leak reserved",
     )?;
     expect_errno(
         d.pmm_check_leak(uapi::RUVM_MAX_GPUS + 1, 4 * K, 1),
