@@ -10,11 +10,7 @@
 //! come in pairs.) A test-only walk of the real objects ([`crate::mem::walk`]) checks the
 //! counters; an object that is counted but that no walk can reach has leaked.
 //!
-//! # Statistics
-//!
-//! Per backing (sysmem, vidmem of all GPUs): reserved bytes (what mems hold), used bytes (what
-//! was asked for), mems, each with a high watermark that can be restarted; allocations, frees
-//! and failures since load.
+//! The usage statistics are in [`stats`].
 //!
 //! # Reports
 //!
@@ -27,7 +23,12 @@ use kernel::{
     sync::atomic::{ordering::Relaxed, Atomic},
 };
 
-use crate::{bind::upin::PinnedUser, mem::Planted, uapi};
+use crate::{
+    bind::{global::global, upin::PinnedUser},
+    uapi,
+};
+
+pub(crate) mod stats;
 
 /// The number of audit classes.
 pub(crate) const CLASSES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_CLASSES as usize;
@@ -167,190 +168,6 @@ impl Drop for Counted {
     }
 }
 
-/// A current value with its high watermark.
-struct Watermark {
-    now: Atomic<u64>,
-    peak: Atomic<u64>,
-}
-
-impl Watermark {
-    const fn new() -> Self {
-        Self {
-            now: Atomic::new(0),
-            peak: Atomic::new(0),
-        }
-    }
-
-    fn add(&self, n: u64) {
-        let now = self.now.fetch_add(n, Relaxed).wrapping_add(n);
-        let mut peak = self.peak.load(Relaxed);
-        while peak < now {
-            match self.peak.cmpxchg(peak, now, Relaxed) {
-                Ok(_) => break,
-                Err(p) => peak = p,
-            }
-        }
-    }
-
-    fn sub(&self, n: u64) {
-        self.now.fetch_sub(n, Relaxed);
-    }
-
-    fn get(&self) -> (u64, u64) {
-        (self.now.load(Relaxed), self.peak.load(Relaxed))
-    }
-
-    fn reset_peak(&self) {
-        self.peak.store(self.now.load(Relaxed), Relaxed);
-    }
-}
-
-/// What the statistics are kept for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum StatsBacking {
-    /// Sysmem mems.
-    Sysmem,
-    /// Vidmem mems, of every GPU.
-    Vidmem,
-}
-
-/// The statistics of one backing.
-struct BackingStats {
-    reserved: Watermark,
-    used: Watermark,
-    mems: Watermark,
-    allocs: Atomic<u64>,
-    frees: Atomic<u64>,
-    failures: Atomic<u64>,
-}
-
-impl BackingStats {
-    const fn new() -> Self {
-        Self {
-            reserved: Watermark::new(),
-            used: Watermark::new(),
-            mems: Watermark::new(),
-            allocs: Atomic::new(0),
-            frees: Atomic::new(0),
-            failures: Atomic::new(0),
-        }
-    }
-}
-
-static SYSMEM_STATS: BackingStats = BackingStats::new();
-static VIDMEM_STATS: BackingStats = BackingStats::new();
-
-impl StatsBacking {
-    fn stats(self) -> &'static BackingStats {
-        match self {
-            StatsBacking::Sysmem => &SYSMEM_STATS,
-            StatsBacking::Vidmem => &VIDMEM_STATS,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            StatsBacking::Sysmem => "sysmem",
-            StatsBacking::Vidmem => "vidmem",
-        }
-    }
-}
-
-/// A mem's share of the statistics, for as long as it lives.
-pub(crate) struct Usage {
-    backing: StatsBacking,
-    reserved: u64,
-    used: u64,
-}
-
-impl Usage {
-    /// A successful allocation of `reserved` physical bytes for `used` requested ones.
-    pub(crate) fn new(backing: StatsBacking, reserved: u64, used: u64) -> Self {
-        let s = backing.stats();
-        s.reserved.add(reserved);
-        s.used.add(used);
-        s.mems.add(1);
-        s.allocs.fetch_add(1, Relaxed);
-        Self {
-            backing,
-            reserved,
-            used,
-        }
-    }
-}
-
-impl Drop for Usage {
-    fn drop(&mut self) {
-        let s = self.backing.stats();
-        s.reserved.sub(self.reserved);
-        s.used.sub(self.used);
-        s.mems.sub(1);
-        s.frees.fetch_add(1, Relaxed);
-    }
-}
-
-/// Counts an allocation that was refused or failed.
-pub(crate) fn alloc_failed(backing: StatsBacking) {
-    backing.stats().failures.fetch_add(1, Relaxed);
-}
-
-/// A snapshot of one backing's statistics.
-pub(crate) struct Stats {
-    pub(crate) backing: StatsBacking,
-    pub(crate) reserved: (u64, u64),
-    pub(crate) used: (u64, u64),
-    pub(crate) mems: (u64, u64),
-    pub(crate) allocs: u64,
-    pub(crate) frees: u64,
-    pub(crate) failures: u64,
-}
-
-/// One backing's statistics; with `reset_peaks`, its watermarks restart from now afterwards.
-pub(crate) fn stats(backing: StatsBacking, reset_peaks: bool) -> Stats {
-    let b = backing.stats();
-    let s = Stats {
-        backing,
-        reserved: b.reserved.get(),
-        used: b.used.get(),
-        mems: b.mems.get(),
-        allocs: b.allocs.load(Relaxed),
-        frees: b.frees.load(Relaxed),
-        failures: b.failures.load(Relaxed),
-    };
-    if reset_peaks {
-        b.reserved.reset_peak();
-        b.used.reset_peak();
-        b.mems.reset_peak();
-    }
-    s
-}
-
-impl core::fmt::Display for Stats {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        writeln!(f, "backing {}", self.backing.name())?;
-        writeln!(
-            f,
-            "reserved_bytes {} peak {}",
-            self.reserved.0, self.reserved.1
-        )?;
-        writeln!(f, "used_bytes {} peak {}", self.used.0, self.used.1)?;
-        writeln!(f, "mems {} peak {}", self.mems.0, self.mems.1)?;
-        writeln!(f, "allocs {}", self.allocs)?;
-        writeln!(f, "frees {}", self.frees)?;
-        writeln!(f, "alloc_failures {}", self.failures)
-    }
-}
-
-/// `/sys/kernel/debug/ruvm/stats`: the statistics (read-only; reset is an ioctl).
-pub(crate) struct StatsView;
-
-impl kernel::debugfs::Writer for StatsView {
-    fn write(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "{}", stats(StatsBacking::Sysmem, false))?;
-        write!(f, "{}", stats(StatsBacking::Vidmem, false))
-    }
-}
-
 /// `/sys/kernel/debug/ruvm/audit`: the live count of every class, one `name count` line each.
 pub(crate) struct LiveView;
 
@@ -364,9 +181,19 @@ impl kernel::debugfs::Writer for LiveView {
     }
 }
 
-/// The `leak_checker` level: 0 no reports, 1 class counts, 2 also every object's origin.
+/// The `leak_checker` level: 0 no reports, 1 class counts, 2 also every object's origin. Set
+/// once at module init.
+static LEVEL: Atomic<u32> = Atomic::new(1);
+
+/// Sets the `leak_checker` level and makes the audit's lock usable (module init).
+pub(crate) fn init(level: u32) {
+    LEVEL.store(level, Relaxed);
+    UNLOAD_STATE.init();
+}
+
+/// The `leak_checker` level.
 pub(crate) fn level() -> u32 {
-    crate::leak_checker_level()
+    LEVEL.load(Relaxed)
 }
 
 /// Logs the unload verdict from `live` (the counts at unload). Returns whether anything leaked.
@@ -388,19 +215,42 @@ pub(crate) fn report_unload(live: &[u64; CLASSES]) -> bool {
     true
 }
 
-/// What the audit keeps until unload: where to write the verdict, and the planted leaks.
-pub(crate) struct Unload {
-    /// The registered `struct ruvm_unload_state`.
-    pub(crate) state: Option<PinnedUser>,
-    /// Resources leaked on purpose and held for the report (`RUVM_IOCTL_TEST_LEAK`).
-    pub(crate) planted: KVec<Planted>,
+global! {
+    /// The registered `struct ruvm_unload_state`, written at unload.
+    static UNLOAD_STATE: Mutex<Option<PinnedUser>> = None;
 }
 
-impl Unload {
-    pub(crate) const fn new() -> Self {
-        Self {
-            state: None,
-            planted: KVec::new(),
-        }
+/// `RUVM_IOCTL_REGISTER_UNLOAD_STATE`: pins the user structure at `addr` (zeroing it) to be
+/// written at unload. `EBUSY` if one is registered already.
+pub(crate) fn register_unload_state(addr: u64) -> Result {
+    let mut state = UNLOAD_STATE.lock().ok_or(ENODEV)?;
+    if state.is_some() {
+        return Err(EBUSY);
+    }
+    let size = core::mem::size_of::<uapi::ruvm_unload_state>();
+    let pinned = PinnedUser::new(addr, size, 8)?;
+    pinned.write(&[0u8; core::mem::size_of::<uapi::ruvm_unload_state>()])?;
+    *state = Some(pinned);
+    Ok(())
+}
+
+/// Writes the unload verdict (`live`, and whether it `leaked`) into the registered structure,
+/// if any, and lets it go.
+pub(crate) fn write_unload_state(live: [u64; CLASSES], leaked: bool) {
+    let Some(state) = UNLOAD_STATE.lock().and_then(|mut s| s.take()) else {
+        return;
+    };
+    let mut verdict = uapi::ruvm_unload_state {
+        state: uapi::ruvm_unload_state_bits_RUVM_UNLOAD_DONE.into(),
+        leaked: live,
+    };
+    if leaked {
+        verdict.state |= u64::from(uapi::ruvm_unload_state_bits_RUVM_UNLOAD_LEAKED);
+    }
+    if state
+        .write(kernel::transmute::AsBytes::as_bytes(&verdict))
+        .is_err()
+    {
+        pr_err!("audit: could not write the unload state\n");
     }
 }

@@ -3,12 +3,15 @@
 //! The thin binding layer: safe wrappers for the few kernel APIs the 7.2 `kernel` crate lacks.
 //!
 //! Every `unsafe` block of ruvm outside [`crate::uapi`] is in a submodule of this one; policy code
-//! calls only the safe functions exported here.
+//! calls only the safe functions exported here. This layer is a leaf: it imports only `kernel`
+//! and `uapi`, and holds no module state (module-wide locks are declared by their owners with
+//! [`global::global!`]).
 
 pub(crate) mod cred;
 pub(crate) mod dma;
 pub(crate) mod fops;
-pub(crate) mod globals;
+pub(crate) mod global;
+pub(crate) mod maple;
 pub(crate) mod pages;
 pub(crate) mod ratelimit;
 pub(crate) mod task;

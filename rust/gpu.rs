@@ -1,26 +1,41 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The GPU registry: every GPU ruvm knows, under a stable id.
+//! The GPU registry: every GPU ruvm knows, under a stable id, and the access rule for a bound
+//! GPU's resources.
 //!
 //! A GPU enters the registry when its driver binds it and stays when it is unbound (marked not
 //! present), so that a rebind of the same PCI device gets the same id back. Sources: the test
 //! GPUs, QEMU `edu` devices bound by ruvm's own PCI driver ([`edu`]); host GPUs named by
-//! `host_gpus` ([`HostGpus`]); simulated GPUs on the faux bus ([`sim`]).
+//! `host_gpus` ([`host`]); simulated GPUs on the faux bus ([`sim`]).
 //!
-//! Locking: one module-wide mutex (`bind::globals::GPUS`), a leaf: nothing else is taken under it.
+//! # Access and removal
+//!
+//! A bound GPU's device, engine and PMM are reached only through a [`GpuAccess`] guard
+//! ([`GpuDev::access`]), which fails with `ENODEV` once removal has begun; every DMA table is
+//! made through one. Removal ([`unregister`]) revokes access and waits for every guard to go,
+//! drops every DMA table made for the GPU (through the hook their owner installed,
+//! [`set_removal_hook`]) and the PMM's storage, then waits until no table of the GPU is left
+//! anywhere (one being dropped by another thread right then included: [`dma::Tracker`]), all
+//! while the device is still bound; only then does the driver let the device go. So no mapping
+//! of a device outlives its release. Guards may sleep (unlike `Revocable`'s RCU guard): mapping
+//! and copying do.
+//!
+//! This file owns the module-wide registry lock `GPUS` (see the crate's lock order).
 
 use kernel::{
-    new_mutex,
+    new_condvar, new_mutex,
     prelude::*,
-    sync::{Arc, Mutex},
+    sync::{Arc, CondVar, Mutex},
 };
 
 use crate::{
-    bind::{dma::DmaDevice, globals::GPUS},
+    bind::{dma::DmaDevice, global::global},
     uapi,
 };
 
+pub(crate) mod dma;
 pub(crate) mod edu;
+pub(crate) mod host;
 pub(crate) mod pmm;
 pub(crate) mod sim;
 
@@ -54,88 +69,258 @@ impl GpuInfo {
 /// A GPU's copy engine.
 pub(crate) enum Engine {
     /// edu's DMA engine, through the IOMMU.
-    Edu(edu::EduEngine),
+    Edu(Pin<KBox<edu::EduEngine>>),
     /// A simulated GPU's: the CPU, through the GPU's DMA address translation.
     Sim,
 }
 
-impl Engine {
-    /// The largest piece one [`Self::copy`] moves.
-    pub(crate) fn max_piece(&self) -> usize {
-        match self {
-            Engine::Edu(_) => edu::EduEngine::MAX_PIECE,
-            Engine::Sim => sim::MAX_PIECE,
+/// Who is using a GPU's resources now.
+struct Users {
+    /// Removal has begun: no new guard.
+    revoked: bool,
+    /// Guards alive.
+    count: u32,
+}
+
+/// A bound GPU.
+#[pin_data]
+pub(crate) struct GpuDev {
+    pub(crate) id: u32,
+    /// The highest DMA address the GPU can use.
+    pub(crate) limit: u64,
+    /// Its page sizes (bit n: 2^n bytes).
+    pub(crate) page_sizes: u64,
+    /// What it has: reached only through a guard.
+    res: Resources,
+    #[pin]
+    users: Mutex<Users>,
+    /// Signalled when the last guard goes during removal.
+    #[pin]
+    idle: CondVar,
+}
+
+/// A GPU's resources.
+struct Resources {
+    dma: Arc<DmaDevice>,
+    engine: Option<Engine>,
+    pmm: Option<Arc<pmm::Pmm>>,
+    /// What a simulated GPU's engine can reach.
+    sim: Option<Arc<sim::SimIommu>>,
+    /// Its DMA tables and their bytes.
+    tracker: Arc<dma::Tracker>,
+}
+
+/// Proof that a GPU is bound, and stays bound while it lives.
+pub(crate) struct GpuAccess<'a> {
+    gpu: &'a GpuDev,
+}
+
+impl GpuDev {
+    /// Access to the bound GPU's resources; `ENODEV` once its removal has begun.
+    pub(crate) fn access(&self) -> Result<GpuAccess<'_>> {
+        let mut u = self.users.lock();
+        if u.revoked {
+            return Err(ENODEV);
+        }
+        u.count += 1;
+        Ok(GpuAccess { gpu: self })
+    }
+
+    /// Ends access: new guards are refused, and this waits for every guard to go.
+    fn revoke(&self) {
+        let mut u = self.users.lock();
+        u.revoked = true;
+        while u.count > 0 {
+            self.idle.wait(&mut u);
         }
     }
 
-    /// Copies `len` bytes (at most [`Self::max_piece`]) from DMA address `src` to `dst`.
-    pub(crate) fn copy(&self, dma: &DmaDevice, dst: u64, src: u64, len: usize) -> Result {
-        match self {
-            Engine::Edu(e) => e.copy(dst, src, len),
-            Engine::Sim => sim::check_piece(len).and_then(|()| dma.sim_copy(dst, src, len)),
+    /// Bytes DMA-mapped for it now.
+    pub(crate) fn mapped_bytes(&self) -> u64 {
+        self.res.tracker.bytes()
+    }
+
+    /// Whether it has a copy engine.
+    pub(crate) fn has_engine(&self) -> bool {
+        self.res.engine.is_some()
+    }
+
+    /// Its vidmem size (0 without vidmem).
+    pub(crate) fn vidmem_size(&self) -> u64 {
+        self.res.pmm.as_ref().map_or(0, |p| p.capacity())
+    }
+}
+
+impl Drop for GpuAccess<'_> {
+    fn drop(&mut self) {
+        let mut u = self.gpu.users.lock();
+        u.count -= 1;
+        if u.count == 0 && u.revoked {
+            self.gpu.idle.notify_all();
+        }
+    }
+}
+
+impl GpuAccess<'_> {
+    /// The GPU's copy engine, or `ENODEV`.
+    pub(crate) fn engine(&self) -> Result<&Engine> {
+        self.gpu.res.engine.as_ref().ok_or(ENODEV)
+    }
+
+    /// The GPU's PMM, or `ENXIO` if it has no vidmem.
+    pub(crate) fn pmm(&self) -> Result<&Arc<pmm::Pmm>> {
+        self.gpu.res.pmm.as_ref().ok_or(ENXIO)
+    }
+
+    /// DMA-maps every chunk of `pages` for the GPU.
+    pub(crate) fn map(&self, pages: Arc<dma::Pages>) -> Result<dma::GpuTable> {
+        let r = &self.gpu.res;
+        dma::GpuTable::new(
+            r.dma.clone(),
+            pages,
+            self.gpu.limit,
+            r.tracker.clone(),
+            r.sim.clone(),
+        )
+    }
+
+    /// Largest piece one [`Self::copy`] moves.
+    pub(crate) fn max_piece(&self) -> Result<usize> {
+        Ok(match self.engine()? {
+            Engine::Edu(_) => edu::EduEngine::MAX_PIECE,
+            Engine::Sim => sim::MAX_PIECE,
+        })
+    }
+
+    /// Copies `len` bytes (at most [`Self::max_piece`]) from DMA address `src` to `dst` with
+    /// the GPU's engine.
+    pub(crate) fn copy(&self, dst: u64, src: u64, len: usize) -> Result {
+        match (self.engine()?, &self.gpu.res.sim) {
+            (Engine::Edu(e), _) => e.copy(dst, src, len),
+            (Engine::Sim, Some(sim)) => sim.copy(self.gpu.id, dst, src, len),
+            (Engine::Sim, None) => Err(ENODEV),
         }
     }
 
     /// Reads `len` bytes at DMA address `src` into the engine, bypassing every table (to aim
     /// it at an unmapped address on purpose).
-    pub(crate) fn read_raw(&self, dma: &DmaDevice, src: u64, len: usize) -> Result {
-        match self {
-            Engine::Edu(e) => e.read_into_device(src, len),
-            Engine::Sim => sim::check_piece(len).and_then(|()| dma.sim_read(src, len)),
+    pub(crate) fn read_raw(&self, src: u64, len: usize) -> Result {
+        match (self.engine()?, &self.gpu.res.sim) {
+            (Engine::Edu(e), _) => e.read_into_device(src, len),
+            (Engine::Sim, Some(sim)) => sim.read(self.gpu.id, src, len),
+            (Engine::Sim, None) => Err(ENODEV),
         }
     }
 }
 
-/// A bound GPU, as mappings use it.
-///
-/// `alive` is held across every DMA mapping made for the GPU and by its removal, so that no
-/// mapping is made once removal has begun, and removal waits for one in flight. Lock order:
-/// a GPU's `alive`, then the mem registry, then a mem's state.
-#[pin_data]
-pub(crate) struct GpuDev {
-    pub(crate) id: u32,
-    pub(crate) dma: Arc<DmaDevice>,
-    /// The highest DMA address the GPU can use.
-    pub(crate) limit: u64,
-    /// Its copy engine.
-    pub(crate) engine: Option<Engine>,
-    /// Its page sizes (bit n: 2^n bytes).
-    pub(crate) page_sizes: u64,
-    /// Its vidmem manager, if it has vidmem.
-    pub(crate) pmm: Option<Arc<pmm::Pmm>>,
-    #[pin]
-    pub(crate) alive: Mutex<bool>,
-}
-
 /// One registry entry.
-pub(crate) struct GpuEntry {
+struct GpuEntry {
     id: u32,
     info: GpuInfo,
     /// While bound.
     dev: Option<Arc<GpuDev>>,
 }
 
+/// The registry and what it needs to make a GPU.
+struct Registry {
+    gpus: KVec<GpuEntry>,
+    config: Config,
+    /// Called with a GPU's id during its removal, to drop every DMA table made for it.
+    on_remove: Option<fn(u32)>,
+}
+
+/// What the module's parameters say about GPUs.
+#[derive(Clone, Copy)]
+pub(crate) struct Config {
+    /// Vidmem of each GPU, in bytes, unless overridden.
+    pub(crate) vidmem: u64,
+    /// Per-GPU vidmem overrides for ids 0 to 3 (0: use `vidmem`).
+    pub(crate) vidmem_gpu: [u64; 4],
+    /// The host GPUs' PCI addresses (bus, devfn), which the edu driver leaves alone.
+    pub(crate) host: [Option<(u8, u8)>; 4],
+}
+
+impl Config {
+    const fn none() -> Self {
+        Self {
+            vidmem: 0,
+            vidmem_gpu: [0; 4],
+            host: [None; 4],
+        }
+    }
+
+    fn vidmem_bytes(&self, id: u32) -> u64 {
+        match self.vidmem_gpu.get(id as usize) {
+            Some(&v) if v != 0 => v,
+            _ => self.vidmem,
+        }
+    }
+}
+
+global! {
+    /// Every GPU ruvm knows.
+    static GPUS: Mutex<Registry> = Registry {
+        gpus: KVec::new(),
+        config: Config::none(),
+        on_remove: None,
+    };
+}
+
+/// Makes the registry usable with the module's GPU settings (module init, before any driver).
+pub(crate) fn init(config: Config) {
+    GPUS.init();
+    if let Some(mut r) = GPUS.lock() {
+        r.config = config;
+    }
+}
+
+/// Installs the function that drops every DMA table made for a GPU being removed (the owner of
+/// the tables calls this at init).
+pub(crate) fn set_removal_hook(hook: fn(u32)) {
+    if let Some(mut r) = GPUS.lock() {
+        r.on_remove = Some(hook);
+    }
+}
+
+/// Whether `host_gpus` names the device at `bus`/`devfn` (the edu driver leaves those alone).
+pub(crate) fn is_host(bus: u8, devfn: u8) -> bool {
+    GPUS.lock()
+        .is_some_and(|r| r.config.host.contains(&Some((bus, devfn))))
+}
+
+/// How a GPU's engine works, for [`register`].
+pub(crate) enum EngineKind {
+    None,
+    Edu(Pin<KBox<edu::EduEngine>>),
+    Sim,
+}
+
 /// Adds a GPU that was just bound, or brings back the entry of the same PCI device; returns
 /// it. `ENOSPC` when the registry is full.
-pub(crate) fn register(
-    info: GpuInfo,
-    dma: DmaDevice,
-    engine: Option<Engine>,
-) -> Result<Arc<GpuDev>> {
+pub(crate) fn register(info: GpuInfo, dma: DmaDevice, engine: EngineKind) -> Result<Arc<GpuDev>> {
     let dma = Arc::new(dma, GFP_KERNEL)?;
+    let tracker = Arc::pin_init(dma::Tracker::new(), GFP_KERNEL)?;
     let limit = match info.dma_mask_bits {
         64.. => u64::MAX,
         bits => (1u64 << bits) - 1,
     };
-    let mut gpus = GPUS.lock();
-    let index = match gpus.iter().position(|e| e.info.same_device(&info)) {
+    let (engine, sim) = match engine {
+        EngineKind::None => (None, None),
+        EngineKind::Edu(e) => (Some(Engine::Edu(e)), None),
+        EngineKind::Sim => (
+            Some(Engine::Sim),
+            Some(Arc::pin_init(sim::SimIommu::new(), GFP_KERNEL)?),
+        ),
+    };
+    let mut reg = GPUS.lock().ok_or(ENODEV)?;
+    let index = match reg.gpus.iter().position(|e| e.info.same_device(&info)) {
         Some(i) => i,
         None => {
-            if gpus.len() >= MAX_GPUS {
+            if reg.gpus.len() >= MAX_GPUS {
                 return Err(ENOSPC);
             }
-            let id = u32::try_from(gpus.len())?;
-            gpus.push(
+            let id = u32::try_from(reg.gpus.len())?;
+            reg.gpus.push(
                 GpuEntry {
                     id,
                     info,
@@ -143,24 +328,42 @@ pub(crate) fn register(
                 },
                 GFP_KERNEL,
             )?;
-            gpus.len() - 1
+            reg.gpus.len() - 1
         }
     };
-    let entry = gpus.get_mut(index).ok_or(EINVAL)?;
+    let vidmem = {
+        let id = reg.gpus.get(index).ok_or(EINVAL)?.id;
+        reg.config.vidmem_bytes(id)
+    };
+    let entry = reg.gpus.get_mut(index).ok_or(EINVAL)?;
     let id = entry.id;
-    let pmm = match crate::vidmem_bytes(id) {
+    let pmm = match vidmem {
         0 => None,
-        bytes => Some(pmm::Pmm::new(bytes, dma.clone(), limit)?),
+        bytes => Some(pmm::Pmm::new(
+            bytes,
+            dma.clone(),
+            limit,
+            tracker.clone(),
+            sim.clone(),
+        )?),
     };
     let dev = Arc::pin_init(
         try_pin_init!(GpuDev {
             id,
-            dma,
             limit,
-            engine,
             page_sizes: info.page_sizes,
-            pmm,
-            alive <- new_mutex!(true),
+            res: Resources {
+                dma,
+                engine,
+                pmm,
+                sim,
+                tracker,
+            },
+            users <- new_mutex!(Users {
+                revoked: false,
+                count: 0,
+            }),
+            idle <- new_condvar!(),
         }),
         GFP_KERNEL,
     )?;
@@ -169,25 +372,32 @@ pub(crate) fn register(
     Ok(dev)
 }
 
-/// Removes a GPU that is being unbound: no new mapping can start, the mappings every mem has
-/// for it are dropped and its vidmem's storage freed (while the device is still bound), and its
-/// entry stays, marked gone. Its vidmem mems stay, unusable (`ENODEV`) but free to free.
+/// Removes a GPU that is being unbound: access is revoked (waiting for users), every DMA table
+/// made for it is dropped and its vidmem's storage freed, and this waits until no table of it
+/// is left (all while the device is still bound); its entry stays, marked gone. Its vidmem mems
+/// stay, unusable (`ENODEV`) but free to free.
 pub(crate) fn unregister(dev: &GpuDev) {
-    let mut alive = dev.alive.lock();
-    *alive = false;
-    crate::mem::drop_gpu_tables(dev.id);
-    if let Some(pmm) = &dev.pmm {
+    dev.revoke();
+    let hook = GPUS.lock().and_then(|r| r.on_remove);
+    if let Some(hook) = hook {
+        hook(dev.id);
+    }
+    if let Some(pmm) = &dev.res.pmm {
         pmm.kill();
     }
-    drop(alive);
-    if let Some(e) = GPUS.lock().iter_mut().find(|e| e.id == dev.id) {
-        e.dev = None;
+    dev.res.tracker.wait_empty();
+    if let Some(mut r) = GPUS.lock() {
+        if let Some(e) = r.gpus.iter_mut().find(|e| e.id == dev.id) {
+            e.dev = None;
+        }
     }
 }
 
 /// The bound GPU `id`, or `ENODEV` (no such GPU, or unbound).
 pub(crate) fn get(id: u32) -> Result<Arc<GpuDev>> {
     GPUS.lock()
+        .ok_or(ENODEV)?
+        .gpus
         .iter()
         .find(|e| e.id == id)
         .and_then(|e| e.dev.clone())
@@ -196,22 +406,24 @@ pub(crate) fn get(id: u32) -> Result<Arc<GpuDev>> {
 
 /// Every GPU of the registry, as `RUVM_IOCTL_GPU_LIST` reports them.
 pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
-    let gpus = GPUS.lock();
-    let mut out = KVec::with_capacity(gpus.len(), GFP_KERNEL)?;
-    for e in gpus.iter() {
+    let reg = GPUS.lock().ok_or(ENODEV)?;
+    let mut out = KVec::with_capacity(reg.gpus.len(), GFP_KERNEL)?;
+    for e in reg.gpus.iter() {
         let i = &e.info;
+        let dev = e.dev.as_deref();
+        let flags = dev.map_or(0, |d| {
+            let ce = if d.has_engine() {
+                uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE
+            } else {
+                0
+            };
+            uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT | ce
+        });
         out.push(
             uapi::ruvm_gpu_info {
                 id: e.id,
                 kind: i.kind,
-                flags: e.dev.as_ref().map_or(0, |d| {
-                    let ce = if d.engine.is_some() {
-                        uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE
-                    } else {
-                        0
-                    };
-                    uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT | ce
-                }),
+                flags,
                 vendor: i.vendor,
                 device: i.device,
                 pci_domain: i.domain,
@@ -219,12 +431,8 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
                 pci_devfn: i.devfn,
                 dma_mask_bits: i.dma_mask_bits,
                 page_sizes: i.page_sizes,
-                dma_mapped_bytes: e.dev.as_ref().map_or(0, |d| d.dma.mapped_bytes()),
-                vidmem_size: e
-                    .dev
-                    .as_ref()
-                    .and_then(|d| d.pmm.as_ref())
-                    .map_or(0, |p| p.capacity()),
+                dma_mapped_bytes: dev.map_or(0, |d| d.mapped_bytes()),
+                vidmem_size: dev.map_or(0, |d| d.vidmem_size()),
                 pad: 0,
                 pad2: 0,
             },
@@ -234,91 +442,27 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
     Ok(out)
 }
 
-/// The PCI addresses (bus << 8 | devfn, domain 0) named by `host_gpus`: up to four 16-bit
-/// fields of the parameter, 0 meaning none (00:00.0 is never a GPU).
-pub(crate) fn host_addresses(param: u64) -> impl Iterator<Item = (u8, u8)> {
-    (0..4)
-        .map(move |i| crate::param_field(param, i))
-        .filter(|&a| a != 0)
-        // CAST: each part is masked to a byte.
-        .map(|a| ((a >> 8) as u8, (a & 0xff) as u8))
-}
-
-/// Whether `host_gpus` names the device at `bus`/`devfn` (the edu driver leaves those alone).
-pub(crate) fn is_host(bus: u8, devfn: u8) -> bool {
-    host_addresses(crate::host_gpus_param()).any(|a| a == (bus, devfn))
-}
-
-/// The host GPUs of `host_gpus`, registered for DMA mapping only, unregistered on drop.
-pub(crate) struct HostGpus {
-    gpus: KVec<Arc<GpuDev>>,
-}
-
-impl HostGpus {
-    /// Finds and registers every device `host_gpus` names; `ENODEV` (with an error line) if one
-    /// does not exist or has no DMA mask, so that a mistyped address fails the load.
-    pub(crate) fn new(param: u64) -> Result<Self> {
-        let mut gpus = KVec::new();
-        for (bus, devfn) in host_addresses(param) {
-            let Some(pdev) = crate::bind::dma::find_pci(bus, devfn) else {
-                pr_err!(
-                    "host_gpus: no PCI device at 0000:{bus:02x}:{:02x}.{}\n",
-                    devfn >> 3,
-                    devfn & 7
-                );
-                return Err(ENODEV);
-            };
-            let (vendor, device) = (pdev.vendor_id().as_raw(), pdev.device_id());
-            let dma = DmaDevice::from_pci(pdev);
-            let Some(mask) = dma.dma_mask() else {
-                pr_err!(
-                    "host_gpus: 0000:{bus:02x}:{:02x}.{} has no DMA mask\n",
-                    devfn >> 3,
-                    devfn & 7
-                );
-                return Err(ENODEV);
-            };
-            let info = GpuInfo {
-                kind: uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST,
-                vendor,
-                device,
-                domain: 0,
-                bus,
-                devfn,
-                dma_mask_bits: 64 - mask.leading_zeros(),
-                page_sizes: TEST_PAGE_SIZES,
-            };
-            let dev = register(info, dma, None)?;
-            pr_info!(
-                "host GPU {} at 0000:{bus:02x}:{:02x}.{} (DMA mapping only)\n",
-                dev.id,
-                devfn >> 3,
-                devfn & 7
-            );
-            gpus.push(dev, GFP_KERNEL)?;
-        }
-        Ok(Self { gpus })
-    }
-}
-
-impl Drop for HostGpus {
-    fn drop(&mut self) {
-        for dev in self.gpus.iter() {
-            unregister(dev);
-        }
-    }
-}
-
 /// For the audit's walk: every present GPU's vidmem root chunks with storage, and the DMA
-/// mappings of that storage.
-pub(crate) fn walk_vidmem() -> (u64, u64) {
-    let gpus = GPUS.lock();
-    gpus.iter()
-        .filter_map(|e| e.dev.as_ref()?.pmm.as_ref().map(|p| p.walk()))
-        .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
+/// mappings of that storage. The PMMs' locks are taken after the registry's is released.
+pub(crate) fn walk_vidmem() -> Result<(u64, u64)> {
+    let mut pmms = KVec::new();
+    {
+        let reg = GPUS.lock().ok_or(ENODEV)?;
+        for e in reg.gpus.iter() {
+            if let Some(p) = e.dev.as_ref().and_then(|d| d.res.pmm.clone()) {
+                pmms.push(p, GFP_KERNEL)?;
+            }
+        }
+    }
+    Ok(pmms
+        .iter()
+        .map(|p| p.walk())
+        .fold((0, 0), |(a, b), (x, y)| (a + x, b + y)))
 }
 
 /// Empties the registry at unload, after the drivers have let their GPUs go.
 pub(crate) fn drain() {
-    let _all = core::mem::replace(&mut *GPUS.lock(), KVec::new());
+    let _all = GPUS
+        .lock()
+        .map(|mut r| core::mem::replace(&mut r.gpus, KVec::new()));
 }

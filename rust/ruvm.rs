@@ -2,9 +2,38 @@
 
 //! ruvm: a Rust re-creation of NVIDIA UVM's `uvm_mem` memory manager, driven through `/dev/ruvm`.
 //!
-//! The crate root only lists the modules and holds the module type. `unsafe` code lives in
-//! [`bind`] (APIs the kernel crate lacks) and [`uapi`] (the byte-level view of the ABI); every
-//! other module is safe policy code.
+//! The crate root lists the modules, reads the parameters, and holds the module type, whose
+//! init and exit order everything. `unsafe` code lives in [`bind`] (APIs the kernel crate lacks)
+//! and [`uapi`] (the byte-level view of the ABI); every other module is safe policy code.
+//!
+//! # Layers
+//!
+//! Each module imports only the ones below it: `ruvm.rs` (this file) → [`file`] (the ioctl
+//! surface and `mmap`) → [`mem`] (the mem object and its parts) → [`gpu`] (registry, engines,
+//! PMM) → [`audit`] (counters, statistics, reports) → [`bind`] (the binding layer) → [`uapi`].
+//! Calls that must go up are callbacks installed at init (a GPU's removal drops the mems'
+//! tables through [`gpu::set_removal_hook`]).
+//!
+//! # Lock order
+//!
+//! The one list for the whole crate; a lock may be taken while holding only locks above it:
+//!
+//! 1. the mmap lock of a process (a user fault holds it when it takes a mem's lock);
+//! 2. a file's table mutex (`file.rs`), released before anything below is taken;
+//! 3. a GPU's users mutex (`gpu.rs`), held only to count access guards; a guard itself holds
+//!    nothing, and a GPU's removal waits for the guards with no other lock held;
+//! 4. the mem registry (`mem/registry.rs`);
+//! 5. a mem's state mutex (`mem.rs`);
+//! 6. the GPU registry (`gpu.rs`): PMMs are visited after it is released;
+//! 7. a PMM's mutex (`gpu/pmm.rs`), then the buddy allocator's own;
+//! 8. leaves, under which nothing of ruvm is taken: a GPU's table tracker (`gpu/dma.rs`), a
+//!    simulated GPU's translation (`gpu/sim.rs`), an edu engine's busy mutex (`gpu/edu.rs`), a
+//!    chunk list's bytes mutex (`bind/pages.rs`), the planted leaks (`mem/plant.rs`), the mmap
+//!    offset space (`mem/offsets.rs`), and the audit's unload state (`audit.rs`), under which
+//!    registering pins a user page (taking the mmap lock of the caller, which holds no ruvm
+//!    lock then).
+//!
+//! User memory is never touched with a ruvm lock held, but for the fault path (1 then 5).
 
 use kernel::{
     debugfs, driver,
@@ -70,31 +99,39 @@ fn mib(value: u64) -> u64 {
     value.saturating_mul(1 << 20)
 }
 
-/// The `host_gpus` parameter.
-pub(crate) fn host_gpus_param() -> u64 {
-    *module_parameters::host_gpus.value()
-}
-
 /// The most vidmem one GPU may have, in MiB (a 16-bit field of `vidmem_mib_gpu`).
 const MAX_VIDMEM_MIB: u64 = 65534;
 
 /// Field `i` (0 to 3) of a parameter made of four 16-bit fields (7.2's `module!` parameters
 /// are integers only); 0 past the fourth.
-pub(crate) fn param_field(value: u64, i: u32) -> u64 {
+fn param_field(value: u64, i: u32) -> u64 {
     i.checked_mul(16)
         .and_then(|s| value.checked_shr(s))
         .map_or(0, |v| v & 0xffff)
 }
 
-/// The vidmem size of GPU `id`, in bytes, from `vidmem_mib` and `vidmem_mib_gpu`.
-pub(crate) fn vidmem_bytes(id: u32) -> u64 {
-    let field = param_field(*module_parameters::vidmem_mib_gpu.value(), id);
-    let mib_value = if field != 0 {
-        field
-    } else {
-        *module_parameters::vidmem_mib.value()
+/// The GPU settings of the parameters: vidmem sizes and host GPU addresses.
+fn gpu_config() -> gpu::Config {
+    let per_gpu = *module_parameters::vidmem_mib_gpu.value();
+    let host = *module_parameters::host_gpus.value();
+    let mut config = gpu::Config {
+        vidmem: mib(*module_parameters::vidmem_mib.value()),
+        vidmem_gpu: [0; 4],
+        host: [None; 4],
     };
-    mib(mib_value)
+    for i in 0..4u32 {
+        let n = i as usize;
+        if let Some(v) = config.vidmem_gpu.get_mut(n) {
+            *v = mib(param_field(per_gpu, i));
+        }
+        // A 16-bit field is bus << 8 | devfn (domain 0); 0 means none (00:00.0 is never a GPU).
+        let a = param_field(host, i);
+        if let Some(h) = config.host.get_mut(n) {
+            // CAST: each part is masked to a byte.
+            *h = (a != 0).then_some(((a >> 8) as u8, (a & 0xff) as u8));
+        }
+    }
+    config
 }
 
 /// Checks the vidmem parameters (so that a bad value fails the load, not a later probe).
@@ -111,26 +148,6 @@ fn check_vidmem_params() -> Result {
     Ok(())
 }
 
-/// The `leak_checker` level.
-pub(crate) fn leak_checker_level() -> u32 {
-    *module_parameters::leak_checker.value()
-}
-
-/// The largest physical size of one mem (`max_alloc_mib`).
-pub(crate) fn max_alloc_bytes() -> u64 {
-    mib(*module_parameters::max_alloc_mib.value())
-}
-
-/// The most physical bytes of mems one open file may hold (`max_file_mib`).
-pub(crate) fn max_file_bytes() -> u64 {
-    mib(*module_parameters::max_file_mib.value())
-}
-
-/// Whether the module was loaded with `enable_test_ioctls` set.
-pub(crate) fn test_ioctls_enabled() -> bool {
-    *module_parameters::enable_test_ioctls.value() != 0
-}
-
 /// The loaded module: owns the `/dev/ruvm` registration, the test-GPU driver and
 /// `/sys/kernel/debug/ruvm/`.
 ///
@@ -141,12 +158,12 @@ struct RuvmModule {
     #[pin]
     _miscdev: MiscDeviceRegistration<file::RuvmFile>,
     /// Before the edu driver, so that it leaves the host GPUs alone.
-    _host: gpu::HostGpus,
+    _host: gpu::host::HostGpus,
     _sim: gpu::sim::SimGpus,
     #[pin]
     _edu: driver::Registration<pci::Adapter<gpu::edu::EduDriver>>,
     #[pin]
-    _stats: debugfs::File<audit::StatsView>,
+    _stats: debugfs::File<audit::stats::StatsView>,
     #[pin]
     _audit: debugfs::File<audit::LiveView>,
     _debugfs: debugfs::Dir,
@@ -154,8 +171,17 @@ struct RuvmModule {
 
 impl kernel::InPlaceModule for RuvmModule {
     fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
-        bind::globals::init();
-        if test_ioctls_enabled() {
+        // The layers' state, bottom up, before anything that can reach it is registered.
+        audit::init(*module_parameters::leak_checker.value());
+        let config = gpu_config();
+        gpu::init(config);
+        let test_ioctls = *module_parameters::enable_test_ioctls.value() != 0;
+        file::configure(file::Settings {
+            test_ioctls,
+            max_alloc_bytes: mib(*module_parameters::max_alloc_mib.value()),
+            max_file_bytes: mib(*module_parameters::max_file_mib.value()),
+        });
+        if test_ioctls {
             pr_warn!("test ioctls are enabled; this is a security risk\n");
         }
         pr_info!(
@@ -167,11 +193,12 @@ impl kernel::InPlaceModule for RuvmModule {
         try_pin_init!(Self {
             // First: a bad parameter fails the load before anything is registered.
             _: { check_vidmem_params()? },
+            _: { mem::init()? },
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
-            _host: gpu::HostGpus::new(host_gpus_param())?,
+            _host: gpu::host::HostGpus::new(&config.host)?,
             _sim: gpu::sim::SimGpus::new(*module_parameters::sim_gpus.value())?,
             _edu <- driver::Registration::new(c"ruvm-edu", module),
-            _stats <- dir.read_only_file(c"stats", audit::StatsView),
+            _stats <- dir.read_only_file(c"stats", audit::stats::StatsView),
             _audit <- dir.read_only_file(c"audit", audit::LiveView),
             _debugfs: dir,
         })
@@ -186,36 +213,13 @@ impl PinnedDrop for RuvmModule {
         let live = audit::live();
         let leaked = audit::report_unload(&live);
         if leaked && audit::level() >= 2 {
-            mem::report_objects();
+            mem::registry::report_objects();
         }
-        let (state, planted) = {
-            let mut unload = bind::globals::UNLOAD.lock();
-            (
-                unload.state.take(),
-                core::mem::replace(&mut unload.planted, KVec::new()),
-            )
-        };
-        if let Some(state) = state {
-            let mut verdict = uapi::ruvm_unload_state {
-                state: uapi::ruvm_unload_state_bits_RUVM_UNLOAD_DONE.into(),
-                leaked: live,
-            };
-            if leaked {
-                verdict.state |= u64::from(uapi::ruvm_unload_state_bits_RUVM_UNLOAD_LEAKED);
-            }
-            if state
-                .write(kernel::transmute::AsBytes::as_bytes(&verdict))
-                .is_err()
-            {
-                pr_err!("audit: could not write the unload state\n");
-            }
-        }
+        audit::write_unload_state(live, leaked);
         // Then free what can be freed: the planted leaks held for this report, and the
-        // registry's references.
-        let freed = planted.len();
-        drop(planted);
-        mem::drain_registry();
-        // The driver (a later field) unbinds its GPUs after this; unregistering then is a no-op.
+        // registries' references. The driver (a later field) unbinds its GPUs after this;
+        // unregistering then is a no-op.
+        let freed = mem::exit();
         gpu::drain();
         if freed > 0 && audit::level() > 0 {
             pr_info!("audit: freed objects={freed}\n");

@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! DMA for the GPUs: the mask set at bind, and streaming mappings of a mem's chunks.
+//! DMA for the GPUs: the mask set at bind, and streaming mappings of a [`ChunkList`]'s chunks.
 //!
 //! C header: [`include/linux/dma-mapping.h`](srctree/include/linux/dma-mapping.h)
 //!
 //! 7.2 has no streaming single-page DMA abstraction, so [`DmaTable`] calls
 //! `dma_map_page_attrs`/`dma_unmap_page_attrs` itself, and does what the inline C
 //! `dma_mapping_error` does (tell the DMA-API debugger, compare with `DMA_MAPPING_ERROR`).
+//! (`kernel::scatterlist::SGTable` maps a whole table at once, and the IOMMU may then merge
+//! chunks into one range; ruvm's ABI reports one address per chunk, so each chunk is mapped
+//! on its own.)
 
 use core::ptr::NonNull;
 
@@ -14,19 +17,12 @@ use kernel::{
     bindings, device,
     device::Core,
     dma::{Device as _, DmaMask},
-    faux, new_mutex,
-    page::{BorrowedPage, PAGE_SIZE},
-    pci,
+    faux, pci,
     prelude::*,
-    rbtree::{RBTree, RBTreeNode},
-    sync::{
-        aref::ARef,
-        atomic::{ordering::Relaxed, Atomic},
-        Arc, Mutex,
-    },
+    sync::{aref::ARef, Arc},
 };
 
-use crate::audit::Class;
+use super::pages::ChunkList;
 
 /// Sets the device's streaming and coherent DMA masks to `BITS` bits. For `probe` only.
 pub(crate) fn set_mask<const BITS: u32>(pdev: &pci::Device<Core<'_>>) -> Result {
@@ -46,13 +42,9 @@ pub(crate) fn find_pci(bus: u8, devfn: u8) -> Option<ARef<pci::Device>> {
     Some(unsafe { ARef::from_raw(raw.cast::<pci::Device>()) })
 }
 
-/// A GPU's device, for streaming DMA mappings (kept referenced while anything maps with it),
-/// and the bytes mapped for it now.
+/// A GPU's device, for streaming DMA mappings (kept referenced while anything maps with it).
 pub(crate) struct DmaDevice {
     dev: ARef<device::Device>,
-    mapped: Atomic<u64>,
-    /// For a simulated GPU: what its engine can reach.
-    sim: Option<Pin<KBox<SimIommu>>>,
 }
 
 impl DmaDevice {
@@ -60,27 +52,18 @@ impl DmaDevice {
     pub(crate) fn new(pdev: &pci::Device<Core<'_>>) -> Self {
         let normal: &pci::Device = pdev;
         let dev: &device::Device = normal.as_ref();
-        Self {
-            dev: dev.into(),
-            mapped: Atomic::new(0),
-            sim: None,
-        }
+        Self { dev: dev.into() }
     }
 
     /// A device ruvm does not bind (a host GPU).
     pub(crate) fn from_pci(pdev: ARef<pci::Device>) -> Self {
         let dev: &device::Device = pdev.as_ref();
-        Self {
-            dev: dev.into(),
-            mapped: Atomic::new(0),
-            sim: None,
-        }
+        Self { dev: dev.into() }
     }
 
     /// A simulated GPU's faux device, given a DMA mask of `bits` bits (faux devices have none:
-    /// the mask lives in the device's `coherent_dma_mask`, as platform code does it). Its
-    /// mappings go through dma-direct and are recorded for [`Self::sim_copy`].
-    pub(crate) fn sim(faux: &faux::Registration, bits: u32) -> Result<Self> {
+    /// the mask lives in the device's `coherent_dma_mask`, as platform code does it).
+    pub(crate) fn faux(faux: &faux::Registration, bits: u32) -> Result<Self> {
         let dev: &device::Device = faux.as_ref();
         let raw = raw_device(dev);
         let mask = DmaMask::try_new(bits)?.value();
@@ -97,59 +80,18 @@ impl DmaDevice {
             }
         };
         kernel::error::to_result(r)?;
-        Ok(Self {
-            dev: dev.into(),
-            mapped: Atomic::new(0),
-            sim: Some(KBox::pin_init(SimIommu::new(), GFP_KERNEL)?),
-        })
+        Ok(Self { dev: dev.into() })
     }
 
     /// The device's streaming DMA mask, if it has one.
     pub(crate) fn dma_mask(&self) -> Option<u64> {
-        let raw = self.raw();
+        let raw = raw_device(&self.dev);
         // SAFETY: the device is referenced by `self`; `dma_mask` points at the device's mask (in
         // the device itself) or is NULL, and is set by its driver before it does DMA.
         unsafe {
             let mask = (*raw).dma_mask;
             (!mask.is_null()).then(|| *mask)
         }
-    }
-
-    /// Bytes mapped for this device now.
-    pub(crate) fn mapped_bytes(&self) -> u64 {
-        self.mapped.load(Relaxed)
-    }
-
-    fn raw(&self) -> *mut bindings::device {
-        raw_device(&self.dev)
-    }
-
-    /// A simulated GPU's engine: copies `len` bytes from DMA address `src` to `dst` with the
-    /// CPU, translating both through the device's live mappings. An address range that no
-    /// mapping covers is a DMA fault: logged, and `EFAULT`. `ENODEV` for a real device.
-    pub(crate) fn sim_copy(&self, dst: u64, src: u64, len: usize) -> Result {
-        let sim = self.sim.as_ref().ok_or(ENODEV)?;
-        let maps = sim.maps.lock();
-        let from = SimIommu::translate(&maps, src, len)?;
-        let to = SimIommu::translate(&maps, dst, len)?;
-        let mut buf = KVec::from_elem(0u8, PAGE_SIZE, GFP_KERNEL)?;
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(PAGE_SIZE);
-            let piece = buf.get_mut(..n).ok_or(EINVAL)?;
-            from.access(done, piece, false)?;
-            to.access(done, piece, true)?;
-            done += n;
-        }
-        Ok(())
-    }
-
-    /// A simulated GPU's engine reading `len` bytes at DMA address `src` and dropping them:
-    /// faults (`EFAULT`, logged) unless a live mapping covers them.
-    pub(crate) fn sim_read(&self, src: u64, len: usize) -> Result {
-        let sim = self.sim.as_ref().ok_or(ENODEV)?;
-        let maps = sim.maps.lock();
-        SimIommu::translate(&maps, src, len).map(|_| ())
     }
 }
 
@@ -162,118 +104,18 @@ fn raw_device(dev: &device::Device) -> *mut bindings::device {
         .cast_mut()
 }
 
-/// A page pointer held in a simulated GPU's mapping record.
-struct PagePtr(NonNull<bindings::page>);
-
-// SAFETY: a `struct page` pointer may be used from any thread; the page itself is kept alive
-// by the `DmaTable` that made the record, which removes the record before it lets go.
-unsafe impl Send for PagePtr {}
-
-/// The DMA mappings made for a simulated GPU, keyed by their last byte: the translation its
-/// engine (the CPU) uses, which, like an IOMMU, reaches nothing else.
-#[pin_data]
-struct SimIommu {
-    #[pin]
-    maps: Mutex<RBTree<u64, SimMapping>>,
-}
-
-/// One mapping: DMA addresses `[start, key]` are the contiguous pages from `page`.
-struct SimMapping {
-    start: u64,
-    page: PagePtr,
-}
-
-/// A translated range of a simulated GPU's DMA space: `len` bytes at byte `offset` of the
-/// contiguous pages from `page`. Valid while the mapping lock is held.
-struct SimRange {
-    page: NonNull<bindings::page>,
-    offset: usize,
-    len: usize,
-}
-
-impl SimIommu {
-    fn new() -> impl PinInit<Self> {
-        pin_init!(Self {
-            maps <- new_mutex!(RBTree::new()),
-        })
-    }
-
-    /// The mapping that holds all of `[addr, addr + len)`, or a logged fault.
-    fn translate(maps: &RBTree<u64, SimMapping>, addr: u64, len: usize) -> Result<SimRange> {
-        let last = u64::try_from(len)
-            .ok()
-            .and_then(|l| l.checked_sub(1))
-            .and_then(|l| addr.checked_add(l))
-            .ok_or(EINVAL)?;
-        let hit = maps.cursor_lower_bound(&addr).and_then(|c| {
-            let (end, m) = c.current();
-            (m.start <= addr && last <= *end).then(|| SimRange {
-                page: m.page.0,
-                // CAST: inside one mapping, whose length was a `usize`.
-                offset: (addr - m.start) as usize,
-                len,
-            })
-        });
-        hit.ok_or_else(|| {
-            if crate::bind::ratelimit::printk_ok() {
-                pr_err!("sim GPU: DMA fault at {addr:#x}+{len:#x}: not mapped\n");
-            }
-            EFAULT
-        })
-    }
-}
-
-impl SimRange {
-    /// Reads (or with `write`, writes) `buf.len()` bytes at byte `at` of the range.
-    fn access(&self, at: usize, buf: &mut [u8], write: bool) -> Result {
-        if at.checked_add(buf.len()).is_none_or(|e| e > self.len) {
-            return Err(EINVAL);
-        }
-        let mut done = 0;
-        while done < buf.len() {
-            let pos = self.offset + at + done;
-            let (index, in_page) = (pos / PAGE_SIZE, pos % PAGE_SIZE);
-            let n = (buf.len() - done).min(PAGE_SIZE - in_page);
-            let piece = buf.get_mut(done..done + n).ok_or(EINVAL)?;
-            // SAFETY: the range lies in one mapping (checked by `translate`), whose pages are
-            // contiguous and kept alive by its table while the caller holds the mapping lock.
-            let page = unsafe { BorrowedPage::from_raw(self.page.add(index)) };
-            // SAFETY: `piece` is valid for `n` bytes and no other reference to it exists; the
-            // page is only ever accessed bytewise.
-            unsafe {
-                if write {
-                    page.write_raw(piece.as_ptr(), in_page, n)?;
-                } else {
-                    page.read_raw(piece.as_mut_ptr(), in_page, n)?;
-                }
-            }
-            done += n;
-        }
-        Ok(())
-    }
-}
-
-/// What a [`DmaTable`] maps: physically contiguous chunks of pages.
-pub(crate) trait ChunkSource: Send + Sync {
-    /// How many chunks.
-    fn chunk_count(&self) -> usize;
-    /// Bytes per chunk.
-    fn chunk_len(&self) -> usize;
-    /// The first page of chunk `i`; valid for as long as `self` lives.
-    fn chunk_page(&self, i: usize) -> Option<NonNull<bindings::page>>;
-}
-
-/// Every chunk of a [`ChunkSource`] DMA-mapped (bidirectional) for one device, unmapped on drop.
+/// Every chunk of a [`ChunkList`] DMA-mapped (bidirectional) for one device, unmapped on drop.
 ///
-/// Each mapping is counted by the audit (`dma_mappings`, `dma_bytes`) from map to unmap.
+/// The caller keeps the device bound while it makes and drops a table (the GPU layer's access
+/// guard); a device is never released with a table of it alive.
 ///
 /// # Invariants
 ///
 /// `addrs[i]` is the result of a successful `dma_map_page_attrs` of chunk `i` of `pages` on
 /// `dev`, `len` bytes, not yet unmapped; `pages` keeps the chunks alive while they are mapped.
-pub(crate) struct DmaTable<P: ChunkSource> {
+pub(crate) struct DmaTable<T> {
     dev: Arc<DmaDevice>,
-    pages: Arc<P>,
+    pages: Arc<ChunkList<T>>,
     len: usize,
     addrs: KVVec<u64>,
 }
@@ -281,11 +123,11 @@ pub(crate) struct DmaTable<P: ChunkSource> {
 /// `DMA_MAPPING_ERROR` (`~(dma_addr_t)0`), a macro bindgen cannot see.
 const DMA_MAPPING_ERROR: bindings::dma_addr_t = !0;
 
-impl<P: ChunkSource> DmaTable<P> {
+impl<T> DmaTable<T> {
     /// Maps every chunk of `pages` on `dev`. An address outside `[0, limit]` (the GPU's window)
     /// is unmapped again and fails the whole table with `EFAULT`; a mapping failure is `ENOMEM`.
     /// On failure, what was mapped is unmapped.
-    pub(crate) fn new(dev: Arc<DmaDevice>, pages: Arc<P>, limit: u64) -> Result<Self> {
+    pub(crate) fn new(dev: Arc<DmaDevice>, pages: Arc<ChunkList<T>>, limit: u64) -> Result<Self> {
         let (count, len) = (pages.chunk_count(), pages.chunk_len());
         let bytes = u64::try_from(len)?;
         let mut table = Self {
@@ -294,11 +136,15 @@ impl<P: ChunkSource> DmaTable<P> {
             len,
             addrs: KVVec::with_capacity(count, GFP_KERNEL)?,
         };
+        let raw = raw_device(&table.dev.dev);
         for i in 0..count {
-            let page = table.pages.chunk_page(i).ok_or(EINVAL)?;
-            let raw = table.dev.raw();
-            // SAFETY: `raw` is a bound device (the caller holds the GPU alive for the call);
-            // `page` heads `len` contiguous bytes kept alive by `table.pages`.
+            let page = table
+                .pages
+                .chunk(i)
+                .and_then(|c| c.page_ptr(0))
+                .ok_or(EINVAL)?;
+            // SAFETY: `raw` is a bound device (the caller keeps it bound for the call); `page`
+            // heads `len` contiguous bytes kept alive by `table.pages`.
             let addr = unsafe {
                 bindings::dma_map_page_attrs(
                     raw,
@@ -322,31 +168,12 @@ impl<P: ChunkSource> DmaTable<P> {
             // INVARIANT: from here the address is in the table and unmapped by `Drop`.
             table.addrs.push(addr, GFP_KERNEL).inspect_err(|_| {
                 // SAFETY: the mapping was just made and is in no table.
-                unsafe {
-                    bindings::dma_unmap_page_attrs(
-                        raw,
-                        addr,
-                        len,
-                        bindings::dma_data_direction_DMA_BIDIRECTIONAL,
-                        0,
-                    )
-                };
+                unsafe { unmap(raw, addr, len) };
             })?;
-            audit_add(bytes);
-            table.dev.mapped.fetch_add(bytes, Relaxed);
-            // INVARIANT: recorded for a simulated GPU's engine until `Drop` removes it.
-            if let Some(sim) = &table.dev.sim {
-                let record = SimMapping {
-                    start: addr,
-                    page: PagePtr(page),
-                };
-                let node = RBTreeNode::new(addr + (bytes - 1), record, GFP_KERNEL)?;
-                sim.maps.lock().insert(node);
-            }
             match addr.checked_add(bytes - 1) {
                 Some(end) if end <= limit => {}
                 _ => {
-                    if crate::bind::ratelimit::printk_ok() {
+                    if super::ratelimit::printk_ok() {
                         pr_err!(
                             "DMA address {addr:#x}+{bytes:#x} is outside the GPU's window [0, {limit:#x}]\n"
                         );
@@ -362,37 +189,44 @@ impl<P: ChunkSource> DmaTable<P> {
     pub(crate) fn addrs(&self) -> &[u64] {
         &self.addrs
     }
+
+    /// The pages it maps.
+    pub(crate) fn pages(&self) -> &Arc<ChunkList<T>> {
+        &self.pages
+    }
+
+    /// Bytes per mapping (the chunk size).
+    pub(crate) fn chunk_len(&self) -> usize {
+        self.len
+    }
 }
 
-fn audit_add(bytes: u64) {
-    crate::audit::add(Class::DmaMappings, 1);
-    crate::audit::add(Class::DmaBytes, bytes);
+/// Unmaps one bidirectional mapping.
+///
+/// # Safety
+///
+/// `addr` is a live mapping of `len` bytes on `dev`, made by `dma_map_page_attrs`, unmapped only
+/// here.
+unsafe fn unmap(dev: *mut bindings::device, addr: u64, len: usize) {
+    // SAFETY: by this function's contract.
+    unsafe {
+        bindings::dma_unmap_page_attrs(
+            dev,
+            addr,
+            len,
+            bindings::dma_data_direction_DMA_BIDIRECTIONAL,
+            0,
+        )
+    };
 }
 
-impl<P: ChunkSource> Drop for DmaTable<P> {
+impl<T> Drop for DmaTable<T> {
     fn drop(&mut self) {
-        let raw = self.dev.raw();
-        if let Some(sim) = &self.dev.sim {
-            let mut maps = sim.maps.lock();
-            for &addr in self.addrs.iter() {
-                maps.remove(&(addr + (self.len as u64 - 1)));
-            }
-        }
+        let raw = raw_device(&self.dev.dev);
         for &addr in self.addrs.iter() {
             // SAFETY: by the type invariant each address is a live mapping of `len` bytes on
             // this device, unmapped only here.
-            unsafe {
-                bindings::dma_unmap_page_attrs(
-                    raw,
-                    addr,
-                    self.len,
-                    bindings::dma_data_direction_DMA_BIDIRECTIONAL,
-                    0,
-                )
-            };
-            crate::audit::sub(Class::DmaMappings, 1);
-            crate::audit::sub(Class::DmaBytes, self.len as u64);
-            self.dev.mapped.fetch_sub(self.len as u64, Relaxed);
+            unsafe { unmap(raw, addr, self.len) };
         }
     }
 }

@@ -1,22 +1,30 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Sysmem chunks: naturally aligned blocks of `2^order` pages from the page allocator.
+//! Sysmem chunks (naturally aligned blocks of `2^order` pages) and the lists of them that back
+//! a mem or a vidmem root chunk.
 //!
 //! C header: [`include/linux/gfp.h`](srctree/include/linux/gfp.h)
 //!
-//! The 7.2 `kernel::page::Page` covers order-0 pages only. A chunk here is one high-order
+//! The 7.2 `kernel::page::Page` covers order-0 pages only. A [`Chunk`] is one high-order
 //! allocation made with `__GFP_COMP` (so that each of its pages can be mapped on its own, as
 //! `vm_insert_page` requires), freed with `__free_pages` of the same order.
+//!
+//! A [`ChunkList`] never changes once made, so whatever maps its pages (a DMA table, a kernel
+//! mapping) keeps them alive by holding the list. Its bytes are shared with user space (`mmap`)
+//! and devices (DMA), which access them as they please, as with any buffer handed to user space
+//! or hardware; the kernel side reaches them only through a [`Bytes`] guard of the list's own
+//! mutex, so two kernel accesses never race, and no Rust reference into the bytes ever exists.
 
 use core::ptr::NonNull;
 
 use kernel::{
-    bindings,
+    bindings, new_mutex,
     page::{BorrowedPage, PAGE_SIZE},
     prelude::*,
+    sync::{lock::mutex::MutexGuard, Arc, Mutex},
 };
 
-/// How the chunks of a mem are allocated.
+/// How a chunk is allocated.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ChunkFlags {
     /// Zero the pages (`__GFP_ZERO`).
@@ -43,8 +51,7 @@ pub(crate) struct Chunk {
 
 // SAFETY: a block of pages may be freed from any thread.
 unsafe impl Send for Chunk {}
-// SAFETY: `&Chunk` only gives out pointers to, and shared borrows of, the pages; it never
-// touches their contents.
+// SAFETY: `&Chunk` gives out only shared borrows of its pages' `struct page`s, never their bytes.
 unsafe impl Sync for Chunk {}
 
 impl Chunk {
@@ -87,7 +94,7 @@ impl Chunk {
         1 << self.order
     }
 
-    /// The `i`-th page of the chunk, as a raw pointer (for mapping functions).
+    /// The `i`-th page of the chunk, as a raw pointer (for the mapping functions of this layer).
     pub(crate) fn page_ptr(&self, i: usize) -> Option<NonNull<bindings::page>> {
         if i >= self.pages() {
             return None;
@@ -106,32 +113,163 @@ impl Chunk {
     }
 }
 
-impl Chunk {
-    /// Zeroes `len` bytes from byte `offset` of the chunk. The caller owns that range: nothing
-    /// else reads or writes it meanwhile (for a vidmem chunk being handed back: its mem is
-    /// gone, and the copy engine only reaches chunks of live mems).
-    pub(crate) fn zero(&self, offset: usize, len: usize) -> Result {
-        let end = offset.checked_add(len).ok_or(EINVAL)?;
-        if end > self.pages() * PAGE_SIZE {
-            return Err(EINVAL);
-        }
-        let mut at = offset;
-        while at < end {
-            let (index, in_page) = (at / PAGE_SIZE, at % PAGE_SIZE);
-            let n = (end - at).min(PAGE_SIZE - in_page);
-            let page = self.page(index).ok_or(EINVAL)?;
-            // SAFETY: the range is inside the chunk and, by this function's contract, no one
-            // else accesses it now.
-            unsafe { page.fill_zero_raw(in_page, n)? };
-            at += n;
-        }
-        Ok(())
-    }
-}
-
 impl Drop for Chunk {
     fn drop(&mut self) {
         // SAFETY: by the type invariant we own the block, allocated with this order.
         unsafe { bindings::__free_pages(self.page.as_ptr(), self.order) };
+    }
+}
+
+/// Chunks of one order, in order, that never change; `tag` is the owner's (its audit token).
+#[pin_data]
+pub(crate) struct ChunkList<T> {
+    chunks: KVVec<Chunk>,
+    order: u32,
+    _tag: T,
+    /// Held by every kernel-side access to the bytes ([`Bytes`]). A leaf lock.
+    #[pin]
+    bytes: Mutex<()>,
+}
+
+impl<T: Send + Sync> ChunkList<T> {
+    /// Takes ownership of `chunks`, each of `2^order` pages (`EINVAL` otherwise).
+    pub(crate) fn new(chunks: KVVec<Chunk>, order: u32, tag: T) -> Result<Arc<Self>> {
+        if chunks.iter().any(|c| c.order != order) {
+            return Err(EINVAL);
+        }
+        Arc::pin_init(
+            try_pin_init!(Self {
+                chunks,
+                order,
+                _tag: tag,
+                bytes <- new_mutex!(()),
+            }),
+            GFP_KERNEL,
+        )
+    }
+}
+
+impl<T> ChunkList<T> {
+    /// Pages per chunk, as a shift.
+    pub(crate) fn order(&self) -> u32 {
+        self.order
+    }
+
+    /// How many chunks.
+    pub(crate) fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Bytes per chunk.
+    pub(crate) fn chunk_len(&self) -> usize {
+        PAGE_SIZE << self.order
+    }
+
+    /// How many `PAGE_SIZE` pages.
+    pub(crate) fn page_count(&self) -> usize {
+        self.chunks.len() << self.order
+    }
+
+    /// Bytes in all.
+    pub(crate) fn len(&self) -> usize {
+        self.page_count() * PAGE_SIZE
+    }
+
+    /// Chunk `i`.
+    pub(crate) fn chunk(&self, i: usize) -> Option<&Chunk> {
+        self.chunks.get(i)
+    }
+
+    /// The `i`-th `PAGE_SIZE` page of the list.
+    pub(crate) fn page(&self, i: usize) -> Option<BorrowedPage<'_>> {
+        self.chunks
+            .get(i >> self.order)?
+            .page(i & ((1 << self.order) - 1))
+    }
+
+    /// Exclusive kernel-side access to the bytes, until the guard goes.
+    pub(crate) fn bytes(&self) -> Bytes<'_, T> {
+        Bytes {
+            list: self,
+            _guard: self.bytes.lock(),
+        }
+    }
+
+    /// The lock [`Bytes`] holds, for the kernel mapping of the same pages.
+    pub(crate) fn bytes_lock(&self) -> MutexGuard<'_, ()> {
+        self.bytes.lock()
+    }
+}
+
+/// Exclusive kernel-side access to a [`ChunkList`]'s bytes (its mutex is held).
+pub(crate) struct Bytes<'a, T> {
+    list: &'a ChunkList<T>,
+    _guard: MutexGuard<'a, ()>,
+}
+
+/// What one page-sized step of an access does.
+enum Step<'b> {
+    Read(&'b mut [u8]),
+    Write(&'b [u8]),
+    Zero(usize),
+}
+
+impl<T> Bytes<'_, T> {
+    /// Reads `buf.len()` bytes at `offset`.
+    pub(crate) fn read(&self, offset: usize, buf: &mut [u8]) -> Result {
+        self.walk(offset, buf.len(), |page, at, done, n| {
+            let piece = buf.get_mut(done..done + n).ok_or(EINVAL)?;
+            Self::step(page, at, Step::Read(piece))
+        })
+    }
+
+    /// Writes `buf` at `offset`.
+    pub(crate) fn write(&self, offset: usize, buf: &[u8]) -> Result {
+        self.walk(offset, buf.len(), |page, at, done, n| {
+            let piece = buf.get(done..done + n).ok_or(EINVAL)?;
+            Self::step(page, at, Step::Write(piece))
+        })
+    }
+
+    /// Zeroes `len` bytes at `offset`.
+    pub(crate) fn zero(&self, offset: usize, len: usize) -> Result {
+        self.walk(offset, len, |page, at, _, n| {
+            Self::step(page, at, Step::Zero(n))
+        })
+    }
+
+    /// Calls `f(page, offset in page, bytes done, bytes now)` for each page of the range.
+    fn walk<F>(&self, offset: usize, len: usize, mut f: F) -> Result
+    where
+        F: FnMut(&BorrowedPage<'_>, usize, usize, usize) -> Result,
+    {
+        let end = offset.checked_add(len).ok_or(EOVERFLOW)?;
+        if end > self.list.len() {
+            return Err(EINVAL);
+        }
+        let mut done = 0;
+        while done < len {
+            let pos = offset + done;
+            let (index, in_page) = (pos / PAGE_SIZE, pos % PAGE_SIZE);
+            let n = (len - done).min(PAGE_SIZE - in_page);
+            let page = self.list.page(index).ok_or(EINVAL)?;
+            f(&page, in_page, done, n)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn step(page: &BorrowedPage<'_>, at: usize, step: Step<'_>) -> Result {
+        // SAFETY: the range is inside the page (`walk` splits at page boundaries); the buffers
+        // are separate kernel memory valid for their lengths; the list's mutex, held by `self`,
+        // keeps every other kernel-side access out (user space and devices may touch the bytes,
+        // as with any shared buffer: no Rust reference to them exists).
+        unsafe {
+            match step {
+                Step::Read(buf) => page.read_raw(buf.as_mut_ptr(), at, buf.len()),
+                Step::Write(buf) => page.write_raw(buf.as_ptr(), at, buf.len()),
+                Step::Zero(n) => page.fill_zero_raw(at, n),
+            }
+        }
     }
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! User mappings of a mem: the VMA operations that tie a VMA to its mem, and zapping.
+//! User mappings: the VMA operations that tie a VMA to its owner, fill it on fault, and zap it.
 //!
 //! C header: [`include/linux/mm.h`](srctree/include/linux/mm.h)
 //!
@@ -8,8 +8,13 @@
 //! `vm_operations_struct`. Each VMA of ours holds a reference on its owner (an `Arc` in
 //! `vm_private_data`): taken when it is installed or copied (`open`: mremap), dropped when it
 //! goes (`close`). So whatever the VMA maps lives at least as long as the VMA. Splitting is
-//! refused (`may_split`): a mapping is all of its mem or nothing. With no `fault` handler, an
-//! access to a zapped range gets `SIGBUS`.
+//! refused (`may_split`): a mapping is all of its owner or nothing.
+//!
+//! Pages are inserted by the `fault` handler, never by `mmap` itself: `mmap` runs before the VMA
+//! is linked into the file's mappings, so pages it inserted could not be zapped by a
+//! `unmap_mapping_range` that ran meanwhile. A fault runs on a linked VMA, and the owner decides
+//! under its own lock whether to insert (then a later zap finds the page) or to refuse
+//! (`SIGBUS`).
 
 use core::marker::PhantomData;
 
@@ -17,7 +22,8 @@ use kernel::{
     bindings,
     ffi::{c_int, c_ulong},
     fs::File,
-    mm::virt::{VmaNew, VmaRef},
+    mm::virt::{VmaMixedMap, VmaNew, VmaRef},
+    page::{BorrowedPage, PAGE_SIZE},
     prelude::*,
     sync::Arc,
     types::ForeignOwnable,
@@ -29,6 +35,35 @@ pub(crate) trait VmaOwner: Send + Sync + 'static {
     fn vma_opened(&self);
     /// A VMA that mapped it is gone.
     fn vma_closed(&self);
+    /// Page `index` of the owner was touched through `fault`: insert it (and, if it likes,
+    /// neighbours) with [`Fault::insert`], or fail (the access gets `SIGBUS`).
+    fn fault(&self, index: usize, fault: &Fault<'_>) -> Result;
+}
+
+/// A page fault in one of our VMAs, being handled (the mmap lock is held for reading).
+pub(crate) struct Fault<'a> {
+    vma: &'a VmaMixedMap,
+}
+
+impl Fault<'_> {
+    /// Maps `page` as page `index` of the VMA (counted from its start). A page already there is
+    /// left as it is.
+    pub(crate) fn insert(&self, index: usize, page: &BorrowedPage<'_>) -> Result {
+        let offset = index.checked_mul(PAGE_SIZE).ok_or(EINVAL)?;
+        let addr = self.vma.start().checked_add(offset).ok_or(EINVAL)?;
+        if addr >= self.vma.end() {
+            return Err(EINVAL);
+        }
+        match self.vma.vm_insert_page(addr, page) {
+            Err(e) if e == EBUSY => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Pages in the VMA.
+    pub(crate) fn pages(&self) -> usize {
+        (self.vma.end() - self.vma.start()) / PAGE_SIZE
+    }
 }
 
 struct VmOps<T>(PhantomData<T>);
@@ -38,6 +73,7 @@ impl<T: VmaOwner> VmOps<T> {
         open: Some(Self::open as unsafe extern "C" fn(_)),
         close: Some(Self::close as unsafe extern "C" fn(_)),
         may_split: Some(Self::may_split as unsafe extern "C" fn(_, _) -> _),
+        fault: Some(Self::fault as unsafe extern "C" fn(_) -> _),
         // SAFETY: all other fields are optional callbacks or plain values, for which all-zero
         // means "none".
         ..unsafe { core::mem::zeroed() }
@@ -72,11 +108,35 @@ impl<T: VmaOwner> VmOps<T> {
         // CAST: EINVAL is 22.
         -(bindings::EINVAL as c_int)
     }
+
+    /// # Safety
+    ///
+    /// Called by the mm core with `vmf` describing a fault in a VMA set up by [`install`] for
+    /// `T`, the mmap lock held (for reading at least).
+    unsafe extern "C" fn fault(vmf: *mut bindings::vm_fault) -> bindings::vm_fault_t {
+        // SAFETY: `vmf` is valid for the call; its VMA is ours, alive, and has `VM_MIXEDMAP`
+        // (set by `VmaNew::set_mixedmap` before `install`); the mmap lock is held meanwhile.
+        let (vma, pgoff) = unsafe {
+            let v = &(*vmf).__bindgen_anon_1;
+            (VmaMixedMap::from_raw(v.vma), v.pgoff)
+        };
+        // SAFETY: `vm_private_data` holds the VMA's reference, alive during the call.
+        let owner = unsafe { Arc::<T>::borrow((*vma.as_ptr()).vm_private_data) };
+        // SAFETY: the VMA is valid during the call.
+        let base = unsafe { (*vma.as_ptr()).vm_pgoff };
+        let index: usize = pgoff.wrapping_sub(base);
+        match owner.fault(index, &Fault { vma }) {
+            Ok(()) => bindings::vm_fault_reason_VM_FAULT_NOPAGE,
+            Err(e) if e == ENOMEM => bindings::vm_fault_reason_VM_FAULT_OOM,
+            Err(_) => bindings::vm_fault_reason_VM_FAULT_SIGBUS,
+        }
+    }
 }
 
-/// Ties a VMA being created to `owner`; call it last, when nothing can fail any more, so that a
-/// failed `mmap` leaves no reference behind.
+/// Ties a VMA being created to `owner`, which then fills it on fault; call it last, when
+/// nothing can fail any more, so that a failed `mmap` leaves no reference behind.
 pub(crate) fn install<T: VmaOwner>(vma: &VmaNew, owner: Arc<T>) {
+    let _ = vma.set_mixedmap();
     owner.vma_opened();
     let vma = vma.as_ptr();
     // SAFETY: `vma` is being set up by our `mmap` callback, so nothing else uses these fields
@@ -91,9 +151,7 @@ pub(crate) fn install<T: VmaOwner>(vma: &VmaNew, owner: Arc<T>) {
 pub(crate) fn offset(vma: &VmaRef) -> Option<u64> {
     // SAFETY: `vma` is valid for the borrow, and `vm_pgoff` is stable while it is being set up.
     let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff };
-    u64::try_from(pgoff)
-        .ok()?
-        .checked_mul(kernel::page::PAGE_SIZE as u64)
+    u64::try_from(pgoff).ok()?.checked_mul(PAGE_SIZE as u64)
 }
 
 /// Removes the page-table entries of every user mapping of `[offset, offset + len)` of the file

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Contiguous kernel virtual mappings of scattered pages: a mem's CPU kernel mapping.
+//! Contiguous kernel virtual mappings of a [`ChunkList`]'s pages: a mem's CPU kernel mapping.
 //!
 //! C header: [`include/linux/vmalloc.h`](srctree/include/linux/vmalloc.h)
 //!
@@ -8,18 +8,20 @@
 //! below. `vm_map_ram` maps with `PAGE_KERNEL`, which is what uvm_mem's `vmap` asks for, without
 //! needing the `pgprot_t` value (a macro that bindgen cannot see).
 //!
-//! The bytes behind a mapping may be read and written by user space at the same time (the same
-//! pages can be `mmap`ed): every access here is a raw copy, never a Rust reference to the memory.
+//! The bytes behind a mapping are the list's: every access goes through [`VBytes`], which holds
+//! the list's mutex (the same one [`crate::bind::pages::Bytes`] holds), so kernel-side accesses
+//! never race; they are raw copies, never a Rust reference to the memory.
 
 use core::ptr::NonNull;
 
 use kernel::{
-    bindings,
     ffi::{c_int, c_uint, c_void},
     page::PAGE_SIZE,
     prelude::*,
-    sync::Arc,
+    sync::{lock::mutex::MutexGuard, Arc},
 };
+
+use super::pages::ChunkList;
 
 extern "C" {
     // `pages` is `struct page **`, passed as opaque pointers.
@@ -27,34 +29,27 @@ extern "C" {
     fn vm_unmap_ram(mem: *const c_void, count: c_uint);
 }
 
-/// Anything that owns a list of pages that a [`VMap`] can map.
-pub(crate) trait PageSource: Send + Sync {
-    /// The number of pages.
-    fn page_count(&self) -> usize;
-    /// The `i`-th page; valid for as long as `self` lives.
-    fn page_ptr(&self, i: usize) -> Option<NonNull<bindings::page>>;
-}
-
-/// A kernel virtual mapping of all the pages of a [`PageSource`], in order.
+/// A kernel virtual mapping of all the pages of a [`ChunkList`], in order.
 ///
 /// # Invariants
 ///
-/// `addr` is the start of a `vm_map_ram` mapping of `count` pages, all of them pages of
-/// `pages`, which this object keeps alive; the mapping is removed by `Drop`.
-pub(crate) struct VMap<P: PageSource> {
+/// `addr` is the start of a `vm_map_ram` mapping of `count` pages, all the pages of `pages` in
+/// order, which this object keeps alive; the mapping is removed by `Drop`.
+pub(crate) struct VMap<T> {
     addr: NonNull<u8>,
     count: c_uint,
-    pages: Arc<P>,
+    pages: Arc<ChunkList<T>>,
 }
 
-// SAFETY: the mapping may be used and removed from any thread; `P` is `Send + Sync`.
-unsafe impl<P: PageSource> Send for VMap<P> {}
-// SAFETY: shared access only copies bytes in and out with raw copies.
-unsafe impl<P: PageSource> Sync for VMap<P> {}
+// SAFETY: the mapping may be used and removed from any thread; its bytes are reached only with
+// the list's mutex held.
+unsafe impl<T: Send + Sync> Send for VMap<T> {}
+// SAFETY: as above; `&VMap` alone gives no access to the bytes.
+unsafe impl<T: Send + Sync> Sync for VMap<T> {}
 
-impl<P: PageSource> VMap<P> {
+impl<T> VMap<T> {
     /// Maps every page of `pages`.
-    pub(crate) fn new(pages: Arc<P>) -> Result<Self> {
+    pub(crate) fn new(pages: Arc<ChunkList<T>>) -> Result<Self> {
         let n = pages.page_count();
         let count = c_uint::try_from(n).map_err(|_| EOVERFLOW)?;
         if n == 0 {
@@ -63,10 +58,8 @@ impl<P: PageSource> VMap<P> {
         // A temporary array of page pointers, as uvm_mem builds for chunks > PAGE_SIZE.
         let mut ptrs = KVVec::with_capacity(n, GFP_KERNEL)?;
         for i in 0..n {
-            ptrs.push(
-                pages.page_ptr(i).ok_or(EINVAL)?.as_ptr().cast::<c_void>(),
-                GFP_KERNEL,
-            )?;
+            let page = pages.page(i).ok_or(EINVAL)?;
+            ptrs.push(page.as_ptr().cast::<c_void>(), GFP_KERNEL)?;
         }
         // SAFETY: `ptrs` holds `count` valid pages, kept alive by `pages` (held below) for as
         // long as the mapping exists; -1 is NUMA_NO_NODE.
@@ -77,74 +70,74 @@ impl<P: PageSource> VMap<P> {
     }
 
     /// The pages it maps.
-    pub(crate) fn pages(&self) -> &P {
+    pub(crate) fn pages(&self) -> &ChunkList<T> {
         &self.pages
     }
 
-    /// Length of the mapping in bytes.
-    pub(crate) fn len(&self) -> usize {
-        self.pages.page_count() * PAGE_SIZE
+    /// Exclusive kernel-side access to the mapped bytes, until the guard goes.
+    pub(crate) fn bytes(&self) -> VBytes<'_, T> {
+        VBytes {
+            map: self,
+            _guard: self.pages.bytes_lock(),
+        }
     }
+}
 
-    /// Checks that `[offset, offset + len)` is inside the mapping.
-    fn check(&self, offset: usize, len: usize) -> Result {
+impl<T> Drop for VMap<T> {
+    fn drop(&mut self) {
+        // SAFETY: by the type invariant, `addr` maps `count` pages made by `vm_map_ram`.
+        unsafe { vm_unmap_ram(self.addr.as_ptr().cast(), self.count) };
+    }
+}
+
+/// Exclusive kernel-side access to a [`VMap`]'s bytes (the list's mutex is held).
+pub(crate) struct VBytes<'a, T> {
+    map: &'a VMap<T>,
+    _guard: MutexGuard<'a, ()>,
+}
+
+impl<T> VBytes<'_, T> {
+    /// A pointer to byte `offset` if `[offset, offset + len)` is inside the mapping.
+    fn at(&self, offset: usize, len: usize) -> Result<*mut u8> {
+        let total = self.map.count as usize * PAGE_SIZE;
         match offset.checked_add(len) {
-            Some(end) if end <= self.len() => Ok(()),
+            // SAFETY: `offset` is inside the mapping (checked), which is `total` bytes long.
+            Some(end) if end <= total => Ok(unsafe { self.map.addr.as_ptr().add(offset) }),
             Some(_) => Err(EINVAL),
             None => Err(EOVERFLOW),
         }
     }
 
     /// Copies `src` into the mapping at `offset`.
-    pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result {
-        self.check(offset, src.len())?;
-        // SAFETY: the range is inside the mapping (checked); `src` is a separate kernel buffer.
-        unsafe {
-            core::ptr::copy_nonoverlapping(src.as_ptr(), self.addr.as_ptr().add(offset), src.len())
-        };
+    pub(crate) fn write(&mut self, offset: usize, src: &[u8]) -> Result {
+        let dst = self.at(offset, src.len())?;
+        // SAFETY: the range is inside the mapping (checked); `src` is a separate kernel buffer;
+        // the list's mutex (held) keeps every other kernel-side access out.
+        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
         Ok(())
     }
 
-    /// Copies bytes at `offset` out of the mapping into `dst`.
-    pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result {
-        self.check(offset, dst.len())?;
-        // SAFETY: the range is inside the mapping (checked); `dst` is a separate kernel buffer.
-        unsafe {
-            core::ptr::copy_nonoverlapping(
-                self.addr.as_ptr().add(offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        };
+    /// Copies the bytes at `offset` into `dst`.
+    pub(crate) fn read(&mut self, offset: usize, dst: &mut [u8]) -> Result {
+        let src = self.at(offset, dst.len())?;
+        // SAFETY: as in `write`, the other way.
+        unsafe { core::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
-    /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`. The two may be the
-    /// same mapping, and the ranges may overlap.
-    pub(crate) fn copy(
-        dst: &Self,
+    /// Copies `len` bytes from `src_offset` to `dst_offset` inside the mapping; the ranges may
+    /// overlap.
+    pub(crate) fn copy_within(
+        &mut self,
         dst_offset: usize,
-        src: &Self,
         src_offset: usize,
         len: usize,
     ) -> Result {
-        dst.check(dst_offset, len)?;
-        src.check(src_offset, len)?;
-        // SAFETY: both ranges are inside their mappings (checked); `copy` allows overlap.
-        unsafe {
-            core::ptr::copy(
-                src.addr.as_ptr().add(src_offset),
-                dst.addr.as_ptr().add(dst_offset),
-                len,
-            )
-        };
+        let dst = self.at(dst_offset, len)?;
+        let src = self.at(src_offset, len)?;
+        // SAFETY: both ranges are inside the mapping (checked); `copy` allows overlap; the
+        // list's mutex (held) keeps every other kernel-side access out.
+        unsafe { core::ptr::copy(src, dst, len) };
         Ok(())
-    }
-}
-
-impl<P: PageSource> Drop for VMap<P> {
-    fn drop(&mut self) {
-        // SAFETY: by the type invariant, `addr` maps `count` pages made by `vm_map_ram`.
-        unsafe { vm_unmap_ram(self.addr.as_ptr().cast(), self.count) };
     }
 }

@@ -13,15 +13,15 @@ use kernel::{
     device::Core,
     devres::Devres,
     io::Io,
-    pci,
+    new_mutex, pci,
     prelude::*,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{delay::fsleep, Delta, Instant, Monotonic},
 };
 
 use crate::{
     bind::dma::{self, DmaDevice},
-    gpu::{self, GpuDev, GpuInfo},
+    gpu::{self, EngineKind, GpuDev, GpuInfo},
     uapi,
 };
 
@@ -48,9 +48,13 @@ const EDU_MAX_TRANSFER: usize = 4095;
 const TRANSFER_TIMEOUT_MS: i64 = 5000;
 
 /// edu's DMA engine: the test GPU's copy engine. Access to its registers is revoked when the
-/// device is unbound (`Devres`).
+/// device is unbound (`Devres`). It has one set of registers and one buffer, so one copy piece
+/// at a time runs on it (`busy`, held per piece, never across a whole copy; a leaf lock).
+#[pin_data]
 pub(crate) struct EduEngine {
     bar: Devres<pci::Bar<'static, EDU_BAR_SIZE>>,
+    #[pin]
+    busy: Mutex<()>,
 }
 
 impl EduEngine {
@@ -94,12 +98,14 @@ impl EduEngine {
     /// Reads `len` bytes at DMA address `src` into the device's buffer: the first half of a copy,
     /// alone (for tests that aim the engine at an address on purpose).
     pub(crate) fn read_into_device(&self, src: u64, len: usize) -> Result {
+        let _busy = self.busy.lock();
         self.transfer(src, EDU_BUFFER, len, false)
     }
 
     /// Copies `len` bytes (at most [`Self::MAX_PIECE`]) from DMA address `src` to `dst`, through
     /// the device's buffer: memory -> device, then device -> memory.
     pub(crate) fn copy(&self, dst: u64, src: u64, len: usize) -> Result {
+        let _busy = self.busy.lock();
         self.transfer(src, EDU_BUFFER, len, false)?;
         self.transfer(EDU_BUFFER, dst, len, true)
     }
@@ -157,11 +163,16 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
     pdev.enable_device_mem()?;
     pdev.set_master();
     dma::set_mask::<EDU_DMA_BITS>(pdev)?;
-    let engine = EduEngine {
-        bar: pdev
-            .iomap_region_sized::<EDU_BAR_SIZE>(0, c"ruvm-edu")?
-            .into_devres()?,
-    };
+    let bar = pdev
+        .iomap_region_sized::<EDU_BAR_SIZE>(0, c"ruvm-edu")?
+        .into_devres()?;
+    let engine = KBox::pin_init(
+        try_pin_init!(EduEngine {
+            bar,
+            busy <- new_mutex!(()),
+        }),
+        GFP_KERNEL,
+    )?;
     let dev = gpu::register(
         GpuInfo {
             kind: uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU,
@@ -175,7 +186,7 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
             page_sizes: gpu::TEST_PAGE_SIZES,
         },
         DmaDevice::new(pdev),
-        Some(gpu::Engine::Edu(engine)),
+        EngineKind::Edu(engine),
     )?;
     dev_info!(pdev, "test GPU {} (edu)\n", dev.id);
     Ok(EduGpu { dev })

@@ -20,9 +20,11 @@
 //!
 //! # Locking
 //!
-//! One mutex per PMM (`state`), taken after the GPU's `alive` lock and never with a mem's lock
-//! held; the buddy's own lock is taken inside it (a leaf). Nothing else is called under it but
-//! page allocation and DMA mapping (and a simulated GPU's translation lock, a leaf).
+//! One mutex per PMM (`state`), taken under a GPU access guard (or by the GPU's removal) and
+//! never with a mem's lock held; the buddy's own lock is taken inside it (a leaf). Nothing else
+//! is called under it but page allocation, DMA mapping and unmapping of root storage (and a
+//! simulated GPU's translation lock, a leaf). Storage is made and dropped under it, so the GPU's
+//! removal ([`Pmm::kill`], under the same lock) finds every mapping there is.
 
 use kernel::{
     gpu::buddy::{
@@ -37,11 +39,18 @@ use kernel::{
 use crate::{
     audit::{Class, Counted},
     bind::{
-        dma::{ChunkSource, DmaDevice, DmaTable},
-        pages::{Chunk, ChunkFlags},
+        dma::DmaDevice,
+        pages::{Chunk, ChunkFlags, ChunkList},
     },
-    mem::policy::CHUNK_MAX,
 };
+
+use super::{
+    dma::{GpuTable, Pages, Tracker},
+    sim::SimIommu,
+};
+
+/// A root chunk: 2 MiB, the largest chunk.
+pub(crate) const CHUNK_MAX: u64 = 2 << 20;
 
 /// The chunk sizes the PMM hands out, smallest first.
 pub(crate) const CHUNK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 2 << 20];
@@ -60,34 +69,11 @@ fn root_index(phys: u64) -> usize {
     (phys / CHUNK_MAX) as usize
 }
 
-/// A root chunk's storage: 2 MiB of kernel pages, and their DMA mapping for the GPU.
+/// A root chunk's storage: 2 MiB of kernel pages (counted as `vidmem_roots`), DMA-mapped for
+/// the GPU.
 struct RootStore {
-    pages: Arc<RootPages>,
-    table: DmaTable<RootPages>,
-}
-
-/// The pages behind one root chunk, counted by the audit (`vidmem_roots`).
-pub(crate) struct RootPages {
-    chunk: Chunk,
-    _audit: Counted,
-}
-
-impl ChunkSource for RootPages {
-    fn chunk_count(&self) -> usize {
-        1
-    }
-
-    fn chunk_len(&self) -> usize {
-        // CAST: 2 MiB fits any `usize` the kernel runs on.
-        CHUNK_MAX as usize
-    }
-
-    fn chunk_page(&self, i: usize) -> Option<core::ptr::NonNull<kernel::bindings::page>> {
-        if i != 0 {
-            return None;
-        }
-        self.chunk.page_ptr(0)
-    }
+    table: GpuTable,
+    pages: Arc<Pages>,
 }
 
 /// What the PMM knows of one root chunk.
@@ -118,6 +104,8 @@ pub(crate) struct Pmm {
     capacity: u64,
     dma: Arc<DmaDevice>,
     limit: u64,
+    tracker: Arc<Tracker>,
+    sim: Option<Arc<SimIommu>>,
     #[pin]
     state: Mutex<PmmState>,
 }
@@ -146,8 +134,15 @@ pub(crate) struct VidChunk {
 
 impl Pmm {
     /// A PMM over `capacity` bytes of vidmem (a non-zero multiple of 2 MiB) for the GPU whose
-    /// DMA device is `dma` and whose highest DMA address is `limit`.
-    pub(crate) fn new(capacity: u64, dma: Arc<DmaDevice>, limit: u64) -> Result<Arc<Self>> {
+    /// DMA device is `dma`, whose highest DMA address is `limit`, whose DMA tables are
+    /// tracked by `tracker` and whose simulated engine (if any) is `sim`.
+    pub(super) fn new(
+        capacity: u64,
+        dma: Arc<DmaDevice>,
+        limit: u64,
+        tracker: Arc<Tracker>,
+        sim: Option<Arc<SimIommu>>,
+    ) -> Result<Arc<Self>> {
         if capacity == 0 || capacity % CHUNK_MAX != 0 {
             return Err(EINVAL);
         }
@@ -167,6 +162,8 @@ impl Pmm {
                 capacity,
                 dma,
                 limit,
+                tracker,
+                sim,
                 state <- new_mutex!(PmmState {
                     roots,
                     allocated: [0; 3],
@@ -237,53 +234,55 @@ impl Pmm {
             zero: true,
             fail_fast: false,
         };
-        let pages = Arc::new(
-            RootPages {
-                chunk: Chunk::alloc(ROOT_ORDER, flags)?,
-                _audit: Counted::new(Class::VidmemRoots, 1),
-            },
-            GFP_KERNEL,
+        let mut chunks = KVVec::with_capacity(1, GFP_KERNEL)?;
+        chunks.push(Chunk::alloc(ROOT_ORDER, flags)?, GFP_KERNEL)?;
+        let pages = ChunkList::new(chunks, ROOT_ORDER, Counted::new(Class::VidmemRoots, 1))?;
+        let table = GpuTable::new(
+            self.dma.clone(),
+            pages.clone(),
+            self.limit,
+            self.tracker.clone(),
+            self.sim.clone(),
         )?;
-        let table = DmaTable::new(self.dma.clone(), pages.clone(), self.limit)?;
-        Ok(RootStore { pages, table })
+        Ok(RootStore { table, pages })
     }
 
     /// Takes a chunk back (from [`VidChunk`]'s drop, before its block returns to the buddy,
     /// so no one else can be handed its range meanwhile).
     fn free(&self, chunk: &VidChunk) {
         // Under the lock: the counts, and either the root's storage (if this was its last
-        // stored chunk: dropped, so nothing to scrub) or its pages (to scrub the chunk).
-        let (gone, pages) = {
+        // stored chunk: unmapped and freed here, so nothing to scrub) or its pages (to scrub the
+        // chunk outside the lock).
+        let pages = {
             let mut st = self.state.lock();
             if let Some(n) = size_index(chunk.size).and_then(|i| st.allocated.get_mut(i)) {
                 *n -= 1;
             }
             match st.roots.get_mut(root_index(chunk.phys)) {
-                None => (None, None),
+                None => None,
                 Some(r) => {
                     r.chunks -= 1;
                     if chunk.size == CHUNK_MAX {
                         r.whole = false;
                     }
-                    if chunk.stored {
-                        r.stored -= 1;
-                    }
                     if !chunk.stored {
-                        (None, None)
-                    } else if r.stored == 0 {
-                        (r.store.take(), None)
+                        None
                     } else {
-                        (None, r.store.as_ref().map(|s| s.pages.clone()))
+                        r.stored -= 1;
+                        if r.stored == 0 {
+                            drop(r.store.take());
+                            None
+                        } else {
+                            r.store.as_ref().map(|s| s.pages.clone())
+                        }
                     }
                 }
             }
         };
-        // Outside the lock: the storage is unmapped and freed, or the chunk zeroed.
-        drop(gone);
         if let Some(pages) = pages {
             // CAST: both are at most 2 MiB.
             let (offset, len) = ((chunk.phys % CHUNK_MAX) as usize, chunk.size as usize);
-            if pages.chunk.zero(offset, len).is_err() {
+            if pages.bytes().zero(offset, len).is_err() {
                 pr_err!("pmm: could not scrub chunk {:#x}\n", chunk.phys);
             }
         }

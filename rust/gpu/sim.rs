@@ -6,19 +6,36 @@
 //! 47-bit DMA mask, so mappings made for it are real streaming DMA mappings (dma-direct: no
 //! IOMMU translates for a faux device). Its copy engine is the CPU, but it reaches memory only
 //! through the DMA addresses it is given, translated through the mappings that exist for the
-//! device (`DmaDevice::sim_copy`): an address that no mapping covers faults (`EFAULT`, and a
+//! device ([`SimIommu`]): an address that no mapping covers faults (`EFAULT`, and a
 //! `sim GPU: DMA fault` line), so wrong or stale addresses show as they would on hardware.
 //!
 //! Faux devices cannot be unbound from user space; a simulated GPU leaves the registry (marked
 //! gone, its mappings dropped) when the module unloads.
+//!
+//! Locking: the translation's mutex is a leaf, taken under a PMM's lock (storage being mapped)
+//! and under nothing else; bytes are moved after it is released.
 
-use kernel::{faux, prelude::*, str::CString, sync::Arc};
+use kernel::{
+    faux, new_mutex,
+    page::PAGE_SIZE,
+    prelude::*,
+    rbtree::{RBTree, RBTreeNode},
+    str::CString,
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc, Mutex,
+    },
+};
 
 use crate::{
-    bind::dma::DmaDevice,
-    gpu::{self, Engine, GpuDev, GpuInfo},
+    audit::Counted,
+    bind::{dma::DmaDevice, dma::DmaTable, pages::ChunkList, ratelimit},
+    gpu::{self, EngineKind, GpuDev, GpuInfo},
     uapi,
 };
+
+/// What a mapping reaches: a chunk list counted by the audit (the GPU layer's `dma::Pages`).
+type Pages = ChunkList<Counted>;
 
 /// The width of a simulated GPU's DMA addresses (NVIDIA GPUs address 47 bits or more of
 /// system memory).
@@ -30,12 +47,133 @@ pub(crate) const MAX_SIM_GPUS: u32 = 8;
 /// The largest piece the simulated engine moves at once: the biggest chunk.
 pub(crate) const MAX_PIECE: usize = 2 << 20;
 
+/// One mapping: DMA addresses `[start, last]` are chunk `chunk` of `pages`.
+struct SimMapping {
+    start: u64,
+    pages: Arc<Pages>,
+    chunk: usize,
+}
+
+/// The DMA mappings made for a simulated GPU, keyed by (last byte, table serial): the
+/// translation its engine (the CPU) uses, which, like an IOMMU, reaches nothing else. The serial
+/// keeps the mappings of two tables apart when dma-direct gives them the same addresses (a
+/// table remapped while the old one is still being dropped).
+#[pin_data]
+pub(crate) struct SimIommu {
+    #[pin]
+    maps: Mutex<RBTree<(u64, u64), SimMapping>>,
+    serial: Atomic<u64>,
+}
+
+/// A translated range: `len` bytes at byte `offset` of `pages` (kept alive by this).
+struct SimRange {
+    pages: Arc<Pages>,
+    offset: usize,
+}
+
+impl SimIommu {
+    pub(crate) fn new() -> impl PinInit<Self> {
+        pin_init!(Self {
+            maps <- new_mutex!(RBTree::new()),
+            serial: Atomic::new(1),
+        })
+    }
+
+    /// The mapping that holds all of `[addr, addr + len)`, or a logged fault.
+    fn translate(&self, id: u32, addr: u64, len: usize) -> Result<SimRange> {
+        let last = u64::try_from(len)
+            .ok()
+            .and_then(|l| l.checked_sub(1))
+            .and_then(|l| addr.checked_add(l))
+            .ok_or(EINVAL)?;
+        let maps = self.maps.lock();
+        let hit = maps.cursor_lower_bound(&(addr, 0)).and_then(|c| {
+            let ((end, _), m) = c.current();
+            (m.start <= addr && last <= *end).then(|| SimRange {
+                pages: m.pages.clone(),
+                // CAST: inside one chunk, whose length is a `usize`.
+                offset: m.chunk * m.pages.chunk_len() + (addr - m.start) as usize,
+            })
+        });
+        drop(maps);
+        hit.ok_or_else(|| {
+            if ratelimit::printk_ok() {
+                pr_err!("sim GPU: DMA fault at {addr:#x}+{len:#x}: not mapped (GPU {id})\n");
+            }
+            EFAULT
+        })
+    }
+
+    /// The engine copies `len` bytes (1 to [`MAX_PIECE`]) from DMA address `src` to `dst`.
+    pub(crate) fn copy(&self, id: u32, dst: u64, src: u64, len: usize) -> Result {
+        check_piece(len)?;
+        let from = self.translate(id, src, len)?;
+        let to = self.translate(id, dst, len)?;
+        let mut buf = KVec::from_elem(0u8, PAGE_SIZE, GFP_KERNEL)?;
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(PAGE_SIZE);
+            let piece = buf.get_mut(..n).ok_or(EINVAL)?;
+            from.pages.bytes().read(from.offset + done, piece)?;
+            to.pages.bytes().write(to.offset + done, piece)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// The engine reads `len` bytes at DMA address `src` and drops them: faults (`EFAULT`,
+    /// logged) unless a live mapping covers them.
+    pub(crate) fn read(&self, id: u32, src: u64, len: usize) -> Result {
+        check_piece(len)?;
+        self.translate(id, src, len).map(|_| ())
+    }
+}
+
 /// `EINVAL` unless `len` is a piece the simulated engine moves (1 byte to [`MAX_PIECE`]).
-pub(crate) fn check_piece(len: usize) -> Result {
+fn check_piece(len: usize) -> Result {
     if len == 0 || len > MAX_PIECE {
         return Err(EINVAL);
     }
     Ok(())
+}
+
+/// The records one table put in a [`SimIommu`], removed (exactly those) on drop.
+pub(crate) struct SimRecords {
+    iommu: Arc<SimIommu>,
+    keys: KVVec<(u64, u64)>,
+}
+
+impl SimRecords {
+    /// Records every mapping of `table`.
+    pub(super) fn new(iommu: Arc<SimIommu>, table: &DmaTable<Counted>) -> Result<Self> {
+        let serial = iommu.serial.fetch_add(1, Relaxed);
+        let len = table.chunk_len() as u64;
+        let mut records = Self {
+            iommu,
+            keys: KVVec::with_capacity(table.addrs().len(), GFP_KERNEL)?,
+        };
+        for (chunk, &start) in table.addrs().iter().enumerate() {
+            let key = (start + (len - 1), serial);
+            let mapping = SimMapping {
+                start,
+                pages: table.pages().clone(),
+                chunk,
+            };
+            let node = RBTreeNode::new(key, mapping, GFP_KERNEL)?;
+            records.keys.push(key, GFP_KERNEL)?;
+            records.iommu.maps.lock().insert(node);
+        }
+        Ok(records)
+    }
+}
+
+impl Drop for SimRecords {
+    fn drop(&mut self) {
+        let mut maps = self.iommu.maps.lock();
+        for key in self.keys.iter() {
+            maps.remove(key);
+        }
+    }
 }
 
 /// One simulated GPU: its registry entry (unregistered first on drop, while the device is
@@ -69,7 +207,7 @@ impl SimGpus {
         for index in 0..count {
             let name = CString::try_from_fmt(fmt!("ruvm-sim{index}"))?;
             let faux = faux::Registration::new(&name, None)?;
-            let dma = DmaDevice::sim(&faux, SIM_DMA_BITS)?;
+            let dma = DmaDevice::faux(&faux, SIM_DMA_BITS)?;
             let info = GpuInfo {
                 kind: uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM,
                 vendor: 0,
@@ -81,7 +219,7 @@ impl SimGpus {
                 dma_mask_bits: SIM_DMA_BITS,
                 page_sizes: gpu::TEST_PAGE_SIZES,
             };
-            let dev = gpu::register(info, dma, Some(Engine::Sim))?;
+            let dev = gpu::register(info, dma, EngineKind::Sim)?;
             pr_info!("simulated GPU {} ({name:?})\n", dev.id);
             gpus.push(SimGpu { dev, _faux: faux }, GFP_KERNEL)?;
         }

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A GPU's DMA tables as ruvm counts them: the binding layer's [`DmaTable`], counted by the
+//! audit (`dma_mappings`, `dma_bytes`) and in the GPU's mapped bytes, and recorded for a
+//! simulated GPU's engine.
+//!
+//! A table is made under a [`super::GpuAccess`] guard; the GPU's [`Tracker`] counts it until it
+//! is dropped, so the GPU's removal can wait for the drops in flight (see [`super`]).
+
+use kernel::{
+    new_condvar, new_mutex,
+    prelude::*,
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc, CondVar, Mutex,
+    },
+};
+
+use crate::{
+    audit::{Class, Counted},
+    bind::{
+        dma::{DmaDevice, DmaTable},
+        pages::ChunkList,
+    },
+};
+
+use super::sim::{SimIommu, SimRecords};
+
+/// The pages a GPU maps: a chunk list whose tag is the audit's count of its chunks.
+pub(crate) type Pages = ChunkList<Counted>;
+
+/// One GPU's DMA tables alive now, and their bytes. Its mutex is a leaf.
+#[pin_data]
+pub(crate) struct Tracker {
+    bytes: Atomic<u64>,
+    #[pin]
+    tables: Mutex<u64>,
+    /// Signalled when the last table goes.
+    #[pin]
+    empty: CondVar,
+}
+
+impl Tracker {
+    pub(crate) fn new() -> impl PinInit<Self> {
+        pin_init!(Self {
+            bytes: Atomic::new(0),
+            tables <- new_mutex!(0),
+            empty <- new_condvar!(),
+        })
+    }
+
+    /// Bytes DMA-mapped for the GPU now.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Relaxed)
+    }
+
+    fn add(&self, bytes: u64) {
+        *self.tables.lock() += 1;
+        self.bytes.fetch_add(bytes, Relaxed);
+    }
+
+    fn remove(&self, bytes: u64) {
+        self.bytes.fetch_sub(bytes, Relaxed);
+        let mut n = self.tables.lock();
+        *n -= 1;
+        if *n == 0 {
+            self.empty.notify_all();
+        }
+    }
+
+    /// Waits until the GPU has no table left (its removal, once no new one can be made).
+    pub(crate) fn wait_empty(&self) {
+        let mut n = self.tables.lock();
+        while *n > 0 {
+            self.empty.wait(&mut n);
+        }
+    }
+}
+
+/// Every chunk of a chunk list DMA-mapped for one GPU, counted while it lives.
+///
+/// Field order is teardown order: the simulated engine forgets the mappings before they go,
+/// and the tracker hears of it only after they are gone.
+pub(crate) struct GpuTable {
+    _sim: Option<SimRecords>,
+    table: DmaTable<Counted>,
+    _maps: Counted,
+    _bytes: Counted,
+    _tracked: Tracked,
+}
+
+/// A table's place in its GPU's [`Tracker`], given back on drop.
+struct Tracked {
+    tracker: Arc<Tracker>,
+    bytes: u64,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.tracker.remove(self.bytes);
+    }
+}
+
+impl GpuTable {
+    /// Maps `pages` on `dev`, whose window ends at `limit`; see [`DmaTable::new`].
+    pub(super) fn new(
+        dev: Arc<DmaDevice>,
+        pages: Arc<Pages>,
+        limit: u64,
+        tracker: Arc<Tracker>,
+        sim: Option<Arc<SimIommu>>,
+    ) -> Result<Self> {
+        let table = DmaTable::new(dev, pages, limit)?;
+        let n = table.addrs().len() as u64;
+        let bytes = n * table.chunk_len() as u64;
+        let sim = match sim {
+            None => None,
+            Some(iommu) => Some(SimRecords::new(iommu, &table)?),
+        };
+        tracker.add(bytes);
+        Ok(Self {
+            _sim: sim,
+            table,
+            _maps: Counted::new(Class::DmaMappings, n),
+            _bytes: Counted::new(Class::DmaBytes, bytes),
+            _tracked: Tracked { tracker, bytes },
+        })
+    }
+
+    /// The DMA address of every chunk.
+    pub(crate) fn addrs(&self) -> &[u64] {
+        self.table.addrs()
+    }
+
+    /// The DMA address of byte `offset` of the mapped pages.
+    pub(crate) fn addr(&self, offset: usize) -> Result<u64> {
+        let len = self.table.chunk_len();
+        let base = self.table.addrs().get(offset / len).ok_or(EINVAL)?;
+        Ok(base + (offset % len) as u64)
+    }
+}

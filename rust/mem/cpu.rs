@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A mem's CPU mappings: the kernel mapping (uvm_mem's `map_cpu_kernel`) with the kernel-side
+//! fill, verify and copy done through it, and user mappings (`mmap`), filled on fault and
+//! zapped on free.
+
+use kernel::{
+    mm::virt::{flags as vm_flags, VmaNew},
+    prelude::*,
+    sync::{atomic::ordering::Relaxed, Arc},
+};
+
+use crate::{
+    audit::{self, Class, Counted},
+    bind::{
+        vma::{self, Fault, VmaOwner},
+        vmap::VMap,
+    },
+    gpu::dma::Pages,
+};
+
+use super::{pattern, Life, Mem};
+
+/// A CPU kernel mapping, counted by the audit.
+pub(crate) struct KernelMapping {
+    map: VMap<Counted>,
+    _audit: Counted,
+}
+
+impl KernelMapping {
+    pub(super) fn new(pages: Arc<Pages>) -> Result<Self> {
+        Ok(Self {
+            map: VMap::new(pages)?,
+            _audit: Counted::new(Class::KernelMaps, 1),
+        })
+    }
+
+    /// The pages it maps.
+    pub(super) fn pages(&self) -> &Pages {
+        self.map.pages()
+    }
+}
+
+/// What `fill` writes and `verify` expects.
+#[derive(Clone, Copy)]
+pub(crate) enum Fill {
+    /// The seeded pattern ([`pattern`]).
+    Pattern(u64),
+    /// One byte everywhere.
+    Byte(u8),
+}
+
+impl Fill {
+    fn generate(self, offset: usize, buf: &mut [u8]) {
+        match self {
+            Fill::Pattern(seed) => pattern::fill(seed, offset as u64, buf),
+            Fill::Byte(b) => buf.fill(b),
+        }
+    }
+}
+
+/// The piece a copy between two mems moves at a time (through a kernel buffer, each mem's
+/// bytes lock held in turn, never both).
+const COPY_PIECE: usize = 64 << 10;
+
+impl Mem {
+    /// Maps the mem for the CPU kernel (vmap of every page). Idempotent.
+    pub(crate) fn map_cpu_kernel(&self) -> Result {
+        let mut st = self.state.lock();
+        st.mappable()?;
+        if st.kmap.is_none() {
+            let map = KernelMapping::new(self.storage.sys()?.clone())?;
+            st.kmap = Some(Arc::new(map, GFP_KERNEL)?);
+        }
+        Ok(())
+    }
+
+    /// Removes the CPU kernel mapping. Idempotent; an operation in flight keeps the mapping
+    /// until it is done.
+    pub(crate) fn unmap_cpu_kernel(&self) {
+        // Dropped after the lock is released.
+        let _old = self.state.lock().kmap.take();
+    }
+
+    /// The CPU kernel mapping, or `ENXIO` if there is none.
+    fn kmap(&self) -> Result<Arc<KernelMapping>> {
+        self.state.lock().kmap.clone().ok_or(ENXIO)
+    }
+
+    /// Writes the pattern (or a byte) over a range, through the CPU kernel mapping.
+    pub(crate) fn fill(&self, offset: u64, len: u64, fill: Fill) -> Result {
+        let (offset, len) = self.range(offset, len)?;
+        let map = self.kmap()?;
+        let mut bytes = map.map.bytes();
+        let mut buf = [0u8; 512];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(buf.len());
+            let piece = buf.get_mut(..n).ok_or(EINVAL)?;
+            fill.generate(offset + done, piece);
+            bytes.write(offset + done, piece)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Compares a range with the pattern (or a byte) through the CPU kernel mapping: returns
+    /// how many bytes differ and the offset of the first (`u64::MAX` if none).
+    pub(crate) fn verify(&self, offset: u64, len: u64, fill: Fill) -> Result<(u64, u64)> {
+        let (offset, len) = self.range(offset, len)?;
+        let map = self.kmap()?;
+        let mut bytes = map.map.bytes();
+        let mut want = [0u8; 256];
+        let mut got = [0u8; 256];
+        let (mut mismatches, mut first) = (0u64, u64::MAX);
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(want.len());
+            let (w, g) = (
+                want.get_mut(..n).ok_or(EINVAL)?,
+                got.get_mut(..n).ok_or(EINVAL)?,
+            );
+            fill.generate(offset + done, w);
+            bytes.read(offset + done, g)?;
+            for (i, (a, b)) in w.iter().zip(g.iter()).enumerate() {
+                if a != b {
+                    if mismatches == 0 {
+                        first = (offset + done + i) as u64;
+                    }
+                    mismatches += 1;
+                }
+            }
+            done += n;
+        }
+        Ok((mismatches, first))
+    }
+
+    /// Copies `len` bytes from `src` to `dst` through their CPU kernel mappings.
+    pub(crate) fn copy(dst: &Mem, dst_offset: u64, src: &Mem, src_offset: u64, len: u64) -> Result {
+        let (dst_offset, len) = dst.range(dst_offset, len)?;
+        let (src_offset, _) = src.range(src_offset, len as u64)?;
+        let (dst_map, src_map) = (dst.kmap()?, src.kmap()?);
+        if Arc::ptr_eq(&dst_map, &src_map) {
+            return dst_map.map.bytes().copy_within(dst_offset, src_offset, len);
+        }
+        let mut buf = KVVec::from_elem(0u8, COPY_PIECE.min(len), GFP_KERNEL)?;
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(COPY_PIECE);
+            let piece = buf.get_mut(..n).ok_or(EINVAL)?;
+            src_map.map.bytes().read(src_offset + done, piece)?;
+            dst_map.map.bytes().write(dst_offset + done, piece)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Sets up a VMA being created by `mmap` to map the whole mem. The VMA must be shared, as
+    /// long as the physical size, and not executable; it is never copied to a child
+    /// (`VM_DONTCOPY`), never made executable (`VM_MAYEXEC` cleared), never expanded, never
+    /// split. Pages are inserted on fault ([`VmaOwner::fault`]).
+    pub(crate) fn map_user(self: &Arc<Self>, vma: &VmaNew) -> Result {
+        let len = vma.end().checked_sub(vma.start()).ok_or(EINVAL)?;
+        if len as u64 != self.layout.physical_size {
+            return Err(EINVAL);
+        }
+        if vma.flags() & vm_flags::SHARED == 0 {
+            return Err(EINVAL);
+        }
+        if vma.executable() {
+            return Err(EPERM);
+        }
+        self.storage.sys()?;
+        vma.try_clear_mayexec()?;
+        vma.set_dontcopy();
+        vma.set_dontexpand();
+        if self.state.lock().life == Life::Freed {
+            return Err(ENXIO);
+        }
+        // Last: from here the VMA holds a reference on the mem.
+        vma::install(vma, self.clone());
+        Ok(())
+    }
+
+    /// Zaps every user mapping of the mem (in any process): later accesses get `SIGBUS`.
+    pub(crate) fn zap_user(&self, file: &kernel::fs::File) -> Result {
+        vma::zap(file, self.mmap.offset(), self.layout.physical_size)
+    }
+}
+
+impl VmaOwner for Mem {
+    fn vma_opened(&self) {
+        self.user_mappings.fetch_add(1, Relaxed);
+        audit::add(Class::UserMappings, 1);
+    }
+
+    fn vma_closed(&self) {
+        self.user_mappings.fetch_sub(1, Relaxed);
+        audit::sub(Class::UserMappings, 1);
+    }
+
+    /// Inserts the whole chunk holding page `index`, unless the mem was freed (`EFAULT`: the
+    /// access gets `SIGBUS`). Under the mem's lock, so a free either comes after (and its zap
+    /// finds these pages) or before (and this refuses).
+    fn fault(&self, index: usize, fault: &Fault<'_>) -> Result {
+        let pages = self.storage.sys()?;
+        if index >= pages.page_count() || index >= fault.pages() {
+            return Err(EFAULT);
+        }
+        let per_chunk = 1usize << pages.order();
+        let first = index - index % per_chunk;
+        let st = self.state.lock();
+        if st.life == Life::Freed {
+            return Err(EFAULT);
+        }
+        for i in first..first + per_chunk {
+            let page = pages.page(i).ok_or(EFAULT)?;
+            fault.insert(i, &page)?;
+        }
+        drop(st);
+        Ok(())
+    }
+}

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Every live mem of the module, by serial: what the audit's walk counts, what a GPU's removal
+//! drops tables from, and what the level-2 unload report lists.
+//!
+//! This file owns the module-wide lock `MEMS` (see the crate's lock order): taken after a GPU's
+//! removal has begun and before a mem's lock; nothing else is taken under it.
+
+use kernel::{
+    prelude::*,
+    rbtree::RBTree,
+    sync::{atomic::ordering::Relaxed, Arc},
+};
+
+use crate::{
+    audit::{Class, CLASSES},
+    bind::global::global,
+    gpu::pmm::CHUNK_MAX,
+};
+
+use super::{plant, storage::Storage, Life, MemCore};
+
+global! {
+    /// Every live mem.
+    static MEMS: Mutex<Option<RBTree<u64, Arc<MemCore>>>> = None;
+}
+
+/// Makes the registry usable (module init).
+pub(super) fn init() {
+    MEMS.init();
+}
+
+/// Adds a mem just made.
+pub(super) fn insert(serial: u64, core: Arc<MemCore>) -> Result {
+    let mut mems = MEMS.lock().ok_or(ENODEV)?;
+    mems.get_or_insert_with(RBTree::new)
+        .try_create_and_insert(serial, core, GFP_KERNEL)?;
+    Ok(())
+}
+
+/// Takes a mem out (its `Mem` is going); the caller drops it outside the lock.
+pub(super) fn remove(serial: u64) -> Option<Arc<MemCore>> {
+    MEMS.lock()?.as_mut()?.remove(&serial)
+}
+
+/// Counts the real objects: every mem in the registry (its chunks, kernel mapping, user
+/// mappings, and its handle if it is owned), the vidmem storage of every GPU, and the planted
+/// leaks. Compared with the counters by the audit's consistency check.
+pub(crate) fn walk() -> Result<[u64; CLASSES]> {
+    let mut v = [0u64; CLASSES];
+    let mut bump = |class: Class, n: u64| {
+        if let Some(x) = v.get_mut(class.index()) {
+            *x += n;
+        }
+    };
+    {
+        let mems = MEMS.lock().ok_or(ENODEV)?;
+        for core in mems.iter().flat_map(|m| m.values()) {
+            bump(Class::Mems, 1);
+            match &core.storage {
+                Storage::Sys(pages) => {
+                    bump(Class::SysmemBytes, core.layout.physical_size);
+                    bump(
+                        Class::SysmemChunks(pages.order()),
+                        pages.chunk_count() as u64,
+                    );
+                }
+                Storage::Vid(v) => {
+                    bump(Class::VidmemBytes, core.layout.physical_size);
+                    bump(Class::VidmemChunks, v.chunk_count() as u64);
+                }
+            }
+            bump(Class::UserMappings, core.user_mappings.load(Relaxed).into());
+            let st = core.state.lock();
+            bump(Class::KernelMaps, u64::from(st.kmap.is_some()));
+            bump(Class::Handles, u64::from(st.life == Life::Owned));
+            for (_, table) in st.gpus.iter() {
+                let n = table.addrs().len() as u64;
+                bump(Class::DmaMappings, n);
+                bump(Class::DmaBytes, n * core.layout.chunk_size);
+            }
+        }
+    }
+    // Vidmem storage: counted per root chunk, and DMA-mapped (one 2 MiB mapping each).
+    let (roots, mapped) = crate::gpu::walk_vidmem()?;
+    bump(Class::VidmemRoots, roots);
+    bump(Class::DmaMappings, mapped);
+    bump(Class::DmaBytes, mapped * CHUNK_MAX);
+    plant::walk(&mut bump);
+    Ok(v)
+}
+
+/// Drops every mem's DMA table for GPU `id` (the GPU is being removed, still bound).
+pub(crate) fn drop_gpu_tables(id: u32) {
+    let Some(mems) = MEMS.lock() else {
+        return;
+    };
+    for core in mems.iter().flat_map(|m| m.values()) {
+        let _old = core.take_gpu(id);
+    }
+}
+
+/// Logs one line per live mem with its origin (the level-2 unload report).
+pub(crate) fn report_objects() {
+    let Some(mems) = MEMS.lock() else {
+        return;
+    };
+    for core in mems.iter().flat_map(|m| m.values()) {
+        pr_err!(
+            "audit: leaked object class=mems id={} bytes={} size={} {}\n",
+            core.serial,
+            core.layout.physical_size,
+            core.size,
+            core.origin
+        );
+    }
+}
+
+/// Empties the registry at unload (what it holds can then be freed).
+pub(super) fn drain() {
+    let _all = MEMS.lock().and_then(|mut m| m.take());
+}

@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! What holds a mem's bytes: sysmem chunks from the page allocator, or vidmem chunks from its
+//! GPU's PMM; and the allocation paths (uvm_mem's fallback to smaller chunks included).
+
+use kernel::{page::PAGE_SIZE, prelude::*, sync::Arc};
+
+use crate::{
+    audit::{Class, Counted},
+    bind::pages::{Chunk, ChunkFlags, ChunkList},
+    gpu::{dma::Pages, pmm::VidChunk, GpuDev},
+};
+
+use super::{
+    policy::{self, Layout},
+    policy_error, AllocRequest,
+};
+
+/// What holds a mem's bytes.
+pub(crate) enum Storage {
+    /// Sysmem chunks, counted by order while any holder (a mapping, a table) has them.
+    Sys(Arc<Pages>),
+    Vid(VidPages),
+}
+
+impl Storage {
+    /// The GPU of a vidmem mem.
+    pub(super) fn vidmem_gpu(&self) -> Option<u32> {
+        match self {
+            Storage::Sys(_) => None,
+            Storage::Vid(v) => Some(v.gpu.id),
+        }
+    }
+
+    /// The sysmem pages, or `EOPNOTSUPP` for vidmem (which the CPU cannot map: as in uvm_mem
+    /// for GPUs whose memory is not CPU-coherent).
+    pub(super) fn sys(&self) -> Result<&Arc<Pages>> {
+        match self {
+            Storage::Sys(p) => Ok(p),
+            Storage::Vid(_) => Err(eopnotsupp()),
+        }
+    }
+}
+
+/// The chunks of a vidmem mem, in order, from its GPU's PMM.
+pub(crate) struct VidPages {
+    /// The GPU whose memory it is (as it was bound when the mem was made).
+    gpu: Arc<GpuDev>,
+    chunks: KVVec<VidChunk>,
+    _audit: Counted,
+}
+
+impl VidPages {
+    /// How many chunks.
+    pub(super) fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// `ENODEV` unless `gpu` is this mem's GPU, still bound (the same binding: a GPU that was
+    /// unbound took its memory with it, even if it is back); `EINVAL` for another GPU (peer
+    /// access is not supported).
+    pub(super) fn check_gpu(&self, gpu: &GpuDev) -> Result {
+        if self.gpu.id != gpu.id {
+            return Err(EINVAL);
+        }
+        if !core::ptr::eq(&*self.gpu, gpu) {
+            return Err(ENODEV);
+        }
+        Ok(())
+    }
+
+    /// The vidmem address of byte `offset` (of chunks of `chunk` bytes).
+    pub(super) fn phys(&self, offset: usize, chunk: usize) -> Result<u64> {
+        let c = self.chunks.get(offset / chunk).ok_or(EINVAL)?;
+        Ok(c.phys() + (offset % chunk) as u64)
+    }
+}
+
+/// `EOPNOTSUPP`, which the kernel crate has no constant for.
+pub(crate) fn eopnotsupp() -> Error {
+    // CAST: EOPNOTSUPP is 95, which fits a `c_int`.
+    Error::from_errno(-(kernel::bindings::EOPNOTSUPP as i32))
+}
+
+/// Allocates the storage `req` asks for, shaped by `layout` (which a sysmem fallback may
+/// shrink: the layout it settled on is returned).
+pub(super) fn alloc(req: &AllocRequest, layout: Layout) -> Result<(Layout, Storage)> {
+    match &req.gpu {
+        None => {
+            let (layout, pages) = alloc_chunks(req, layout)?;
+            Ok((layout, Storage::Sys(pages)))
+        }
+        Some(gpu) => Ok((layout, Storage::Vid(alloc_vidmem(gpu, &layout)?))),
+    }
+}
+
+/// Allocates every chunk of a vidmem mem from `gpu`'s PMM, each with storage. `ENOMEM` when
+/// the GPU has no vidmem or not enough is free, `ENODEV` once it is gone. On failure the chunks
+/// allocated so far go back (dropped with the vector).
+fn alloc_vidmem(gpu: &Arc<GpuDev>, layout: &Layout) -> Result<VidPages> {
+    let count = usize::try_from(layout.chunk_count)?;
+    let mut chunks = KVVec::with_capacity(count, GFP_KERNEL)?;
+    // Held across the allocation: the GPU cannot be removed meanwhile.
+    let access = gpu.access()?;
+    let pmm = access.pmm().map_err(|_| ENOMEM)?;
+    for _ in 0..count {
+        if kernel::current!().signal_pending() {
+            return Err(ERESTARTSYS);
+        }
+        chunks.push(pmm.alloc(layout.chunk_size, true)?, GFP_KERNEL)?;
+    }
+    drop(access);
+    let n = chunks.len() as u64;
+    Ok(VidPages {
+        gpu: gpu.clone(),
+        chunks,
+        _audit: Counted::new(Class::VidmemChunks, n),
+    })
+}
+
+/// Allocates the chunks for `layout`, halving the chunk size on `ENOMEM` when the request
+/// allows a fallback. Returns the layout it settled on.
+fn alloc_chunks(req: &AllocRequest, mut layout: Layout) -> Result<(Layout, Arc<Pages>)> {
+    let page = PAGE_SIZE as u64;
+    loop {
+        let fallback_left = req.fallback && layout.chunk_size > page;
+        match try_alloc_chunks(&layout, req.zero, fallback_left) {
+            Err(e) if e == ENOMEM && fallback_left => {
+                layout = policy::layout_with_chunk(req.size, layout.chunk_size / 2)
+                    .map_err(policy_error)?;
+            }
+            r => return r.map(|p| (layout, p)),
+        }
+    }
+}
+
+/// One attempt at allocating every chunk of `layout`. On failure the chunks allocated so far are
+/// freed (dropped with the vector).
+fn try_alloc_chunks(layout: &Layout, zero: bool, fail_fast: bool) -> Result<Arc<Pages>> {
+    let count = usize::try_from(layout.chunk_count)?;
+    let order = policy::chunk_order(layout.chunk_size, PAGE_SIZE as u64);
+    let flags = ChunkFlags { zero, fail_fast };
+    let mut chunks = KVVec::with_capacity(count, GFP_KERNEL)?;
+    for _ in 0..count {
+        // A large allocation is interruptible: a signal stops it and the syscall restarts
+        // (or fails with EINTR), with nothing left behind.
+        if kernel::current!().signal_pending() {
+            return Err(ERESTARTSYS);
+        }
+        chunks.push(Chunk::alloc(order, flags)?, GFP_KERNEL)?;
+    }
+    sys_pages(chunks, order)
+}
+
+/// A sysmem chunk list of `chunks`, each of order `order`, counted by the audit.
+pub(super) fn sys_pages(chunks: KVVec<Chunk>, order: u32) -> Result<Arc<Pages>> {
+    let n = chunks.len() as u64;
+    ChunkList::new(chunks, order, Counted::new(Class::SysmemChunks(order), n))
+}
