@@ -76,24 +76,25 @@ step "host: uapi header is valid C with the documented layout (selftests build)"
 ksrc=$("$here/kernel.sh" source)
 step "host: module source is rustfmt-clean" \
 	bash -c "find '$top/rust' -name '*.rs' -print0 | xargs -0 /usr/bin/rustfmt --check --edition 2021 --config-path '$ksrc/.rustfmt.toml'"
-step "host: ruvmctl is rustfmt-clean" bash -c "cd '$top/tools/ruvmctl' && cargo fmt --check"
-step "host: ruvmctl is clippy-clean" \
-	bash -c "cd '$top/tools/ruvmctl' && cargo clippy --release --locked --all-targets -- -D warnings"
-
-# cargo test: each test counts.
-log=$(logname "host: cargo test")
-(cd "$top/tools/ruvmctl" && cargo test --release --locked) > "$log" 2>&1
-rc=$?
-n_ok=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\1/p' "$log" | paste -sd+ | bc)
-n_bad=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\2/p' "$log" | paste -sd+ | bc)
-pass=$((pass + ${n_ok:-0}))
-fail=$((fail + ${n_bad:-0}))
-if [ $rc -eq 0 ] && [ "${n_ok:-0}" -gt 0 ]; then
-	printf 'ok    host: cargo test (%s tests)\n' "$n_ok"
-else
-	failed "host: cargo test (exit $rc, ${n_bad:-?} failed)" "$log"
-fi
-
+# The userspace crates: formatting, lints, and cargo test (each test counts).
+for crate in ruvmctl libruvm; do
+	step "host: $crate is rustfmt-clean" bash -c "cd '$top/tools/$crate' && cargo fmt --check"
+	step "host: $crate is clippy-clean" \
+		bash -c "cd '$top/tools/$crate' && cargo clippy --release --locked --all-targets -- -D warnings"
+	log=$(logname "host: cargo test ($crate)")
+	(cd "$top/tools/$crate" && cargo test --release --locked) > "$log" 2>&1
+	rc=$?
+	n_ok=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\1/p' "$log" | paste -sd+ | bc)
+	n_bad=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\2/p' "$log" | paste -sd+ | bc)
+	pass=$((pass + ${n_ok:-0}))
+	fail=$((fail + ${n_bad:-0}))
+	if [ $rc -eq 0 ] && [ "${n_ok:-0}" -gt 0 ]; then
+		printf 'ok    host: cargo test, %s (%s tests)\n' "$crate" "$n_ok"
+	else
+		failed "host: cargo test, $crate (exit $rc, ${n_bad:-?} failed)" "$log"
+	fi
+done
+step "host: libruvm's example builds" bash -c "cd '$top/tools/libruvm' && cargo build --release --locked --examples"
 # --- the guest runner's own failure modes -----------------------------------------------------
 # Each runs a guest that does something wrong on purpose; the runner must report it.
 runner_check() {

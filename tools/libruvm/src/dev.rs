@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! `/dev/ruvm` and its ioctls: the only place in ruvmctl that calls `ioctl(2)`.
+//! `/dev/ruvm` and its ioctls: the only place that calls `ioctl(2)`.
 //!
-//! Command numbers and structures come from the uapi header (through [`crate::uapi`]); each
-//! typed method fills in nothing on its own, so callers (and negative tests) control every field.
+//! [`Ruvm::call`] is the one typed ioctl call; the other methods are conveniences built on it
+//! for the common argument shapes (they fill in only the fields they take, so callers, and
+//! negative tests, control every other one).
 
 use std::{
     fs::{File, OpenOptions},
@@ -18,7 +19,7 @@ use nix::{
     sys::mman::{mmap, munmap, MapFlags, ProtFlags},
 };
 
-use crate::uapi;
+use crate::{cmd, uapi, Cmd};
 
 /// Where the device node is: `$RUVM_DEV` or `/dev/ruvm`.
 pub fn path() -> PathBuf {
@@ -96,19 +97,25 @@ impl Ruvm {
         Ok(Self { file })
     }
 
-    /// Issues `cmd` with `arg` as its in/out structure.
-    pub fn ioctl<T: IoctlArg>(&self, cmd: u32, arg: &mut T) -> Result<(), Errno> {
-        self.ioctl_ptr(cmd, std::ptr::from_mut(arg).cast())
+    /// Issues `cmd` with `arg` as its in/out structure: the one typed ioctl call.
+    pub fn call<T: IoctlArg>(&self, cmd: Cmd<T>, arg: &mut T) -> Result<(), Errno> {
+        // SAFETY: `Cmd::new` checked that the size `cmd` encodes is `T`'s, so the kernel
+        // reads and writes exactly `*arg`, which is plain data (`IoctlArg`) borrowed for the
+        // call.
+        unsafe { self.ioctl_ptr(cmd.nr, std::ptr::from_mut(arg).cast()) }
     }
 
-    /// Issues `cmd` with an arbitrary argument address: for tests of bad pointers.
+    /// Issues any command number with any argument address: for tests of bad pointers and
+    /// unknown commands.
     ///
-    /// The kernel only reads or writes memory at `arg` through its user-copy routines, so a
-    /// bad address yields `EFAULT`, never undefined behaviour in this process, as long as
-    /// `arg` does not point into memory this process uses for anything else.
-    pub fn ioctl_ptr(&self, cmd: u32, arg: *mut std::ffi::c_void) -> Result<(), Errno> {
-        // SAFETY: the descriptor is open for the life of `self`; the kernel validates `cmd`
-        // and accesses `arg` only through copy_{from,to}_user (see above).
+    /// # Safety
+    ///
+    /// The kernel may read and write as many bytes at `arg` as `cmd` encodes: `arg` must be an
+    /// address that faults (unmapped, not writable, a kernel address), or point to that many
+    /// bytes that nothing else in this process uses during the call.
+    pub unsafe fn ioctl_ptr(&self, cmd: u32, arg: *mut std::ffi::c_void) -> Result<(), Errno> {
+        // SAFETY: the descriptor is open for the life of `self`; the kernel accesses `arg` only
+        // through copy_{from,to}_user, within what the caller promised.
         let rc = unsafe { nix::libc::ioctl(self.file.as_raw_fd(), cmd.into(), arg) };
         Errno::result(rc).map(drop)
     }
@@ -116,7 +123,7 @@ impl Ruvm {
     /// `RUVM_IOCTL_INFO` with all inputs zero.
     pub fn info(&self) -> Result<uapi::ruvm_info, Errno> {
         let mut args = uapi::ruvm_info::default();
-        self.ioctl(uapi::RUVM_IOCTL_INFO, &mut args)?;
+        self.call(cmd::INFO, &mut args)?;
         Ok(args)
     }
 
@@ -140,7 +147,7 @@ impl Ruvm {
             backing: uapi::ruvm_backing_RUVM_BACKING_SYSMEM,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a)?;
+        self.call(cmd::MEM_ALLOC, &mut a)?;
         Ok(a)
     }
 
@@ -160,7 +167,7 @@ impl Ruvm {
             gpu,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a)?;
+        self.call(cmd::MEM_ALLOC, &mut a)?;
         Ok(a)
     }
 
@@ -179,7 +186,7 @@ impl Ruvm {
             length,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_MEM_GPU_PHYS, &mut a)?;
+        self.call(cmd::MEM_GPU_PHYS, &mut a)?;
         Ok((a.address, a.aperture))
     }
 
@@ -189,7 +196,7 @@ impl Ruvm {
             gpu,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_PMM_STATS, &mut a)?;
+        self.call(cmd::PMM_STATS, &mut a)?;
         Ok(a)
     }
 
@@ -206,32 +213,36 @@ impl Ruvm {
             alloc_limit,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_PMM_CHECK_LEAK, &mut a)?;
+        self.call(cmd::PMM_CHECK_LEAK, &mut a)?;
         Ok(a)
     }
 
     /// A `struct ruvm_mem_handle` command (free, map/unmap CPU kernel).
-    pub fn mem_handle_cmd(&self, cmd: u32, handle: u64) -> Result<(), Errno> {
+    pub fn mem_handle_cmd(
+        &self,
+        cmd: Cmd<uapi::ruvm_mem_handle>,
+        handle: u64,
+    ) -> Result<(), Errno> {
         let mut a = uapi::ruvm_mem_handle {
             handle,
             ..Default::default()
         };
-        self.ioctl(cmd, &mut a)
+        self.call(cmd, &mut a)
     }
 
     /// `RUVM_IOCTL_MEM_FREE`.
     pub fn mem_free(&self, handle: u64) -> Result<(), Errno> {
-        self.mem_handle_cmd(uapi::RUVM_IOCTL_MEM_FREE, handle)
+        self.mem_handle_cmd(cmd::MEM_FREE, handle)
     }
 
     /// `RUVM_IOCTL_MEM_MAP_CPU_KERNEL`.
     pub fn map_kernel(&self, handle: u64) -> Result<(), Errno> {
-        self.mem_handle_cmd(uapi::RUVM_IOCTL_MEM_MAP_CPU_KERNEL, handle)
+        self.mem_handle_cmd(cmd::MEM_MAP_CPU_KERNEL, handle)
     }
 
     /// `RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL`.
     pub fn unmap_kernel(&self, handle: u64) -> Result<(), Errno> {
-        self.mem_handle_cmd(uapi::RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL, handle)
+        self.mem_handle_cmd(cmd::MEM_UNMAP_CPU_KERNEL, handle)
     }
 
     /// `RUVM_IOCTL_MEM_QUERY`.
@@ -240,7 +251,7 @@ impl Ruvm {
             handle,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_MEM_QUERY, &mut a)?;
+        self.call(cmd::MEM_QUERY, &mut a)?;
         Ok(a)
     }
 
@@ -251,11 +262,11 @@ impl Ruvm {
         mut args: uapi::ruvm_mem_fill,
     ) -> Result<uapi::ruvm_mem_fill, Errno> {
         let cmd = if verify {
-            uapi::RUVM_IOCTL_MEM_VERIFY
+            cmd::MEM_VERIFY
         } else {
-            uapi::RUVM_IOCTL_MEM_FILL
+            cmd::MEM_FILL
         };
-        self.ioctl(cmd, &mut args)?;
+        self.call(cmd, &mut args)?;
         Ok(args)
     }
 
@@ -276,7 +287,7 @@ impl Ruvm {
             length,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_MEM_COPY, &mut a)
+        self.call(cmd::MEM_COPY, &mut a)
     }
 
     /// `RUVM_IOCTL_GPU_LIST`: the whole registry.
@@ -287,7 +298,7 @@ impl Ruvm {
             gpus: v.as_mut_ptr() as u64,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_GPU_LIST, &mut a)?;
+        self.call(cmd::GPU_LIST, &mut a)?;
         v.truncate(a.count as usize);
         Ok(v)
     }
@@ -300,11 +311,11 @@ impl Ruvm {
             ..Default::default()
         };
         let cmd = if map {
-            uapi::RUVM_IOCTL_MEM_MAP_GPU
+            cmd::MEM_MAP_GPU
         } else {
-            uapi::RUVM_IOCTL_MEM_UNMAP_GPU
+            cmd::MEM_UNMAP_GPU
         };
-        self.ioctl(cmd, &mut a)
+        self.call(cmd, &mut a)
     }
 
     /// `RUVM_IOCTL_MEM_DMA_ADDRS`: up to `max` addresses from chunk `first` on.
@@ -324,7 +335,7 @@ impl Ruvm {
             addrs: v.as_mut_ptr() as u64,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_MEM_DMA_ADDRS, &mut a)?;
+        self.call(cmd::MEM_DMA_ADDRS, &mut a)?;
         v.truncate(a.count as usize);
         Ok(v)
     }
@@ -348,7 +359,7 @@ impl Ruvm {
             length,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_CE_COPY, &mut a)
+        self.call(cmd::CE_COPY, &mut a)
     }
 
     /// `RUVM_IOCTL_TEST_CE_RAW`: the engine reads `len` bytes at raw DMA address `src`.
@@ -359,7 +370,7 @@ impl Ruvm {
             len,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_TEST_CE_RAW, &mut a)
+        self.call(cmd::TEST_CE_RAW, &mut a)
     }
 
     /// `RUVM_IOCTL_AUDIT`, with the test-only walk of the real objects when `walk`.
@@ -372,7 +383,7 @@ impl Ruvm {
             },
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_AUDIT, &mut a)?;
+        self.call(cmd::AUDIT, &mut a)?;
         Ok(a)
     }
 
@@ -392,7 +403,7 @@ impl Ruvm {
             },
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_STATS, &mut a)?;
+        self.call(cmd::STATS, &mut a)?;
         Ok(a)
     }
 
@@ -403,7 +414,7 @@ impl Ruvm {
             addr: std::ptr::from_mut(&mut state.0) as u64,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_REGISTER_UNLOAD_STATE, &mut a)
+        self.call(cmd::REGISTER_UNLOAD_STATE, &mut a)
     }
 
     /// `RUVM_IOCTL_TEST_LEAK`.
@@ -423,7 +434,7 @@ impl Ruvm {
             order,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_TEST_LEAK, &mut a)
+        self.call(cmd::TEST_LEAK, &mut a)
     }
 
     /// `RUVM_IOCTL_TEST_PLANT`.
@@ -432,7 +443,7 @@ impl Ruvm {
             what,
             ..Default::default()
         };
-        self.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut args)
+        self.call(cmd::TEST_PLANT, &mut args)
     }
 }
 
@@ -514,10 +525,13 @@ impl UserMap {
         )
     }
 
+    /// Its length in bytes (never 0).
+    #[expect(clippy::len_without_is_empty, reason = "a mapping is never empty")]
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Its first byte.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr().cast()
     }
@@ -544,18 +558,13 @@ impl Drop for UserMap {
     }
 }
 
-/// The NUL-terminated string in a fixed-size byte array, lossily decoded.
-pub fn c_string(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn c_string_stops_at_nul() {
+        use crate::c_string;
         assert_eq!(c_string(b"0.1.0\0junk"), "0.1.0");
         assert_eq!(c_string(b"abc"), "abc");
         assert_eq!(c_string(b"\0abc"), "");

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The ABI of `/dev/ruvm`, generated from `include/uapi/linux/ruvm.h` by bindgen (`build.rs`).
+//! The ABI of `/dev/ruvm`, generated from `include/uapi/linux/ruvm.h` by bindgen (`build.rs`):
+//! the header's comments are its documentation.
 
 #![allow(
+    missing_docs,
     dead_code,
     non_camel_case_types,
     non_upper_case_globals,

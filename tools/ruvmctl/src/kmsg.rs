@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! `ruvmctl audit`: the leak verdict from the kernel log, kmemleak and the DMA-API debug counter.
+//! The kernel log's side of the leak audit: ruvm's audit lines, kmemleak and the DMA-API debug
+//! counter (the verdict itself is `cmd/audit.rs`'s).
 //!
 //! ruvm's audit lines have the fixed form `ruvm: audit: <event> key=value ...`
 //! (Documentation/ruvm.rst, "The audit report"). This module parses them out of `/dev/kmsg`

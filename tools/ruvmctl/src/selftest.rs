@@ -7,92 +7,22 @@
 
 use std::panic::{self, AssertUnwindSafe};
 
-use nix::errno::Errno;
-
 use crate::ktap::{self, Ktap, Outcome};
+use harness::{check, Case, Context, Stop, TestResult};
 
+mod abi;
 mod audit;
 mod basic;
 mod gpu;
+pub(crate) mod harness;
 mod mem;
 mod vidmem;
-
-/// Why a case stopped early.
-#[derive(Debug)]
-pub enum Stop {
-    Fail(String),
-    Skip(String),
-}
-
-/// What a case returns.
-pub type TestResult = Result<(), Stop>;
-
-/// One named test case.
-pub struct Case {
-    pub name: &'static str,
-    pub run: fn() -> TestResult,
-}
-
-/// Fails the case with a formatted message unless the condition holds.
-macro_rules! check {
-    ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err($crate::selftest::Stop::Fail(format!($($fmt)+)));
-        }
-    };
-}
-pub(crate) use check;
-
-/// Turns any error into a failure of the case, naming what was being done.
-pub trait Context<T> {
-    fn ctx(self, what: &str) -> Result<T, Stop>;
-}
-
-impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
-    fn ctx(self, what: &str) -> Result<T, Stop> {
-        self.map_err(|e| Stop::Fail(format!("{what}: {e}")))
-    }
-}
-
-/// Checks that `result` failed with exactly `want`.
-pub fn expect_errno<T: std::fmt::Debug>(
-    result: Result<T, Errno>,
-    want: Errno,
-    what: &str,
-) -> TestResult {
-    match result {
-        Err(got) if got == want => Ok(()),
-        Err(got) => Err(Stop::Fail(format!("{what}: got {got}, wanted {want}"))),
-        Ok(v) => Err(Stop::Fail(format!(
-            "{what}: succeeded ({v:?}), wanted {want}"
-        ))),
-    }
-}
-
-/// Runs `f` in a child process (its return value is the exit code) and returns how the child
-/// ended.
-pub fn in_child(f: impl FnOnce() -> i32) -> Result<nix::sys::wait::WaitStatus, Stop> {
-    use nix::unistd::{fork, ForkResult};
-    // SAFETY: the selftest runner is single-threaded when cases run; the child only makes
-    // syscalls and touches memory, then exits without returning.
-    match unsafe { fork() }.ctx("fork")? {
-        ForkResult::Child => std::process::exit(f()),
-        ForkResult::Parent { child } => nix::sys::wait::waitpid(child, None).ctx("waitpid"),
-    }
-}
-
-/// Runs `f` in a child and fails the case, saying `what`, unless it returns true.
-pub fn child_checks(what: &str, f: impl FnOnce() -> bool) -> TestResult {
-    match in_child(|| if f() { 0 } else { 1 })? {
-        nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
-        st => Err(Stop::Fail(format!("{what} ({st:?})"))),
-    }
-}
 
 /// Every case, in the order they run.
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     v.extend(basic::cases());
+    v.extend(abi::cases());
     v.extend(mem::cases());
     v.extend(audit::cases());
     v.extend(gpu::cases());
@@ -103,12 +33,12 @@ pub fn cases() -> Vec<Case> {
 /// A case that must fail: it asserts something the module rightly refuses. Used only to prove
 /// that a failing selftest fails the whole run (`--plant-failure`).
 fn planted_failure() -> TestResult {
-    let dev = crate::dev::Ruvm::open().ctx("open")?;
-    let mut info = crate::uapi::ruvm_info {
+    let dev = libruvm::Ruvm::open().ctx("open")?;
+    let mut info = libruvm::uapi::ruvm_info {
         flags: 1,
         ..Default::default()
     };
-    let r = dev.ioctl(crate::uapi::RUVM_IOCTL_INFO, &mut info);
+    let r = dev.call(libruvm::cmd::INFO, &mut info);
     check!(
         r.is_ok(),
         "planted failure: INFO with flags=1 returned {r:?}; a failure is what this case is for"
@@ -120,7 +50,7 @@ fn planted_failure() -> TestResult {
 /// code.
 pub fn run(filters: &[String], plant_failure: bool) -> std::io::Result<i32> {
     let out = std::io::stdout().lock();
-    let path = crate::dev::path();
+    let path = libruvm::path();
     if !path.exists() {
         ktap::skip_all(
             out,
@@ -169,6 +99,8 @@ pub fn list() -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use harness::expect_errno;
+    use nix::errno::Errno;
 
     #[test]
     fn case_names_are_unique_ktap_words() {

@@ -12,11 +12,10 @@ use nix::{
     unistd::{fork, pipe, read, setuid, write, ForkResult, Uid},
 };
 
-use super::{check, child_checks, expect_errno, in_child, Case, Context, Stop, TestResult};
-use crate::{
-    dev::{self, Ruvm, UserMap},
-    uapi,
+use super::harness::{
+    check, child_checks, expect_errno, in_child, Case, Context, Stop, TestResult,
 };
+use libruvm::{self as dev, uapi, Ruvm, UserMap};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -72,7 +71,7 @@ const UMAPS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_USER_MAPPINGS as usize;
 const CHUNKS0: usize = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 as usize;
 const CLASSES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_CLASSES as usize;
 
-fn test_ioctls(d: &Ruvm) -> Result<bool, Stop> {
+pub(super) fn test_ioctls(d: &Ruvm) -> Result<bool, Stop> {
     Ok(d.info().ctx("INFO")?.test_ioctls != 0)
 }
 
@@ -286,31 +285,7 @@ fn audit_stats_watermarks_follow_a_script() -> TestResult {
 
 fn audit_bad_inputs() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
-    let mut a = uapi::ruvm_audit {
-        flags: 2,
-        ..Default::default()
-    };
-    expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_AUDIT, &mut a),
-        Errno::EINVAL,
-        "audit unknown flag",
-    )?;
-    let mut a = uapi::ruvm_audit {
-        pad: 1,
-        ..Default::default()
-    };
-    expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_AUDIT, &mut a),
-        Errno::EINVAL,
-        "audit pad",
-    )?;
-    let mut a = uapi::ruvm_audit::default();
-    a.reserved[2] = 1;
-    expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_AUDIT, &mut a),
-        Errno::EINVAL,
-        "audit reserved",
-    )?;
+    // Unknown flags, pad and reserved fields: the ABI table (`abi_*`).
     if !test_ioctls(&d)? {
         expect_errno(d.audit(true), Errno::ENOSYS, "walk without test ioctls")?;
         let leak = d.test_leak(uapi::ruvm_leak_RUVM_LEAK_CHUNK, 0, 1, 0, 0);
@@ -321,25 +296,9 @@ fn audit_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_STATS, &mut s),
+        d.call(libruvm::cmd::STATS, &mut s),
         Errno::EINVAL,
         "stats of an unknown backing",
-    )?;
-    let mut s = uapi::ruvm_stats {
-        flags: 4,
-        ..Default::default()
-    };
-    expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_STATS, &mut s),
-        Errno::EINVAL,
-        "stats unknown flag",
-    )?;
-    let mut s = uapi::ruvm_stats::default();
-    s.reserved[5] = 1;
-    expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_STATS, &mut s),
-        Errno::EINVAL,
-        "stats reserved",
     )?;
     // The unload state: misaligned, across a page, not memory, with flags.
     let page = Box::new([0u64; 1024]);
@@ -351,7 +310,7 @@ fn audit_bad_inputs() -> TestResult {
             flags,
             ..Default::default()
         };
-        d.ioctl(uapi::RUVM_IOCTL_REGISTER_UNLOAD_STATE, &mut r)
+        d.call(libruvm::cmd::REGISTER_UNLOAD_STATE, &mut r)
     };
     expect_errno(reg(base + 4, 0), Errno::EINVAL, "unload state misaligned")?;
     expect_errno(
@@ -501,12 +460,12 @@ fn audit_plant_clean_unload() -> TestResult {
         std::mem::forget(first);
     }
     // `first` holds the slot for this load; unload with rmmod semantics and check the log.
-    let mark = crate::audit::write_marker().ctx("mark")?;
+    let mark = crate::kmsg::write_marker().ctx("mark")?;
     nix::kmod::delete_module(c"ruvm", nix::kmod::DeleteModuleFlags::O_NONBLOCK).ctx("unload")?;
     dev::load_module(PLANT_PARAMS).map_err(Stop::Fail)?;
-    let log = crate::audit::read_kmsg().ctx("kmsg")?;
-    let part = crate::audit::since(&log, Some(&mark)).ok_or(Stop::Fail("marker lost".into()))?;
-    let f = crate::audit::Findings::parse(part.iter().map(String::as_str));
+    let log = crate::kmsg::read_kmsg().ctx("kmsg")?;
+    let part = crate::kmsg::since(&log, Some(&mark)).ok_or(Stop::Fail("marker lost".into()))?;
+    let f = crate::kmsg::Findings::parse(part.iter().map(String::as_str));
     check!(
         f.unloads.len() == 1 && f.unloads[0].verdict == "clean",
         "unload findings {:?}",
@@ -535,12 +494,12 @@ fn audit_plant_mems() -> TestResult {
         let d = Ruvm::open().ctx("open")?;
         consistent(&d, "with planted mems")?;
     }
-    let mark = crate::audit::write_marker().ctx("mark")?;
+    let mark = crate::kmsg::write_marker().ctx("mark")?;
     unload_expect(&[(MEMS, 3), (BYTES, 3 * 12288), (KMAPS, 3), (CHUNKS0, 9)])?;
     // The log says the same, with one origin line per mem (level 2).
-    let log = crate::audit::read_kmsg().ctx("kmsg")?;
-    let part = crate::audit::since(&log, Some(&mark)).ok_or(Stop::Fail("marker lost".into()))?;
-    let f = crate::audit::Findings::parse(part.iter().map(String::as_str));
+    let log = crate::kmsg::read_kmsg().ctx("kmsg")?;
+    let part = crate::kmsg::since(&log, Some(&mark)).ok_or(Stop::Fail("marker lost".into()))?;
+    let f = crate::kmsg::Findings::parse(part.iter().map(String::as_str));
     check!(
         f.leaked() && f.unloads.len() == 1,
         "unloads {:?}",
@@ -606,7 +565,7 @@ fn audit_plant_lost_mem_kmemleak() -> TestResult {
             in_child(|| 0)?;
         }
         std::thread::sleep(std::time::Duration::from_secs(1));
-        found = crate::audit::kmemleak_scan()
+        found = crate::kmsg::kmemleak_scan()
             .ok_or(Stop::Fail("kmemleak scan".into()))?
             .0;
         if found > 0 {

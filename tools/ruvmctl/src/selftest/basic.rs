@@ -10,8 +10,8 @@ use nix::{
     unistd::{setuid, Uid},
 };
 
-use super::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
-use crate::{dev, uapi};
+use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use libruvm::{self as dev, uapi};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -77,9 +77,9 @@ fn info_reports_abi_and_version() -> TestResult {
     );
     let v = dev::c_string(&info.version);
     check!(
-        v == env!("RUVM_VERSION"),
+        v == libruvm::VERSION,
         "module version {v:?} != ruvmctl's {:?}",
-        env!("RUVM_VERSION")
+        libruvm::VERSION
     );
     check!(
         info.features & !u64::from(uapi::RUVM_FEATURES_ALL) == 0,
@@ -101,7 +101,7 @@ fn info_rejects_nonzero_flags() -> TestResult {
             ..Default::default()
         };
         expect_errno(
-            d.ioctl(uapi::RUVM_IOCTL_INFO, &mut a),
+            d.call(libruvm::cmd::INFO, &mut a),
             Errno::EINVAL,
             &format!("flags bit {bit}"),
         )?;
@@ -110,26 +110,7 @@ fn info_rejects_nonzero_flags() -> TestResult {
 }
 
 fn info_rejects_nonzero_pad_and_reserved() -> TestResult {
-    let d = dev::Ruvm::open().ctx("open")?;
-    let mut a = uapi::ruvm_info {
-        pad: 1,
-        ..Default::default()
-    };
-    expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_INFO, &mut a),
-        Errno::EINVAL,
-        "pad = 1",
-    )?;
-    for i in 0..4 {
-        let mut a = uapi::ruvm_info::default();
-        a.reserved[i] = 1 << 63;
-        expect_errno(
-            d.ioctl(uapi::RUVM_IOCTL_INFO, &mut a),
-            Errno::EINVAL,
-            &format!("reserved[{i}]"),
-        )?;
-    }
-    Ok(())
+    super::abi::sweep(super::abi::Probe::Zeroes, Some("RUVM_IOCTL_INFO"))
 }
 
 /// An anonymous mapping of `pages` pages with `prot`, unmapped on drop.
@@ -156,24 +137,18 @@ impl Drop for Mapping {
 
 fn info_bad_pointer_is_efault() -> TestResult {
     let d = dev::Ruvm::open().ctx("open")?;
-    expect_errno(
-        d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, std::ptr::null_mut()),
-        Errno::EFAULT,
-        "NULL argument",
-    )?;
+    // SAFETY: NULL faults.
+    let r = unsafe { d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, std::ptr::null_mut()) };
+    expect_errno(r, Errno::EFAULT, "NULL argument")?;
     let guard = Mapping::new(4096, ProtFlags::PROT_NONE)?;
-    expect_errno(
-        d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, guard.ptr.as_ptr()),
-        Errno::EFAULT,
-        "PROT_NONE argument",
-    )?;
+    // SAFETY: a PROT_NONE page faults.
+    let r = unsafe { d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, guard.ptr.as_ptr()) };
+    expect_errno(r, Errno::EFAULT, "PROT_NONE argument")?;
     // A kernel address is never a valid user pointer.
     let kernel = 0xffff_8880_0000_0000_usize as *mut std::ffi::c_void;
-    expect_errno(
-        d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, kernel),
-        Errno::EFAULT,
-        "kernel address",
-    )?;
+    // SAFETY: a kernel address faults.
+    let r = unsafe { d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, kernel) };
+    expect_errno(r, Errno::EFAULT, "kernel address")?;
     Ok(())
 }
 
@@ -181,11 +156,10 @@ fn info_readonly_argument_is_efault() -> TestResult {
     let d = dev::Ruvm::open().ctx("open")?;
     // Zero-filled, so the module's read and validation succeed and only the write-back fails.
     let ro = Mapping::new(4096, ProtFlags::PROT_READ)?;
-    expect_errno(
-        d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, ro.ptr.as_ptr()),
-        Errno::EFAULT,
-        "read-only argument",
-    )
+    // SAFETY: the page is mapped read-only and used by nothing else: the kernel can read it
+    // and its write faults.
+    let r = unsafe { d.ioctl_ptr(uapi::RUVM_IOCTL_INFO, ro.ptr.as_ptr()) };
+    expect_errno(r, Errno::EFAULT, "read-only argument")
 }
 
 fn unknown_commands_are_enotty() -> TestResult {
@@ -212,7 +186,10 @@ fn unknown_commands_are_enotty() -> TestResult {
         ("no-argument command", ioc(0, magic, 0, 0)),
     ];
     for (what, cmd) in cases {
-        expect_errno(d.ioctl_ptr(cmd, p), Errno::ENOTTY, what)?;
+        // SAFETY: `buf` is 256 bytes, more than any of these commands encodes, and used by
+        // nothing else during the call.
+        let r = unsafe { d.ioctl_ptr(cmd, p) };
+        expect_errno(r, Errno::ENOTTY, what)?;
     }
     check!(
         buf.iter().all(|&b| b == 0),
@@ -240,7 +217,7 @@ fn test_plant_is_gated() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut a),
+        d.call(libruvm::cmd::TEST_PLANT, &mut a),
         Errno::EINVAL,
         "plant what=0",
     )?;
@@ -250,7 +227,7 @@ fn test_plant_is_gated() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut a),
+        d.call(libruvm::cmd::TEST_PLANT, &mut a),
         Errno::EINVAL,
         "plant flags=1",
     )?;
@@ -260,7 +237,7 @@ fn test_plant_is_gated() -> TestResult {
     };
     a.reserved[1] = 1;
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_TEST_PLANT, &mut a),
+        d.call(libruvm::cmd::TEST_PLANT, &mut a),
         Errno::EINVAL,
         "plant reserved[1]=1",
     )?;

@@ -7,11 +7,10 @@ use nix::errno::Errno;
 
 use nix::unistd::{setuid, Uid};
 
-use super::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
-use crate::{
-    dev::{pci_name, Ruvm, UserMap},
-    pattern, uapi,
-};
+use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use libruvm::{pci_name, uapi, Ruvm, UserMap};
+
+use crate::pattern;
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -253,21 +252,20 @@ fn gpu_list_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_GPU_LIST, &mut a),
+        d.call(libruvm::cmd::GPU_LIST, &mut a),
         Errno::EINVAL,
         "flags",
     )?;
     let mut a = uapi::ruvm_gpu_list::default();
     a.reserved[1] = 1;
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_GPU_LIST, &mut a),
+        d.call(libruvm::cmd::GPU_LIST, &mut a),
         Errno::EINVAL,
         "reserved",
     )?;
     // No room: only the count comes back.
     let mut a = uapi::ruvm_gpu_list::default();
-    d.ioctl(uapi::RUVM_IOCTL_GPU_LIST, &mut a)
-        .ctx("count only")?;
+    d.call(libruvm::cmd::GPU_LIST, &mut a).ctx("count only")?;
     check!(
         a.count == total,
         "count {} with no room, {total} GPUs",
@@ -289,8 +287,7 @@ fn gpu_list_bad_inputs() -> TestResult {
         gpus: v.as_mut_ptr() as u64,
         ..Default::default()
     };
-    d.ioctl(uapi::RUVM_IOCTL_GPU_LIST, &mut a)
-        .ctx("room for one")?;
+    d.call(libruvm::cmd::GPU_LIST, &mut a).ctx("room for one")?;
     check!(
         a.count == total && v[0].id != 0xdead && v[1].id == 0xdead,
         "room for one: count {}, ids {} {}",
@@ -305,7 +302,7 @@ fn gpu_list_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_GPU_LIST, &mut a),
+        d.call(libruvm::cmd::GPU_LIST, &mut a),
         Errno::EFAULT,
         "array at an unmapped address",
     )
@@ -483,7 +480,7 @@ fn gpu_dma_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_MEM_MAP_GPU, &mut m),
+        d.call(libruvm::cmd::MEM_MAP_GPU, &mut m),
         Errno::EINVAL,
         "map flags",
     )?;
@@ -494,7 +491,7 @@ fn gpu_dma_bad_inputs() -> TestResult {
     };
     m.reserved[1] = 1;
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_MEM_UNMAP_GPU, &mut m),
+        d.call(libruvm::cmd::MEM_UNMAP_GPU, &mut m),
         Errno::EINVAL,
         "unmap reserved",
     )?;
@@ -519,7 +516,7 @@ fn gpu_dma_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_MEM_DMA_ADDRS, &mut a),
+        d.call(libruvm::cmd::MEM_DMA_ADDRS, &mut a),
         Errno::EFAULT,
         "array at an unmapped address",
     )?;
@@ -530,7 +527,7 @@ fn gpu_dma_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_MEM_DMA_ADDRS, &mut a),
+        d.call(libruvm::cmd::MEM_DMA_ADDRS, &mut a),
         Errno::EINVAL,
         "addrs flags",
     )?;
@@ -867,7 +864,7 @@ fn gpu_ce_copy_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_CE_COPY, &mut c),
+        d.call(libruvm::cmd::CE_COPY, &mut c),
         Errno::EINVAL,
         "flags",
     )?;
@@ -887,8 +884,8 @@ fn gpu_ce_copy_bad_inputs() -> TestResult {
 /// at `addr`, waiting up to a second (faults are reported by interrupt).
 fn iommu_fault_after(mark: &str, bdf: &str, addr: u64) -> Result<bool, Stop> {
     for _ in 0..20 {
-        let log = crate::audit::read_kmsg().ctx("kmsg")?;
-        let part = crate::audit::since(&log, Some(mark)).ok_or(Stop::Fail("marker lost".into()))?;
+        let log = crate::kmsg::read_kmsg().ctx("kmsg")?;
+        let part = crate::kmsg::since(&log, Some(mark)).ok_or(Stop::Fail("marker lost".into()))?;
         let needle = format!("fault addr {addr:#x}");
         if part
             .iter()
@@ -928,7 +925,7 @@ fn gpu_iommu_faults_after_unmap() -> TestResult {
     d.mem_gpu(true, h, g.id).ctx("map")?;
     let addr = d.dma_addrs(h, g.id, 0, 1).ctx("addrs")?[0];
     // Mapped: the engine reads it without a fault.
-    let mark = crate::audit::write_marker().ctx("mark")?;
+    let mark = crate::kmsg::write_marker().ctx("mark")?;
     d.test_ce_raw(g.id, addr, 4000).ctx("read while mapped")?;
     check!(
         !iommu_fault_after(&mark, &bdf, addr)?,
@@ -936,7 +933,7 @@ fn gpu_iommu_faults_after_unmap() -> TestResult {
     );
     // Unmapped: the same read faults in the IOMMU, naming this device and address.
     d.mem_gpu(false, h, g.id).ctx("unmap")?;
-    let mark = crate::audit::write_marker().ctx("mark")?;
+    let mark = crate::kmsg::write_marker().ctx("mark")?;
     d.test_ce_raw(g.id, addr, 4000).ctx("read after unmap")?;
     check!(
         iommu_fault_after(&mark, &bdf, addr)?,
@@ -950,13 +947,13 @@ fn gpu_iommu_faults_after_unmap() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_TEST_CE_RAW, &mut r),
+        d.call(libruvm::cmd::TEST_CE_RAW, &mut r),
         Errno::EINVAL,
         "a 4096-byte transfer",
     )?;
     r.len = 0;
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_TEST_CE_RAW, &mut r),
+        d.call(libruvm::cmd::TEST_CE_RAW, &mut r),
         Errno::EINVAL,
         "an empty transfer",
     )
@@ -964,8 +961,8 @@ fn gpu_iommu_faults_after_unmap() -> TestResult {
 
 /// Whether the kernel log after `mark` has the simulated engine's fault report for `addr`.
 fn sim_fault_after(mark: &str, addr: u64) -> Result<bool, Stop> {
-    let log = crate::audit::read_kmsg().ctx("kmsg")?;
-    let part = crate::audit::since(&log, Some(mark)).ok_or(Stop::Fail("marker lost".into()))?;
+    let log = crate::kmsg::read_kmsg().ctx("kmsg")?;
+    let part = crate::kmsg::since(&log, Some(mark)).ok_or(Stop::Fail("marker lost".into()))?;
     let needle = format!("sim GPU: DMA fault at {addr:#x}+");
     Ok(part.iter().any(|m| m.contains(&needle)))
 }
@@ -985,7 +982,7 @@ fn gpu_sim_faults_after_unmap() -> TestResult {
     d.mem_gpu(true, h, g.id).ctx("map")?;
     let addrs = d.dma_addrs(h, g.id, 0, 2).ctx("addrs")?;
     // Mapped: the whole of each chunk reads, and nothing faults.
-    let mark = crate::audit::write_marker().ctx("mark")?;
+    let mark = crate::kmsg::write_marker().ctx("mark")?;
     for &a in &addrs {
         d.test_ce_raw(g.id, a, 2 << 20).ctx("read a mapped chunk")?;
     }
@@ -1003,7 +1000,7 @@ fn gpu_sim_faults_after_unmap() -> TestResult {
     )?;
     // Unmapped: the same read faults, and the fault is reported.
     d.mem_gpu(false, h, g.id).ctx("unmap")?;
-    let mark = crate::audit::write_marker().ctx("mark")?;
+    let mark = crate::kmsg::write_marker().ctx("mark")?;
     expect_errno(
         d.test_ce_raw(g.id, addrs[0], 4096),
         Errno::EFAULT,

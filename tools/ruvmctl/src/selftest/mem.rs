@@ -13,11 +13,10 @@ use nix::{
     unistd::{fork, ForkResult},
 };
 
-use super::{check, expect_errno, in_child, Case, Context, Stop, TestResult};
-use crate::{
-    dev::{Ruvm, UserMap},
-    pattern, uapi,
-};
+use super::harness::{check, expect_errno, in_child, Case, Context, Stop, TestResult};
+use libruvm::{uapi, Ruvm, UserMap};
+
+use crate::pattern;
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -76,6 +75,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "mem_mapping_cannot_be_split_or_made_executable",
             run: mem_mapping_cannot_be_split_or_made_executable,
+        },
+        Case {
+            name: "mem_mmap_racing_free_leaves_no_mapping",
+            run: mem_mmap_racing_free_leaves_no_mapping,
         },
         Case {
             name: "mem_access_after_free_faults",
@@ -521,7 +524,7 @@ fn mem_alloc_bad_inputs() -> TestResult {
         };
         a.reserved[i] = 1;
         expect_errno(
-            d.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a),
+            d.call(libruvm::cmd::MEM_ALLOC, &mut a),
             Errno::EINVAL,
             &format!("reserved[{i}]"),
         )?;
@@ -553,11 +556,7 @@ fn mem_alloc_bad_inputs() -> TestResult {
         ),
     ] {
         let mut a = a;
-        expect_errno(
-            d.ioctl(uapi::RUVM_IOCTL_MEM_ALLOC, &mut a),
-            Errno::EINVAL,
-            what,
-        )?;
+        expect_errno(d.call(libruvm::cmd::MEM_ALLOC, &mut a), Errno::EINVAL, what)?;
     }
     // Rounding up to whole chunks overflows.
     expect_errno(
@@ -571,11 +570,9 @@ fn mem_alloc_bad_inputs() -> TestResult {
         "size near u64::MAX, 2M chunks",
     )?;
     // Argument pointers that cannot be read or written back.
-    expect_errno(
-        d.ioctl_ptr(uapi::RUVM_IOCTL_MEM_ALLOC, std::ptr::null_mut()),
-        Errno::EFAULT,
-        "NULL argument",
-    )?;
+    // SAFETY: NULL faults.
+    let r = unsafe { d.ioctl_ptr(uapi::RUVM_IOCTL_MEM_ALLOC, std::ptr::null_mut()) };
+    expect_errno(r, Errno::EFAULT, "NULL argument")?;
     check!(live(&d)? == before, "a refused allocation left mems behind");
     Ok(())
 }
@@ -584,9 +581,9 @@ fn mem_handle_bad_inputs() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let h = d.mem_alloc(4096, 0, 0).ctx("alloc")?.handle;
     for cmd in [
-        uapi::RUVM_IOCTL_MEM_FREE,
-        uapi::RUVM_IOCTL_MEM_MAP_CPU_KERNEL,
-        uapi::RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL,
+        libruvm::cmd::MEM_FREE,
+        libruvm::cmd::MEM_MAP_CPU_KERNEL,
+        libruvm::cmd::MEM_UNMAP_CPU_KERNEL,
     ] {
         expect_errno(d.mem_handle_cmd(cmd, 0), Errno::ENOENT, "handle 0")?;
         expect_errno(
@@ -599,19 +596,19 @@ fn mem_handle_bad_inputs() -> TestResult {
             flags: 1,
             ..Default::default()
         };
-        expect_errno(d.ioctl(cmd, &mut a), Errno::EINVAL, "flags")?;
+        expect_errno(d.call(cmd, &mut a), Errno::EINVAL, "flags")?;
         let mut a = uapi::ruvm_mem_handle {
             handle: h,
             pad: 1,
             ..Default::default()
         };
-        expect_errno(d.ioctl(cmd, &mut a), Errno::EINVAL, "pad")?;
+        expect_errno(d.call(cmd, &mut a), Errno::EINVAL, "pad")?;
         let mut a = uapi::ruvm_mem_handle {
             handle: h,
             ..Default::default()
         };
         a.reserved[1] = 1;
-        expect_errno(d.ioctl(cmd, &mut a), Errno::EINVAL, "reserved")?;
+        expect_errno(d.call(cmd, &mut a), Errno::EINVAL, "reserved")?;
     }
     expect_errno(
         d.mem_query(u64::MAX),
@@ -624,7 +621,7 @@ fn mem_handle_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_MEM_QUERY, &mut q),
+        d.call(libruvm::cmd::MEM_QUERY, &mut q),
         Errno::EINVAL,
         "query flags",
     )?;
@@ -634,7 +631,7 @@ fn mem_handle_bad_inputs() -> TestResult {
     };
     q.reserved[1] = 1;
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_MEM_QUERY, &mut q),
+        d.call(libruvm::cmd::MEM_QUERY, &mut q),
         Errno::EINVAL,
         "query reserved",
     )?;
@@ -728,7 +725,7 @@ fn mem_fill_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_MEM_COPY, &mut c),
+        d.call(libruvm::cmd::MEM_COPY, &mut c),
         Errno::EINVAL,
         "copy pad",
     )?;
@@ -1265,5 +1262,86 @@ fn mem_charged_to_the_callers_memory_cgroup() -> TestResult {
         "an OOM kill happened in the group"
     );
     check!(cg.event("max")? > 0, "the limit was never hit");
+    Ok(())
+}
+
+/// Reads one byte of this process's memory at `addr` through `/proc/self/mem`, as the kernel
+/// reaches it (faulting pages in): `None` if the access faults, instead of a signal.
+fn read_via_proc(mem: &std::fs::File, addr: usize) -> Option<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 1];
+    match mem.read_at(&mut b, addr as u64) {
+        Ok(1) => Some(b[0]),
+        _ => None,
+    }
+}
+
+/// `mmap` of a mem racing `MEM_FREE` of it, many times: whichever wins, no mapping may still
+/// reach the mem's pages once the free has returned (each access faults), and everything is
+/// released after `munmap`. Before the fix (pages inserted by `mmap` itself, before the VMA was
+/// linked, so the free's zap missed them) a few rounds in a thousand kept a live mapping.
+fn mem_mmap_racing_free_leaves_no_mapping() -> TestResult {
+    use std::sync::Barrier;
+    use std::time::{Duration, Instant};
+    const ROUNDS: u32 = 2000;
+    let d = Ruvm::open().ctx("open")?;
+    let before = live(&d)?;
+    let proc_mem = std::fs::File::open("/proc/self/mem").ctx("open /proc/self/mem")?;
+    let len = (64 * K) as usize;
+    let (mut mapped, mut rounds) = (0u32, 0u32);
+    let start = Instant::now();
+    while rounds < ROUNDS && start.elapsed() < Duration::from_secs(60) {
+        rounds += 1;
+        let a = d.mem_alloc(64 * K, 0, zero()).ctx("alloc")?;
+        let barrier = Barrier::new(2);
+        let (map, freed) = std::thread::scope(|s| {
+            let mapper = s.spawn(|| {
+                barrier.wait();
+                let m = UserMap::new(
+                    &d,
+                    a.mmap_offset,
+                    len,
+                    ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                    MapFlags::MAP_SHARED,
+                );
+                // The address crosses back to this thread; the mapping is unmapped there.
+                m.map(|m| {
+                    let p = m.as_ptr() as usize;
+                    std::mem::forget(m);
+                    p
+                })
+            });
+            barrier.wait();
+            let freed = d.mem_free(a.handle);
+            (mapper.join(), freed)
+        });
+        freed.ctx("free")?;
+        let Ok(Ok(addr)) = map else {
+            // The free came first: the mmap found no mem (ENXIO).
+            continue;
+        };
+        mapped += 1;
+        let first = read_via_proc(&proc_mem, addr);
+        let last = read_via_proc(&proc_mem, addr + len - 1);
+        // SAFETY: `addr` is the start of a `len`-byte mapping made above and used no more.
+        let unmapped = unsafe {
+            nix::sys::mman::munmap(
+                std::ptr::NonNull::new(addr as *mut std::ffi::c_void)
+                    .ok_or(Stop::Fail("mmap returned NULL".into()))?,
+                len,
+            )
+        };
+        unmapped.ctx("munmap")?;
+        check!(
+            first.is_none() && last.is_none(),
+            "round {rounds}: a mapping made while the mem was being freed still reads its pages after MEM_FREE returned"
+        );
+    }
+    check!(
+        live(&d)? == before,
+        "after {rounds} rounds, mems are still alive: {:?} (before: {before:?})",
+        live(&d)?
+    );
+    println!("# {rounds} rounds, the mmap won {mapped} of them");
     Ok(())
 }

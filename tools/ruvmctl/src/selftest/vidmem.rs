@@ -6,11 +6,10 @@
 use nix::errno::Errno;
 use nix::unistd::{setuid, Uid};
 
-use super::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
-use crate::{
-    dev::{pci_name, Ruvm, UserMap},
-    pattern, uapi,
-};
+use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use libruvm::{pci_name, uapi, Ruvm, UserMap};
+
+use crate::pattern;
 
 const K: u64 = 1024;
 const M: u64 = 1024 * K;
@@ -273,7 +272,7 @@ fn vidmem_mappings_and_addresses() -> TestResult {
             ),
         ] {
             expect_errno(
-                d.ioctl(uapi::RUVM_IOCTL_MEM_GPU_PHYS, &mut a),
+                d.call(libruvm::cmd::MEM_GPU_PHYS, &mut a),
                 Errno::EINVAL,
                 &format!("gpu phys {what}"),
             )?;
@@ -635,7 +634,7 @@ fn vidmem_pmm_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_PMM_STATS, &mut s),
+        d.call(libruvm::cmd::PMM_STATS, &mut s),
         Errno::EINVAL,
         "stats flags",
     )?;
@@ -645,7 +644,7 @@ fn vidmem_pmm_bad_inputs() -> TestResult {
     };
     s.reserved[3] = 1;
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_PMM_STATS, &mut s),
+        d.call(libruvm::cmd::PMM_STATS, &mut s),
         Errno::EINVAL,
         "stats reserved",
     )?;
@@ -669,14 +668,14 @@ fn vidmem_pmm_bad_inputs() -> TestResult {
         ..Default::default()
     };
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_PMM_CHECK_LEAK, &mut c),
+        d.call(libruvm::cmd::PMM_CHECK_LEAK, &mut c),
         Errno::EINVAL,
         "check-leak flags",
     )?;
     c.flags = 0;
     c.reserved[1] = 1;
     expect_errno(
-        d.ioctl(uapi::RUVM_IOCTL_PMM_CHECK_LEAK, &mut c),
+        d.call(libruvm::cmd::PMM_CHECK_LEAK, &mut c),
         Errno::EINVAL,
         "check-leak reserved",
     )?;

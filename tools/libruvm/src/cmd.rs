@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Every ioctl command of `/dev/ruvm`, typed by its argument structure.
+//!
+//! A [`Cmd`] pairs a command number of the uapi header with the structure it carries; building
+//! one checks, at compile time, that the size encoded in the number is the structure's size.
+
+use std::marker::PhantomData;
+
+use crate::uapi;
+
+/// One ioctl command whose argument structure is `T`.
+pub struct Cmd<T> {
+    /// The command number (`_IOWR(RUVM_IOCTL_MAGIC, nr, T)`).
+    pub nr: u32,
+    /// Its name in the header, for messages.
+    pub name: &'static str,
+    _arg: PhantomData<fn(&mut T)>,
+}
+
+impl<T> Clone for Cmd<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Cmd<T> {}
+
+impl<T> Cmd<T> {
+    /// The command `nr` carrying a `T`; fails to compile (in a `const`) if the size encoded in
+    /// `nr` is not `T`'s.
+    pub const fn new(nr: u32, name: &'static str) -> Self {
+        // _IOC_SIZE: bits 16..30 of the number.
+        assert!((nr >> 16) & 0x3fff == std::mem::size_of::<T>() as u32);
+        Self {
+            nr,
+            name,
+            _arg: PhantomData,
+        }
+    }
+}
+
+macro_rules! commands {
+    ($($(#[$doc:meta])* $name:ident: $t:ident = $nr:ident;)*) => {$(
+        $(#[$doc])*
+        pub const $name: Cmd<uapi::$t> = Cmd::new(uapi::$nr, stringify!($nr));
+    )*};
+}
+
+commands! {
+    /// What the module is and can do.
+    INFO: ruvm_info = RUVM_IOCTL_INFO;
+    /// Allocate a mem.
+    MEM_ALLOC: ruvm_mem_alloc = RUVM_IOCTL_MEM_ALLOC;
+    /// Free a mem.
+    MEM_FREE: ruvm_mem_handle = RUVM_IOCTL_MEM_FREE;
+    /// What a mem is.
+    MEM_QUERY: ruvm_mem_query = RUVM_IOCTL_MEM_QUERY;
+    /// Map a mem for the CPU kernel.
+    MEM_MAP_CPU_KERNEL: ruvm_mem_handle = RUVM_IOCTL_MEM_MAP_CPU_KERNEL;
+    /// Remove a mem's CPU kernel mapping.
+    MEM_UNMAP_CPU_KERNEL: ruvm_mem_handle = RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL;
+    /// Write a pattern through the kernel mapping.
+    MEM_FILL: ruvm_mem_fill = RUVM_IOCTL_MEM_FILL;
+    /// Check a pattern through the kernel mapping.
+    MEM_VERIFY: ruvm_mem_fill = RUVM_IOCTL_MEM_VERIFY;
+    /// Copy between mems through their kernel mappings.
+    MEM_COPY: ruvm_mem_copy = RUVM_IOCTL_MEM_COPY;
+    /// The GPU registry.
+    GPU_LIST: ruvm_gpu_list = RUVM_IOCTL_GPU_LIST;
+    /// DMA-map a mem for a GPU.
+    MEM_MAP_GPU: ruvm_mem_gpu = RUVM_IOCTL_MEM_MAP_GPU;
+    /// Drop a mem's DMA table for a GPU.
+    MEM_UNMAP_GPU: ruvm_mem_gpu = RUVM_IOCTL_MEM_UNMAP_GPU;
+    /// A mem's DMA addresses for a GPU.
+    MEM_DMA_ADDRS: ruvm_mem_dma_addrs = RUVM_IOCTL_MEM_DMA_ADDRS;
+    /// Copy with a GPU's copy engine.
+    CE_COPY: ruvm_ce_copy = RUVM_IOCTL_CE_COPY;
+    /// Where a GPU reaches a range of a mem.
+    MEM_GPU_PHYS: ruvm_mem_gpu_phys = RUVM_IOCTL_MEM_GPU_PHYS;
+    /// A GPU's PMM.
+    PMM_STATS: ruvm_pmm_stats = RUVM_IOCTL_PMM_STATS;
+    /// uvm's PMM leak check.
+    PMM_CHECK_LEAK: ruvm_pmm_check_leak = RUVM_IOCTL_PMM_CHECK_LEAK;
+    /// The audit's counters.
+    AUDIT: ruvm_audit = RUVM_IOCTL_AUDIT;
+    /// Usage statistics.
+    STATS: ruvm_stats = RUVM_IOCTL_STATS;
+    /// Where the module writes its unload verdict.
+    REGISTER_UNLOAD_STATE: ruvm_register_unload_state = RUVM_IOCTL_REGISTER_UNLOAD_STATE;
+    /// Test-only: misbehave on purpose.
+    TEST_PLANT: ruvm_test_plant = RUVM_IOCTL_TEST_PLANT;
+    /// Test-only: leak on purpose.
+    TEST_LEAK: ruvm_test_leak = RUVM_IOCTL_TEST_LEAK;
+    /// Test-only: one raw engine transfer.
+    TEST_CE_RAW: ruvm_test_ce_raw = RUVM_IOCTL_TEST_CE_RAW;
+}

@@ -1,0 +1,261 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The command-line grammar of ruvmctl (clap): every subcommand and its arguments. Nothing here
+//! runs anything; `cmd/` does.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::units::parse_size;
+
+#[derive(Parser)]
+#[command(name = "ruvmctl", version = libruvm::VERSION, about = "Drive the ruvm kernel module through /dev/ruvm")]
+pub struct Cli {
+    /// Use this inherited descriptor of /dev/ruvm instead of opening it (mems live as long as
+    /// the descriptor does).
+    #[arg(long, global = true, value_name = "N")]
+    pub fd: Option<i32>,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Args)]
+pub struct Json {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct Range {
+    /// First byte (e.g. 0, 4K).
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub offset: u64,
+    /// Bytes (default: the mem's size from the offset on).
+    #[arg(long, value_parser = parse_size)]
+    pub length: Option<u64>,
+    /// The pattern's seed (default: the mem's size, uvm_mem_test's pattern).
+    #[arg(long, value_parser = parse_size)]
+    pub seed: Option<u64>,
+    /// Fill with this byte instead of the pattern.
+    #[arg(long, value_parser = parse_size, conflicts_with = "seed")]
+    pub byte: Option<u64>,
+}
+
+/// What to copy, from which mem to which.
+#[derive(Args)]
+pub struct CopyArgs {
+    pub dst: u64,
+    pub src: u64,
+    /// Bytes to copy.
+    #[arg(long, value_parser = parse_size)]
+    pub length: u64,
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub dst_offset: u64,
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub src_offset: u64,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Show the loaded module's version, ABI, features and live mems (RUVM_IOCTL_INFO).
+    Info(Json),
+    /// Allocate a mem (RUVM_IOCTL_MEM_ALLOC): sysmem, or with --vidmem a GPU's memory.
+    Alloc {
+        /// Size, e.g. 4096, 64K, 7M+17.
+        #[arg(value_parser = parse_size)]
+        size: u64,
+        /// Chunk size (default: uvm_mem's rules). Sysmem: a power of two from the page size to
+        /// 2M; vidmem: one of the GPU's page sizes up to 2M.
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        page_size: u64,
+        /// Allocate from this GPU's memory (vidmem) instead of sysmem.
+        #[arg(long, value_name = "GPU")]
+        vidmem: Option<u32>,
+        /// Zero the memory.
+        #[arg(long)]
+        zero: bool,
+        /// Fall back to smaller chunks if large ones cannot be had.
+        #[arg(long)]
+        fallback: bool,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Free a mem (RUVM_IOCTL_MEM_FREE).
+    Free { handle: u64 },
+    /// Everything a mem knows about itself (RUVM_IOCTL_MEM_QUERY).
+    Query {
+        handle: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Map a mem for the CPU kernel (RUVM_IOCTL_MEM_MAP_CPU_KERNEL); idempotent.
+    MapKernel { handle: u64 },
+    /// Remove its CPU kernel mapping (RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL); idempotent.
+    UnmapKernel { handle: u64 },
+    /// Write the pattern (or a byte) through the kernel mapping (RUVM_IOCTL_MEM_FILL).
+    Fill {
+        handle: u64,
+        #[command(flatten)]
+        range: Range,
+    },
+    /// Check the pattern (or a byte) through the kernel mapping (RUVM_IOCTL_MEM_VERIFY); exits 1
+    /// on any mismatch.
+    Verify {
+        handle: u64,
+        #[command(flatten)]
+        range: Range,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Copy bytes between mems through their kernel mappings (RUVM_IOCTL_MEM_COPY).
+    Copy(CopyArgs),
+    /// Write the pattern (or a byte) through a user mapping (mmap of /dev/ruvm).
+    MmapFill {
+        handle: u64,
+        #[command(flatten)]
+        range: Range,
+    },
+    /// Check the pattern (or a byte) through a user mapping; exits 1 on any mismatch.
+    MmapVerify {
+        handle: u64,
+        #[command(flatten)]
+        range: Range,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// The GPUs ruvm knows (RUVM_IOCTL_GPU_LIST).
+    Gpus(Json),
+    /// DMA-map every chunk of a mem for a GPU (RUVM_IOCTL_MEM_MAP_GPU); idempotent.
+    MapGpu { handle: u64, gpu: u32 },
+    /// Drop a mem's DMA table for a GPU (RUVM_IOCTL_MEM_UNMAP_GPU); idempotent.
+    UnmapGpu { handle: u64, gpu: u32 },
+    /// Copy bytes between mems with a GPU's copy engine, through their DMA tables for it
+    /// (RUVM_IOCTL_CE_COPY). Slow on the test GPUs: ~0.2 s per 4 KiB.
+    CeCopy {
+        gpu: u32,
+        #[command(flatten)]
+        copy: CopyArgs,
+    },
+    /// A mem's DMA addresses for a GPU, one per chunk (RUVM_IOCTL_MEM_DMA_ADDRS; root only).
+    DmaAddrs {
+        handle: u64,
+        gpu: u32,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Where a GPU reaches a range of a mem, which must lie in one chunk (RUVM_IOCTL_MEM_GPU_PHYS;
+    /// root only): a sysmem DMA address or a vidmem address.
+    GpuPhys {
+        handle: u64,
+        gpu: u32,
+        /// First byte.
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        offset: u64,
+        /// Bytes.
+        #[arg(long, default_value = "1", value_parser = parse_size)]
+        length: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// The vidmem managers (PMMs) of every present GPU with vidmem (RUVM_IOCTL_PMM_STATS).
+    Pmm(Json),
+    /// uvm's PMM_CHECK_LEAK: take a GPU's chunks of one size until none is left (or --limit),
+    /// give them all back, and report (RUVM_IOCTL_PMM_CHECK_LEAK; root only). Exits 1 if the
+    /// PMM did not get back all it had free.
+    PmmCheckLeak {
+        gpu: u32,
+        /// Chunk size: 4K, 64K or 2M.
+        #[arg(long, default_value = "2M", value_parser = parse_size)]
+        chunk_size: u64,
+        /// Most chunks to take.
+        #[arg(long)]
+        limit: Option<u64>,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Usage statistics (RUVM_IOCTL_STATS) and the audit's live counts (RUVM_IOCTL_AUDIT).
+    Stats {
+        #[command(flatten)]
+        json: Json,
+        /// Restart the high watermarks from the current values after reading (CAP_SYS_ADMIN).
+        #[arg(long)]
+        reset_peaks: bool,
+        /// Print again every this many seconds, until interrupted.
+        #[arg(long, value_name = "SECONDS")]
+        watch: Option<f64>,
+    },
+    /// The leak verdict: ruvm's audit reports in the kernel log, kmemleak, DMA-API debug
+    /// errors. Exits 1 on any leak.
+    Audit {
+        #[command(flatten)]
+        json: Json,
+        /// Write a marker into the kernel log, print its id, and exit.
+        #[arg(long, conflicts_with = "since")]
+        mark: bool,
+        /// Only look at the log after this marker.
+        #[arg(long, value_name = "MARK")]
+        since: Option<String>,
+        /// Fail unless an unload verdict is in the log (after the marker).
+        #[arg(long)]
+        require_unload: bool,
+        /// Do not ask kmemleak to scan.
+        #[arg(long)]
+        no_kmemleak: bool,
+    },
+    /// Unload ruvm (like rmmod) and report the audit's verdict, read from memory the module
+    /// writes at unload (RUVM_IOCTL_REGISTER_UNLOAD_STATE). Exits 1 on any leak.
+    Unload(Json),
+    /// Leak resources on purpose (needs enable_test_ioctls=1 and CAP_SYS_ADMIN).
+    TestLeak {
+        /// What to leak.
+        what: Leak,
+        /// How many (1 to 64).
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        /// Size of each leaked mem.
+        #[arg(long, default_value = "4096", value_parser = parse_size)]
+        size: u64,
+        /// Order of each leaked chunk.
+        #[arg(long, default_value_t = 0)]
+        order: u32,
+        /// Map each leaked mem for the CPU kernel.
+        #[arg(long)]
+        mapped: bool,
+        /// Forget the objects for good (for kmemleak) instead of holding them for the unload report.
+        #[arg(long)]
+        lost: bool,
+    },
+    /// Run the in-guest test suite; prints KTAP, exits 0 (pass), 1 (fail) or 4 (skip).
+    Selftest {
+        /// Run only the cases whose name contains this text (repeat for any of several).
+        #[arg(long)]
+        filter: Vec<String>,
+        /// List the cases and exit.
+        #[arg(long)]
+        list: bool,
+        /// Add a case that fails, to prove the harness notices (for the runner's own tests).
+        #[arg(long)]
+        plant_failure: bool,
+    },
+    /// Make the module misbehave on purpose (needs enable_test_ioctls=1 and CAP_SYS_ADMIN).
+    TestPlant {
+        /// What to plant.
+        what: Plant,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Leak {
+    /// A sysmem mem.
+    Mem,
+    /// One sysmem chunk.
+    Chunk,
+    /// A CPU kernel mapping (with its one-page chunk).
+    KernelMap,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Plant {
+    /// Hit a WARN_ON in the module.
+    Warn,
+}

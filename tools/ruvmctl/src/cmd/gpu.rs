@@ -1,0 +1,375 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The GPU commands: the registry, DMA tables and addresses, copy-engine copies, and the
+//! vidmem managers (PMMs).
+
+use anyhow::Result;
+use libruvm::{cmd, names, pci_name, uapi, Ruvm};
+use serde::Serialize;
+
+use super::{arg, call, mem::query_raw};
+use crate::{
+    cli::CopyArgs,
+    output::{table, Done, Report},
+    units::show_size,
+};
+
+/// One GPU, as `gpus` shows it.
+#[derive(Serialize)]
+pub struct Gpu {
+    id: u32,
+    kind: &'static str,
+    present: bool,
+    name: String,
+    vendor: String,
+    device: String,
+    dma_mask_bits: u32,
+    page_sizes: Vec<String>,
+    copy_engine: bool,
+    dma_mapped_bytes: u64,
+    vidmem_size: u64,
+    flags: Vec<String>,
+}
+
+/// Every GPU of the registry.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Gpus(Vec<Gpu>);
+
+/// The registry (`RUVM_IOCTL_GPU_LIST`).
+pub fn list_raw(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>> {
+    let mut v = vec![uapi::ruvm_gpu_info::default(); uapi::RUVM_MAX_GPUS as usize];
+    let mut a = arg(|a: &mut uapi::ruvm_gpu_list| {
+        a.count = uapi::RUVM_MAX_GPUS;
+        a.gpus = v.as_mut_ptr() as u64;
+    });
+    call(d, cmd::GPU_LIST, &mut a)?;
+    v.truncate(usize::try_from(a.count)?);
+    Ok(v)
+}
+
+pub fn gpus(d: &Ruvm) -> Result<Gpus> {
+    let flag = |g: &uapi::ruvm_gpu_info, f: u32| g.flags & f != 0;
+    Ok(Gpus(
+        list_raw(d)?
+            .iter()
+            .map(|g| Gpu {
+                id: g.id,
+                kind: match g.kind {
+                    uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU => "edu (test GPU)",
+                    uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST => "host GPU (DMA mapping only)",
+                    uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM => "simulated GPU",
+                    _ => "unknown",
+                },
+                present: flag(g, uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT),
+                // The device's name in the kernel (sysfs): its PCI address, or a simulated
+                // GPU's faux device.
+                name: if g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM {
+                    format!("ruvm-sim{}", g.pci_devfn)
+                } else {
+                    pci_name(g)
+                },
+                vendor: format!("{:04x}", g.vendor),
+                device: format!("{:04x}", g.device),
+                dma_mask_bits: g.dma_mask_bits,
+                page_sizes: (0..64)
+                    .filter(|b| g.page_sizes & (1u64 << b) != 0)
+                    .map(|b| show_size(1u64 << b))
+                    .collect(),
+                copy_engine: flag(g, uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE),
+                dma_mapped_bytes: g.dma_mapped_bytes,
+                vidmem_size: g.vidmem_size,
+                flags: names::bit_names(names::GPU_FLAGS, g.flags.into()),
+            })
+            .collect(),
+    ))
+}
+
+impl Report for Gpus {
+    fn render(&self) -> String {
+        if self.0.is_empty() {
+            return "no GPUs".to_owned();
+        }
+        table(
+            &[
+                "GPU",
+                "kind",
+                "device",
+                "ids",
+                "state",
+                "DMA bits",
+                "pages",
+                "copy engine",
+                "DMA-mapped",
+                "vidmem",
+            ],
+            self.0.iter().map(|g| {
+                [
+                    g.id.to_string(),
+                    g.kind.to_owned(),
+                    g.name.clone(),
+                    format!("{}:{}", g.vendor, g.device),
+                    if g.present {
+                        "present"
+                    } else {
+                        "gone (unbound)"
+                    }
+                    .to_owned(),
+                    g.dma_mask_bits.to_string(),
+                    g.page_sizes.join(" "),
+                    if g.copy_engine { "yes" } else { "no" }.to_owned(),
+                    g.dma_mapped_bytes.to_string(),
+                    show_size(g.vidmem_size),
+                ]
+            }),
+        )
+    }
+}
+
+/// `map-gpu` / `unmap-gpu` (`RUVM_IOCTL_MEM_MAP_GPU`, `_UNMAP_GPU`).
+pub fn map(d: &Ruvm, handle: u64, gpu: u32, map: bool) -> Result<Done> {
+    let mut a = arg(|a: &mut uapi::ruvm_mem_gpu| {
+        a.handle = handle;
+        a.gpu = gpu;
+    });
+    call(
+        d,
+        if map {
+            cmd::MEM_MAP_GPU
+        } else {
+            cmd::MEM_UNMAP_GPU
+        },
+        &mut a,
+    )?;
+    Ok(Done {})
+}
+
+/// `ce-copy` (`RUVM_IOCTL_CE_COPY`).
+pub fn ce_copy(d: &Ruvm, gpu: u32, c: &CopyArgs) -> Result<Done> {
+    let mut a = arg(|a: &mut uapi::ruvm_ce_copy| {
+        a.gpu = gpu;
+        a.dst_handle = c.dst;
+        a.dst_offset = c.dst_offset;
+        a.src_handle = c.src;
+        a.src_offset = c.src_offset;
+        a.length = c.length;
+    });
+    call(d, cmd::CE_COPY, &mut a)?;
+    Ok(Done {})
+}
+
+/// A mem's DMA addresses on a GPU.
+#[derive(Serialize)]
+pub struct DmaAddrs {
+    handle: u64,
+    gpu: u32,
+    chunk_size: u64,
+    addrs: Vec<u64>,
+}
+
+pub fn dma_addrs(d: &Ruvm, handle: u64, gpu: u32) -> Result<DmaAddrs> {
+    let q = query_raw(d, handle)?;
+    let mut addrs = vec![0u64; usize::try_from(q.chunk_count)?];
+    let mut a = arg(|a: &mut uapi::ruvm_mem_dma_addrs| {
+        a.handle = handle;
+        a.gpu = gpu;
+        a.count = q.chunk_count;
+        a.addrs = addrs.as_mut_ptr() as u64;
+    });
+    call(d, cmd::MEM_DMA_ADDRS, &mut a)?;
+    addrs.truncate(usize::try_from(a.count)?);
+    Ok(DmaAddrs {
+        handle,
+        gpu,
+        chunk_size: q.chunk_size,
+        addrs,
+    })
+}
+
+impl Report for DmaAddrs {
+    fn render(&self) -> String {
+        format!(
+            "mem {} on GPU {}: {} chunks of {}\n{}",
+            self.handle,
+            self.gpu,
+            self.addrs.len(),
+            show_size(self.chunk_size),
+            table(
+                &["chunk", "DMA address"],
+                self.addrs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| [i.to_string(), format!("{a:#014x}")]),
+            )
+        )
+    }
+}
+
+/// Where a GPU reaches a range of a mem.
+#[derive(Serialize)]
+pub struct GpuPhys {
+    handle: u64,
+    gpu: u32,
+    offset: u64,
+    length: u64,
+    address: u64,
+    aperture: &'static str,
+}
+
+pub fn gpu_phys(d: &Ruvm, handle: u64, gpu: u32, offset: u64, length: u64) -> Result<GpuPhys> {
+    let mut a = arg(|a: &mut uapi::ruvm_mem_gpu_phys| {
+        a.handle = handle;
+        a.gpu = gpu;
+        a.offset = offset;
+        a.length = length;
+    });
+    call(d, cmd::MEM_GPU_PHYS, &mut a)?;
+    Ok(GpuPhys {
+        handle,
+        gpu,
+        offset,
+        length,
+        address: a.address,
+        aperture: if a.aperture == uapi::ruvm_aperture_RUVM_APERTURE_VID {
+            "vidmem"
+        } else {
+            "sysmem"
+        },
+    })
+}
+
+impl Report for GpuPhys {
+    fn render(&self) -> String {
+        format!(
+            "mem {} [{:#x}, +{:#x}) on GPU {}: {} {:#014x}",
+            self.handle, self.offset, self.length, self.gpu, self.aperture, self.address
+        )
+    }
+}
+
+/// One GPU's PMM.
+#[derive(Serialize)]
+pub struct Pmm {
+    gpu: u32,
+    capacity: u64,
+    free: u64,
+    allocated_4k: u64,
+    allocated_64k: u64,
+    allocated_2m: u64,
+    roots: u64,
+    roots_used: u64,
+    roots_split: u64,
+    roots_stored: u64,
+}
+
+/// The PMMs of every present GPU with vidmem.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Pmms(Vec<Pmm>);
+
+pub fn pmms(d: &Ruvm) -> Result<Pmms> {
+    let mut out = Vec::new();
+    for g in list_raw(d)? {
+        if g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT == 0 || g.vidmem_size == 0 {
+            continue;
+        }
+        let mut s = arg(|s: &mut uapi::ruvm_pmm_stats| s.gpu = g.id);
+        call(d, cmd::PMM_STATS, &mut s)?;
+        let [a4k, a64k, a2m] = s.allocated;
+        out.push(Pmm {
+            gpu: g.id,
+            capacity: s.capacity,
+            free: s.free,
+            allocated_4k: a4k,
+            allocated_64k: a64k,
+            allocated_2m: a2m,
+            roots: s.roots,
+            roots_used: s.roots_used,
+            roots_split: s.roots_split,
+            roots_stored: s.roots_stored,
+        });
+    }
+    Ok(Pmms(out))
+}
+
+impl Report for Pmms {
+    fn render(&self) -> String {
+        if self.0.is_empty() {
+            return "no GPU with vidmem".to_owned();
+        }
+        table(
+            &[
+                "GPU",
+                "vidmem",
+                "free",
+                "4K chunks",
+                "64K chunks",
+                "2M chunks",
+                "roots",
+                "used",
+                "split",
+                "with storage",
+            ],
+            self.0.iter().map(|p| {
+                [
+                    p.gpu.to_string(),
+                    show_size(p.capacity),
+                    show_size(p.free),
+                    p.allocated_4k.to_string(),
+                    p.allocated_64k.to_string(),
+                    p.allocated_2m.to_string(),
+                    p.roots.to_string(),
+                    p.roots_used.to_string(),
+                    p.roots_split.to_string(),
+                    p.roots_stored.to_string(),
+                ]
+            }),
+        )
+    }
+}
+
+/// What `pmm-check-leak` found.
+#[derive(Serialize)]
+pub struct CheckLeak {
+    gpu: u32,
+    chunk_size: u64,
+    allocated: u64,
+    free_before: u64,
+    free_after: u64,
+    clean: bool,
+}
+
+pub fn check_leak(d: &Ruvm, gpu: u32, chunk_size: u64, limit: Option<u64>) -> Result<CheckLeak> {
+    let mut a = arg(|a: &mut uapi::ruvm_pmm_check_leak| {
+        a.gpu = gpu;
+        a.chunk_size = chunk_size;
+        a.alloc_limit = limit.unwrap_or(u64::MAX);
+    });
+    call(d, cmd::PMM_CHECK_LEAK, &mut a)?;
+    Ok(CheckLeak {
+        gpu,
+        chunk_size,
+        allocated: a.allocated,
+        free_before: a.free_before,
+        free_after: a.free_after,
+        clean: a.free_after == a.free_before,
+    })
+}
+
+impl Report for CheckLeak {
+    fn render(&self) -> String {
+        format!(
+            "GPU {}: took {} chunks of {}, gave them back; free {} -> {} bytes: {}",
+            self.gpu,
+            self.allocated,
+            show_size(self.chunk_size),
+            self.free_before,
+            self.free_after,
+            if self.clean { "no leak" } else { "LEAK" }
+        )
+    }
+
+    fn failure(&self) -> Option<String> {
+        (!self.clean).then(|| "the PMM did not get back all it had free".to_owned())
+    }
+}

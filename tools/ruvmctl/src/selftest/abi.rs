@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The ABI's common rules, for every command at once, from one table: a `flags` bit the
+//! command does not know, and a non-zero byte in any padding or reserved field, are `EINVAL`
+//! (`ENOSYS` first for a test-only command while test ioctls are off), before the command
+//! does anything.
+//!
+//! Each row gives a template that the command would accept (or refuse with another errno), so a
+//! module that let a bad field through would answer something other than `EINVAL`.
+
+use libruvm::{cmd, uapi, Cmd, IoctlArg, Ruvm};
+use nix::errno::Errno;
+
+use super::{
+    audit::test_ioctls,
+    harness::{expect_errno, Case, Context, TestResult},
+};
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "abi_unknown_flags_are_einval",
+            run: abi_unknown_flags_are_einval,
+        },
+        Case {
+            name: "abi_nonzero_pad_and_reserved_are_einval",
+            run: abi_nonzero_pad_and_reserved_are_einval,
+        },
+    ]
+}
+
+/// A field that must be zero: how many elements it has, and how to make element `i` non-zero.
+trait Poke {
+    fn elements(&self) -> usize;
+    fn poke(&mut self, i: usize);
+}
+
+impl Poke for u32 {
+    fn elements(&self) -> usize {
+        1
+    }
+    fn poke(&mut self, _: usize) {
+        *self = 1 << 31;
+    }
+}
+
+impl<const N: usize> Poke for [u64; N] {
+    fn elements(&self) -> usize {
+        N
+    }
+    fn poke(&mut self, i: usize) {
+        self[i] = 1;
+    }
+}
+
+/// What one command's row checks.
+pub(super) enum Probe {
+    /// Every unknown bit of `flags`, one at a time.
+    Flags,
+    /// Every element of every zero field, one at a time.
+    Zeroes,
+}
+
+/// One row: `cmd` with `template`, whose known flags are `known` and zero fields are listed.
+macro_rules! row {
+    ($d:expr, $probe:expr, $want:expr, $cmd:expr, $template:expr, known: $known:expr,
+     zero: [$($f:ident),*]) => {{
+        let template = $template;
+        let (probe, only): &(Probe, Option<&str>) = $probe;
+        match probe {
+            _ if only.is_some_and(|n| n != $cmd.name) => {}
+            Probe::Flags => {
+                for bit in 0..32 {
+                    let flag = 1u32 << bit;
+                    if u64::from(flag) & ($known as u64) != 0 {
+                        continue;
+                    }
+                    let mut a = template;
+                    a.flags = flag;
+                    check_one($d, $cmd, &mut a, $want, &format!("flags bit {bit}"))?;
+                }
+            }
+            Probe::Zeroes => {
+                $(
+                    for i in 0..template.$f.elements() {
+                        let mut a = template;
+                        a.$f.poke(i);
+                        check_one($d, $cmd, &mut a, $want, &format!("{}[{i}]", stringify!($f)))?;
+                    }
+                )*
+            }
+        }
+    }};
+}
+
+fn check_one<T: IoctlArg>(d: &Ruvm, c: Cmd<T>, a: &mut T, want: Errno, what: &str) -> TestResult {
+    expect_errno(d.call(c, a), want, &format!("{} with {what}", c.name))
+}
+
+/// Runs `probe` over the table (only the rows of the command named `only`, if given).
+pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let e = Errno::EINVAL;
+    // A test-only command is refused before its arguments are read while they are off.
+    let t = if test_ioctls(&d)? { e } else { Errno::ENOSYS };
+    let p = &(probe, only);
+    row!(&d, p, e, cmd::INFO, uapi::ruvm_info::default(), known: 0, zero: [pad, reserved]);
+    let alloc = uapi::ruvm_mem_alloc {
+        size: 4096,
+        ..Default::default()
+    };
+    row!(&d, p, e, cmd::MEM_ALLOC, alloc,
+        known: uapi::ruvm_alloc_flags_RUVM_ALLOC_FLAGS_ALL, zero: [pad, reserved]);
+    for c in [
+        cmd::MEM_FREE,
+        cmd::MEM_MAP_CPU_KERNEL,
+        cmd::MEM_UNMAP_CPU_KERNEL,
+    ] {
+        row!(&d, p, e, c, uapi::ruvm_mem_handle::default(), known: 0, zero: [pad, reserved]);
+    }
+    row!(&d, p, e, cmd::MEM_QUERY, uapi::ruvm_mem_query::default(), known: 0, zero: [reserved]);
+    for c in [cmd::MEM_FILL, cmd::MEM_VERIFY] {
+        row!(&d, p, e, c, uapi::ruvm_mem_fill::default(), known: 0, zero: [reserved]);
+    }
+    row!(&d, p, e, cmd::MEM_COPY, uapi::ruvm_mem_copy::default(), known: 0, zero: [pad, reserved]);
+    row!(&d, p, e, cmd::GPU_LIST, uapi::ruvm_gpu_list::default(), known: 0, zero: [reserved]);
+    for c in [cmd::MEM_MAP_GPU, cmd::MEM_UNMAP_GPU] {
+        row!(&d, p, e, c, uapi::ruvm_mem_gpu::default(), known: 0, zero: [reserved]);
+    }
+    row!(&d, p, e, cmd::MEM_DMA_ADDRS, uapi::ruvm_mem_dma_addrs::default(),
+        known: 0, zero: [reserved]);
+    row!(&d, p, e, cmd::CE_COPY, uapi::ruvm_ce_copy::default(), known: 0, zero: [reserved]);
+    row!(&d, p, e, cmd::MEM_GPU_PHYS, uapi::ruvm_mem_gpu_phys::default(),
+        known: 0, zero: [pad, reserved]);
+    row!(&d, p, e, cmd::PMM_STATS, uapi::ruvm_pmm_stats::default(), known: 0, zero: [reserved]);
+    let check_leak = uapi::ruvm_pmm_check_leak {
+        chunk_size: 4096,
+        alloc_limit: 1,
+        ..Default::default()
+    };
+    row!(&d, p, e, cmd::PMM_CHECK_LEAK, check_leak, known: 0, zero: [reserved]);
+    row!(&d, p, e, cmd::AUDIT, uapi::ruvm_audit::default(),
+        known: uapi::ruvm_audit_flags_RUVM_AUDIT_WALK, zero: [pad, reserved]);
+    row!(&d, p, e, cmd::STATS, uapi::ruvm_stats::default(),
+        known: uapi::ruvm_stats_flags_RUVM_STATS_RESET_PEAKS, zero: [reserved]);
+    row!(&d, p, e, cmd::REGISTER_UNLOAD_STATE, uapi::ruvm_register_unload_state::default(),
+        known: 0, zero: [pad, reserved]);
+    let plant = uapi::ruvm_test_plant {
+        what: uapi::ruvm_plant_RUVM_PLANT_WARN,
+        ..Default::default()
+    };
+    row!(&d, p, t, cmd::TEST_PLANT, plant, known: 0, zero: [reserved]);
+    let leak = uapi::ruvm_test_leak {
+        what: uapi::ruvm_leak_RUVM_LEAK_CHUNK,
+        count: 1,
+        ..Default::default()
+    };
+    row!(&d, p, t, cmd::TEST_LEAK, leak,
+        known: uapi::ruvm_leak_flags_RUVM_LEAK_LOST | uapi::ruvm_leak_flags_RUVM_LEAK_MAPPED,
+        zero: [pad, reserved]);
+    let raw = uapi::ruvm_test_ce_raw {
+        len: 1,
+        ..Default::default()
+    };
+    row!(&d, p, t, cmd::TEST_CE_RAW, raw, known: 0, zero: [reserved]);
+    Ok(())
+}
+
+fn abi_unknown_flags_are_einval() -> TestResult {
+    sweep(Probe::Flags, None)
+}
+
+fn abi_nonzero_pad_and_reserved_are_einval() -> TestResult {
+    sweep(Probe::Zeroes, None)
+}
