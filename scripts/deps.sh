@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
 
-pkgs=(bc bison flex libelf-dev libssl-dev cpio xz-utils gzip pahole make gcc libc6-dev
+pkgs=(bc bison flex libelf-dev libssl-dev cpio xz-utils gzip pahole make gcc libc6-dev patch
       clang-19 lld-19 llvm-19 libclang-19-dev
       rustc-web rust-web-src rust-web-clippy rustfmt-web
       qemu-system-x86 busybox-static ca-certificates)

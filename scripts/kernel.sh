@@ -76,7 +76,35 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" > "$apt/ruvm.sources"
 	echo "$srcroot/$name"
 }
 
-# The cache key: kernel version, fragments, and the tools that shape the build.
+# The project's kernel patches (kernel/patches/*.patch, applied in name order), as one hash.
+patches_hash() {
+	cat "$top"/kernel/patches/*.patch 2>/dev/null | sha256sum | cut -c1-12
+}
+
+# The source with the project's patches applied: a copy of the pristine tree (hard links, so
+# it costs little; patch replaces the files it changes instead of writing through the links,
+# and the pristine tree, which the stock-kernel build uses, stays untouched). Prints its path.
+patched_source() {
+	local src p f
+	src=$(fetch_source)
+	p="$src-p$(patches_hash)"
+	if [ ! -f "$p/.ruvm-patched" ]; then
+		rm -rf "$p"
+		cp -al "$src" "$p"
+		for f in "$top"/kernel/patches/*.patch; do
+			[ -f "$f" ] || continue
+			# Break the hard links of the files the patch touches before it writes them.
+			sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$f" | while read -r t; do
+				[ -f "$p/$t" ] && cp --remove-destination "$src/$t" "$p/$t"
+			done
+			patch -p1 -s -d "$p" < "$f" >&2 || die "patch $(basename "$f") does not apply"
+		done
+		touch "$p/.ruvm-patched"
+	fi
+	echo "$p"
+}
+
+# The cache key: kernel version, patches, fragments, and the tools that shape the build.
 build_key() {
 	local src=$1 flavour=$2
 	{
@@ -88,7 +116,7 @@ build_key() {
 
 build_dir() {
 	local src
-	src=$(fetch_source)
+	src=$(patched_source)
 	echo "$RUVM_CACHE/build/$1-$(build_key "$src" "$1")"
 }
 
@@ -96,7 +124,7 @@ build() {
 	local flavour=$1 src out
 	[ -f "$top/kernel/$flavour.config" ] || die "unknown flavour '$flavour' (fast or debug)"
 	"$here/deps.sh"
-	src=$(fetch_source)
+	src=$(patched_source)
 	out="$RUVM_CACHE/build/$flavour-$(build_key "$src" "$flavour")"
 	[ -f "$out/.ruvm-done" ] && return 0
 	mkdir -p "$out"
