@@ -41,7 +41,6 @@ use crate::{
         stats::{StatsBacking, Usage},
         Class, Counted,
     },
-    bind::task,
     gpu::{dma::GpuTable, GpuDev},
     uapi,
 };
@@ -109,7 +108,8 @@ impl Origin {
     /// The calling task, now.
     pub(crate) fn here(ioctl: &'static str) -> Self {
         Self {
-            pid: task::current_pid(),
+            // The thread group id (the process) in the initial namespace, through C.
+            pid: kernel::current!().tgid_nr_ns(None),
             ioctl,
             born: kernel::time::Instant::now(),
         }

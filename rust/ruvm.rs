@@ -64,8 +64,8 @@ module! {
             description: "Allow test-only ioctls (planted failures) for CAP_SYS_ADMIN; 0 = off",
         },
         max_alloc_mib: u64 {
-            default: 1024,
-            description: "Largest physical size of one mem, in MiB (ENOSPC beyond)",
+            default: 0,
+            description: "Largest physical size of one mem, in MiB (ENOSPC beyond); 0: half the machine's memory, at most 1024",
         },
         host_gpus: u64 {
             default: 0,
@@ -88,8 +88,8 @@ module! {
             description: "Leak audit reports: 0 none, 1 class counts at unload and reclaims at close, 2 also every object's origin",
         },
         max_file_mib: u64 {
-            default: 4096,
-            description: "Most physical bytes of mems one open file may hold, in MiB (ENOSPC beyond)",
+            default: 0,
+            description: "Most physical bytes of mems one open file may hold, in MiB (ENOSPC beyond); 0: half the machine's memory, at most 4096",
         },
     },
 }
@@ -97,6 +97,17 @@ module! {
 /// A size parameter in MiB, as bytes (saturating: a huge value means "no limit").
 fn mib(value: u64) -> u64 {
     value.saturating_mul(1 << 20)
+}
+
+/// A limit parameter in MiB, as bytes; 0 derives it from the machine: half its memory (whole
+/// MiB), at most `cap_mib`. The memory cgroup is what bounds a process; these keep one mem, or
+/// one file, from taking most of a machine that has no cgroup limit.
+fn limit_bytes(value: u64, cap_mib: u64) -> u64 {
+    if value != 0 {
+        return mib(value);
+    }
+    let half = bind::meminfo::total_ram_bytes() / 2;
+    (half & !((1 << 20) - 1)).min(mib(cap_mib))
 }
 
 /// The most vidmem one GPU may have, in MiB (a 16-bit field of `vidmem_mib_gpu`).
@@ -148,13 +159,46 @@ fn check_vidmem_params() -> Result {
     Ok(())
 }
 
-/// The loaded module: owns the `/dev/ruvm` registration, the test-GPU driver and
+/// The module-wide state of the layers below the module: made usable first, emptied on drop,
+/// so that a load failing part-way (a later field's error drops it) leaves nothing behind.
+struct Layers;
+
+impl Layers {
+    /// Initialises the layers' state, bottom up. On failure what was set up is emptied again
+    /// (by the drop of the value made first).
+    fn new(config: gpu::Config) -> Result<Self> {
+        let layers = Layers;
+        audit::init(*module_parameters::leak_checker.value());
+        gpu::init(config);
+        check_vidmem_params()?;
+        mem::init()?;
+        Ok(layers)
+    }
+}
+
+impl Drop for Layers {
+    fn drop(&mut self) {
+        // The planted leaks held for the unload report, and the registries' references. The
+        // GPU sources (later fields) unregister their GPUs after this; that finds nothing left
+        // to drop.
+        let freed = mem::exit();
+        gpu::drain();
+        if freed > 0 && audit::level() > 0 {
+            pr_info!("audit: freed objects={freed}\n");
+        }
+    }
+}
+
+/// The loaded module: owns the layers' state, the `/dev/ruvm` registration, the GPU sources and
 /// `/sys/kernel/debug/ruvm/`.
 ///
-/// Field order is teardown order: the device goes first, so no file can be opened while the
-/// rest is torn down; then the driver lets its GPUs go.
+/// Field order is teardown order: the layers' state goes first (everything was reported by
+/// then, and no file is open), then the device, so no file can be opened while the rest is torn
+/// down; then the GPU sources let their GPUs go. A load failing part-way drops the fields made
+/// so far in the reverse order, the layers' state last.
 #[pin_data(PinnedDrop)]
 struct RuvmModule {
+    _layers: Layers,
     #[pin]
     _miscdev: MiscDeviceRegistration<file::RuvmFile>,
     /// Before the edu driver, so that it leaves the host GPUs alone.
@@ -171,15 +215,12 @@ struct RuvmModule {
 
 impl kernel::InPlaceModule for RuvmModule {
     fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
-        // The layers' state, bottom up, before anything that can reach it is registered.
-        audit::init(*module_parameters::leak_checker.value());
         let config = gpu_config();
-        gpu::init(config);
         let test_ioctls = *module_parameters::enable_test_ioctls.value() != 0;
         file::configure(file::Settings {
             test_ioctls,
-            max_alloc_bytes: mib(*module_parameters::max_alloc_mib.value()),
-            max_file_bytes: mib(*module_parameters::max_file_mib.value()),
+            max_alloc_bytes: limit_bytes(*module_parameters::max_alloc_mib.value(), 1024),
+            max_file_bytes: limit_bytes(*module_parameters::max_file_mib.value(), 4096),
         });
         if test_ioctls {
             pr_warn!("test ioctls are enabled; this is a security risk\n");
@@ -191,9 +232,9 @@ impl kernel::InPlaceModule for RuvmModule {
         );
         let dir = debugfs::Dir::new(c"ruvm");
         try_pin_init!(Self {
-            // First: a bad parameter fails the load before anything is registered.
-            _: { check_vidmem_params()? },
-            _: { mem::init()? },
+            // First, before anything that can reach it is registered; a bad parameter fails the
+            // load here.
+            _layers: Layers::new(config)?,
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
             _host: gpu::host::HostGpus::new(&config.host)?,
             _sim: gpu::sim::SimGpus::new(*module_parameters::sim_gpus.value())?,
@@ -216,14 +257,7 @@ impl PinnedDrop for RuvmModule {
             mem::registry::report_objects();
         }
         audit::write_unload_state(live, leaked);
-        // Then free what can be freed: the planted leaks held for this report, and the
-        // registries' references. The driver (a later field) unbinds its GPUs after this;
-        // unregistering then is a no-op.
-        let freed = mem::exit();
-        gpu::drain();
-        if freed > 0 && audit::level() > 0 {
-            pr_info!("audit: freed objects={freed}\n");
-        }
+        // The fields go next, the layers' state first.
         pr_info!("unloaded\n");
     }
 }
