@@ -9,7 +9,7 @@ RUVMCTL := $(TOP)/tools/ruvmctl/target/x86_64-unknown-linux-gnu/release/ruvmctl
 SELFTEST_BINS := $(TOP)/build/selftests/ruvm_abi_test
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 
-.PHONY: all help deps kernel module ruvmctl selftests vm demo check clean FORCE
+.PHONY: all help deps kernel module ruvmctl selftests vm demo check fuzz clean FORCE
 
 all: module ruvmctl
 
@@ -17,6 +17,7 @@ help:
 	@echo "make demo          boot the guest, load ruvm, show what it does, unload, audit"
 	@echo "make check         every test (host, guest on the fast and debug kernels)"
 	@echo "make vm CMD='...'  run a command in the guest (no CMD: a shell); VM_EXTRA=files"
+	@echo "make fuzz          the fuzzer on the debug kernel: DURATION=seconds, SEED=n, FLAVOUR=fast"
 	@echo "make module        build ruvm.ko for FLAVOUR=fast|debug, or KDIR=/your/kernel"
 	@echo "make kernel        build both test kernels into \$$RUVM_CACHE (~/.cache/ruvm)"
 	@echo "make ruvmctl       build the static ruvmctl"
@@ -52,6 +53,15 @@ vm: module ruvmctl selftests
 
 demo:
 	@$(TOP)/scripts/demo.sh
+
+# The fuzzer, long: DURATION seconds (default 1800) on the debug kernel unless FLAVOUR=fast.
+DURATION ?= 1800
+FUZZ_FLAVOUR := $(if $(filter command line environment,$(origin FLAVOUR)),$(FLAVOUR),debug)
+fuzz: FLAVOUR := $(FUZZ_FLAVOUR)
+fuzz: module ruvmctl selftests
+	@VM_TIMEOUT=$$(( $(DURATION) + 900 )) VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
+		CMD="ruvmctl fuzz --ops 1000000000 --duration $(DURATION) --unbind --kill $(if $(SEED),--seed $(SEED))" \
+		$(TOP)/scripts/vm.sh $(FLAVOUR)
 
 check:
 	@$(TOP)/scripts/check.sh

@@ -70,6 +70,9 @@ module_clean() {
 step "host: module builds clippy-clean for the fast kernel" module_clean fast || finish
 step "host: module builds clippy-clean for the debug kernel" module_clean debug || finish
 
+for f in fast debug; do
+	step "host: the kernel crate's struct layouts match C ($f kernel)" "$here/layout-check.sh" "$f"
+done
 step "host: uapi header is valid C with the documented layout (selftests build)" \
 	"$here/selftests.sh" "$top/build/selftests/ruvm_abi_test" || finish
 
@@ -150,7 +153,10 @@ guest_suite() {
 }
 guest_suite "fast kernel" fast CMD=/selftests/run_all.sh
 # The per-file limit, with a limit small enough to reach.
-guest_suite "fast kernel, max_file_mib=16" fast VM_MODARGS=max_file_mib=16 CMD='ruvmctl selftest --filter mem_size_limits'
+guest_suite "fast kernel, max_file_mib=16" fast VM_MODARGS=max_file_mib=16 CMD='ruvmctl selftest --filter mem_size_limits --filter info_limits'
+# Allocating more than the guest has needs a per-mem limit above its memory (the derived default
+# is half of it).
+guest_suite "fast kernel, max_alloc_mib=1024" fast VM_MODARGS='max_alloc_mib=1024 max_file_mib=4096' CMD='ruvmctl selftest --filter mem_beyond_memory --filter info_limits'
 guest_suite "debug kernel" debug CMD=/selftests/run_all.sh
 # The audit's own tests: the counters against the real objects, and planted leaks of every class
 # reported exactly (test ioctls on, per-object reports on). kmemleak's part runs on debug.
@@ -161,12 +167,36 @@ plant=(VM_MODARGS="enable_test_ioctls=1 leak_checker=2" CMD="ruvmctl selftest --
 host=(VM_MODARGS="host_gpus=0x18" CMD="ruvmctl selftest --filter gpu_ --filter vidmem_")
 # Simulated GPUs only (no edu devices): the GPU suite on faux devices, with the test ioctls on
 # for the engine's fault test.
-sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts")
+sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
+	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_")
 guest_suite "fast kernel, host GPU" fast "${host[@]}"
 guest_suite "debug kernel, host GPU" debug "${host[@]}"
 guest_suite "fast kernel, simulated GPUs" fast "${sim[@]}"
 guest_suite "debug kernel, simulated GPUs" debug "${sim[@]}"
 guest_suite "fast kernel, planted leaks" fast "${plant[@]}"
 guest_suite "debug kernel, planted leaks" debug "${plant[@]}"
+# Every failable allocation of a module load failing in turn (debug kernel: kmemleak).
+guest_suite "debug kernel, module load fault sweep" debug VM_MODARGS="sim_gpus=2" \
+	CMD="RUVM_FAULT_SWEEP_LOAD=1 ruvmctl selftest --filter fault_sweep_module_load"
+
+# The fuzzer: one counted result, its summary line shown. A new seed each run, printed.
+fuzz_run() {
+	local name=$1 flavour=$2 out rc t=$SECONDS
+	shift 2
+	out=$(logname "guest-$name")
+	env "$@" "$here/vm.sh" "$flavour" > "$out" 2>&1
+	rc=$?
+	if [ $rc -eq 0 ]; then
+		passed "guest ($name): $(grep -m1 -E '^fuzz: seed .* operations' "$out" | sed 's/^fuzz: //') ($((SECONDS - t)) s)"
+	else
+		failed "guest ($name): runner exit $rc ($((SECONDS - t)) s; log: $out)" "$out"
+	fi
+}
+# 100,000 operations on the fast kernel; then the debug kernel's checkers (KASAN, lockdep,
+# kmemleak, DMA-API debug) under a bounded run: it does about 250 operations a second there.
+fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
+	CMD="ruvmctl fuzz --ops 100000 --duration 300 --unbind --kill"
+fuzz_run "debug kernel, fuzzer" debug VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
+	CMD="ruvmctl fuzz --ops 100000 --duration 150 --unbind --kill --max-size 256K"
 
 finish

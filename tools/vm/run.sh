@@ -70,6 +70,9 @@ cat > "$root/init" <<EOF
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin:/sbin:/extra HOME=/tmp
+# What ruvm was loaded with, for tests that reload it or check its limits (7.2's Rust modules
+# have no parameter files in sysfs).
+export RUVM_MODARGS="$VM_MODARGS"
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev

@@ -84,6 +84,13 @@ impl Ruvm {
         })
     }
 
+    /// Takes an open file of the device (received over a socket, say).
+    pub fn from_owned_fd(fd: std::os::fd::OwnedFd) -> std::io::Result<Self> {
+        Ok(Self {
+            file: File::from(fd),
+        })
+    }
+
     /// Opens the device for reading and writing.
     pub fn open() -> std::io::Result<Self> {
         let p = path();

@@ -237,6 +237,34 @@ pub enum Cmd {
         #[arg(long)]
         plant_failure: bool,
     },
+    /// Random operations from several processes and threads, every errno checked against the
+    /// documentation, and nothing left at the end. Exits 1 on any problem.
+    Fuzz {
+        /// The seed (printed; the same seed gives each worker the same operations).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Stop after this many operations.
+        #[arg(long, default_value_t = 100_000)]
+        ops: u64,
+        /// Stop after this many seconds.
+        #[arg(long, default_value_t = 60.0)]
+        duration: f64,
+        /// Worker processes.
+        #[arg(long, default_value_t = 3)]
+        procs: usize,
+        /// Threads in each worker.
+        #[arg(long, default_value_t = 3)]
+        threads: usize,
+        /// Also unbind and rebind the edu GPUs now and then (root).
+        #[arg(long)]
+        unbind: bool,
+        /// Also SIGKILL workers now and then (and start new ones).
+        #[arg(long)]
+        kill: bool,
+        /// The largest mem a valid allocation asks for (absurd sizes are tried too).
+        #[arg(long, default_value = "8M", value_parser = parse_size)]
+        max_size: u64,
+    },
     /// Make the module misbehave on purpose (needs enable_test_ioctls=1 and CAP_SYS_ADMIN).
     TestPlant {
         /// What to plant.

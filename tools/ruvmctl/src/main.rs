@@ -18,6 +18,7 @@ use libruvm::cmd as ioctl;
 
 mod cli;
 mod cmd;
+mod fuzz;
 mod kmsg;
 mod ktap;
 mod output;
@@ -172,6 +173,30 @@ fn run(cli: Cli) -> Result<()> {
             emit(&cmd::test::leak(&d()?, &spec)?, false)
         }
         Cmd::TestPlant { what } => emit(&cmd::test::plant(&d()?, what)?, false),
+        Cmd::Fuzz {
+            seed,
+            ops,
+            duration,
+            procs,
+            threads,
+            unbind,
+            kill,
+            max_size,
+        } => {
+            if !(duration > 0.0 && duration.is_finite()) || procs == 0 || threads == 0 {
+                bail!("fuzz: --duration, --procs and --threads must be positive");
+            }
+            fuzz::command(&fuzz::Spec {
+                seed: seed.unwrap_or_else(fuzz::clock_seed),
+                ops,
+                duration: std::time::Duration::from_secs_f64(duration),
+                procs,
+                threads,
+                unbind,
+                kill,
+                max_size,
+            })
+        }
         Cmd::Selftest { list: true, .. } => {
             selftest::list().iter().for_each(|n| println!("{n}"));
             emit(&Done {}, false)

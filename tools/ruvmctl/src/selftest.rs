@@ -13,7 +13,9 @@ use harness::{check, Case, Context, Stop, TestResult};
 mod abi;
 mod audit;
 mod basic;
+mod faults;
 mod gpu;
+mod hardening;
 pub(crate) mod harness;
 mod mem;
 mod vidmem;
@@ -27,6 +29,8 @@ pub fn cases() -> Vec<Case> {
     v.extend(audit::cases());
     v.extend(gpu::cases());
     v.extend(vidmem::cases());
+    v.extend(hardening::cases());
+    v.extend(faults::cases());
     v
 }
 

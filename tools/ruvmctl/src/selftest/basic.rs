@@ -20,6 +20,10 @@ pub fn cases() -> Vec<Case> {
             run: info_reports_abi_and_version,
         },
         Case {
+            name: "info_limits_follow_the_machine",
+            run: info_limits_follow_the_machine,
+        },
+        Case {
             name: "info_rejects_nonzero_flags",
             run: info_rejects_nonzero_flags,
         },
@@ -105,6 +109,52 @@ fn info_rejects_nonzero_flags() -> TestResult {
             Errno::EINVAL,
             &format!("flags bit {bit}"),
         )?;
+    }
+    Ok(())
+}
+
+/// The limits a module loaded without `max_alloc_mib`/`max_file_mib` (or with 0) reports: half
+/// the machine's memory in whole MiB (`MemTotal`), at most 1 GiB per mem and 4 GiB per file; a
+/// value given at load is reported as given.
+fn info_limits_follow_the_machine() -> TestResult {
+    let d = dev::Ruvm::open().ctx("open")?;
+    let info = d.info().ctx("INFO")?;
+    let total_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .ok_or(Stop::Fail("cannot read MemTotal".into()))?;
+    const MIB: u64 = 1 << 20;
+    let half = (total_kib * 1024 / 2) / MIB * MIB;
+    for (param, cap, got) in [
+        ("max_alloc_mib", 1024 * MIB, info.max_alloc_bytes),
+        ("max_file_mib", 4096 * MIB, info.max_file_bytes),
+    ] {
+        // What the module was loaded with, as the guest's init exports it (7.2's Rust modules
+        // have no parameter files in sysfs).
+        let args = std::env::var("RUVM_MODARGS").map_err(|_| {
+            Stop::Skip("RUVM_MODARGS unknown (the test guest's init sets it)".into())
+        })?;
+        let given: u64 = args
+            .split_whitespace()
+            .find_map(|a| a.strip_prefix(&format!("{param}=")))
+            .map_or(Ok(0), str::parse)
+            .map_err(|e| Stop::Fail(format!("{param}: {e}")))?;
+        let want = if given == 0 {
+            half.min(cap)
+        } else {
+            given * MIB
+        };
+        check!(
+            got == want,
+            "{param}={given}: the module reports {got} bytes, wanted {want} (MemTotal {total_kib} KiB)"
+        );
     }
     Ok(())
 }

@@ -69,7 +69,7 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-const DRIVER: &str = "/sys/bus/pci/drivers/ruvm-edu";
+pub(super) const DRIVER: &str = "/sys/bus/pci/drivers/ruvm-edu";
 
 /// The edu devices of the machine, by PCI address, from sysfs.
 fn edu_devices() -> Result<Vec<String>, Stop> {
@@ -99,7 +99,7 @@ fn present(g: &uapi::ruvm_gpu_info) -> bool {
 }
 
 /// Bound by ruvm's edu driver (so it can be unbound through it, and has an engine).
-fn bound_edu(g: &uapi::ruvm_gpu_info) -> bool {
+pub(super) fn bound_edu(g: &uapi::ruvm_gpu_info) -> bool {
     present(g) && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU
 }
 
@@ -109,7 +109,7 @@ fn has_engine(g: &uapi::ruvm_gpu_info) -> bool {
 }
 
 /// A present simulated GPU.
-fn sim(g: &uapi::ruvm_gpu_info) -> bool {
+pub(super) fn sim(g: &uapi::ruvm_gpu_info) -> bool {
     present(g) && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM
 }
 
@@ -336,7 +336,7 @@ fn bound_gpus(d: &Ruvm) -> Result<Vec<u32>, Stop> {
     gpu_ids(d, present, "no GPU bound")
 }
 
-fn dma_live(d: &Ruvm) -> Result<(u64, u64), Stop> {
+pub(super) fn dma_live(d: &Ruvm) -> Result<(u64, u64), Stop> {
     let a = d.audit(false).ctx("AUDIT")?;
     Ok((a.live[DMA_MAPPINGS], a.live[DMA_BYTES]))
 }

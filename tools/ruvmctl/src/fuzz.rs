@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! `ruvmctl fuzz`: several processes, each with several threads, issue random operations on
+//! `/dev/ruvm` with valid, boundary and malformed arguments (every ioctl; mmap, munmap, mremap,
+//! reads and writes of mappings; fork; close, dup and SCM_RIGHTS of files; SIGKILL of whole
+//! processes; GPU unbind and rebind; module unload attempts). The oracle checks every errno
+//! against the set `Documentation/ruvm.rst` gives for that call, and at the end that nothing is
+//! left: no mem alive, every audit counter zero.
+//!
+//! Seeded and reproducible: the seed is printed, and each worker's stream of operations is a
+//! function of the seed and its slot; the interleaving of threads is the kernel's.
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use libruvm::{uapi, Ruvm};
+use nix::{
+    sys::{
+        mman::{mmap_anonymous, MapFlags, ProtFlags},
+        signal::{kill, Signal},
+        wait::waitpid,
+    },
+    unistd::{fork, ForkResult, Pid},
+};
+
+mod ops;
+mod rng;
+
+pub use rng::Rng;
+
+/// What `fuzz` runs.
+pub struct Spec {
+    pub seed: u64,
+    pub ops: u64,
+    pub duration: Duration,
+    pub procs: usize,
+    pub threads: usize,
+    pub unbind: bool,
+    pub kill: bool,
+    /// The largest size a valid allocation asks for.
+    pub max_size: u64,
+}
+
+/// Counters shared by the workers (in a shared anonymous mapping).
+#[repr(C)]
+pub struct Shared {
+    pub ops: AtomicU64,
+    pub problems: AtomicU64,
+    /// Set when the run is over (budget spent or time up).
+    pub stop: AtomicU64,
+}
+
+/// A fresh shared mapping holding a zeroed [`Shared`].
+fn shared() -> Result<&'static Shared> {
+    let len = std::num::NonZeroUsize::new(4096).context("page")?;
+    // SAFETY: a new anonymous shared mapping aliases nothing; zero bytes are valid atomics. It
+    // is never unmapped (the process exits first), so the `'static` borrow holds.
+    let p = unsafe {
+        mmap_anonymous(
+            None,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED,
+        )
+    }
+    .context("mmap of the shared counters")?;
+    // SAFETY: see above; the mapping is page-aligned, larger than `Shared`.
+    Ok(unsafe { &*p.as_ptr().cast::<Shared>() })
+}
+
+/// Starts one worker process in `slot`.
+fn spawn(spec: &Spec, shared: &'static Shared, slot: usize, generation: u64) -> Result<Pid> {
+    // SAFETY: the parent is single-threaded; the child runs the worker and exits.
+    match unsafe { fork() }.context("fork")? {
+        ForkResult::Child => {
+            let seed = rng::mix(spec.seed, slot as u64, generation);
+            ops::worker(seed, spec.threads, spec.max_size, shared);
+            std::process::exit(0)
+        }
+        ForkResult::Parent { child } => Ok(child),
+    }
+}
+
+/// Runs the fuzzer; returns the number of problems found.
+pub fn run(spec: &Spec) -> Result<u64> {
+    println!(
+        "fuzz: seed {} ({} processes x {} threads, up to {} operations or {:?})",
+        spec.seed, spec.procs, spec.threads, spec.ops, spec.duration
+    );
+    // Held through the run: the module cannot unload under the workers, and the unload
+    // attempts must fail.
+    let anchor = Ruvm::open().context("open /dev/ruvm")?;
+    let shared = shared()?;
+    let mut rng = Rng::new(spec.seed ^ 0x5eed);
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for slot in 0..spec.procs {
+        workers.push((spawn(spec, shared, slot, 0)?, 0u64));
+    }
+    let mut kills = 0u64;
+    let mut unbinds = 0u64;
+    let mut unloads = 0u64;
+    while shared.ops.load(Ordering::Relaxed) < spec.ops && start.elapsed() < spec.duration {
+        std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
+        if spec.kill && rng.one_in(4) {
+            let slot = rng.below(workers.len() as u64) as usize;
+            let (pid, generation) = workers[slot];
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = waitpid(pid, None);
+            workers[slot] = (spawn(spec, shared, slot, generation + 1)?, generation + 1);
+            kills += 1;
+        }
+        if spec.unbind && rng.one_in(6) && ops::unbind_rebind(&mut rng, shared) {
+            unbinds += 1;
+        }
+        if rng.one_in(5) {
+            ops::unload_attempt(shared);
+            unloads += 1;
+        }
+    }
+    shared.stop.store(1, Ordering::Relaxed);
+    for (pid, _) in &workers {
+        waitpid(*pid, None).context("waitpid")?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    drop(anchor);
+    let total = shared.ops.load(Ordering::Relaxed);
+    let mut problems = shared.problems.load(Ordering::Relaxed);
+    // Everything must be gone with the workers.
+    let d = Ruvm::open().context("open /dev/ruvm")?;
+    let info = d.info().context("RUVM_IOCTL_INFO")?;
+    if info.live_mems != 0 {
+        println!(
+            "fuzz: PROBLEM: {} mems alive after every file closed",
+            info.live_mems
+        );
+        problems += 1;
+    }
+    let audit = d.audit(false).context("RUVM_IOCTL_AUDIT")?;
+    let names = libruvm::names::audit_classes();
+    for (i, n) in audit.live.iter().enumerate() {
+        // This file's own handle table is empty; anything counted is left over.
+        if *n != 0 {
+            let name = libruvm::names::audit_class(names.as_deref(), i);
+            println!("fuzz: PROBLEM: audit class {name} is {n} after the run");
+            problems += 1;
+        }
+    }
+    println!(
+        "fuzz: seed {}: {total} operations in {secs:.1} s ({:.0}/s), {kills} processes killed, {unbinds} unbinds, {unloads} unload attempts, {problems} problems",
+        spec.seed,
+        total as f64 / secs.max(1e-9)
+    );
+    Ok(problems)
+}
+
+/// `ruvmctl fuzz`: runs, and fails on any problem.
+pub fn command(spec: &Spec) -> Result<()> {
+    let problems = run(spec)?;
+    if problems > 0 {
+        bail!(
+            "fuzz: {problems} problems (replay with --seed {})",
+            spec.seed
+        );
+    }
+    Ok(())
+}
+
+/// A seed from the clock, for runs that name none.
+pub fn clock_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    rng::mix(
+        t.as_secs(),
+        u64::from(t.subsec_nanos()),
+        u64::from(std::process::id()),
+    )
+}
+
+/// The sizes the fuzzer tries: boundaries around pages and chunks, and absurd ones.
+pub const SIZES: [u64; 14] = [
+    0,
+    1,
+    4095,
+    4096,
+    4097,
+    65536,
+    (2 << 20) - 1,
+    2 << 20,
+    (7 << 20) + 17,
+    8 << 20,
+    1 << 40,
+    u64::MAX,
+    u64::MAX - 4095,
+    1 << 63,
+];
+
+/// Page sizes: valid ones and not.
+pub const PAGE_SIZES: [u64; 10] = [
+    0,
+    4096,
+    8192,
+    65536,
+    2 << 20,
+    3,
+    4097,
+    4 << 20,
+    u64::MAX,
+    1 << 32,
+];
+
+/// The uapi's RUVM_MAX_GPUS, for random GPU ids.
+pub const GPU_IDS: u64 = uapi::RUVM_MAX_GPUS as u64;

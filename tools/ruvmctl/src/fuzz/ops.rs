@@ -1,0 +1,749 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The fuzzer's operations and their oracle: each operation names the errnos the documentation
+//! allows for it; any other is a problem.
+
+use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    sync::{atomic::Ordering, Arc, Mutex},
+};
+
+use libruvm::{cmd, uapi, Errno, Ruvm};
+use nix::{
+    sys::{
+        mman::{mremap, munmap, MRemapFlags, MapFlags, ProtFlags},
+        socket::{
+            recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned,
+            MsgFlags, SockFlag, SockType,
+        },
+    },
+    unistd::{fork, ForkResult},
+};
+
+use super::{Rng, Shared, GPU_IDS, PAGE_SIZES, SIZES};
+use crate::cmd::arg;
+
+use Errno::*;
+
+/// A user mapping: address, length, the mem's handle (0: unknown), the file offset mapped, and
+/// the file it was made of.
+type MapRec = (usize, usize, u64, u64, Arc<Ruvm>);
+
+/// One worker process's state, shared by its threads.
+struct World {
+    shared: &'static Shared,
+    files: Mutex<Vec<Arc<Ruvm>>>,
+    handles: Mutex<Vec<u64>>,
+    /// Handles this process freed (handles are never reused while the module is loaded).
+    freed: Mutex<std::collections::BTreeSet<u64>>,
+    /// User mappings.
+    maps: Mutex<Vec<MapRec>>,
+    /// GPU ids present at start, and which of them are simulated (fast engines).
+    gpus: Vec<u32>,
+    sims: Vec<u32>,
+    /// `/proc/self/mem`, to read and write mappings without a signal for a zapped one.
+    proc_mem: Option<std::fs::File>,
+    test_ioctls: bool,
+    /// Live bytes (module-wide) above which allocations give way to frees: this fuzzer does
+    /// not test the machine's OOM killer.
+    budget: u64,
+    /// The largest size a "valid" allocation asks for.
+    max_size: u64,
+}
+
+impl World {
+    fn problem(&self, what: String) {
+        println!("fuzz: PROBLEM: {what}");
+        self.shared.problems.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Checks `r` against the allowed errnos.
+    fn check<T>(&self, what: &str, r: Result<T, Errno>, allowed: &[Errno]) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) if allowed.contains(&e) || e == ENOMEM => None,
+            Err(e) => {
+                self.problem(format!("{what}: unexpected {e}"));
+                None
+            }
+        }
+    }
+
+    fn file(&self, rng: &mut Rng) -> Option<Arc<Ruvm>> {
+        let files = self.files.lock().ok()?;
+        if files.is_empty() {
+            return None;
+        }
+        Some(files[rng.below(files.len() as u64) as usize].clone())
+    }
+
+    /// A handle this process made (often one of the last few, so threads collide), or any
+    /// number.
+    fn handle(&self, rng: &mut Rng) -> u64 {
+        if rng.one_in(8) {
+            let any = rng.next();
+            return rng.pick(&[0, 1, u64::MAX, any]);
+        }
+        let hot = rng.one_in(2);
+        self.handles
+            .lock()
+            .ok()
+            .and_then(|h| {
+                let n = h.len() as u64;
+                (n > 0).then(|| {
+                    let i = if hot {
+                        n - 1 - rng.below(n.min(4))
+                    } else {
+                        rng.below(n)
+                    };
+                    h[i as usize]
+                })
+            })
+            .unwrap_or(0)
+    }
+
+    fn is_freed(&self, h: u64) -> bool {
+        self.freed.lock().map(|f| f.contains(&h)).unwrap_or(false)
+    }
+
+    /// Reads (and writes back) one byte of a mapping through `/proc/self/mem`; the mapping of a
+    /// mem this process freed must fault.
+    /// Whether a live mem of this process sits at file offset `offset` now (a freed mem's
+    /// range is reused once the mem is gone, so a mapping made at that offset may be of it).
+    fn offset_in_use(&self, offset: u64, freed: u64, also: Option<&Ruvm>) -> bool {
+        let files: Vec<Arc<Ruvm>> = self.files.lock().map(|f| f.clone()).unwrap_or_default();
+        let handles: Vec<u64> = self.handles.lock().map(|h| h.clone()).unwrap_or_default();
+        let at = |f: &Ruvm| {
+            handles
+                .iter()
+                .any(|&h| f.mem_query(h).is_ok_and(|q| q.mmap_offset == offset))
+        };
+        // `also`: the file the mapping was made of, which another thread may have taken out of
+        // the list (closing it for this process once the mapping goes).
+        if files.iter().any(|f| at(f)) || also.is_some_and(at) {
+            return true;
+        }
+        // A mem made by another thread may not be listed yet; the one at the freed mem's offset
+        // was made after it, so its handle is larger (handles only grow).
+        let later = |f: &Ruvm| {
+            (freed + 1..freed.saturating_add(4096))
+                .any(|h| f.mem_query(h).is_ok_and(|q| q.mmap_offset == offset))
+        };
+        files.iter().any(|f| later(f)) || also.is_some_and(later)
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "one mapping's whole description")]
+    fn touch(
+        &self,
+        why: &str,
+        addr: usize,
+        len: usize,
+        handle: u64,
+        offset: u64,
+        file: Option<&Ruvm>,
+        rng: &mut Rng,
+    ) {
+        use std::os::unix::fs::FileExt;
+        let Some(f) = &self.proc_mem else { return };
+        let at = (addr + rng.below(len as u64) as usize) as u64;
+        // Freed before the read began: the read must fail.
+        let freed = self.is_freed(handle);
+        let mut b = [0u8; 1];
+        if f.read_at(&mut b, at).is_ok() {
+            if freed && !self.offset_in_use(offset, handle, file) {
+                self.problem(format!(
+                    "a mapping of mem {handle} read after the mem was freed (MEM_FREE had returned; {why})"
+                ));
+            }
+            let _ = f.write_at(&[b[0].wrapping_add(1)], at);
+        }
+    }
+
+    fn gpu(&self, rng: &mut Rng) -> u32 {
+        if self.gpus.is_empty() || rng.one_in(8) {
+            return rng.below(GPU_IDS + 2) as u32;
+        }
+        rng.pick(&self.gpus)
+    }
+}
+
+/// Offsets and lengths around a mem's size: inside, at the edge, past it, overflowing.
+fn range(rng: &mut Rng) -> (u64, u64) {
+    let offset = rng.pick(&[0, 1, 4095, 4096, 65536, (2 << 20) - 1, u64::MAX, 1 << 63]);
+    let length = rng.pick(&[0, 1, 17, 4096, 65536, 1 << 20, u64::MAX, (1 << 63) + 1]);
+    (offset, length)
+}
+
+/// The worker process: its files and threads, until the parent says stop.
+pub fn worker(seed: u64, threads: usize, max_size: u64, shared: &'static Shared) {
+    let mut rng = Rng::new(seed);
+    let mut files = Vec::new();
+    for _ in 0..1 + rng.below(3) {
+        if let Ok(f) = Ruvm::open() {
+            files.push(Arc::new(f));
+        }
+    }
+    let (gpus, sims, test_ioctls) = match files.first() {
+        Some(f) => {
+            let list = f.gpus().unwrap_or_default();
+            let present =
+                |g: &&uapi::ruvm_gpu_info| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0;
+            let gpus = list.iter().filter(present).map(|g| g.id).collect();
+            let sims = list
+                .iter()
+                .filter(present)
+                .filter(|g| g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM)
+                .map(|g| g.id)
+                .collect();
+            let t = f.info().map(|i| i.test_ioctls != 0).unwrap_or(false);
+            (gpus, sims, t)
+        }
+        None => (Vec::new(), Vec::new(), false),
+    };
+    let world = World {
+        shared,
+        files: Mutex::new(files),
+        handles: Mutex::new(Vec::new()),
+        freed: Mutex::new(std::collections::BTreeSet::new()),
+        maps: Mutex::new(Vec::new()),
+        gpus,
+        sims,
+        proc_mem: std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/proc/self/mem")
+            .ok(),
+        test_ioctls,
+        budget: mem_total() / 4,
+        max_size,
+    };
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let w = &world;
+            let seed = rng.next() ^ t as u64;
+            s.spawn(move || {
+                let mut rng = Rng::new(seed);
+                while w.shared.stop.load(Ordering::Relaxed) == 0 {
+                    one(w, &mut rng);
+                    w.shared.ops.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    // Leave nothing mapped behind (the files close with the process).
+    let maps = world.maps.lock().map(|m| m.clone()).unwrap_or_default();
+    for (addr, len, _, _, _) in maps {
+        unmap(addr, len);
+    }
+}
+
+fn unmap(addr: usize, len: usize) {
+    if let Some(p) = std::ptr::NonNull::new(addr as *mut std::ffi::c_void) {
+        // SAFETY: a mapping this worker made of the device and took out of its list.
+        let _ = unsafe { munmap(p, len) };
+    }
+}
+
+/// One random operation.
+fn one(w: &World, rng: &mut Rng) {
+    let Some(file) = w.file(rng) else {
+        if let Ok(f) = Ruvm::open() {
+            if let Ok(mut files) = w.files.lock() {
+                files.push(Arc::new(f));
+            }
+        }
+        return;
+    };
+    let d = &*file;
+    match rng.below(25) {
+        0..=2 => alloc(w, d, rng),
+        3 => {
+            let h = w.handle(rng);
+            if w.check("MEM_FREE", d.mem_free(h), &[ENOENT]).is_some() {
+                if let Ok(mut f) = w.freed.lock() {
+                    f.insert(h);
+                }
+                if let Ok(mut hs) = w.handles.lock() {
+                    hs.retain(|x| *x != h);
+                }
+                // Every mapping of it must fault now.
+                let maps: Vec<_> = w.maps.lock().map(|m| m.clone()).unwrap_or_default();
+                for (addr, len, mh, off, _) in maps {
+                    if mh == h {
+                        w.touch("after the free", addr, len, h, off, Some(d), rng);
+                    }
+                }
+            }
+        }
+        4 => {
+            let _ = w.check("MEM_QUERY", d.mem_query(w.handle(rng)), &[ENOENT]);
+        }
+        5 => {
+            let h = w.handle(rng);
+            let r = if rng.one_in(2) {
+                d.map_kernel(h)
+            } else {
+                d.unmap_kernel(h)
+            };
+            w.check("MEM_(UN)MAP_CPU_KERNEL", r, &[ENOENT, EOPNOTSUPP]);
+        }
+        6 | 7 => {
+            let (offset, length) = range(rng);
+            let f = arg(|f: &mut uapi::ruvm_mem_fill| {
+                f.handle = w.handle(rng);
+                f.offset = offset;
+                f.length = length.min(1 << 20);
+                f.seed = rng.next();
+                f.kind = rng.pick(&[0, 0, 1, 2]);
+            });
+            let r = d.mem_fill(rng.one_in(2), f);
+            w.check("MEM_FILL/VERIFY", r, &[ENOENT, ENXIO, EINVAL, EOVERFLOW]);
+        }
+        8 => {
+            let (offset, length) = range(rng);
+            let r = d.mem_copy(
+                w.handle(rng),
+                offset,
+                w.handle(rng),
+                rng.pick(&[0, 4096]),
+                length.min(1 << 20),
+            );
+            w.check("MEM_COPY", r, &[ENOENT, ENXIO, EINVAL, EOVERFLOW]);
+        }
+        9 | 10 => {
+            let r = d.mem_gpu(rng.below(3) != 0, w.handle(rng), w.gpu(rng));
+            w.check("MEM_(UN)MAP_GPU", r, &[ENOENT, ENODEV, EINVAL, EFAULT]);
+        }
+        11 => {
+            let (first, _) = range(rng);
+            let r = d.dma_addrs(
+                w.handle(rng),
+                w.gpu(rng),
+                first.min(64),
+                1 + rng.below(64) as usize,
+            );
+            w.check("MEM_DMA_ADDRS", r, &[ENOENT, ENXIO, EINVAL, EPERM]);
+        }
+        12 => ce_copy(w, d, rng),
+        13 => {
+            let (offset, length) = range(rng);
+            let r = d.gpu_phys(w.handle(rng), w.gpu(rng), offset, length);
+            w.check(
+                "MEM_GPU_PHYS",
+                r,
+                &[ENOENT, ENXIO, ENODEV, EINVAL, EOVERFLOW, EPERM],
+            );
+        }
+        14 => {
+            let g = w.gpu(rng);
+            if rng.one_in(3) {
+                let size = rng.pick(&[4096, 65536, 2 << 20, 12345]);
+                let r = d.pmm_check_leak(g, size, rng.below(8));
+                w.check("PMM_CHECK_LEAK", r, &[ENODEV, ENXIO, EINVAL, EINTR, EPERM]);
+            } else {
+                w.check("PMM_STATS", d.pmm_stats(g), &[ENODEV, ENXIO]);
+            }
+        }
+        15 => {
+            let _ = w.check("GPU_LIST", d.gpus(), &[]);
+            let _ = w.check("INFO", d.info(), &[]);
+            let _ = w.check("STATS", d.stats(false), &[]);
+            let walk = rng.one_in(4);
+            let allowed: &[Errno] = if w.test_ioctls { &[] } else { &[ENOSYS] };
+            let _ = w.check("AUDIT", d.audit(walk), allowed);
+        }
+        16 => malformed(w, d, rng),
+        17..=19 => user_mapping(w, &file, rng),
+        20 => forked_child(w, d, rng),
+        22 => race(w, d, rng),
+        21 => files(w, rng),
+        _ => {
+            // Vidmem, which has its own rules and allocator.
+            let size = rng.pick(&SIZES).min(w.max_size);
+            let r = d.vidmem_alloc(w.gpu(rng), size, rng.pick(&PAGE_SIZES), 0);
+            if let Some(a) = w.check(
+                "MEM_ALLOC (vidmem)",
+                r,
+                &[EINVAL, ENODEV, EOVERFLOW, ENOSPC],
+            ) {
+                if let Ok(mut hs) = w.handles.lock() {
+                    hs.push(a.handle);
+                }
+            }
+        }
+    }
+}
+
+/// The machine's memory, from `/proc/meminfo` (1 GiB if unreadable).
+fn mem_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(1 << 30, |kib| kib * 1024)
+}
+
+fn alloc(w: &World, d: &Ruvm, rng: &mut Rng) {
+    if d.info().is_ok_and(|i| i.live_bytes > w.budget) {
+        // Over budget: give back instead.
+        let h = w.handle(rng);
+        if d.mem_free(h).is_ok() {
+            if let Ok(mut f) = w.freed.lock() {
+                f.insert(h);
+            }
+            if let Ok(mut hs) = w.handles.lock() {
+                hs.retain(|x| *x != h);
+            }
+        }
+        return;
+    }
+    // Mostly sizes the guest can hold; sometimes absurd ones, which must be refused.
+    let size = if rng.one_in(6) {
+        rng.pick(&SIZES)
+    } else {
+        rng.pick(&SIZES).min(w.max_size)
+    };
+    let mut flags = rng.below(4) as u32;
+    if rng.one_in(16) {
+        flags |= 1 << rng.below(32);
+    }
+    let r = d.mem_alloc(size, rng.pick(&PAGE_SIZES), flags);
+    if let Some(a) = w.check("MEM_ALLOC", r, &[EINVAL, EOVERFLOW, ENOSPC]) {
+        if let Ok(mut hs) = w.handles.lock() {
+            hs.push(a.handle);
+        }
+    }
+}
+
+fn ce_copy(w: &World, d: &Ruvm, rng: &mut Rng) {
+    // Simulated engines are fast; edu's takes 0.2 s a transfer, so it gets one small piece, rarely.
+    let (g, max) = match (rng.one_in(20), w.sims.is_empty()) {
+        (true, _) | (false, true) => (w.gpu(rng), 512),
+        (false, false) => (rng.pick(&w.sims), 1 << 20),
+    };
+    let (offset, length) = range(rng);
+    let r = d.ce_copy(g, w.handle(rng), offset, w.handle(rng), 0, length.min(max));
+    w.check(
+        "CE_COPY",
+        r,
+        &[ENOENT, ENXIO, ENODEV, EINVAL, EOVERFLOW, ETIMEDOUT, EINTR],
+    );
+}
+
+/// A command with a non-zero reserved word or an unknown flag: `EINVAL` (`ENOSYS` first for a
+/// test-only command while they are off).
+fn malformed(w: &World, d: &Ruvm, rng: &mut Rng) {
+    let mut q = uapi::ruvm_mem_query {
+        handle: w.handle(rng),
+        ..Default::default()
+    };
+    match rng.below(3) {
+        0 => q.flags = 1 << rng.below(32),
+        _ => q.reserved[rng.below(2) as usize] = rng.next() | 1,
+    }
+    match d.call(cmd::MEM_QUERY, &mut q) {
+        Err(EINVAL) => {}
+        r => w.problem(format!("MEM_QUERY with a bad flag or reserved word: {r:?}")),
+    }
+    let mut l = uapi::ruvm_test_leak {
+        what: uapi::ruvm_leak_RUVM_LEAK_CHUNK,
+        count: 1,
+        pad: 1,
+        ..Default::default()
+    };
+    let want = if w.test_ioctls { EINVAL } else { ENOSYS };
+    match d.call(cmd::TEST_LEAK, &mut l) {
+        Err(e) if e == want => {}
+        r => w.problem(format!("TEST_LEAK with a bad pad: {r:?}, wanted {want}")),
+    }
+}
+
+/// mmap of a mem (or of junk), then reads and writes through `/proc/self/mem`, munmap, mremap.
+fn user_mapping(w: &World, file: &Arc<Ruvm>, rng: &mut Rng) {
+    let d = &**file;
+    match rng.below(4) {
+        0 | 1 => {
+            let h = w.handle(rng);
+            let Ok(q) = d.mem_query(h) else { return };
+            let len = if rng.one_in(8) {
+                4096
+            } else {
+                q.physical_size as usize
+            };
+            let offset = if rng.one_in(8) {
+                q.mmap_offset + 4096
+            } else {
+                q.mmap_offset
+            };
+            let prot = if rng.one_in(10) {
+                ProtFlags::PROT_READ | ProtFlags::PROT_EXEC
+            } else {
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE
+            };
+            let flags = if rng.one_in(10) {
+                MapFlags::MAP_PRIVATE
+            } else {
+                MapFlags::MAP_SHARED
+            };
+            let r = libruvm::UserMap::new(d, offset, len, prot, flags);
+            if let Some(m) = w.check("mmap", r, &[ENXIO, EINVAL, EPERM, EACCES, EOPNOTSUPP]) {
+                let (addr, len) = (m.as_ptr() as usize, m.len());
+                std::mem::forget(m);
+                // At another offset it may be another mem (ranges are packed): unknown, 0.
+                let of = if offset == q.mmap_offset { h } else { 0 };
+                // If the mem was freed meanwhile (the mmap raced the free), it must fault.
+                w.touch("new mapping", addr, len, of, offset, Some(d), rng);
+                if let Ok(mut maps) = w.maps.lock() {
+                    maps.push((addr, len, of, offset, file.clone()));
+                }
+            }
+        }
+        2 => {
+            // Touch a mapping: a freed mem's is zapped (the read fails), a live one reads.
+            let Some((addr, len, h, off, f)) = w.maps.lock().ok().and_then(|m| {
+                (!m.is_empty()).then(|| m[rng.below(m.len() as u64) as usize].clone())
+            }) else {
+                return;
+            };
+            w.touch("touch", addr, len, h, off, Some(&f), rng);
+        }
+        _ => {
+            let Some((addr, len, h, off, f)) = w.maps.lock().ok().and_then(|mut m| {
+                (!m.is_empty()).then(|| {
+                    let i = rng.below(m.len() as u64) as usize;
+                    m.swap_remove(i)
+                })
+            }) else {
+                return;
+            };
+            if rng.one_in(2) {
+                unmap(addr, len);
+                return;
+            }
+            // Move it (growing is refused: VM_DONTEXPAND); it stays ours at the new address.
+            let Some(p) = std::ptr::NonNull::new(addr as *mut std::ffi::c_void) else {
+                return;
+            };
+            // SAFETY: a mapping this worker made and took out of its list; no reference into it.
+            let r = unsafe { mremap(p, len, len, MRemapFlags::MREMAP_MAYMOVE, None) };
+            let at = match r {
+                Ok(n) => n.as_ptr() as usize,
+                Err(_) => addr,
+            };
+            if let Ok(mut maps) = w.maps.lock() {
+                maps.push((at, len, h, off, f));
+            }
+        }
+    }
+}
+
+/// A child process that frees or queries a handle on the inherited file and exits at once
+/// (raw syscalls only: other threads may hold locks the child cannot take).
+fn forked_child(w: &World, d: &Ruvm, rng: &mut Rng) {
+    let mut a = uapi::ruvm_mem_handle {
+        handle: w.handle(rng),
+        ..Default::default()
+    };
+    let nr = if rng.one_in(2) {
+        cmd::MEM_FREE.nr
+    } else {
+        cmd::MEM_MAP_CPU_KERNEL.nr
+    };
+    let fd = d.as_fd().as_raw_fd();
+    // SAFETY: the child makes one ioctl with a structure on this stack and calls _exit; it
+    // touches nothing else of this process.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => unsafe {
+            nix::libc::ioctl(fd, nix::libc::c_ulong::from(nr), std::ptr::from_mut(&mut a));
+            nix::libc::_exit(0);
+        },
+        Ok(ForkResult::Parent { child }) => {
+            let _ = nix::sys::wait::waitpid(child, None);
+        }
+        Err(e) => w.check("fork", Err::<(), _>(e), &[EAGAIN]).unwrap_or(()),
+    }
+}
+
+/// Open, close, dup, or pass a file through a socket (SCM_RIGHTS) to this process again.
+fn files(w: &World, rng: &mut Rng) {
+    let Ok(mut files) = w.files.lock() else {
+        return;
+    };
+    match rng.below(4) {
+        0 if files.len() < 4 => {
+            if let Ok(f) = Ruvm::open() {
+                files.push(Arc::new(f));
+            }
+        }
+        1 if files.len() > 1 => {
+            let i = rng.below(files.len() as u64) as usize;
+            files.swap_remove(i);
+        }
+        2 if !files.is_empty() => {
+            let f = files[rng.below(files.len() as u64) as usize].clone();
+            drop(files);
+            if let Some(passed) = pass_fd(&f) {
+                if let Ok(mut files) = w.files.lock() {
+                    files.push(Arc::new(passed));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The same open file, received back through a socket pair.
+fn pass_fd(f: &Ruvm) -> Option<Ruvm> {
+    let (a, b) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .ok()?;
+    let fds = [f.as_fd().as_raw_fd()];
+    let iov = [std::io::IoSlice::new(b"f")];
+    sendmsg::<()>(
+        a.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .ok()?;
+    let mut buf = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(b.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::empty()).ok()?;
+    for c in msg.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            let fd = *fds.first()?;
+            // SAFETY: the descriptor was just received and nothing else owns it.
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            return Ruvm::from_owned_fd(owned).ok();
+        }
+    }
+    None
+}
+
+/// Two calls released at once from two threads, where ordering bugs live: `mmap` of a mem
+/// against its `MEM_FREE` (no mapping may read after the free returned), and a simulated GPU's
+/// table remapped against a read of its addresses (the engine must still reach the mem).
+fn race(w: &World, d: &Ruvm, rng: &mut Rng) {
+    let barrier = std::sync::Barrier::new(2);
+    // The mems made here are listed as this process's while they live (see `offset_in_use`).
+    let listed = |h: u64, add: bool| {
+        if let Ok(mut hs) = w.handles.lock() {
+            if add {
+                hs.push(h);
+            } else {
+                hs.retain(|x| *x != h);
+            }
+        }
+    };
+    if rng.one_in(2) || w.sims.is_empty() {
+        let Ok(a) = d.mem_alloc(64 << 10, 0, 0) else {
+            return;
+        };
+        listed(a.handle, true);
+        let mapped = std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                barrier.wait();
+                libruvm::UserMap::new(
+                    d,
+                    a.mmap_offset,
+                    64 << 10,
+                    ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                    MapFlags::MAP_SHARED,
+                )
+                .map(|m| {
+                    let r = (m.as_ptr() as usize, m.len());
+                    std::mem::forget(m);
+                    r
+                })
+            });
+            barrier.wait();
+            let freed = d.mem_free(a.handle);
+            (t.join(), freed)
+        });
+        listed(a.handle, false);
+        if let (Ok(Ok((addr, len))), Ok(())) = mapped {
+            if let Ok(mut f) = w.freed.lock() {
+                f.insert(a.handle);
+            }
+            w.touch("race", addr, len, a.handle, a.mmap_offset, Some(d), rng);
+            unmap(addr, len);
+        }
+        return;
+    }
+    let g = rng.pick(&w.sims);
+    let (Ok(src), Ok(dst)) = (d.mem_alloc(64 << 10, 0, 0), d.mem_alloc(64 << 10, 0, 0)) else {
+        return;
+    };
+    listed(src.handle, true);
+    listed(dst.handle, true);
+    if d.mem_gpu(true, src.handle, g).is_ok() && d.mem_gpu(true, dst.handle, g).is_ok() {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                barrier.wait();
+                for _ in 0..4 {
+                    let _ = d.dma_addrs(src.handle, g, 0, 16);
+                }
+            });
+            barrier.wait();
+            for _ in 0..4 {
+                let _ = d.mem_gpu(false, src.handle, g);
+                let _ = d.mem_gpu(true, src.handle, g);
+            }
+        });
+        let r = d.ce_copy(g, dst.handle, 0, src.handle, 0, 64 << 10);
+        // Other threads may free or unmap these mems meanwhile; a DMA fault (EFAULT) would be a
+        // table the engine lost.
+        w.check(
+            "CE_COPY after remaps racing address reads",
+            r,
+            &[ENODEV, ENOENT, ENXIO],
+        );
+    }
+    let _ = d.mem_free(src.handle);
+    let _ = d.mem_free(dst.handle);
+    listed(src.handle, false);
+    listed(dst.handle, false);
+}
+
+/// Unbinds an edu GPU and binds it again (from the parent). Returns whether it did.
+pub fn unbind_rebind(rng: &mut Rng, shared: &'static Shared) -> bool {
+    const DRIVER: &str = "/sys/bus/pci/drivers/ruvm-edu";
+    let Ok(entries) = std::fs::read_dir(DRIVER) else {
+        return false;
+    };
+    let devices: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("0000:"))
+        .collect();
+    if devices.is_empty() {
+        return false;
+    }
+    let dev = &devices[rng.below(devices.len() as u64) as usize];
+    let unbound = std::fs::write(format!("{DRIVER}/unbind"), dev);
+    let bound = std::fs::write(format!("{DRIVER}/bind"), dev);
+    if let Err(e) = unbound.and(bound) {
+        println!("fuzz: PROBLEM: unbind/bind of {dev}: {e}");
+        shared.problems.fetch_add(1, Ordering::Relaxed);
+    }
+    true
+}
+
+/// Tries to unload the module while files are open: it must refuse.
+pub fn unload_attempt(shared: &'static Shared) {
+    match nix::kmod::delete_module(c"ruvm", nix::kmod::DeleteModuleFlags::O_NONBLOCK) {
+        Err(EBUSY | EAGAIN) => {}
+        r => {
+            println!("fuzz: PROBLEM: unloading ruvm with files open: {r:?}");
+            shared.problems.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,331 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The fault-injection sweep (kernels with `CONFIG_FAULT_INJECTION`: the debug flavour): for
+//! each scenario, every failable allocation the kernel makes while ruvm serves it fails once in
+//! turn (`/proc/thread-self/fail-nth`, with failslab and fail_page_alloc set to fail
+//! `GFP_KERNEL` and order-0 allocations too). After each, the call must have failed with
+//! `ENOMEM` (or succeeded, when the failure was absorbed), and ruvm's state must be exactly as
+//! before: the audit's counters, every PMM's statistics, every GPU's DMA-mapped bytes. The
+//! kernel log must stay clean (the runner checks KASAN, lockdep, WARN). A scenario ends at the
+//! first `n` its call does not reach; the case prints how many sites each scenario failed.
+
+use std::fs;
+
+use libruvm::{self as dev, uapi, Ruvm};
+use nix::errno::Errno;
+
+use super::{
+    gpu::sim,
+    harness::{check, Case, Context, Stop, TestResult},
+};
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "fault_sweep_ioctls",
+            run: fault_sweep_ioctls,
+        },
+        Case {
+            name: "fault_sweep_module_load",
+            run: fault_sweep_module_load,
+        },
+    ]
+}
+
+const FAIL_NTH: &str = "/proc/thread-self/fail-nth";
+
+/// Fault injection armed for `fail-nth` on every allocation; restored on drop.
+struct Injector {
+    saved: Vec<(&'static str, String)>,
+    /// This thread's `fail-nth`, opened once: opening it again after a call would allocate,
+    /// and be failed by a countdown the call did not use up.
+    nth: fs::File,
+}
+
+impl Injector {
+    const KNOBS: [(&'static str, &'static str); 4] = [
+        ("/sys/kernel/debug/failslab/ignore-gfp-wait", "N"),
+        ("/sys/kernel/debug/fail_page_alloc/ignore-gfp-wait", "N"),
+        ("/sys/kernel/debug/fail_page_alloc/ignore-gfp-highmem", "N"),
+        ("/sys/kernel/debug/fail_page_alloc/min-order", "0"),
+    ];
+
+    /// `Skip` on a kernel without fault injection.
+    fn new() -> Result<Self, Stop> {
+        if fs::metadata(FAIL_NTH).is_err() || fs::metadata(Self::KNOBS[0].0).is_err() {
+            return Err(Stop::Skip(
+                "no fault injection in this kernel (the debug kernel has it)".into(),
+            ));
+        }
+        let nth = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(FAIL_NTH)
+            .ctx("open fail-nth")?;
+        let mut me = Self {
+            saved: Vec::new(),
+            nth,
+        };
+        for (path, value) in Self::KNOBS {
+            let old = fs::read_to_string(path).ctx(path)?;
+            me.saved.push((path, old.trim().to_owned()));
+            fs::write(path, value).ctx(path)?;
+        }
+        Ok(me)
+    }
+
+    /// Runs `f` with the `n`th failable allocation of this thread failing. Returns its result
+    /// and whether the `n`th allocation was reached.
+    fn with_nth<T>(&self, n: u32, f: impl FnOnce() -> T) -> Result<(T, bool), Stop> {
+        use std::os::unix::fs::FileExt;
+        self.nth
+            .write_at(n.to_string().as_bytes(), 0)
+            .ctx("arm fail-nth")?;
+        let r = f();
+        let mut buf = [0u8; 16];
+        let got = self.nth.read_at(&mut buf, 0).ctx("read fail-nth")?;
+        self.nth.write_at(b"0", 0).ctx("disarm fail-nth")?;
+        let left: u32 = std::str::from_utf8(&buf[..got])
+            .map_err(|e| Stop::Fail(format!("fail-nth: {e}")))?
+            .trim()
+            .parse()
+            .map_err(|e| Stop::Fail(format!("fail-nth: {e}")))?;
+        Ok((r, left == 0))
+    }
+}
+
+impl Drop for Injector {
+    fn drop(&mut self) {
+        use std::os::unix::fs::FileExt;
+        let _ = self.nth.write_at(b"0", 0);
+        for (path, value) in &self.saved {
+            let _ = fs::write(path, value);
+        }
+    }
+}
+
+/// What must not change when a call fails: the audit's counters, the PMMs, the GPUs' mapped
+/// bytes.
+#[derive(Debug, PartialEq, Eq)]
+struct Snapshot {
+    live: Vec<u64>,
+    pmms: Vec<(u32, u64, [u64; 3], u64)>,
+    mapped: Vec<(u32, u64)>,
+}
+
+fn snapshot(d: &Ruvm) -> Result<Snapshot, Stop> {
+    let live = d.audit(false).ctx("AUDIT")?.live.to_vec();
+    let gpus = d.gpus().ctx("GPU_LIST")?;
+    let mut pmms = Vec::new();
+    let mut mapped = Vec::new();
+    for g in gpus
+        .iter()
+        .filter(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0)
+    {
+        mapped.push((g.id, g.dma_mapped_bytes));
+        if g.vidmem_size > 0 {
+            let s = d.pmm_stats(g.id).ctx("PMM_STATS")?;
+            pmms.push((g.id, s.free, s.allocated, s.roots_stored));
+        }
+    }
+    Ok(Snapshot { live, pmms, mapped })
+}
+
+/// What undoes a call that succeeded.
+type Undo<'a> = Box<dyn FnOnce() -> TestResult + 'a>;
+
+/// One scenario: `op` is the call under test; on success it returns what undoes it.
+struct Scenario<'a> {
+    name: String,
+    op: Box<dyn FnMut() -> Result<Undo<'a>, Errno> + 'a>,
+}
+
+/// Fails each allocation of `s` in turn; returns how many sites it failed.
+fn sweep(d: &Ruvm, inj: &Injector, s: &mut Scenario<'_>) -> Result<u32, Stop> {
+    const MAX_SITES: u32 = 5000;
+    for n in 1..=MAX_SITES {
+        let before = snapshot(d)?;
+        let (r, reached) = inj.with_nth(n, &mut s.op)?;
+        match r {
+            Ok(undo) => undo()?,
+            Err(Errno::ENOMEM) => {}
+            Err(e) => {
+                return Err(Stop::Fail(format!(
+                    "{}: with allocation {n} failing the call failed with {e}, wanted ENOMEM",
+                    s.name
+                )))
+            }
+        }
+        let after = snapshot(d)?;
+        check!(
+            after == before,
+            "{}: allocation {n} failing changed ruvm's state:\n# before {before:?}\n# after  {after:?}",
+            s.name
+        );
+        if !reached {
+            return Ok(n - 1);
+        }
+    }
+    Err(Stop::Fail(format!(
+        "{}: still failing allocations after {MAX_SITES}",
+        s.name
+    )))
+}
+
+/// Boxes an undo step.
+fn undo<'a>(f: impl FnOnce() -> TestResult + 'a) -> Undo<'a> {
+    Box::new(f)
+}
+
+fn fault_sweep_ioctls() -> TestResult {
+    let inj = Injector::new()?;
+    let dev = Ruvm::open().ctx("open")?;
+    let d = &dev;
+    let gpus = d.gpus().ctx("GPU_LIST")?;
+    let present: Vec<&uapi::ruvm_gpu_info> = gpus
+        .iter()
+        .filter(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0)
+        .collect();
+    let free = move |h: u64| d.mem_free(h).ctx("free");
+    let mut scenarios: Vec<Scenario<'_>> = Vec::new();
+    for order in 0..=9u32 {
+        let chunk = 4096u64 << order;
+        scenarios.push(Scenario {
+            name: format!("sysmem alloc, {}K chunks", chunk >> 10),
+            op: Box::new(move || {
+                let a = d.mem_alloc(1 << 20, chunk, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)?;
+                Ok(undo(move || free(a.handle)))
+            }),
+        });
+    }
+    // Mappings of a mem made outside the sweep.
+    let m = d.mem_alloc(1 << 20, 64 << 10, 0).ctx("alloc")?.handle;
+    scenarios.push(Scenario {
+        name: "map CPU kernel".into(),
+        op: Box::new(move || {
+            d.map_kernel(m)?;
+            Ok(undo(move || d.unmap_kernel(m).ctx("unmap kernel")))
+        }),
+    });
+    for g in &present {
+        let id = g.id;
+        scenarios.push(Scenario {
+            name: format!("map GPU {id}"),
+            op: Box::new(move || {
+                d.mem_gpu(true, m, id)?;
+                Ok(undo(move || d.mem_gpu(false, m, id).ctx("unmap GPU")))
+            }),
+        });
+        if g.vidmem_size == 0 {
+            continue;
+        }
+        for chunk in [4u64 << 10, 64 << 10, 2 << 20] {
+            scenarios.push(Scenario {
+                name: format!("vidmem alloc on GPU {id}, {}K chunks", chunk >> 10),
+                op: Box::new(move || {
+                    let a = d.vidmem_alloc(id, chunk, chunk, 0)?;
+                    Ok(undo(move || free(a.handle)))
+                }),
+            });
+        }
+        scenarios.push(Scenario {
+            name: format!("PMM check-leak on GPU {id}"),
+            op: Box::new(move || {
+                d.pmm_check_leak(id, 64 << 10, 4)?;
+                Ok(undo(|| Ok(())))
+            }),
+        });
+    }
+    // A copy by a simulated engine (edu's takes 0.2 s a transfer: too slow to sweep).
+    let sim_gpu = present.iter().find(|g| sim(g)).map(|g| g.id);
+    let pair = match sim_gpu {
+        Some(id) => {
+            let a = d.mem_alloc(64 << 10, 0, 0).ctx("alloc")?.handle;
+            let b = d.mem_alloc(64 << 10, 0, 0).ctx("alloc")?.handle;
+            d.mem_gpu(true, a, id).ctx("map")?;
+            d.mem_gpu(true, b, id).ctx("map")?;
+            scenarios.push(Scenario {
+                name: format!("copy engine of GPU {id}"),
+                op: Box::new(move || {
+                    d.ce_copy(id, b, 0, a, 0, 64 << 10)?;
+                    Ok(undo(|| Ok(())))
+                }),
+            });
+            Some((a, b))
+        }
+        None => None,
+    };
+    let mut report = Vec::new();
+    for s in &mut scenarios {
+        let n = sweep(d, &inj, s)?;
+        report.push(format!("{}: {n}", s.name));
+    }
+    drop(scenarios);
+    for h in [Some(m), pair.map(|p| p.0), pair.map(|p| p.1)]
+        .into_iter()
+        .flatten()
+    {
+        free(h)?;
+    }
+    for line in report {
+        println!("# fault sweep, sites failed one at a time: {line}");
+    }
+    Ok(())
+}
+
+/// The parameters the module was loaded with, to load it again the same way: the guest's init
+/// exports them (7.2's Rust modules have no parameter files in sysfs).
+fn current_params() -> Result<String, Stop> {
+    std::env::var("RUVM_MODARGS")
+        .map_err(|_| Stop::Skip("RUVM_MODARGS unknown (the test guest's init sets it)".into()))
+}
+
+/// Loading the module with each failable allocation of the load failing in turn (the
+/// kernel's module loader, ruvm's init, the edu probes, the simulated GPUs): every failed load
+/// must unwind completely (kmemleak, which the runner scans at the end, and the audit of the
+/// final unload see to that). Needs the module file (`/ruvm/ruvm.ko` in the guest) and no other
+/// open file of `/dev/ruvm`.
+fn fault_sweep_module_load() -> TestResult {
+    if std::env::var_os("RUVM_FAULT_SWEEP_LOAD").is_none() {
+        return Err(Stop::Skip(
+            "runs alone: RUVM_FAULT_SWEEP_LOAD=1 (it unloads and reloads the module)".into(),
+        ));
+    }
+    let inj = Injector::new()?;
+    let params = current_params()?;
+    if fs::metadata(std::env::var("RUVM_KO").unwrap_or_else(|_| "/ruvm/ruvm.ko".into())).is_err() {
+        return Err(Stop::Skip("no ruvm.ko to load".into()));
+    }
+    let st = dev::unload_with_verdict().map_err(Stop::Fail)?;
+    check!(
+        st.state & u64::from(uapi::ruvm_unload_state_bits_RUVM_UNLOAD_LEAKED) == 0,
+        "the module leaked before the sweep began"
+    );
+    let mut failed = 0u32;
+    for n in 1..=5000u32 {
+        let (r, reached) = inj.with_nth(n, || dev::load_module(&params))?;
+        let loaded = fs::metadata("/sys/module/ruvm").is_ok();
+        match r {
+            Ok(()) => {
+                check!(loaded, "load {n} succeeded but the module is not there");
+                if !reached {
+                    println!("# fault sweep, sites failed one at a time: module load: {failed}");
+                    return Ok(());
+                }
+                // The failure was absorbed: unload and go on.
+                let st = dev::unload_with_verdict().map_err(Stop::Fail)?;
+                check!(
+                    st.state & u64::from(uapi::ruvm_unload_state_bits_RUVM_UNLOAD_LEAKED) == 0,
+                    "load {n} (a failure absorbed) leaked by its unload"
+                );
+            }
+            Err(e) => {
+                check!(!loaded, "load {n} failed ({e}) but the module stayed");
+                failed += 1;
+            }
+        }
+    }
+    Err(Stop::Fail(
+        "the module load still fails after 5000 sites".into(),
+    ))
+}
