@@ -116,7 +116,7 @@ runner_check() {
 }
 runner_check "runner: the command's exit status comes back" 7 "" CMD='exit 7'
 runner_check "runner: a failing selftest fails the run" 1 "not ok .* planted_failure" \
-	CMD='ruvmctl selftest --plant-failure'
+	CMD='ruvmctl selftest --plant-failure --filter planted_failure'
 runner_check "runner: a kernel WARN fails the run although the command passed" 3 "WARNING:" \
 	VM_MODARGS=enable_test_ioctls=1 CMD='ruvmctl test-plant warn'
 # A busy loop: with the fast kernel's skip-idle clock (VM_ICOUNT) a sleeping guest is not stuck.
@@ -187,7 +187,7 @@ fuzz_run() {
 	env "$@" "$here/vm.sh" "$flavour" > "$out" 2>&1
 	rc=$?
 	if [ $rc -eq 0 ]; then
-		passed "guest ($name): $(grep -m1 -E '^fuzz: seed .* operations' "$out" | sed 's/^fuzz: //') ($((SECONDS - t)) s)"
+		passed "guest ($name): $(grep -m1 -E '^fuzz: seed .* operations in ' "$out" | sed 's/^fuzz: //') ($((SECONDS - t)) s)"
 	else
 		failed "guest ($name): runner exit $rc ($((SECONDS - t)) s; log: $out)" "$out"
 	fi
@@ -197,6 +197,6 @@ fuzz_run() {
 fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
 	CMD="ruvmctl fuzz --ops 100000 --duration 300 --unbind --kill"
 fuzz_run "debug kernel, fuzzer" debug VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
-	CMD="ruvmctl fuzz --ops 100000 --duration 150 --unbind --kill --max-size 256K"
+	CMD="ruvmctl fuzz --ops 100000 --duration 60 --unbind --kill --max-size 256K"
 
 finish
