@@ -19,7 +19,10 @@ use nix::{
     sys::mman::{mmap, munmap, MapFlags, ProtFlags},
 };
 
-use crate::{cmd, uapi, Cmd};
+use crate::{
+    cmd::{self, Cmd},
+    uapi,
+};
 
 /// Where the device node is: `$RUVM_DEV` or `/dev/ruvm`.
 pub fn path() -> PathBuf {
