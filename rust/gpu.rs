@@ -288,29 +288,23 @@ pub(crate) fn is_host(bus: u8, devfn: u8) -> bool {
         .is_some_and(|r| r.config.host.contains(&Some((bus, devfn))))
 }
 
-/// How a GPU's engine works, for [`register`].
-pub(crate) enum EngineKind {
-    None,
-    Edu(Pin<KBox<edu::EduEngine>>),
-    Sim,
-}
-
 /// Adds a GPU that was just bound, or brings back the entry of the same PCI device; returns
 /// it. `ENOSPC` when the registry is full.
-pub(crate) fn register(info: GpuInfo, dma: DmaDevice, engine: EngineKind) -> Result<Arc<GpuDev>> {
+pub(crate) fn register(
+    info: GpuInfo,
+    dma: DmaDevice,
+    engine: Option<Engine>,
+) -> Result<Arc<GpuDev>> {
     let dma = Arc::new(dma, GFP_KERNEL)?;
     let tracker = Arc::pin_init(dma::Tracker::new(), GFP_KERNEL)?;
     let limit = match info.dma_mask_bits {
         64.. => u64::MAX,
         bits => (1u64 << bits) - 1,
     };
-    let (engine, sim) = match engine {
-        EngineKind::None => (None, None),
-        EngineKind::Edu(e) => (Some(Engine::Edu(e)), None),
-        EngineKind::Sim => (
-            Some(Engine::Sim),
-            Some(Arc::pin_init(sim::SimIommu::new(), GFP_KERNEL)?),
-        ),
+    // A simulated engine reaches memory through the translation its GPU's tables record.
+    let sim = match engine {
+        Some(Engine::Sim) => Some(Arc::pin_init(sim::SimIommu::new(), GFP_KERNEL)?),
+        _ => None,
     };
     let mut reg = GPUS.lock().ok_or(ENODEV)?;
     let index = match reg.gpus.iter().position(|e| e.info.same_device(&info)) {

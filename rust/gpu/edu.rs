@@ -21,7 +21,7 @@ use kernel::{
 
 use crate::{
     bind::dma::{self, DmaDevice},
-    gpu::{self, EngineKind, GpuDev, GpuInfo},
+    gpu::{self, GpuDev, GpuInfo},
     uapi,
 };
 
@@ -186,7 +186,7 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
             page_sizes: gpu::TEST_PAGE_SIZES,
         },
         DmaDevice::new(pdev),
-        EngineKind::Edu(engine),
+        Some(gpu::Engine::Edu(engine)),
     )?;
     dev_info!(pdev, "test GPU {} (edu)\n", dev.id);
     Ok(EduGpu { dev })

@@ -7,7 +7,7 @@ use kernel::{prelude::*, sync::Arc};
 
 use crate::{
     bind::dma::{find_pci, DmaDevice},
-    gpu::{self, EngineKind, GpuDev, GpuInfo},
+    gpu::{self, GpuDev, GpuInfo},
     uapi,
 };
 
@@ -44,7 +44,7 @@ impl HostGpus {
                 dma_mask_bits: 64 - mask.leading_zeros(),
                 page_sizes: gpu::TEST_PAGE_SIZES,
             };
-            let dev = gpu::register(info, dma, EngineKind::None)?;
+            let dev = gpu::register(info, dma, None)?;
             pr_info!(
                 "host GPU {} at 0000:{bus:02x}:{slot:02x}.{func} (DMA mapping only)\n",
                 dev.id

@@ -30,7 +30,7 @@ use kernel::{
 use crate::{
     audit::Counted,
     bind::{dma::DmaDevice, dma::DmaTable, pages::ChunkList, ratelimit},
-    gpu::{self, EngineKind, GpuDev, GpuInfo},
+    gpu::{self, Engine, GpuDev, GpuInfo},
     uapi,
 };
 
@@ -219,7 +219,7 @@ impl SimGpus {
                 dma_mask_bits: SIM_DMA_BITS,
                 page_sizes: gpu::TEST_PAGE_SIZES,
             };
-            let dev = gpu::register(info, dma, EngineKind::Sim)?;
+            let dev = gpu::register(info, dma, Some(Engine::Sim))?;
             pr_info!("simulated GPU {} ({name:?})\n", dev.id);
             gpus.push(SimGpu { dev, _faux: faux }, GFP_KERNEL)?;
         }
