@@ -119,7 +119,7 @@ runner_check "runner: a failing selftest fails the run" 1 "not ok .* planted_fai
 	CMD='ruvmctl selftest --plant-failure --filter planted_failure'
 runner_check "runner: a kernel WARN fails the run although the command passed" 3 "WARNING:" \
 	VM_MODARGS=enable_test_ioctls=1 CMD='ruvmctl test-plant warn'
-# A busy loop: with the fast kernel's skip-idle clock (VM_ICOUNT) a sleeping guest is not stuck.
+# A busy loop: under a skip-idle clock (VM_ICOUNT) a sleeping guest is not stuck.
 runner_check "runner: a hung guest fails the run" 124 "did not finish" VM_TIMEOUT=20 \
 	CMD='while :; do :; done'
 runner_check "runner: a failed insmod fails the run" 125 "insmod" VM_MODARGS=max_alloc_mib=banana CMD=true
@@ -170,13 +170,16 @@ host=(VM_MODARGS="host_gpus=0x18" CMD="ruvmctl selftest --filter gpu_ --filter v
 sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
 	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_")
 guest_suite "fast kernel, host GPU" fast "${host[@]}"
-guest_suite "debug kernel, host GPU" debug "${host[@]}"
+# On the debug kernel, the cases a host GPU changes (the rest ran there with edu GPUs above).
+guest_suite "debug kernel, host GPU" debug VM_MODARGS="host_gpus=0x18" \
+	CMD="ruvmctl selftest --filter gpu_host --filter gpu_list --filter gpu_dma --filter vidmem_chunk --filter vidmem_mappings"
 guest_suite "fast kernel, simulated GPUs" fast "${sim[@]}"
 guest_suite "debug kernel, simulated GPUs" debug "${sim[@]}"
 guest_suite "fast kernel, planted leaks" fast "${plant[@]}"
 guest_suite "debug kernel, planted leaks" debug "${plant[@]}"
-# Every failable allocation of a module load failing in turn (debug kernel: kmemleak).
-guest_suite "debug kernel, module load fault sweep" debug VM_MODARGS="sim_gpus=2" \
+# Every failable allocation of a module load failing in turn (debug kernel: kmemleak), with one
+# GPU of each kind: a second of the same kind fails the same sites again.
+guest_suite "debug kernel, module load fault sweep" debug VM_GPUS=1 VM_MODARGS="sim_gpus=1" \
 	CMD="RUVM_FAULT_SWEEP_LOAD=1 ruvmctl selftest --filter fault_sweep_module_load"
 
 # The fuzzer: one counted result, its summary line shown. A new seed each run, printed.

@@ -76,12 +76,18 @@ pub fn run(filters: &[String], plant_failure: bool) -> std::io::Result<i32> {
     // Assertion messages go to KTAP diagnostics, not to a panic backtrace.
     panic::set_hook(Box::new(|_| {}));
     for case in &list {
+        let started = std::time::Instant::now();
         let outcome = match panic::catch_unwind(AssertUnwindSafe(case.run)) {
             Ok(Ok(())) => Outcome::Pass,
             Ok(Err(Stop::Fail(why))) => Outcome::Fail(why),
             Ok(Err(Stop::Skip(why))) => Outcome::Skip(why),
             Err(p) => Outcome::Fail(format!("panicked: {}", panic_text(&p))),
         };
+        // Where a run's time goes, for keeping make check inside its budget.
+        let took = started.elapsed();
+        if took >= std::time::Duration::from_secs(1) {
+            k.diag(&format!("{} took {:.1} s", case.name, took.as_secs_f64()))?;
+        }
         k.result(case.name, &outcome)?;
     }
     let _ = panic::take_hook();
