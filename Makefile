@@ -9,7 +9,7 @@ RUVMCTL := $(TOP)/tools/ruvmctl/target/x86_64-unknown-linux-gnu/release/ruvmctl
 SELFTEST_BINS := $(TOP)/build/selftests/ruvm_abi_test
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 
-.PHONY: all help deps kernel module ruvmctl selftests vm demo check fuzz clean FORCE
+.PHONY: all help deps kernel module ruvmctl selftests vm demo check fuzz bench clean FORCE
 
 all: module ruvmctl
 
@@ -18,6 +18,7 @@ help:
 	@echo "make check         every test (host, guest on the fast and debug kernels)"
 	@echo "make vm CMD='...'  run a command in the guest (no CMD: a shell); VM_EXTRA=files"
 	@echo "make fuzz          the fuzzer on the debug kernel: DURATION=seconds, SEED=n, FLAVOUR=fast"
+	@echo "make bench         speed and memory against the kernel and user space (build/bench/)"
 	@echo "make module        build ruvm.ko for FLAVOUR=fast|debug, or KDIR=/your/kernel"
 	@echo "make kernel        build both test kernels into \$$RUVM_CACHE (~/.cache/ruvm)"
 	@echo "make ruvmctl       build the static ruvmctl"
@@ -62,6 +63,10 @@ fuzz: module ruvmctl selftests
 	@VM_TIMEOUT=$$(( $(DURATION) + 900 )) VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
 		CMD="ruvmctl fuzz --ops 1000000000 --duration $(DURATION) --unbind --kill $(if $(SEED),--seed $(SEED))" \
 		$(TOP)/scripts/vm.sh $(FLAVOUR)
+
+# Benchmarks in the fast guest: a table of ratios and goals, JSON and an SVG in build/bench/.
+bench: module ruvmctl selftests
+	@$(TOP)/scripts/bench.sh
 
 check:
 	@$(TOP)/scripts/check.sh

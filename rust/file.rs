@@ -38,6 +38,7 @@ use crate::{
 
 mod args;
 mod audit_ioctls;
+mod bench_ioctls;
 mod gpu_ioctls;
 mod mem_ioctls;
 mod test_ioctls;
@@ -150,6 +151,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_AUDIT => audit_ioctls::audit(user)?,
             uapi::RUVM_IOCTL_STATS => audit_ioctls::stats(user)?,
             uapi::RUVM_IOCTL_REGISTER_UNLOAD_STATE => audit_ioctls::register_unload_state(user)?,
+            uapi::RUVM_IOCTL_BENCH => me.bench(user)?,
             uapi::RUVM_IOCTL_TEST_PLANT => test_ioctls::plant(user)?,
             uapi::RUVM_IOCTL_TEST_LEAK => test_ioctls::leak(user)?,
             uapi::RUVM_IOCTL_TEST_CE_RAW => test_ioctls::ce_raw(user)?,

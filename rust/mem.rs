@@ -45,6 +45,7 @@ use crate::{
     uapi,
 };
 
+pub(crate) mod bench;
 pub(crate) mod cpu;
 pub(crate) mod gpu;
 pub(crate) mod offsets;

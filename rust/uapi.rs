@@ -45,6 +45,7 @@ plain_old_data!(
     ruvm_mem_copy,
     ruvm_audit,
     ruvm_stats,
+    ruvm_bench,
     ruvm_unload_state,
     ruvm_register_unload_state,
     ruvm_test_leak,

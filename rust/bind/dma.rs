@@ -104,56 +104,147 @@ fn raw_device(dev: &device::Device) -> *mut bindings::device {
         .cast_mut()
 }
 
+/// The physical address of a page.
+///
+/// `page_to_phys` is a macro; on x86-64 the page array is virtually contiguous
+/// (`SPARSEMEM_VMEMMAP`, always on there) from `vmemmap_base`, so a page's frame number is its
+/// index in that array, which is what the macro computes.
+#[cfg(CONFIG_X86_64)]
+fn page_phys(page: NonNull<bindings::page>) -> u64 {
+    // SAFETY: `vmemmap_base` is set once at boot, before any module loads, and never written
+    // again.
+    let base: usize = unsafe { bindings::vmemmap_base };
+    let index = (page.as_ptr() as usize - base) / core::mem::size_of::<bindings::page>();
+    (index as u64) << bindings::PAGE_SHIFT
+}
+
+/// How a table's chunks are mapped.
+enum Mapping {
+    /// One IOVA range for the whole table, each chunk linked into it at its offset (the
+    /// device is behind an IOMMU): chunk `i` is at `state.addr + i * len`. `linked` bytes from
+    /// the start are linked.
+    Iova {
+        state: bindings::dma_iova_state,
+        linked: usize,
+    },
+    /// One `dma_map_page_attrs` per chunk (a device without an IOMMU, or one whose IOVA space
+    /// cannot hold the range in one piece).
+    Pages(KVVec<u64>),
+}
+
 /// Every chunk of a [`ChunkList`] DMA-mapped (bidirectional) for one device, unmapped on drop.
+///
+/// Behind an IOMMU the whole table is one IOVA range: one allocation of address space, the
+/// chunks linked into it, one IOTLB sync, and no per-chunk address to keep. Otherwise each
+/// chunk is mapped on its own and its address kept. Either way each chunk has one DMA address
+/// ([`Self::addr`]), which is what the ABI reports.
 ///
 /// The caller keeps the device bound while it makes and drops a table (the GPU layer's access
 /// guard); a device is never released with a table of it alive.
 ///
 /// # Invariants
 ///
-/// `addrs[i]` is the result of a successful `dma_map_page_attrs` of chunk `i` of `pages` on
-/// `dev`, `len` bytes, not yet unmapped; `pages` keeps the chunks alive while they are mapped.
+/// `Mapping::Iova`: `state` is an IOVA range of `count * len` bytes allocated on `dev` by
+/// `dma_iova_try_alloc`, of which the first `linked` bytes are linked to the chunks of `pages`
+/// in order. `Mapping::Pages`: entry `i` is the result of a successful `dma_map_page_attrs` of
+/// chunk `i` of `pages` on `dev`, `len` bytes, not yet unmapped. `pages` keeps the chunks alive
+/// while they are mapped.
 pub(crate) struct DmaTable<T> {
     dev: Arc<DmaDevice>,
     pages: Arc<ChunkList<T>>,
     len: usize,
-    addrs: KVVec<u64>,
+    map: Mapping,
 }
 
 /// `DMA_MAPPING_ERROR` (`~(dma_addr_t)0`), a macro bindgen cannot see.
 const DMA_MAPPING_ERROR: bindings::dma_addr_t = !0;
 
+const BIDIRECTIONAL: bindings::dma_data_direction = bindings::dma_data_direction_DMA_BIDIRECTIONAL;
+
 impl<T> DmaTable<T> {
     /// Maps every chunk of `pages` on `dev`. An address outside `[0, limit]` (the GPU's window)
-    /// is unmapped again and fails the whole table with `EFAULT`; a mapping failure is `ENOMEM`.
-    /// On failure, what was mapped is unmapped.
+    /// fails the whole table with `EFAULT`; a mapping failure is `ENOMEM`. On failure, what was
+    /// mapped is unmapped.
     pub(crate) fn new(dev: Arc<DmaDevice>, pages: Arc<ChunkList<T>>, limit: u64) -> Result<Self> {
         let (count, len) = (pages.chunk_count(), pages.chunk_len());
-        let bytes = u64::try_from(len)?;
+        let total = count.checked_mul(len).ok_or(EOVERFLOW)?;
+        if count == 0 {
+            return Err(EINVAL);
+        }
+        let raw = raw_device(&dev.dev);
+        #[cfg(CONFIG_X86_64)]
+        {
+            let mut state = bindings::dma_iova_state::default();
+            // SAFETY: `raw` is a bound device (the caller keeps it bound for the call); `state`
+            // is ours. The phys argument only sets the offset inside the first IOMMU page (0:
+            // chunks are page-aligned).
+            if unsafe { bindings::dma_iova_try_alloc(raw, &mut state, 0, total) } {
+                // INVARIANT: an IOVA range of `total` bytes, nothing linked yet.
+                let mut table = Self {
+                    dev,
+                    pages,
+                    len,
+                    map: Mapping::Iova { state, linked: 0 },
+                };
+                table.link_all(raw, count, limit)?;
+                return Ok(table);
+            }
+        }
         let mut table = Self {
             dev,
             pages,
             len,
-            addrs: KVVec::with_capacity(count, GFP_KERNEL)?,
+            map: Mapping::Pages(KVVec::with_capacity(count, GFP_KERNEL_ACCOUNT)?),
         };
-        let raw = raw_device(&table.dev.dev);
+        table.map_each(raw, count, limit)?;
+        Ok(table)
+    }
+
+    /// Links every chunk into the table's IOVA range, then syncs the IOTLB once.
+    #[cfg(CONFIG_X86_64)]
+    fn link_all(&mut self, raw: *mut bindings::device, count: usize, limit: u64) -> Result {
+        let len = self.len;
+        let Mapping::Iova { state, linked } = &mut self.map else {
+            return Err(EINVAL);
+        };
+        let end = state
+            .addr
+            .checked_add((count * len) as u64 - 1)
+            .ok_or(EFAULT)?;
+        if end > limit {
+            return Err(window_error(state.addr, end, limit));
+        }
         for i in 0..count {
-            let page = table
-                .pages
-                .chunk(i)
-                .and_then(|c| c.page_ptr(0))
-                .ok_or(EINVAL)?;
+            let page = self.pages.chunk_page(i).ok_or(EINVAL)?;
+            // SAFETY: the range is ours, `i * len` is inside it and not linked yet; the chunk's
+            // `len` bytes are contiguous and kept alive by `self.pages`.
+            let r = unsafe {
+                bindings::dma_iova_link(raw, state, page_phys(page), i * len, len, BIDIRECTIONAL, 0)
+            };
+            if r != 0 {
+                return Err(ENOMEM);
+            }
+            // INVARIANT: one more chunk linked, in order.
+            *linked += len;
+        }
+        // SAFETY: the whole range is linked.
+        let r = unsafe { bindings::dma_iova_sync(raw, state, 0, *linked) };
+        kernel::error::to_result(r).map_err(|_| ENOMEM)
+    }
+
+    /// Maps every chunk on its own.
+    fn map_each(&mut self, raw: *mut bindings::device, count: usize, limit: u64) -> Result {
+        let len = self.len;
+        let bytes = len as u64;
+        let Mapping::Pages(addrs) = &mut self.map else {
+            return Err(EINVAL);
+        };
+        for i in 0..count {
+            let page = self.pages.chunk_page(i).ok_or(EINVAL)?;
             // SAFETY: `raw` is a bound device (the caller keeps it bound for the call); `page`
-            // heads `len` contiguous bytes kept alive by `table.pages`.
+            // heads `len` contiguous bytes kept alive by `self.pages`.
             let addr = unsafe {
-                bindings::dma_map_page_attrs(
-                    raw,
-                    page.as_ptr(),
-                    0,
-                    len,
-                    bindings::dma_data_direction_DMA_BIDIRECTIONAL,
-                    0,
-                )
+                bindings::dma_map_page_attrs(raw, page.as_ptr(), 0, len, BIDIRECTIONAL, 0)
             };
             // What the C `dma_mapping_error` does: tell the DMA-API debugger the result was
             // checked, then check it.
@@ -166,28 +257,36 @@ impl<T> DmaTable<T> {
                 return Err(ENOMEM);
             }
             // INVARIANT: from here the address is in the table and unmapped by `Drop`.
-            table.addrs.push(addr, GFP_KERNEL).inspect_err(|_| {
+            addrs.push(addr, GFP_KERNEL_ACCOUNT).inspect_err(|_| {
                 // SAFETY: the mapping was just made and is in no table.
                 unsafe { unmap(raw, addr, len) };
             })?;
             match addr.checked_add(bytes - 1) {
                 Some(end) if end <= limit => {}
-                _ => {
-                    if super::ratelimit::printk_ok() {
-                        pr_err!(
-                            "DMA address {addr:#x}+{bytes:#x} is outside the GPU's window [0, {limit:#x}]\n"
-                        );
-                    }
-                    return Err(EFAULT);
-                }
+                _ => return Err(window_error(addr, addr.saturating_add(bytes - 1), limit)),
             }
         }
-        Ok(table)
+        Ok(())
     }
 
-    /// The DMA address of every chunk.
-    pub(crate) fn addrs(&self) -> &[u64] {
-        &self.addrs
+    /// How many chunks (each one DMA address).
+    pub(crate) fn count(&self) -> usize {
+        self.pages.chunk_count()
+    }
+
+    /// The DMA address of chunk `i`.
+    pub(crate) fn addr(&self, i: usize) -> Option<u64> {
+        match &self.map {
+            Mapping::Iova { state, .. } => {
+                (i < self.count()).then(|| state.addr + (i * self.len) as u64)
+            }
+            Mapping::Pages(addrs) => addrs.get(i).copied(),
+        }
+    }
+
+    /// The DMA address of every chunk, in order.
+    pub(crate) fn addrs(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.count()).filter_map(|i| self.addr(i))
     }
 
     /// The pages it maps.
@@ -201,6 +300,14 @@ impl<T> DmaTable<T> {
     }
 }
 
+/// Reports a DMA range outside a GPU's window; `EFAULT`.
+fn window_error(addr: u64, end: u64, limit: u64) -> Error {
+    if super::ratelimit::printk_ok() {
+        pr_err!("DMA range {addr:#x}..={end:#x} is outside the GPU's window [0, {limit:#x}]\n");
+    }
+    EFAULT
+}
+
 /// Unmaps one bidirectional mapping.
 ///
 /// # Safety
@@ -209,24 +316,25 @@ impl<T> DmaTable<T> {
 /// here.
 unsafe fn unmap(dev: *mut bindings::device, addr: u64, len: usize) {
     // SAFETY: by this function's contract.
-    unsafe {
-        bindings::dma_unmap_page_attrs(
-            dev,
-            addr,
-            len,
-            bindings::dma_data_direction_DMA_BIDIRECTIONAL,
-            0,
-        )
-    };
+    unsafe { bindings::dma_unmap_page_attrs(dev, addr, len, BIDIRECTIONAL, 0) };
 }
 
 impl<T> Drop for DmaTable<T> {
     fn drop(&mut self) {
         let raw = raw_device(&self.dev.dev);
-        for &addr in self.addrs.iter() {
-            // SAFETY: by the type invariant each address is a live mapping of `len` bytes on
-            // this device, unmapped only here.
-            unsafe { unmap(raw, addr, self.len) };
+        match &mut self.map {
+            Mapping::Iova { state, linked } => {
+                // SAFETY: by the type invariant the range is ours with `linked` bytes linked;
+                // this unlinks them, syncs the IOTLB once and frees the range.
+                unsafe { bindings::dma_iova_destroy(raw, state, *linked, BIDIRECTIONAL, 0) };
+            }
+            Mapping::Pages(addrs) => {
+                for &addr in addrs.iter() {
+                    // SAFETY: by the type invariant each address is a live mapping of `len`
+                    // bytes on this device, unmapped only here.
+                    unsafe { unmap(raw, addr, self.len) };
+                }
+            }
         }
     }
 }

@@ -9,11 +9,13 @@
 //! allocation made with `__GFP_COMP` (so that each of its pages can be mapped on its own, as
 //! `vm_insert_page` requires), freed with `__free_pages` of the same order.
 //!
-//! A [`ChunkList`] never changes once made, so whatever maps its pages (a DMA table, a kernel
-//! mapping) keeps them alive by holding the list. Its bytes are shared with user space (`mmap`)
-//! and devices (DMA), which access them as they please, as with any buffer handed to user space
-//! or hardware; the kernel side reaches them only through a [`Bytes`] guard of the list's own
-//! mutex, so two kernel accesses never race, and no Rust reference into the bytes ever exists.
+//! A [`ChunkList`] holds one pointer per chunk (its first page), so a list of one-page chunks is
+//! itself the page array `vm_map_ram` takes. It never changes once made, so whatever maps its
+//! pages (a DMA table, a kernel mapping) keeps them alive by holding the list. Its bytes are
+//! shared with user space (`mmap`) and devices (DMA), which access them as they please, as with
+//! any buffer handed to user space or hardware; the kernel side reaches them only through a
+//! [`Bytes`] guard of the list's own mutex, so two kernel accesses never race, and no Rust
+//! reference into the bytes ever exists.
 
 use core::ptr::NonNull;
 
@@ -88,29 +90,6 @@ impl Chunk {
     pub(crate) fn order(&self) -> u32 {
         self.order
     }
-
-    /// The number of `PAGE_SIZE` pages.
-    pub(crate) fn pages(&self) -> usize {
-        1 << self.order
-    }
-
-    /// The `i`-th page of the chunk, as a raw pointer (for the mapping functions of this layer).
-    pub(crate) fn page_ptr(&self, i: usize) -> Option<NonNull<bindings::page>> {
-        if i >= self.pages() {
-            return None;
-        }
-        // SAFETY: the block's `struct page`s are contiguous (a buddy block never crosses a
-        // memory section), and `i` is inside the block.
-        Some(unsafe { self.page.add(i) })
-    }
-
-    /// The `i`-th page of the chunk, borrowed for as long as the chunk lives.
-    pub(crate) fn page(&self, i: usize) -> Option<BorrowedPage<'_>> {
-        let p = self.page_ptr(i)?;
-        // SAFETY: `p` is a page of this chunk, valid until the chunk is dropped, which the
-        // borrow of `self` outlives.
-        Some(unsafe { BorrowedPage::from_raw(p) })
-    }
 }
 
 impl Drop for Chunk {
@@ -120,27 +99,75 @@ impl Drop for Chunk {
     }
 }
 
+/// The first pages of blocks of `2^order` pages, owned: each block is freed on drop.
+///
+/// # Invariants
+///
+/// Every pointer heads a block of `2^order` pages from `alloc_pages(.., order)` (a compound
+/// page when `order > 0`), owned by this object.
+struct Heads {
+    v: KVVec<NonNull<bindings::page>>,
+    order: u32,
+}
+
+impl Drop for Heads {
+    fn drop(&mut self) {
+        for p in self.v.iter() {
+            // SAFETY: by the type invariant we own the block, allocated with this order.
+            unsafe { bindings::__free_pages(p.as_ptr(), self.order) };
+        }
+    }
+}
+
 /// Chunks of one order, in order, that never change; `tag` is the owner's (its audit token).
+///
+/// A chunk costs one pointer (its first page): the list of an order-0 mem is the very page
+/// array `vm_map_ram` takes.
 #[pin_data]
 pub(crate) struct ChunkList<T> {
-    chunks: KVVec<Chunk>,
-    order: u32,
+    heads: Heads,
     _tag: T,
     /// Held by every kernel-side access to the bytes ([`Bytes`]). A leaf lock.
     #[pin]
     bytes: Mutex<()>,
 }
 
+// SAFETY: the blocks may be freed from any thread; `&ChunkList` reaches the bytes only through
+// its mutex.
+unsafe impl<T: Send> Send for ChunkList<T> {}
+// SAFETY: as above; shared borrows give out only `struct page`s, never the bytes.
+unsafe impl<T: Sync> Sync for ChunkList<T> {}
+
 impl<T: Send + Sync> ChunkList<T> {
-    /// Takes ownership of `chunks`, each of `2^order` pages (`EINVAL` otherwise).
-    pub(crate) fn new(chunks: KVVec<Chunk>, order: u32, tag: T) -> Result<Arc<Self>> {
-        if chunks.iter().any(|c| c.order != order) {
+    /// Allocates `count` chunks of `2^order` pages with `flags`, charging the list itself to
+    /// the caller's memory cgroup as the pages are. `stop` is asked before each chunk (a pending
+    /// signal, say) and ends the allocation with its error. On failure every chunk allocated so
+    /// far is freed.
+    pub(crate) fn alloc(
+        order: u32,
+        count: usize,
+        flags: ChunkFlags,
+        tag: T,
+        mut stop: impl FnMut() -> Result,
+    ) -> Result<Arc<Self>> {
+        if count == 0 {
             return Err(EINVAL);
+        }
+        let mut heads = Heads {
+            v: KVVec::with_capacity(count, GFP_KERNEL_ACCOUNT)?,
+            order,
+        };
+        for _ in 0..count {
+            stop()?;
+            let chunk = Chunk::alloc(order, flags)?;
+            // Room was reserved: this does not allocate.
+            heads.v.push(chunk.page, GFP_KERNEL_ACCOUNT)?;
+            // INVARIANT: the block is now owned by `heads`.
+            core::mem::forget(chunk);
         }
         Arc::pin_init(
             try_pin_init!(Self {
-                chunks,
-                order,
+                heads,
                 _tag: tag,
                 bytes <- new_mutex!(()),
             }),
@@ -152,22 +179,22 @@ impl<T: Send + Sync> ChunkList<T> {
 impl<T> ChunkList<T> {
     /// Pages per chunk, as a shift.
     pub(crate) fn order(&self) -> u32 {
-        self.order
+        self.heads.order
     }
 
     /// How many chunks.
     pub(crate) fn chunk_count(&self) -> usize {
-        self.chunks.len()
+        self.heads.v.len()
     }
 
     /// Bytes per chunk.
     pub(crate) fn chunk_len(&self) -> usize {
-        PAGE_SIZE << self.order
+        PAGE_SIZE << self.heads.order
     }
 
     /// How many `PAGE_SIZE` pages.
     pub(crate) fn page_count(&self) -> usize {
-        self.chunks.len() << self.order
+        self.heads.v.len() << self.heads.order
     }
 
     /// Bytes in all.
@@ -175,16 +202,32 @@ impl<T> ChunkList<T> {
         self.page_count() * PAGE_SIZE
     }
 
-    /// Chunk `i`.
-    pub(crate) fn chunk(&self, i: usize) -> Option<&Chunk> {
-        self.chunks.get(i)
+    /// The first page of chunk `i`, as a raw pointer (for the mapping functions of this
+    /// layer), valid while the list lives.
+    pub(crate) fn chunk_page(&self, i: usize) -> Option<NonNull<bindings::page>> {
+        self.heads.v.get(i).copied()
     }
 
-    /// The `i`-th `PAGE_SIZE` page of the list.
+    /// Every page of the list in order, as the page array `vm_map_ram` takes, when each chunk
+    /// is one page (order 0); `None` otherwise.
+    pub(crate) fn order0_pages(&self) -> Option<&[NonNull<bindings::page>]> {
+        (self.heads.order == 0).then_some(&self.heads.v[..])
+    }
+
+    /// The `i`-th `PAGE_SIZE` page of the list, as a raw pointer.
+    pub(crate) fn page_ptr(&self, i: usize) -> Option<NonNull<bindings::page>> {
+        let head = self.heads.v.get(i >> self.heads.order)?;
+        // SAFETY: the block's `struct page`s are contiguous (a buddy block never crosses a
+        // memory section), and the index is inside the block of `2^order` pages.
+        Some(unsafe { head.add(i & ((1 << self.heads.order) - 1)) })
+    }
+
+    /// The `i`-th `PAGE_SIZE` page of the list, borrowed for as long as the list lives.
     pub(crate) fn page(&self, i: usize) -> Option<BorrowedPage<'_>> {
-        self.chunks
-            .get(i >> self.order)?
-            .page(i & ((1 << self.order) - 1))
+        let p = self.page_ptr(i)?;
+        // SAFETY: `p` is a page of this list, valid until the list is dropped, which the
+        // borrow of `self` outlives.
+        Some(unsafe { BorrowedPage::from_raw(p) })
     }
 
     /// Exclusive kernel-side access to the bytes, until the guard goes.
@@ -198,6 +241,11 @@ impl<T> ChunkList<T> {
     /// The lock [`Bytes`] holds, for the kernel mapping of the same pages.
     pub(crate) fn bytes_lock(&self) -> MutexGuard<'_, ()> {
         self.bytes.lock()
+    }
+
+    /// [`Self::bytes_lock`] if it is free now.
+    pub(crate) fn bytes_try_lock(&self) -> Option<MutexGuard<'_, ()>> {
+        self.bytes.try_lock()
     }
 }
 

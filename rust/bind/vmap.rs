@@ -55,15 +55,26 @@ impl<T> VMap<T> {
         if n == 0 {
             return Err(EINVAL);
         }
-        // A temporary array of page pointers, as uvm_mem builds for chunks > PAGE_SIZE.
-        let mut ptrs = KVVec::with_capacity(n, GFP_KERNEL)?;
-        for i in 0..n {
-            let page = pages.page(i).ok_or(EINVAL)?;
-            ptrs.push(page.as_ptr().cast::<c_void>(), GFP_KERNEL)?;
-        }
+        // Chunks of one page: the list is the page array. Bigger chunks: a temporary array of
+        // page pointers, as uvm_mem builds for chunks > PAGE_SIZE.
+        let built;
+        let ptrs: *const *mut c_void = match pages.order0_pages() {
+            // CAST: `NonNull<page>` has the layout of `*mut page`.
+            Some(list) => list.as_ptr().cast(),
+            None => {
+                let mut v = KVVec::with_capacity(n, GFP_KERNEL)?;
+                for i in 0..n {
+                    let page = pages.page_ptr(i).ok_or(EINVAL)?;
+                    v.push(page.as_ptr().cast::<c_void>(), GFP_KERNEL)?;
+                }
+                built = v;
+                built.as_ptr()
+            }
+        };
         // SAFETY: `ptrs` holds `count` valid pages, kept alive by `pages` (held below) for as
-        // long as the mapping exists; -1 is NUMA_NO_NODE.
-        let addr = unsafe { vm_map_ram(ptrs.as_ptr(), count, -1) };
+        // long as the mapping exists (and the array itself until the call returns); -1 is
+        // NUMA_NO_NODE.
+        let addr = unsafe { vm_map_ram(ptrs, count, -1) };
         let addr = NonNull::new(addr.cast::<u8>()).ok_or(ENOMEM)?;
         // INVARIANT: `addr` maps the `count` pages of `pages`.
         Ok(Self { addr, count, pages })
@@ -81,7 +92,120 @@ impl<T> VMap<T> {
             _guard: self.pages.bytes_lock(),
         }
     }
+
+    /// The mapping's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.count as usize * PAGE_SIZE
+    }
+
+    /// Copies `len` bytes at `src_offset` of `src` to `dst_offset` of `self`, straight from one
+    /// mapping to the other (one `memcpy`, no bounce buffer), with both lists' mutexes held.
+    /// `self` and `src` must map different lists (`EINVAL`; a copy inside one list is
+    /// [`VBytes::copy_within`]).
+    ///
+    /// Both mutexes are of one lock class, and lockdep has no nesting annotation for them in
+    /// the 7.2 `kernel` crate, so the second is only ever try-locked: the list at the lower
+    /// address is locked first, then the other is tried; if it is busy, the first is let go,
+    /// the holder of the second is waited for, and the pair is tried again. Two copies the
+    /// opposite way round take the same first lock, so they cannot deadlock.
+    pub(crate) fn copy_from<U>(
+        &self,
+        dst_offset: usize,
+        src: &VMap<U>,
+        src_offset: usize,
+        len: usize,
+    ) -> Result {
+        let dst_lock: *const ChunkList<T> = &*self.pages;
+        let src_lock: *const ChunkList<U> = &*src.pages;
+        if dst_lock.cast::<u8>() == src_lock.cast::<u8>() {
+            return Err(EINVAL);
+        }
+        let dst_at = at(self, dst_offset, len)?;
+        let src_at = at(src, src_offset, len)?;
+        let dst_first = (dst_lock as usize) < (src_lock as usize);
+        let _guards = loop {
+            let pair = if dst_first {
+                let d = self.pages.bytes_lock();
+                src.pages.bytes_try_lock().map(|s| (d, s))
+            } else {
+                let s = src.pages.bytes_lock();
+                self.pages.bytes_try_lock().map(|d| (d, s))
+            };
+            match pair {
+                Some(guards) => break guards,
+                // The first is let go (above); wait for the holder of the second, alone.
+                None if dst_first => drop(src.pages.bytes_lock()),
+                None => drop(self.pages.bytes_lock()),
+            }
+        };
+        // SAFETY: both ranges are inside their mappings (checked by `at`); the mappings are of
+        // different lists, so the ranges do not overlap; both lists' mutexes (held) keep every
+        // other kernel-side access out.
+        unsafe { core::ptr::copy_nonoverlapping(src_at, dst_at, len) };
+        Ok(())
+    }
 }
+
+/// A pointer to byte `offset` of `map` if `[offset, offset + len)` is inside it.
+fn at<T>(map: &VMap<T>, offset: usize, len: usize) -> Result<*mut u8> {
+    match offset.checked_add(len) {
+        // SAFETY: `offset` is inside the mapping (checked), which is `map.len()` bytes long.
+        Some(end) if end <= map.len() => Ok(unsafe { map.addr.as_ptr().add(offset) }),
+        Some(_) => Err(EINVAL),
+        None => Err(EOVERFLOW),
+    }
+}
+
+/// The page pointers of a [`ChunkList`], built once, for timing the bare `vm_map_ram` against
+/// a [`VMap`] (which builds its array each time).
+///
+/// # Invariants
+///
+/// `ptrs` are the pages of `pages`, in order, at least one, which `pages` keeps alive.
+pub(crate) struct PageArray<T> {
+    ptrs: KVVec<*mut c_void>,
+    _pages: Arc<ChunkList<T>>,
+}
+
+impl<T> PageArray<T> {
+    /// The page pointers of every page of `pages`.
+    pub(crate) fn new(pages: &Arc<ChunkList<T>>) -> Result<Self> {
+        let n = pages.page_count();
+        if n == 0 || c_uint::try_from(n).is_err() {
+            return Err(EINVAL);
+        }
+        let mut ptrs = KVVec::with_capacity(n, GFP_KERNEL)?;
+        for i in 0..n {
+            let page = pages.page_ptr(i).ok_or(EINVAL)?;
+            ptrs.push(page.as_ptr().cast::<c_void>(), GFP_KERNEL)?;
+        }
+        // INVARIANT: every page of `pages`, in order, kept alive by the clone.
+        Ok(Self {
+            ptrs,
+            _pages: pages.clone(),
+        })
+    }
+
+    /// Maps the pages with `vm_map_ram` and unmaps them at once (`ENOMEM` if it cannot map).
+    pub(crate) fn map_unmap(&self) -> Result {
+        // CAST: checked to fit in `new`.
+        let count = self.ptrs.len() as c_uint;
+        // SAFETY: `ptrs` holds `count` valid pages, kept alive by `self._pages`; -1 is
+        // NUMA_NO_NODE.
+        let addr = unsafe { vm_map_ram(self.ptrs.as_ptr(), count, -1) };
+        if addr.is_null() {
+            return Err(ENOMEM);
+        }
+        // SAFETY: `addr` maps `count` pages, made by `vm_map_ram` just above, used by no one.
+        unsafe { vm_unmap_ram(addr, count) };
+        Ok(())
+    }
+}
+
+// SAFETY: the pointers are to `struct page`s, which may be mapped from any thread.
+unsafe impl<T: Send + Sync> Send for PageArray<T> {}
+// SAFETY: `&PageArray` only maps and unmaps, which any thread may do.
+unsafe impl<T: Send + Sync> Sync for PageArray<T> {}
 
 impl<T> Drop for VMap<T> {
     fn drop(&mut self) {
@@ -99,13 +223,7 @@ pub(crate) struct VBytes<'a, T> {
 impl<T> VBytes<'_, T> {
     /// A pointer to byte `offset` if `[offset, offset + len)` is inside the mapping.
     fn at(&self, offset: usize, len: usize) -> Result<*mut u8> {
-        let total = self.map.count as usize * PAGE_SIZE;
-        match offset.checked_add(len) {
-            // SAFETY: `offset` is inside the mapping (checked), which is `total` bytes long.
-            Some(end) if end <= total => Ok(unsafe { self.map.addr.as_ptr().add(offset) }),
-            Some(_) => Err(EINVAL),
-            None => Err(EOVERFLOW),
-        }
+        at(self.map, offset, len)
     }
 
     /// Copies `src` into the mapping at `offset`.

@@ -97,6 +97,7 @@ spec! {
     ruvm_audit { flags: uapi::ruvm_audit_flags_RUVM_AUDIT_WALK, zero: [pad, reserved] }
     ruvm_stats { flags: uapi::ruvm_stats_flags_RUVM_STATS_RESET_PEAKS, zero: [reserved] }
     ruvm_register_unload_state { flags: 0, zero: [pad, reserved] }
+    ruvm_bench { flags: 0, zero: [reserved] }
     ruvm_test_leak {
         flags: uapi::ruvm_leak_flags_RUVM_LEAK_LOST | uapi::ruvm_leak_flags_RUVM_LEAK_MAPPED,
         zero: [pad, reserved]

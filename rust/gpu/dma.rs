@@ -111,7 +111,7 @@ impl GpuTable {
         sim: Option<Arc<SimIommu>>,
     ) -> Result<Self> {
         let table = DmaTable::new(dev, pages, limit)?;
-        let n = table.addrs().len() as u64;
+        let n = table.count() as u64;
         let bytes = n * table.chunk_len() as u64;
         let sim = match sim {
             None => None,
@@ -127,15 +127,20 @@ impl GpuTable {
         })
     }
 
-    /// The DMA address of every chunk.
-    pub(crate) fn addrs(&self) -> &[u64] {
+    /// How many chunks it maps (one DMA address each).
+    pub(crate) fn count(&self) -> usize {
+        self.table.count()
+    }
+
+    /// The DMA address of every chunk, in order.
+    pub(crate) fn addrs(&self) -> impl Iterator<Item = u64> + '_ {
         self.table.addrs()
     }
 
     /// The DMA address of byte `offset` of the mapped pages.
     pub(crate) fn addr(&self, offset: usize) -> Result<u64> {
         let len = self.table.chunk_len();
-        let base = self.table.addrs().get(offset / len).ok_or(EINVAL)?;
+        let base = self.table.addr(offset / len).ok_or(EINVAL)?;
         Ok(base + (offset % len) as u64)
     }
 }

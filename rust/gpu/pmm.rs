@@ -40,7 +40,7 @@ use crate::{
     audit::{Class, Counted},
     bind::{
         dma::DmaDevice,
-        pages::{Chunk, ChunkFlags, ChunkList},
+        pages::{ChunkFlags, ChunkList},
     },
 };
 
@@ -234,9 +234,8 @@ impl Pmm {
             zero: true,
             fail_fast: false,
         };
-        let mut chunks = KVVec::with_capacity(1, GFP_KERNEL)?;
-        chunks.push(Chunk::alloc(ROOT_ORDER, flags)?, GFP_KERNEL)?;
-        let pages = ChunkList::new(chunks, ROOT_ORDER, Counted::new(Class::VidmemRoots, 1))?;
+        let audit = Counted::new(Class::VidmemRoots, 1);
+        let pages = ChunkList::alloc(ROOT_ORDER, 1, flags, audit, || Ok(()))?;
         let table = GpuTable::new(
             self.dma.clone(),
             pages.clone(),
@@ -297,7 +296,7 @@ impl Pmm {
         }
         let root = st.roots.get(root_index(phys));
         let store = root.and_then(|r| r.store.as_ref()).ok_or(ENXIO)?;
-        let base = store.table.addrs().first().copied().ok_or(ENXIO)?;
+        let base = store.table.addrs().next().ok_or(ENXIO)?;
         Ok(base + phys % CHUNK_MAX)
     }
 
@@ -339,7 +338,7 @@ impl Pmm {
             .roots
             .iter()
             .filter_map(|r| r.store.as_ref())
-            .map(|s| s.table.addrs().len() as u64)
+            .map(|s| s.table.count() as u64)
             .sum();
         (stored, mapped)
     }

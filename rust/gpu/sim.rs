@@ -150,9 +150,9 @@ impl SimRecords {
         let len = table.chunk_len() as u64;
         let mut records = Self {
             iommu,
-            keys: KVVec::with_capacity(table.addrs().len(), GFP_KERNEL)?,
+            keys: KVVec::with_capacity(table.count(), GFP_KERNEL_ACCOUNT)?,
         };
-        for (chunk, &start) in table.addrs().iter().enumerate() {
+        for (chunk, start) in table.addrs().enumerate() {
             let key = (start + (len - 1), serial);
             let mapping = SimMapping {
                 start,

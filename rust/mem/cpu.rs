@@ -59,9 +59,10 @@ impl Fill {
     }
 }
 
-/// The piece a copy between two mems moves at a time (through a kernel buffer, each mem's
-/// bytes lock held in turn, never both).
-const COPY_PIECE: usize = 64 << 10;
+/// The piece a copy between two mems moves at a time, straight from one kernel mapping to the
+/// other with both mems' bytes locks held; they are let go between pieces, so a fill or verify
+/// of either mem waits for one piece at most.
+const COPY_PIECE: usize = 2 << 20;
 
 impl Mem {
     /// Maps the mem for the CPU kernel (vmap of every page). Idempotent.
@@ -143,13 +144,12 @@ impl Mem {
         if Arc::ptr_eq(&dst_map, &src_map) {
             return dst_map.map.bytes().copy_within(dst_offset, src_offset, len);
         }
-        let mut buf = KVVec::from_elem(0u8, COPY_PIECE.min(len), GFP_KERNEL)?;
         let mut done = 0;
         while done < len {
             let n = (len - done).min(COPY_PIECE);
-            let piece = buf.get_mut(..n).ok_or(EINVAL)?;
-            src_map.map.bytes().read(src_offset + done, piece)?;
-            dst_map.map.bytes().write(dst_offset + done, piece)?;
+            dst_map
+                .map
+                .copy_from(dst_offset + done, &src_map.map, src_offset + done, n)?;
             done += n;
         }
         Ok(())

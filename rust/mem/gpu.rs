@@ -153,11 +153,14 @@ impl Mem {
         let first = usize::try_from(first).map_err(|_| EINVAL)?;
         let st = self.state.lock();
         let table = st.gpus.iter().find(|(g, _)| *g == id).ok_or(ENXIO)?;
-        let addrs = table.1.addrs().get(first..).ok_or(EINVAL)?;
-        let n = addrs.len().min(max);
+        let count = table.1.count();
+        if first > count {
+            return Err(EINVAL);
+        }
+        let n = (count - first).min(max);
         let mut out = KVVec::with_capacity(n, GFP_KERNEL)?;
-        for a in addrs.iter().take(n) {
-            out.push(*a, GFP_KERNEL)?;
+        for a in table.1.addrs().skip(first).take(n) {
+            out.push(a, GFP_KERNEL)?;
         }
         Ok(out)
     }

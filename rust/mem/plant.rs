@@ -77,9 +77,7 @@ pub(crate) fn plant(kind: &LeakKind, lost: bool, max_bytes: u64) -> Result {
             _audit: Counted::new(Class::SysmemChunks(order), 1),
         },
         LeakKind::KernelMap => {
-            let mut chunks = KVVec::with_capacity(1, GFP_KERNEL)?;
-            chunks.push(Chunk::alloc(0, flags)?, GFP_KERNEL)?;
-            Planted::KernelMap(KernelMapping::new(storage::sys_pages(chunks, 0)?)?)
+            Planted::KernelMap(KernelMapping::new(storage::sys_pages(0, 1, flags)?)?)
         }
     };
     if lost {

@@ -75,7 +75,7 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
             bump(Class::KernelMaps, u64::from(st.kmap.is_some()));
             bump(Class::Handles, u64::from(st.life == Life::Owned));
             for (_, table) in st.gpus.iter() {
-                let n = table.addrs().len() as u64;
+                let n = table.count() as u64;
                 bump(Class::DmaMappings, n);
                 bump(Class::DmaBytes, n * core.layout.chunk_size);
             }

@@ -7,7 +7,7 @@ use kernel::{page::PAGE_SIZE, prelude::*, sync::Arc};
 
 use crate::{
     audit::{Class, Counted},
-    bind::pages::{Chunk, ChunkFlags, ChunkList},
+    bind::pages::{ChunkFlags, ChunkList},
     gpu::{dma::Pages, pmm::VidChunk, GpuDev},
 };
 
@@ -99,7 +99,7 @@ pub(super) fn alloc(req: &AllocRequest, layout: Layout) -> Result<(Layout, Stora
 /// allocated so far go back (dropped with the vector).
 fn alloc_vidmem(gpu: &Arc<GpuDev>, layout: &Layout) -> Result<VidPages> {
     let count = usize::try_from(layout.chunk_count)?;
-    let mut chunks = KVVec::with_capacity(count, GFP_KERNEL)?;
+    let mut chunks = KVVec::with_capacity(count, GFP_KERNEL_ACCOUNT)?;
     // Held across the allocation: the GPU cannot be removed meanwhile.
     let access = gpu.access()?;
     let pmm = access.pmm().map_err(|_| ENOMEM)?;
@@ -135,25 +135,23 @@ fn alloc_chunks(req: &AllocRequest, mut layout: Layout) -> Result<(Layout, Arc<P
 }
 
 /// One attempt at allocating every chunk of `layout`. On failure the chunks allocated so far are
-/// freed (dropped with the vector).
+/// freed.
 fn try_alloc_chunks(layout: &Layout, zero: bool, fail_fast: bool) -> Result<Arc<Pages>> {
     let count = usize::try_from(layout.chunk_count)?;
     let order = policy::chunk_order(layout.chunk_size, PAGE_SIZE as u64);
-    let flags = ChunkFlags { zero, fail_fast };
-    let mut chunks = KVVec::with_capacity(count, GFP_KERNEL)?;
-    for _ in 0..count {
-        // A large allocation is interruptible: a signal stops it and the syscall restarts
-        // (or fails with EINTR), with nothing left behind.
-        if kernel::current!().signal_pending() {
-            return Err(ERESTARTSYS);
-        }
-        chunks.push(Chunk::alloc(order, flags)?, GFP_KERNEL)?;
-    }
-    sys_pages(chunks, order)
+    sys_pages(order, count, ChunkFlags { zero, fail_fast })
 }
 
-/// A sysmem chunk list of `chunks`, each of order `order`, counted by the audit.
-pub(super) fn sys_pages(chunks: KVVec<Chunk>, order: u32) -> Result<Arc<Pages>> {
-    let n = chunks.len() as u64;
-    ChunkList::new(chunks, order, Counted::new(Class::SysmemChunks(order), n))
+/// A sysmem chunk list of `count` chunks of order `order`, counted by the audit. A large
+/// allocation is interruptible: a signal stops it and the syscall restarts (or fails with
+/// `EINTR`), with nothing left behind.
+pub(super) fn sys_pages(order: u32, count: usize, flags: ChunkFlags) -> Result<Arc<Pages>> {
+    let audit = Counted::new(Class::SysmemChunks(order), count as u64);
+    ChunkList::alloc(order, count, flags, audit, || {
+        if kernel::current!().signal_pending() {
+            Err(ERESTARTSYS)
+        } else {
+            Ok(())
+        }
+    })
 }

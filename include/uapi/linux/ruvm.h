@@ -75,9 +75,11 @@ struct ruvm_info {
  * PMM_STATS, PMM_CHECK_LEAK, CE copies to and from vidmem.
  */
 #define RUVM_FEATURE_VIDMEM (1ULL << 5)
+/* In-kernel timing of ruvm's paths against the kernel's own: RUVM_IOCTL_BENCH. */
+#define RUVM_FEATURE_BENCH (1ULL << 6)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
-	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM)
+	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -392,6 +394,56 @@ struct ruvm_register_unload_state {
 	__u64 addr;
 	__u32 flags;
 	__u32 pad;
+	__u64 reserved[2];
+};
+
+/* What RUVM_IOCTL_BENCH times. */
+enum ruvm_bench_op {
+	/*
+	 * The kernel's page allocator alone: `count` blocks of 2^order pages (zeroed if `zero`)
+	 * from alloc_pages with the flags ruvm's chunks use, then each freed: the floor under a
+	 * sysmem mem of `count` chunks of that order.
+	 */
+	RUVM_BENCH_PAGES = 1,
+	/*
+	 * ruvm's own path for the same: a sysmem mem of `count` chunks of 2^order pages made as
+	 * RUVM_IOCTL_MEM_ALLOC makes it (limits, accounting, audit, mmap offset) and freed, with
+	 * no handle and no user copy. Counts against the caller's file like any mem.
+	 */
+	RUVM_BENCH_MEM = 2,
+	/* vm_map_ram of the pages of the caller's mem `handle` (array built untimed), unmapped. */
+	RUVM_BENCH_VMAP = 3,
+	/* ruvm's CPU kernel mapping of mem `handle` made (as MEM_MAP_CPU_KERNEL) and dropped. */
+	RUVM_BENCH_KMAP = 4,
+};
+
+/**
+ * struct ruvm_bench - time one of ruvm's paths, or the kernel's own, in the kernel
+ *                     (RUVM_IOCTL_BENCH)
+ *
+ * Runs @op @iterations times and returns the total time. For benchmarks (ruvmctl bench): the
+ * difference between two ops is ruvm's overhead over the kernel, without the syscall. Needs
+ * CAP_SYS_ADMIN (EPERM otherwise). A pending signal stops it between iterations (EINTR).
+ *
+ * @op:         (in)  enum ruvm_bench_op
+ * @flags:      (in)  must be 0
+ * @order:      (in)  PAGES, MEM: pages per chunk as a shift, 0 to 9 (4 KiB to 2 MiB)
+ * @zero:       (in)  PAGES, MEM: 1 to zero the pages, else 0
+ * @count:      (in)  PAGES, MEM: chunks, 1 or more, at most max_alloc_bytes in all
+ * @handle:     (in)  VMAP, KMAP: a sysmem mem of the calling file; else 0
+ * @iterations: (in)  1 to 1048576
+ * @ns:         (out) nanoseconds all iterations took
+ * @reserved:   (in)  must be 0
+ */
+struct ruvm_bench {
+	__u32 op;
+	__u32 flags;
+	__u32 order;
+	__u32 zero;
+	__u64 count;
+	__u64 handle;
+	__u64 iterations;
+	__u64 ns;
 	__u64 reserved[2];
 };
 
@@ -750,6 +802,7 @@ enum {
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =
 		_IOWR(RUVM_IOCTL_MAGIC, 0x12, struct ruvm_register_unload_state),
+	RUVM_IOCTL_BENCH = _IOWR(RUVM_IOCTL_MAGIC, 0x13, struct ruvm_bench),
 	RUVM_IOCTL_TEST_PLANT = _IOWR(RUVM_IOCTL_MAGIC, 0x80, struct ruvm_test_plant),
 	RUVM_IOCTL_TEST_LEAK = _IOWR(RUVM_IOCTL_MAGIC, 0x81, struct ruvm_test_leak),
 	RUVM_IOCTL_TEST_CE_RAW = _IOWR(RUVM_IOCTL_MAGIC, 0x82, struct ruvm_test_ce_raw),

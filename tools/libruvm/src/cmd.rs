@@ -86,6 +86,8 @@ commands! {
     AUDIT: ruvm_audit = RUVM_IOCTL_AUDIT;
     /// Usage statistics.
     STATS: ruvm_stats = RUVM_IOCTL_STATS;
+    /// In-kernel timing (privileged).
+    BENCH: ruvm_bench = RUVM_IOCTL_BENCH;
     /// Where the module writes its unload verdict.
     REGISTER_UNLOAD_STATE: ruvm_register_unload_state = RUVM_IOCTL_REGISTER_UNLOAD_STATE;
     /// Test-only: misbehave on purpose.

@@ -58,6 +58,7 @@ ioctl_args!(
     uapi::ruvm_mem_fill,
     uapi::ruvm_mem_copy,
     uapi::ruvm_audit,
+    uapi::ruvm_bench,
     uapi::ruvm_stats,
     uapi::ruvm_register_unload_state,
     uapi::ruvm_test_leak,
@@ -400,6 +401,13 @@ impl Ruvm {
     /// `RUVM_IOCTL_STATS` of sysmem.
     pub fn stats(&self, reset_peaks: bool) -> Result<uapi::ruvm_stats, Errno> {
         self.stats_of(uapi::ruvm_backing_RUVM_BACKING_SYSMEM, reset_peaks)
+    }
+
+    /// `RUVM_IOCTL_BENCH`: runs `a.op` `a.iterations` times in the kernel; returns the
+    /// nanoseconds it took (privileged).
+    pub fn bench(&self, mut a: uapi::ruvm_bench) -> Result<u64, Errno> {
+        self.call(cmd::BENCH, &mut a)?;
+        Ok(a.ns)
     }
 
     /// `RUVM_IOCTL_STATS` of one backing.

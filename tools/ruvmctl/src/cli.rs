@@ -265,6 +265,32 @@ pub enum Cmd {
         #[arg(long, default_value = "8M", value_parser = parse_size)]
         max_size: u64,
     },
+    /// Measure ruvm against the kernel and user space (root): every case with its baseline
+    /// interleaved, a table of ratios and goals. Reports, never fails on a missed goal.
+    Bench {
+        /// Measured pairs per case (after a warm-up pair).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// The largest sysmem mem (and baseline mapping) a case uses.
+        #[arg(long, default_value = "1G", value_parser = parse_size)]
+        max_size: u64,
+        /// Also print the samples and the table as BENCH-JSON / BENCH-TABLE lines (for the
+        /// host: see bench-report).
+        #[arg(long)]
+        json: bool,
+        /// Run only this group of cases (g1, g2, g3, g4, g5, copy, mem; repeat for several).
+        #[arg(long)]
+        only: Vec<String>,
+    },
+    /// From a guest console log with BENCH-JSON lines: write results.json, table.json and
+    /// scaling.svg into a directory and print the table.
+    BenchReport {
+        /// The console log of the bench run.
+        log: std::path::PathBuf,
+        /// Where to write the files.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Make the module misbehave on purpose (needs enable_test_ioctls=1 and CAP_SYS_ADMIN).
     TestPlant {
         /// What to plant.

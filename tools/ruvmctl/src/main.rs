@@ -16,6 +16,7 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use libruvm::cmd as ioctl;
 
+mod bench;
 mod cli;
 mod cmd;
 mod fuzz;
@@ -197,6 +198,21 @@ fn run(cli: Cli) -> Result<()> {
                 max_size,
             })
         }
+        Cmd::Bench {
+            reps,
+            max_size,
+            json,
+            only,
+        } => {
+            if reps == 0 || max_size < 4096 {
+                bail!("bench: --reps must be positive and --max-size at least 4K");
+            }
+            if let Some(g) = only.iter().find(|g| !bench::GROUPS.contains(&g.as_str())) {
+                bail!("bench: no group {g} (groups: {})", bench::GROUPS.join(", "));
+            }
+            bench::command(&bench::Spec { reps, max_size }, &only, json)
+        }
+        Cmd::BenchReport { log, out } => bench::report_files(&log, &out),
         Cmd::Selftest { list: true, .. } => {
             selftest::list().iter().for_each(|n| println!("{n}"));
             emit(&Done {}, false)

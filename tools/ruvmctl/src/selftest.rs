@@ -13,6 +13,7 @@ use harness::{check, Case, Context, Stop, TestResult};
 mod abi;
 mod audit;
 mod basic;
+mod bench;
 mod faults;
 mod gpu;
 mod hardening;
@@ -29,6 +30,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(audit::cases());
     v.extend(gpu::cases());
     v.extend(vidmem::cases());
+    v.extend(bench::cases());
     v.extend(hardening::cases());
     v.extend(faults::cases());
     v

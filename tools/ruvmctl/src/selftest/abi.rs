@@ -145,6 +145,13 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
         known: uapi::ruvm_stats_flags_RUVM_STATS_RESET_PEAKS, zero: [reserved]);
     row!(&d, p, e, cmd::REGISTER_UNLOAD_STATE, uapi::ruvm_register_unload_state::default(),
         known: 0, zero: [pad, reserved]);
+    let bench = uapi::ruvm_bench {
+        op: uapi::ruvm_bench_op_RUVM_BENCH_PAGES,
+        count: 1,
+        iterations: 1,
+        ..Default::default()
+    };
+    row!(&d, p, e, cmd::BENCH, bench, known: 0, zero: [reserved]);
     let plant = uapi::ruvm_test_plant {
         what: uapi::ruvm_plant_RUVM_PLANT_WARN,
         ..Default::default()

@@ -1,0 +1,363 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The goals of `make bench` (Documentation/performance.rst), each evaluated from the cases of
+//! one run, and the table that shows them.
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use serde::{Deserialize, Serialize};
+
+use super::{cases::size_name, median, min, Case, Results};
+
+/// One row of the table: a figure, the goal beside it and whether it was met.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Row {
+    /// The goal it serves (G1..G5, Copy, Memory; "info" for a figure without a goal).
+    pub goal: String,
+    pub what: String,
+    /// The figure (a ratio, ns per chunk, bytes per chunk, a slope).
+    pub value: f64,
+    /// How the figure is read, e.g. "ruvm/base time".
+    pub measure: String,
+    /// The goal as text ("<= 0.6"); empty for information only.
+    pub target: String,
+    /// PASS, MISS, or INFO.
+    pub verdict: String,
+    /// Medians behind the figure, for the reader.
+    pub detail: String,
+}
+
+/// How a figure is held to its goal.
+#[derive(Clone, Copy)]
+enum Target {
+    AtMost(f64),
+    Within(f64, f64),
+    Info,
+}
+
+fn row(goal: &str, what: String, value: f64, measure: &str, t: Target, detail: String) -> Row {
+    let (target, verdict) = match t {
+        Target::AtMost(x) => (format!("<= {x}"), value <= x),
+        Target::Within(lo, hi) => (format!("{lo} to {hi}"), (lo..=hi).contains(&value)),
+        Target::Info => (String::new(), true),
+    };
+    let verdict = match (t, verdict) {
+        (Target::Info, _) => "INFO",
+        (_, true) => "PASS",
+        (_, false) => "MISS",
+    };
+    Row {
+        goal: goal.to_owned(),
+        what,
+        value,
+        measure: measure.to_owned(),
+        target,
+        verdict: verdict.to_owned(),
+        detail,
+    }
+}
+
+/// "ruvm X / base Y" with both medians.
+fn medians(c: &Case) -> String {
+    format!(
+        "median ruvm {} / base {} (min {} / {})",
+        human(c.ruvm_median(), &c.unit),
+        human(c.base_median(), &c.unit),
+        human(min(&c.ruvm), &c.unit),
+        human(min(&c.base), &c.unit)
+    )
+}
+
+/// A nanosecond or byte figure as people read it.
+pub fn human(v: f64, unit: &str) -> String {
+    if unit != "ns" {
+        return format!("{v:.1} {unit}");
+    }
+    match v {
+        v if v >= 1e9 => format!("{:.2} s", v / 1e9),
+        v if v >= 1e6 => format!("{:.2} ms", v / 1e6),
+        v if v >= 1e3 => format!("{:.2} us", v / 1e3),
+        v => format!("{v:.0} ns"),
+    }
+}
+
+/// Least-squares slope of log2(time) against log2(size), as a factor per doubling.
+pub fn per_doubling(points: &[(u64, f64)]) -> f64 {
+    let pts: Vec<(f64, f64)> = points
+        .iter()
+        .filter(|(_, t)| *t > 0.0)
+        .map(|&(s, t)| ((s as f64).log2(), t.log2()))
+        .collect();
+    if pts.len() < 2 {
+        return f64::NAN;
+    }
+    let n = pts.len() as f64;
+    let (mx, my) = (
+        pts.iter().map(|p| p.0).sum::<f64>() / n,
+        pts.iter().map(|p| p.1).sum::<f64>() / n,
+    );
+    let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    2f64.powf(sxy / sxx)
+}
+
+/// Every goal, evaluated from `res`.
+pub fn evaluate(res: &Results) -> Vec<Row> {
+    let get = |id: &str| res.cases.iter().find(|c| c.id == id);
+    let mut rows = Vec::new();
+    let ratio = "ruvm/base time";
+    // G1.
+    if let Some(c) = get("g1.path.2M") {
+        rows.push(row(
+            "G1",
+            c.what.clone(),
+            c.ratio(),
+            ratio,
+            Target::AtMost(0.6),
+            medians(c),
+        ));
+        let two = c.ruvm_median();
+        for other in res
+            .cases
+            .iter()
+            .filter(|o| o.id.starts_with("g1.path.") && o.id != c.id)
+        {
+            rows.push(row(
+                "G1",
+                format!("{} vs 2M chunks", other.id.trim_start_matches("g1.path.")),
+                other.ruvm_median() / two,
+                "time / 2M path",
+                Target::AtMost(1.1),
+                format!(
+                    "median {} vs {}",
+                    human(other.ruvm_median(), "ns"),
+                    human(two, "ns")
+                ),
+            ));
+        }
+    }
+    for c in res.cases.iter().filter(|c| c.id.starts_with("g1.step.")) {
+        rows.push(row(
+            "G1",
+            c.what.clone(),
+            c.ratio(),
+            "step/memset",
+            Target::Info,
+            medians(c),
+        ));
+    }
+    // G2.
+    for id in ["g2.alloc_free", "g2.user_path"] {
+        if let Some(c) = get(id) {
+            rows.push(row(
+                "G2",
+                c.what.clone(),
+                c.ratio(),
+                ratio,
+                Target::AtMost(1.0),
+                medians(c),
+            ));
+        }
+    }
+    // G3.
+    for id in ["g3.vidmem_cold", "g3.vidmem_warm"] {
+        if let Some(c) = get(id) {
+            rows.push(row(
+                "G3",
+                c.what.clone(),
+                c.ratio(),
+                ratio,
+                Target::AtMost(1.0),
+                medians(c),
+            ));
+        }
+    }
+    if let Some(c) = get("g3.vidmem_vs_pages") {
+        rows.push(row(
+            "G3",
+            c.what.clone(),
+            c.ratio(),
+            ratio,
+            Target::Info,
+            medians(c),
+        ));
+    }
+    // G4: the slope above 2 MiB of each curve.
+    for (chunk, zero) in [
+        ("4K", "raw"),
+        ("4K", "zeroed"),
+        ("2M", "raw"),
+        ("2M", "zeroed"),
+    ] {
+        let prefix = format!("g4.{chunk}.{zero}.");
+        let pts: Vec<(u64, f64)> = res
+            .cases
+            .iter()
+            .filter(|c| c.id.starts_with(&prefix) && c.size > 2 << 20)
+            .map(|c| (c.size, c.ruvm_median()))
+            .collect();
+        if pts.len() >= 2 {
+            let (lo, hi) = (pts[0].0, pts[pts.len() - 1].0);
+            rows.push(row(
+                "G4",
+                format!("alloc+free cost vs size, {chunk} chunks, {zero}"),
+                per_doubling(&pts),
+                "factor per doubling",
+                Target::Within(1.82, 2.2),
+                format!(
+                    "{} points, {} to {}",
+                    pts.len(),
+                    size_name(lo),
+                    size_name(hi)
+                ),
+            ));
+        }
+    }
+    // G5.
+    for c in res.cases.iter().filter(|c| c.id.starts_with("g5.kernel.")) {
+        rows.push(row(
+            "G5",
+            c.what.clone(),
+            c.ratio(),
+            ratio,
+            Target::AtMost(1.1),
+            medians(c),
+        ));
+    }
+    for c in res.cases.iter().filter(|c| c.id.starts_with("g5.dma.")) {
+        let t = if c.id == "g5.dma.4K" {
+            Target::AtMost(500.0)
+        } else {
+            Target::Info
+        };
+        rows.push(row(
+            "G5",
+            c.what.clone(),
+            median(&c.ruvm),
+            "ns per chunk",
+            t,
+            format!("min {}", human(min(&c.ruvm), "ns")),
+        ));
+    }
+    if let Some(c) = get("g5.kmap") {
+        rows.push(row(
+            "G5",
+            c.what.clone(),
+            c.ratio(),
+            ratio,
+            Target::AtMost(1.1),
+            medians(c),
+        ));
+    }
+    // Copies: throughput, the inverse of the time ratio.
+    for (id, t) in [
+        ("copy.mem", Target::AtMost(1.0 / 0.9)),
+        ("copy.ce_sim", Target::Info),
+    ] {
+        if let Some(c) = get(id) {
+            let mut r = row("Copy", c.what.clone(), c.ratio(), ratio, t, medians(c));
+            if let Target::AtMost(_) = t {
+                r.target = "<= 1.111 (throughput >= 0.9x)".into();
+            }
+            rows.push(r);
+        }
+    }
+    // Memory: the baseline samples hold the resolution of a reading, per chunk; a figure
+    // whose resolution is coarser than a quarter of its goal is shown for information only.
+    for c in res.cases.iter().filter(|c| c.id.starts_with("mem.")) {
+        let limit = if c.id.starts_with("mem.gpu.") {
+            8.0
+        } else {
+            16.0
+        };
+        let resolution = c.base_median();
+        let t = if resolution.is_nan() || resolution <= limit / 4.0 {
+            Target::AtMost(limit)
+        } else {
+            Target::Info
+        };
+        rows.push(row(
+            "Memory",
+            c.what.clone(),
+            median(&c.ruvm),
+            "bytes per chunk",
+            t,
+            format!(
+                "samples {:?}, each +/- {resolution:.2} B",
+                c.ruvm.iter().map(|v| v.round()).collect::<Vec<_>>()
+            ),
+        ));
+    }
+    rows
+}
+
+/// The table people read, and a summary line.
+pub fn render(res: &Results, rows: &[Row]) -> String {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+        "goal", "case", "value", "measure", "target", "", "medians",
+    ]);
+    for r in rows {
+        t.add_row(vec![
+            r.goal.clone(),
+            r.what.clone(),
+            format!("{:.3}", r.value),
+            r.measure.clone(),
+            r.target.clone(),
+            r.verdict.clone(),
+            r.detail.clone(),
+        ]);
+    }
+    let count = |v: &str| rows.iter().filter(|r| r.verdict == v).count();
+    format!(
+        "ruvm bench: {} ({} pairs per case, sizes up to {})\n{t}\n{} goals met, {} missed, {} for information",
+        res.guest,
+        res.reps,
+        size_name(res.max_size),
+        count("PASS"),
+        count("MISS"),
+        count("INFO")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slope_of_a_linear_cost_is_two() {
+        let pts: Vec<(u64, f64)> = (22..30)
+            .map(|s| (1u64 << s, (1u64 << s) as f64 * 3.0))
+            .collect();
+        assert!((per_doubling(&pts) - 2.0).abs() < 1e-9);
+        let flat: Vec<(u64, f64)> = (22..30).map(|s| (1u64 << s, 5.0)).collect();
+        assert!((per_doubling(&flat) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn verdicts() {
+        assert_eq!(
+            row("G", "x".into(), 0.5, "", Target::AtMost(0.6), String::new()).verdict,
+            "PASS"
+        );
+        assert_eq!(
+            row("G", "x".into(), 0.7, "", Target::AtMost(0.6), String::new()).verdict,
+            "MISS"
+        );
+        assert_eq!(
+            row(
+                "G",
+                "x".into(),
+                2.5,
+                "",
+                Target::Within(1.82, 2.2),
+                String::new()
+            )
+            .verdict,
+            "MISS"
+        );
+        assert_eq!(
+            row("G", "x".into(), 9.0, "", Target::Info, String::new()).verdict,
+            "INFO"
+        );
+    }
+}
