@@ -243,9 +243,79 @@ impl<T> ChunkList<T> {
         self.bytes.lock()
     }
 
-    /// [`Self::bytes_lock`] if it is free now.
-    pub(crate) fn bytes_try_lock(&self) -> Option<MutexGuard<'_, ()>> {
-        self.bytes.try_lock()
+    /// Both this list's bytes mutex and `other`'s (`EINVAL` if they are the same list).
+    ///
+    /// Both mutexes are of one lock class, and lockdep has no nesting annotation for them in
+    /// the 7.2 `kernel` crate, so the second is only ever try-locked: the list at the lower
+    /// address is locked first, then the other is tried; if it is busy, the first is let go,
+    /// the holder of the second is waited for, and the pair is tried again. Two callers locking
+    /// the same pair the opposite way round take the same first lock, so they cannot deadlock.
+    pub(crate) fn lock_pair<'a, U>(
+        &'a self,
+        other: &'a ChunkList<U>,
+    ) -> Result<(MutexGuard<'a, ()>, MutexGuard<'a, ()>)> {
+        let (me, them) = (
+            core::ptr::from_ref(self).cast::<u8>(),
+            core::ptr::from_ref(other).cast::<u8>(),
+        );
+        if me == them {
+            return Err(EINVAL);
+        }
+        let me_first = (me as usize) < (them as usize);
+        loop {
+            let pair = if me_first {
+                let a = self.bytes.lock();
+                other.bytes.try_lock().map(|b| (a, b))
+            } else {
+                let b = other.bytes.lock();
+                self.bytes.try_lock().map(|a| (a, b))
+            };
+            match pair {
+                Some(guards) => return Ok(guards),
+                // The first is let go (above); wait for the holder of the second, alone.
+                None if me_first => drop(other.bytes.lock()),
+                None => drop(self.bytes.lock()),
+            }
+        }
+    }
+
+    /// Copies `len` bytes at `src_offset` of `src` to `offset` of this list, a different list
+    /// (`EINVAL` otherwise), page by page through the kernel's own mapping of each page (no
+    /// bounce buffer, no vmap), with both lists' mutexes held ([`Self::lock_pair`]).
+    pub(crate) fn copy_from<U>(
+        &self,
+        offset: usize,
+        src: &ChunkList<U>,
+        src_offset: usize,
+        len: usize,
+    ) -> Result {
+        let end = offset.checked_add(len).ok_or(EOVERFLOW)?;
+        let src_end = src_offset.checked_add(len).ok_or(EOVERFLOW)?;
+        if end > self.len() || src_end > src.len() {
+            return Err(EINVAL);
+        }
+        let _guards = self.lock_pair(src)?;
+        let mut done = 0;
+        while done < len {
+            let (d, s) = (offset + done, src_offset + done);
+            let (d_in, s_in) = (d % PAGE_SIZE, s % PAGE_SIZE);
+            let n = (len - done).min(PAGE_SIZE - d_in).min(PAGE_SIZE - s_in);
+            let to = self.page(d / PAGE_SIZE).ok_or(EINVAL)?;
+            let from = src.page_ptr(s / PAGE_SIZE).ok_or(EINVAL)?;
+            // SAFETY: `from` is a page of `src`, alive while `src` is; mapping it locally gives
+            // a pointer to its `PAGE_SIZE` bytes until the matching unmap below.
+            let mapped = unsafe { bindings::kmap_local_page(from.as_ptr()) }.cast::<u8>();
+            // SAFETY: `[s_in, s_in + n)` is inside the mapped page, and `[d_in, d_in + n)`
+            // inside `to` (`n` stops at both page ends); the pages belong to different lists,
+            // so they do not overlap; both lists' mutexes (held) keep every other kernel-side
+            // access out.
+            let r = unsafe { to.write_raw(mapped.add(s_in), d_in, n) };
+            // SAFETY: `mapped` is the local mapping made above, the most recent one.
+            unsafe { bindings::kunmap_local(mapped.cast()) };
+            r?;
+            done += n;
+        }
+        Ok(())
     }
 }
 

@@ -97,53 +97,6 @@ impl<T> VMap<T> {
     pub(crate) fn len(&self) -> usize {
         self.count as usize * PAGE_SIZE
     }
-
-    /// Copies `len` bytes at `src_offset` of `src` to `dst_offset` of `self`, straight from one
-    /// mapping to the other (one `memcpy`, no bounce buffer), with both lists' mutexes held.
-    /// `self` and `src` must map different lists (`EINVAL`; a copy inside one list is
-    /// [`VBytes::copy_within`]).
-    ///
-    /// Both mutexes are of one lock class, and lockdep has no nesting annotation for them in
-    /// the 7.2 `kernel` crate, so the second is only ever try-locked: the list at the lower
-    /// address is locked first, then the other is tried; if it is busy, the first is let go,
-    /// the holder of the second is waited for, and the pair is tried again. Two copies the
-    /// opposite way round take the same first lock, so they cannot deadlock.
-    pub(crate) fn copy_from<U>(
-        &self,
-        dst_offset: usize,
-        src: &VMap<U>,
-        src_offset: usize,
-        len: usize,
-    ) -> Result {
-        let dst_lock: *const ChunkList<T> = &*self.pages;
-        let src_lock: *const ChunkList<U> = &*src.pages;
-        if dst_lock.cast::<u8>() == src_lock.cast::<u8>() {
-            return Err(EINVAL);
-        }
-        let dst_at = at(self, dst_offset, len)?;
-        let src_at = at(src, src_offset, len)?;
-        let dst_first = (dst_lock as usize) < (src_lock as usize);
-        let _guards = loop {
-            let pair = if dst_first {
-                let d = self.pages.bytes_lock();
-                src.pages.bytes_try_lock().map(|s| (d, s))
-            } else {
-                let s = src.pages.bytes_lock();
-                self.pages.bytes_try_lock().map(|d| (d, s))
-            };
-            match pair {
-                Some(guards) => break guards,
-                // The first is let go (above); wait for the holder of the second, alone.
-                None if dst_first => drop(src.pages.bytes_lock()),
-                None => drop(self.pages.bytes_lock()),
-            }
-        };
-        // SAFETY: both ranges are inside their mappings (checked by `at`); the mappings are of
-        // different lists, so the ranges do not overlap; both lists' mutexes (held) keep every
-        // other kernel-side access out.
-        unsafe { core::ptr::copy_nonoverlapping(src_at, dst_at, len) };
-        Ok(())
-    }
 }
 
 /// A pointer to byte `offset` of `map` if `[offset, offset + len)` is inside it.

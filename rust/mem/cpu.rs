@@ -59,9 +59,10 @@ impl Fill {
     }
 }
 
-/// The piece a copy between two mems moves at a time, straight from one kernel mapping to the
-/// other with both mems' bytes locks held; they are let go between pieces, so a fill or verify
-/// of either mem waits for one piece at most.
+/// The piece a copy between two mems moves at a time, page to page through the kernel's own
+/// mapping of each page (faster than through the two vmaps) with both mems' bytes locks held;
+/// they are let go between pieces, so a fill or verify of either mem waits for one piece at
+/// most.
 const COPY_PIECE: usize = 2 << 20;
 
 impl Mem {
@@ -148,8 +149,8 @@ impl Mem {
         while done < len {
             let n = (len - done).min(COPY_PIECE);
             dst_map
-                .map
-                .copy_from(dst_offset + done, &src_map.map, src_offset + done, n)?;
+                .pages()
+                .copy_from(dst_offset + done, src_map.pages(), src_offset + done, n)?;
             done += n;
         }
         Ok(())
