@@ -31,8 +31,7 @@
 //!    chunk list's bytes mutex (`bind/pages.rs`), the planted leaks (`mem/plant.rs`), the mmap
 //!    offset space (`mem/offsets.rs`), and the audit's unload state (`audit.rs`), under which
 //!    registering pins a user page (taking the mmap lock of the caller, which holds no ruvm
-//!    lock then). A copy between two mems holds both their bytes mutexes: the one at the lower
-//!    address is locked, the other only try-locked (`bind/pages.rs`).
+//!    lock then).
 //!
 //! User memory is never touched with a ruvm lock held, but for the fault path (1 then 5).
 

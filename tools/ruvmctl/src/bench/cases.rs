@@ -126,8 +126,13 @@ fn gpu_of(d: &Ruvm, kind: u32, engine: bool) -> Result<Option<u32>> {
 struct Ctx<'a> {
     d: &'a Ruvm,
     spec: Spec,
-    /// A simulated GPU (no IOMMU window to fit), for the 1 GiB DMA mappings and vidmem.
+    /// A simulated GPU, for vidmem and its copy engine.
     sim: u32,
+    /// The GPU big mems are DMA-mapped for: a host GPU (behind the IOMMU, a 32-bit window) if
+    /// the module has one, else the simulated GPU.
+    big: u32,
+    /// What `big` is, for the case names.
+    big_name: &'static str,
     /// An edu GPU (behind the IOMMU), for the per-chunk DMA mapping cost.
     edu: Option<u32>,
 }
@@ -185,10 +190,17 @@ pub fn run_all(d: &Ruvm, spec: &Spec, groups: &[String], out: &mut dyn FnMut(Cas
         anyhow!("bench needs a simulated GPU (load ruvm with sim_gpus=1 or more)")
     })?;
     let edu = gpu_of(d, uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU, false)?;
+    let big = gpu_of(d, uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST, false)?.unwrap_or(sim);
     let c = Ctx {
         d,
         spec: *spec,
         sim,
+        big,
+        big_name: if big == sim {
+            "a simulated GPU"
+        } else {
+            "a host GPU (IOMMU)"
+        },
         edu,
     };
     type Group = fn(&Ctx, &mut dyn FnMut(Case)) -> Result<()>;
@@ -214,9 +226,10 @@ fn g1(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
         let mut case = c.case(
             format!("g1.path.{}", size_name(chunk)),
             &format!(
-                "{} sysmem, {} chunks: alloc zeroed + map kernel + map GPU + free",
+                "{} sysmem, {} chunks: alloc zeroed + map kernel + map for {} + free",
                 size_name(size),
-                size_name(chunk)
+                size_name(chunk),
+                c.big_name
             ),
             "mmap(MAP_POPULATE) + munmap",
             "ns",
@@ -228,7 +241,7 @@ fn g1(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
                 time(&mut || {
                     let a = c.d.mem_alloc(size, chunk, ZERO)?;
                     c.d.map_kernel(a.handle)?;
-                    c.d.mem_gpu(true, a.handle, c.sim)?;
+                    c.d.mem_gpu(true, a.handle, c.big)?;
                     c.d.mem_free(a.handle)?;
                     Ok(())
                 })
@@ -241,6 +254,7 @@ fn g1(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
     // Each step alone, 2 MiB chunks, against writing the same bytes from user space.
     let floor = Anon::new(size, true)?;
     let steps = ["alloc", "zero", "map kernel", "map GPU", "free"];
+    let gpu_name = c.big_name;
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); steps.len()];
     let mut base = Vec::new();
     let chunk = 2 * M;
@@ -258,7 +272,7 @@ fn g1(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
         })?;
         t[1] = (zeroed - t[0]).max(0.0);
         t[2] = time(&mut || Ok(c.d.map_kernel(h)?))?;
-        t[3] = time(&mut || Ok(c.d.mem_gpu(true, h, c.sim)?))?;
+        t[3] = time(&mut || Ok(c.d.mem_gpu(true, h, c.big)?))?;
         t[4] = time(&mut || Ok(c.d.mem_free(h)?))?;
         Ok(t)
     };
@@ -286,7 +300,16 @@ fn g1(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
     for (name, s) in steps.iter().zip(samples) {
         let mut case = c.case(
             format!("g1.step.{}", name.replace(' ', "_")),
-            &format!("{} of {} sysmem, 2M chunks", name, size_name(size)),
+            &format!(
+                "{} of {} sysmem, 2M chunks{}",
+                name,
+                size_name(size),
+                if *name == "map GPU" {
+                    format!(" ({gpu_name})")
+                } else {
+                    String::new()
+                }
+            ),
             "memset of the same bytes, already faulted in",
             "ns",
         );

@@ -470,9 +470,9 @@ fn mem_verify_finds_a_corrupted_byte() -> TestResult {
     d.mem_free(a.handle).ctx("free")
 }
 
-/// Copies A to B and B to A from two threads while a third fills both: each copy holds both
-/// mems' locks, so this proves the pair is taken without deadlock (and, on the debug kernel,
-/// that lockdep sees nothing wrong), and that every copy moves whole, untorn bytes.
+/// Copies A to B and B to A from two threads while a third fills both: copies take both mems'
+/// locks (in turn), so this proves no deadlock (and, on the debug kernel, that lockdep sees
+/// nothing wrong), and that every byte copied is one that was written.
 fn mem_copies_both_ways_at_once() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let size = 256 * K;
