@@ -7,10 +7,10 @@ use std::fmt::Write as _;
 
 use super::{cases::size_name, report::human, Results};
 
-const W: f64 = 900.0;
+const W: f64 = 930.0;
 const H: f64 = 560.0;
 const LEFT: f64 = 90.0;
-const RIGHT: f64 = 230.0;
+const RIGHT: f64 = 260.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 60.0;
 
