@@ -150,7 +150,19 @@ impl World {
         let freed = self.is_freed(handle);
         let mut b = [0u8; 1];
         if f.read_at(&mut b, at).is_ok() {
-            if freed && !self.offset_in_use(offset, handle, file) {
+            // A mapping made at the freed mem's offset may be of a later mem given the same
+            // offset (by any process sharing the file), live at the read and freed (its
+            // mappings zapped) before the check: read again once any free in flight has had
+            // time to finish its zap. The mapping stays of one mem for good, so a mapping that
+            // still reads, with no live mem at its offset, is of the freed mem.
+            if freed
+                && !self.offset_in_use(offset, handle, file)
+                && {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    f.read_at(&mut b, at).is_ok()
+                }
+                && !self.offset_in_use(offset, handle, file)
+            {
                 self.problem(format!(
                     "a mapping of mem {handle} read after the mem was freed (MEM_FREE had returned; {why})"
                 ));
