@@ -8,7 +8,7 @@ use crate::{
     bind::cred,
     mem::{
         bench::{self, Op},
-        policy::CHUNK_MAX,
+        policy::{self, CHUNK_MAX},
     },
     uapi,
 };
@@ -30,11 +30,14 @@ impl RuvmFile {
         let page = kernel::page::PAGE_SIZE as u64;
         let op = match args.op {
             uapi::ruvm_bench_op_RUVM_BENCH_PAGES | uapi::ruvm_bench_op_RUVM_BENCH_MEM => {
-                let chunk = page.checked_shl(args.order).ok_or(EINVAL)?;
-                let bytes = chunk.checked_mul(args.count).ok_or(EINVAL)?;
-                if args.handle != 0 || chunk > CHUNK_MAX || args.count == 0 {
+                // Orders 0 to that of the largest chunk: 4 KiB to 2 MiB.
+                if args.order > policy::chunk_order(CHUNK_MAX, page)
+                    || args.handle != 0
+                    || args.count == 0
+                {
                     return Err(EINVAL);
                 }
+                let bytes = (page << args.order).checked_mul(args.count).ok_or(EINVAL)?;
                 if bytes > max_alloc_bytes() {
                     return Err(EINVAL);
                 }

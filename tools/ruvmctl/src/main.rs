@@ -17,6 +17,7 @@ use clap::Parser;
 use libruvm::cmd as ioctl;
 
 mod bench;
+mod cgroup;
 mod cli;
 mod cmd;
 mod fuzz;

@@ -10,10 +10,14 @@ use libruvm::{uapi, Ruvm, UserMap};
 use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
 
 use super::{pairs, time, Case, Spec};
+use crate::cgroup::MemGroup;
 
 const K: u64 = 1 << 10;
 const M: u64 = 1 << 20;
 const ZERO: u32 = uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO;
+
+/// One side of a case: takes one sample.
+type Sampler<'a> = &'a mut dyn FnMut() -> Result<f64>;
 
 /// A size as people write it (4K, 2M, 1G).
 pub fn size_name(n: u64) -> String {
@@ -150,7 +154,7 @@ impl Ctx<'_> {
         }
     }
 
-    /// Allocates and frees a sysmem mem; returns the handle's time in between for `mid`.
+    /// Allocates and frees a sysmem mem.
     fn alloc_free(&self, size: u64, chunk: u64, zero: bool) -> Result<()> {
         let a = self
             .d
@@ -568,32 +572,27 @@ fn copies(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
             Ok(())
         })
     };
-    let mut case = c.case(
-        "copy.mem".into(),
-        &format!("MEM_COPY of {} between two mems", size_name(size)),
-        "memcpy in user space",
-        "ns",
-    );
-    case.size = size;
-    (case.ruvm, case.base) = pairs(
-        c.spec.reps,
-        &mut || time(&mut || Ok(c.d.mem_copy(h1, 0, h0, 0, size)?)),
-        memcpy,
-    )?;
-    out(case);
-    let mut case = c.case(
-        "copy.ce_sim".into(),
-        &format!("CE_COPY of {} on a simulated GPU", size_name(size)),
-        "memcpy in user space",
-        "ns",
-    );
-    case.size = size;
-    (case.ruvm, case.base) = pairs(
-        c.spec.reps,
-        &mut || time(&mut || Ok(c.d.ce_copy(c.sim, h1, 0, h0, 0, size)?)),
-        memcpy,
-    )?;
-    out(case);
+    let mem_copy = &mut || time(&mut || Ok(c.d.mem_copy(h1, 0, h0, 0, size)?));
+    let ce_copy = &mut || time(&mut || Ok(c.d.ce_copy(c.sim, h1, 0, h0, 0, size)?));
+    let n = size_name(size);
+    let ways: [(&str, String, Sampler); 2] = [
+        (
+            "copy.mem",
+            format!("MEM_COPY of {n} between two mems"),
+            mem_copy,
+        ),
+        (
+            "copy.ce_sim",
+            format!("CE_COPY of {n} on a simulated GPU"),
+            ce_copy,
+        ),
+    ];
+    for (id, what, way) in ways {
+        let mut case = c.case(id.into(), &what, "memcpy in user space", "ns");
+        case.size = size;
+        (case.ruvm, case.base) = pairs(c.spec.reps, way, memcpy)?;
+        out(case);
+    }
     for m in &mems {
         c.d.mem_free(m.handle)?;
     }
@@ -602,23 +601,14 @@ fn copies(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
 
 /// A cgroup2 group this process runs in while it lives (for the memory cases): what ruvm
 /// charges to its caller is read from the group's `memory.stat`.
-struct Group {
-    dir: std::path::PathBuf,
-}
+struct Group(MemGroup);
 
 impl Group {
-    const ROOT: &'static str = "/sys/fs/cgroup";
-
     fn enter(name: &str) -> Result<Self> {
-        std::fs::write(format!("{}/cgroup.subtree_control", Self::ROOT), "+memory")
-            .context("enabling the cgroup2 memory controller")?;
-        let dir = std::path::PathBuf::from(Self::ROOT).join(name);
-        let _ = std::fs::remove_dir(&dir);
-        std::fs::create_dir(&dir).with_context(|| dir.display().to_string())?;
-        let g = Self { dir };
-        std::fs::write(g.dir.join("cgroup.procs"), std::process::id().to_string())
+        let g = MemGroup::new(name).context("making a cgroup2 group with the memory controller")?;
+        g.write("cgroup.procs", &std::process::id().to_string())
             .context("joining the cgroup")?;
-        Ok(g)
+        Ok(Self(g))
     }
 
     /// Kernel memory charged to the group (`memory.stat` `kernel`): ruvm's pages and the
@@ -628,7 +618,7 @@ impl Group {
     /// a time).
     fn kernel(&self) -> Result<i64> {
         drop(Anon::new(8 * M, true)?);
-        let stat = std::fs::read_to_string(self.dir.join("memory.stat"))?;
+        let stat = self.0.read("memory.stat")?;
         stat.lines()
             .find_map(|l| l.strip_prefix("kernel ")?.trim().parse().ok())
             .ok_or_else(|| anyhow!("memory.stat has no kernel line"))
@@ -637,9 +627,9 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        let root = format!("{}/cgroup.procs", Self::ROOT);
+        // Back to the root, so that the group (removed next) is empty.
+        let root = format!("{}/cgroup.procs", MemGroup::ROOT);
         let _ = std::fs::write(root, std::process::id().to_string());
-        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 

@@ -100,27 +100,28 @@ pub fn per_doubling(points: &[(u64, f64)]) -> f64 {
     2f64.powf(sxy / sxx)
 }
 
+/// A row for a case's paired ratio (ruvm / baseline time) against `t`.
+fn ratio_row(goal: &str, c: &Case, t: Target) -> Row {
+    row(
+        goal,
+        c.what.clone(),
+        c.ratio(),
+        "ruvm/base time",
+        t,
+        medians(c),
+    )
+}
+
 /// Every goal, evaluated from `res`.
 pub fn evaluate(res: &Results) -> Vec<Row> {
     let get = |id: &str| res.cases.iter().find(|c| c.id == id);
+    let with_prefix = |p: &'static str| res.cases.iter().filter(move |c| c.id.starts_with(p));
     let mut rows = Vec::new();
-    let ratio = "ruvm/base time";
     // G1.
     if let Some(c) = get("g1.path.2M") {
-        rows.push(row(
-            "G1",
-            c.what.clone(),
-            c.ratio(),
-            ratio,
-            Target::AtMost(0.6),
-            medians(c),
-        ));
+        rows.push(ratio_row("G1", c, Target::AtMost(0.6)));
         let two = c.ruvm_median();
-        for other in res
-            .cases
-            .iter()
-            .filter(|o| o.id.starts_with("g1.path.") && o.id != c.id)
-        {
+        for other in with_prefix("g1.path.").filter(|o| o.id != c.id) {
             rows.push(row(
                 "G1",
                 format!("{} vs 2M chunks", other.id.trim_start_matches("g1.path.")),
@@ -135,51 +136,22 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
             ));
         }
     }
-    for c in res.cases.iter().filter(|c| c.id.starts_with("g1.step.")) {
-        rows.push(row(
-            "G1",
-            c.what.clone(),
-            c.ratio(),
-            "step/memset",
-            Target::Info,
-            medians(c),
-        ));
+    for c in with_prefix("g1.step.") {
+        let mut r = ratio_row("G1", c, Target::Info);
+        r.measure = "step/memset".into();
+        rows.push(r);
     }
-    // G2.
-    for id in ["g2.alloc_free", "g2.user_path"] {
+    // G2 and G3.
+    for (goal, id, t) in [
+        ("G2", "g2.alloc_free", Target::AtMost(1.0)),
+        ("G2", "g2.user_path", Target::AtMost(1.0)),
+        ("G3", "g3.vidmem_cold", Target::AtMost(1.0)),
+        ("G3", "g3.vidmem_warm", Target::AtMost(1.0)),
+        ("G3", "g3.vidmem_vs_pages", Target::Info),
+    ] {
         if let Some(c) = get(id) {
-            rows.push(row(
-                "G2",
-                c.what.clone(),
-                c.ratio(),
-                ratio,
-                Target::AtMost(1.0),
-                medians(c),
-            ));
+            rows.push(ratio_row(goal, c, t));
         }
-    }
-    // G3.
-    for id in ["g3.vidmem_cold", "g3.vidmem_warm"] {
-        if let Some(c) = get(id) {
-            rows.push(row(
-                "G3",
-                c.what.clone(),
-                c.ratio(),
-                ratio,
-                Target::AtMost(1.0),
-                medians(c),
-            ));
-        }
-    }
-    if let Some(c) = get("g3.vidmem_vs_pages") {
-        rows.push(row(
-            "G3",
-            c.what.clone(),
-            c.ratio(),
-            ratio,
-            Target::Info,
-            medians(c),
-        ));
     }
     // G4: the slope above 2 MiB of each curve, fitted to each size's fastest sample (the page
     // allocator's state makes the slower samples of one size differ by up to 3x, depending on
@@ -194,7 +166,7 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
         let pts: Vec<(u64, f64)> = res
             .cases
             .iter()
-            .filter(|c| c.id.starts_with(&prefix) && c.size > 2 << 20)
+            .filter(|c| c.id.starts_with(prefix.as_str()) && c.size > 2 << 20)
             .map(|c| (c.size, min(&c.ruvm)))
             .collect();
         if pts.len() >= 2 {
@@ -215,17 +187,10 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
         }
     }
     // G5.
-    for c in res.cases.iter().filter(|c| c.id.starts_with("g5.kernel.")) {
-        rows.push(row(
-            "G5",
-            c.what.clone(),
-            c.ratio(),
-            ratio,
-            Target::AtMost(1.1),
-            medians(c),
-        ));
+    for c in with_prefix("g5.kernel.") {
+        rows.push(ratio_row("G5", c, Target::AtMost(1.1)));
     }
-    for c in res.cases.iter().filter(|c| c.id.starts_with("g5.dma.")) {
+    for c in with_prefix("g5.dma.") {
         let t = if c.id == "g5.dma.4K" {
             Target::AtMost(500.0)
         } else {
@@ -241,14 +206,7 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
         ));
     }
     if let Some(c) = get("g5.kmap") {
-        rows.push(row(
-            "G5",
-            c.what.clone(),
-            c.ratio(),
-            ratio,
-            Target::AtMost(1.1),
-            medians(c),
-        ));
+        rows.push(ratio_row("G5", c, Target::AtMost(1.1)));
     }
     // Copies: throughput, the inverse of the time ratio.
     for (id, t) in [
@@ -256,7 +214,7 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
         ("copy.ce_sim", Target::Info),
     ] {
         if let Some(c) = get(id) {
-            let mut r = row("Copy", c.what.clone(), c.ratio(), ratio, t, medians(c));
+            let mut r = ratio_row("Copy", c, t);
             if let Target::AtMost(_) = t {
                 r.target = "<= 1.111 (throughput >= 0.9x)".into();
             }
@@ -265,7 +223,7 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
     }
     // Memory: the baseline samples hold the resolution of a reading, per chunk; a figure
     // whose resolution is coarser than a quarter of its goal is shown for information only.
-    for c in res.cases.iter().filter(|c| c.id.starts_with("mem.")) {
+    for c in with_prefix("mem.") {
         let limit = if c.id.starts_with("mem.gpu.") {
             8.0
         } else {

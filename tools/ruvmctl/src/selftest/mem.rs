@@ -1128,30 +1128,24 @@ fn mem_fallback_under_fragmentation() -> TestResult {
 
 /// A cgroup2 group of its own with a memory limit, removed on drop.
 struct MemCgroup {
-    dir: std::path::PathBuf,
+    group: crate::cgroup::MemGroup,
 }
 
 impl MemCgroup {
-    const ROOT: &'static str = "/sys/fs/cgroup";
-
     fn new(name: &str, max: u64) -> Result<Self, Stop> {
-        let controllers = std::fs::read_to_string(format!("{}/cgroup.controllers", Self::ROOT))
-            .unwrap_or_default();
-        if !controllers.split_whitespace().any(|c| c == "memory") {
+        use crate::cgroup::MemGroup;
+        if !MemGroup::available() {
             return Err(Stop::Skip("no cgroup2 memory controller".into()));
         }
-        std::fs::write(format!("{}/cgroup.subtree_control", Self::ROOT), "+memory")
-            .ctx("enable the memory controller")?;
-        let dir = std::path::PathBuf::from(Self::ROOT).join(name);
-        let _ = std::fs::remove_dir(&dir);
-        std::fs::create_dir(&dir).ctx("mkdir cgroup")?;
-        let g = Self { dir };
-        std::fs::write(g.dir.join("memory.max"), max.to_string()).ctx("memory.max")?;
-        Ok(g)
+        let group = MemGroup::new(name).ctx("make the cgroup")?;
+        group
+            .write("memory.max", &max.to_string())
+            .ctx("memory.max")?;
+        Ok(Self { group })
     }
 
     fn read(&self, file: &str) -> Result<String, Stop> {
-        std::fs::read_to_string(self.dir.join(file)).ctx(file)
+        self.group.read(file).ctx(file)
     }
 
     fn current(&self) -> Result<u64, Stop> {
@@ -1170,12 +1164,6 @@ impl MemCgroup {
     }
 }
 
-impl Drop for MemCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.dir);
-    }
-}
-
 fn mem_charged_to_the_callers_memory_cgroup() -> TestResult {
     let cg = MemCgroup::new("ruvm-selftest", 48 * M)?;
     let (rx, tx) = nix::unistd::pipe().ctx("pipe")?;
@@ -1190,7 +1178,7 @@ fn mem_charged_to_the_callers_memory_cgroup() -> TestResult {
                 let _ = nix::unistd::read(&rx2, &mut x);
             };
             let me = std::process::id().to_string();
-            if std::fs::write(cg.dir.join("cgroup.procs"), me).is_err() {
+            if std::fs::write(cg.group.dir.join("cgroup.procs"), me).is_err() {
                 std::process::exit(10);
             }
             let Ok(d) = Ruvm::open() else {
