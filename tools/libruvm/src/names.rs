@@ -78,7 +78,7 @@ mod tests {
 
     #[test]
     fn unknown_bits_show_in_hex() {
-        let names = bit_names(FEATURES, 1 << 40 | u64::from(uapi::RUVM_FEATURE_SYSMEM));
+        let names = bit_names(FEATURES, (1 << 40) | u64::from(uapi::RUVM_FEATURE_SYSMEM));
         assert_eq!(names, vec!["sysmem".to_owned(), "0x10000000000".to_owned()]);
     }
 

@@ -32,7 +32,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// A size for people: `7 MiB + 17 B` style is overkill; bytes with a binary unit when exact.
 pub fn show_size(n: u64) -> String {
     for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
-        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
             return format!("{}{unit}", n >> shift);
         }
     }
