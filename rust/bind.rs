@@ -14,6 +14,7 @@ pub(crate) mod global;
 pub(crate) mod maple;
 pub(crate) mod meminfo;
 pub(crate) mod pages;
+pub(crate) mod param;
 pub(crate) mod ratelimit;
 pub(crate) mod upin;
 pub(crate) mod vma;

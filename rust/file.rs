@@ -141,6 +141,8 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_VERIFY => me.mem_fill(user, true)?,
             uapi::RUVM_IOCTL_MEM_COPY => me.mem_copy(user)?,
             uapi::RUVM_IOCTL_GPU_LIST => gpu_ioctls::gpu_list(user)?,
+            uapi::RUVM_IOCTL_GPU_ATTACH => gpu_ioctls::gpu_attach(user, true)?,
+            uapi::RUVM_IOCTL_GPU_DETACH => gpu_ioctls::gpu_attach(user, false)?,
             uapi::RUVM_IOCTL_MEM_MAP_GPU => me.mem_map_gpu(user, true)?,
             uapi::RUVM_IOCTL_MEM_UNMAP_GPU => me.mem_map_gpu(user, false)?,
             uapi::RUVM_IOCTL_MEM_DMA_ADDRS => me.mem_dma_addrs(user)?,

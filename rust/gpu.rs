@@ -229,30 +229,45 @@ struct Registry {
     on_remove: Option<fn(u32)>,
 }
 
+/// The most host GPUs `host_gpus` names.
+pub(crate) const MAX_HOST_PARAM: usize = 8;
+
+/// A PCI device's address: domain (segment), bus, device and function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PciAddr {
+    pub(crate) domain: u16,
+    pub(crate) bus: u8,
+    pub(crate) devfn: u8,
+}
+
+impl kernel::fmt::Display for PciAddr {
+    /// As `lspci -D` writes it: `0000:65:00.0`.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "{:04x}:{:02x}:{:02x}.{}",
+            self.domain,
+            self.bus,
+            self.devfn >> 3,
+            self.devfn & 7
+        )
+    }
+}
+
 /// What the module's parameters say about GPUs.
 #[derive(Clone, Copy)]
 pub(crate) struct Config {
-    /// Vidmem of each GPU, in bytes, unless overridden.
+    /// Vidmem of each GPU, in bytes.
     pub(crate) vidmem: u64,
-    /// Per-GPU vidmem overrides for ids 0 to 3 (0: use `vidmem`).
-    pub(crate) vidmem_gpu: [u64; 4],
-    /// The host GPUs' PCI addresses (bus, devfn), which the edu driver leaves alone.
-    pub(crate) host: [Option<(u8, u8)>; 4],
+    /// The host GPUs `host_gpus` names, which the edu driver leaves alone.
+    pub(crate) host: [Option<PciAddr>; MAX_HOST_PARAM],
 }
 
 impl Config {
     const fn none() -> Self {
         Self {
             vidmem: 0,
-            vidmem_gpu: [0; 4],
-            host: [None; 4],
-        }
-    }
-
-    fn vidmem_bytes(&self, id: u32) -> u64 {
-        match self.vidmem_gpu.get(id as usize) {
-            Some(&v) if v != 0 => v,
-            _ => self.vidmem,
+            host: [None; MAX_HOST_PARAM],
         }
     }
 }
@@ -269,6 +284,7 @@ global! {
 /// Makes the registry usable with the module's GPU settings (module init, before any driver).
 pub(crate) fn init(config: Config) {
     GPUS.init();
+    host::init();
     if let Some(mut r) = GPUS.lock() {
         r.config = config;
     }
@@ -282,10 +298,32 @@ pub(crate) fn set_removal_hook(hook: fn(u32)) {
     }
 }
 
-/// Whether `host_gpus` names the device at `bus`/`devfn` (the edu driver leaves those alone).
+/// Whether `host_gpus` names the device at `bus`/`devfn` of domain 0 (the edu driver, which
+/// sees domain 0 only, leaves those alone).
 pub(crate) fn is_host(bus: u8, devfn: u8) -> bool {
+    let addr = PciAddr {
+        domain: 0,
+        bus,
+        devfn,
+    };
     GPUS.lock()
-        .is_some_and(|r| r.config.host.contains(&Some((bus, devfn))))
+        .is_some_and(|r| r.config.host.contains(&Some(addr)))
+}
+
+/// Whether a PCI GPU (edu or host) at `addr` is registered and present now.
+pub(crate) fn pci_present(addr: PciAddr) -> bool {
+    let pci = [
+        uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU,
+        uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST,
+    ];
+    GPUS.lock().is_some_and(|r| {
+        r.gpus.iter().any(|e| {
+            e.dev.is_some()
+                && pci.contains(&e.info.kind)
+                && (e.info.domain, e.info.bus, e.info.devfn)
+                    == (addr.domain.into(), addr.bus, addr.devfn)
+        })
+    })
 }
 
 /// Adds a GPU that was just bound, or brings back the entry of the same PCI device; returns
@@ -325,10 +363,7 @@ pub(crate) fn register(
             reg.gpus.len() - 1
         }
     };
-    let vidmem = {
-        let id = reg.gpus.get(index).ok_or(EINVAL)?.id;
-        reg.config.vidmem_bytes(id)
-    };
+    let vidmem = reg.config.vidmem;
     let entry = reg.gpus.get_mut(index).ok_or(EINVAL)?;
     let id = entry.id;
     let pmm = match vidmem {

@@ -20,20 +20,22 @@
 //!
 //! 1. the mmap lock of a process (a user fault holds it when it takes a mem's lock);
 //! 2. a file's table mutex (`file.rs`), released before anything below is taken;
-//! 3. a GPU's users mutex (`gpu.rs`), held only to count access guards; a guard itself holds
-//!    nothing, and a GPU's removal waits for the guards with no other lock held;
-//! 4. the mem registry (`mem/registry.rs`);
-//! 5. a mem's state mutex (`mem.rs`);
-//! 6. the GPU registry (`gpu.rs`): PMMs are visited after it is released;
-//! 7. a PMM's mutex (`gpu/pmm.rs`), then the buddy allocator's own;
-//! 8. leaves, under which nothing of ruvm is taken: a GPU's table tracker (`gpu/dma.rs`), a
+//! 3. the host GPU list (`gpu/host.rs`), held across an attach or a detach;
+//! 4. a GPU's users mutex (`gpu.rs`), held only to count access guards; a guard itself holds
+//!    nothing, and a GPU's removal waits for the guards with no other lock held but 3 (no
+//!    guard holder takes it);
+//! 5. the mem registry (`mem/registry.rs`);
+//! 6. a mem's state mutex (`mem.rs`);
+//! 7. the GPU registry (`gpu.rs`): PMMs are visited after it is released;
+//! 8. a PMM's mutex (`gpu/pmm.rs`), then the buddy allocator's own;
+//! 9. leaves, under which nothing of ruvm is taken: a GPU's table tracker (`gpu/dma.rs`), a
 //!    simulated GPU's translation (`gpu/sim.rs`), an edu engine's busy mutex (`gpu/edu.rs`), a
 //!    chunk list's bytes mutex (`bind/pages.rs`), the planted leaks (`mem/plant.rs`), the mmap
 //!    offset space (`mem/offsets.rs`), and the audit's unload state (`audit.rs`), under which
 //!    registering pins a user page (taking the mmap lock of the caller, which holds no ruvm
 //!    lock then).
 //!
-//! User memory is never touched with a ruvm lock held, but for the fault path (1 then 5).
+//! User memory is never touched with a ruvm lock held, but for the fault path (1 then 6).
 
 use kernel::{
     debugfs, driver,
@@ -67,17 +69,9 @@ module! {
             default: 0,
             description: "Largest physical size of one mem, in MiB (ENOSPC beyond); 0: half the machine's memory, at most 1024",
         },
-        host_gpus: u64 {
-            default: 0,
-            description: "Host GPUs to DMA-map for, not bound: up to four PCI addresses (bus << 8 | devfn, domain 0) in 16-bit fields; 0 none",
-        },
         vidmem_mib: u64 {
             default: 64,
             description: "Vidmem of each GPU, in MiB: even (2 MiB root chunks), at most 65534; 0 none",
-        },
-        vidmem_mib_gpu: u64 {
-            default: 0,
-            description: "Per-GPU vidmem overrides: MiB for GPU ids 0 to 3 in 16-bit fields (even); a 0 field uses vidmem_mib",
         },
         sim_gpus: u32 {
             default: 0,
@@ -110,53 +104,28 @@ fn limit_bytes(value: u64, cap_mib: u64) -> u64 {
     (half & !((1 << 20) - 1)).min(mib(cap_mib))
 }
 
-/// The most vidmem one GPU may have, in MiB (a 16-bit field of `vidmem_mib_gpu`).
+// A string parameter (the `module!` macro above makes integers only).
+bind::param::str_param!(
+    static HOST_GPUS,
+    "host_gpus",
+    "Host GPUs to DMA-map for, not bound: PCI addresses as lspci -D writes them, separated by commas (0000:65:00.0,0000:b3:00.0), at most 8"
+);
+
+/// The most vidmem one GPU may have, in MiB.
 const MAX_VIDMEM_MIB: u64 = 65534;
 
-/// Field `i` (0 to 3) of a parameter made of four 16-bit fields (7.2's `module!` parameters
-/// are integers only); 0 past the fourth.
-fn param_field(value: u64, i: u32) -> u64 {
-    i.checked_mul(16)
-        .and_then(|s| value.checked_shr(s))
-        .map_or(0, |v| v & 0xffff)
-}
-
-/// The GPU settings of the parameters: vidmem sizes and host GPU addresses.
-fn gpu_config() -> gpu::Config {
-    let per_gpu = *module_parameters::vidmem_mib_gpu.value();
-    let host = *module_parameters::host_gpus.value();
-    let mut config = gpu::Config {
-        vidmem: mib(*module_parameters::vidmem_mib.value()),
-        vidmem_gpu: [0; 4],
-        host: [None; 4],
-    };
-    for i in 0..4u32 {
-        let n = i as usize;
-        if let Some(v) = config.vidmem_gpu.get_mut(n) {
-            *v = mib(param_field(per_gpu, i));
-        }
-        // A 16-bit field is bus << 8 | devfn (domain 0); 0 means none (00:00.0 is never a GPU).
-        let a = param_field(host, i);
-        if let Some(h) = config.host.get_mut(n) {
-            // CAST: each part is masked to a byte.
-            *h = (a != 0).then_some(((a >> 8) as u8, (a & 0xff) as u8));
-        }
+/// The GPU settings of the parameters: vidmem size and host GPU addresses. `EINVAL` (with an
+/// error line) for a value the module cannot honour, so that it fails the load.
+fn gpu_config() -> Result<gpu::Config> {
+    let vidmem = *module_parameters::vidmem_mib.value();
+    if vidmem % 2 != 0 || vidmem > MAX_VIDMEM_MIB {
+        pr_err!("vidmem size {vidmem} MiB: must be even and at most {MAX_VIDMEM_MIB}\n");
+        return Err(EINVAL);
     }
-    config
-}
-
-/// Checks the vidmem parameters (so that a bad value fails the load, not a later probe).
-fn check_vidmem_params() -> Result {
-    let all = *module_parameters::vidmem_mib.value();
-    let per_gpu = *module_parameters::vidmem_mib_gpu.value();
-    let fields = (0..4).map(|i| param_field(per_gpu, i));
-    for v in Iterator::chain(core::iter::once(all), fields) {
-        if v % 2 != 0 || v > MAX_VIDMEM_MIB {
-            pr_err!("vidmem size {v} MiB: must be even and at most {MAX_VIDMEM_MIB}\n");
-            return Err(EINVAL);
-        }
-    }
-    Ok(())
+    Ok(gpu::Config {
+        vidmem: mib(vidmem),
+        host: gpu::host::parse_list(HOST_GPUS.value())?,
+    })
 }
 
 /// The module-wide state of the layers below the module: made usable first, emptied on drop,
@@ -170,7 +139,6 @@ impl Layers {
         let layers = Layers;
         audit::init(*module_parameters::leak_checker.value());
         gpu::init(config);
-        check_vidmem_params()?;
         mem::init()?;
         Ok(layers)
     }
@@ -233,10 +201,10 @@ impl kernel::InPlaceModule for RuvmModule {
         let dir = debugfs::Dir::new(c"ruvm");
         try_pin_init!(Self {
             // First, before anything that can reach it is registered; a bad parameter fails the
-            // load here.
-            _layers: Layers::new(config)?,
+            // load here (`config` is `Err` then).
+            _layers: Layers::new(config?)?,
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
-            _host: gpu::host::HostGpus::new(&config.host)?,
+            _host: gpu::host::HostGpus::new(&config?.host)?,
             _sim: gpu::sim::SimGpus::new(*module_parameters::sim_gpus.value())?,
             _edu <- driver::Registration::new(c"ruvm-edu", module),
             _stats <- dir.read_only_file(c"stats", audit::stats::StatsView),

@@ -51,6 +51,7 @@ plain_old_data!(
     ruvm_test_leak,
     ruvm_gpu_info,
     ruvm_gpu_list,
+    ruvm_gpu_attach,
     ruvm_mem_gpu,
     ruvm_mem_dma_addrs,
     ruvm_ce_copy,

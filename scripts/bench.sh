@@ -16,6 +16,6 @@ mkdir -p "$out"
 rm -f "$out/console.log"
 RUVMCTL=$top/tools/ruvmctl/target/x86_64-unknown-linux-gnu/release/ruvmctl
 # 4 GiB: a 1 GiB mem, its 1 GiB baseline and the 1 GiB memset floor side by side, with room.
-env VM_MEM="${VM_MEM:-4G}" VM_TIMEOUT="${VM_TIMEOUT:-3600}" VM_MODARGS="sim_gpus=2 host_gpus=0x18" \
+env VM_MEM="${VM_MEM:-4G}" VM_TIMEOUT="${VM_TIMEOUT:-3600}" VM_MODARGS="sim_gpus=2 host_gpus=0000:00:03.0" \
 	VM_LOG="$out/console.log" CMD="ruvmctl bench --json ${BENCH_ARGS:-}" "$here/vm.sh" fast
 "$RUVMCTL" bench-report "$out/console.log" --out "$out"

@@ -166,14 +166,14 @@ guest_suite "debug kernel" debug VM_MODARGS="vidmem_mib=16" CMD=/selftests/run_a
 plant=(VM_MODARGS="enable_test_ioctls=1 leak_checker=2" CMD="ruvmctl selftest --filter audit_ --filter gpu_iommu"
 	VM_EXPECT_KMSG="kmemleak: [0-9]+ new suspected memory leaks")
 # A host GPU: the first edu device named by host_gpus, DMA-mapped for but never bound.
-host=(VM_MODARGS="host_gpus=0x18" CMD="ruvmctl selftest --filter gpu_ --filter vidmem_")
+host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --filter vidmem_")
 # Simulated GPUs only (no edu devices): the GPU suite on faux devices, with the test ioctls on
 # for the engine's fault test.
 sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
 	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_")
 guest_suite "fast kernel, host GPU" fast "${host[@]}"
 # On the debug kernel, the cases a host GPU changes (the rest ran there with edu GPUs above).
-guest_suite "debug kernel, host GPU" debug VM_MODARGS="host_gpus=0x18" \
+guest_suite "debug kernel, host GPU" debug VM_MODARGS="host_gpus=0000:00:03.0" \
 	CMD="ruvmctl selftest --filter gpu_host --filter gpu_list --filter gpu_dma --filter vidmem_chunk --filter vidmem_mappings"
 guest_suite "fast kernel, simulated GPUs" fast "${sim[@]}"
 guest_suite "debug kernel, simulated GPUs" debug "${sim[@]}"

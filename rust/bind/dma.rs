@@ -31,15 +31,29 @@ pub(crate) fn set_mask<const BITS: u32>(pdev: &pci::Device<Core<'_>>) -> Result 
     unsafe { pdev.dma_set_mask_and_coherent(DmaMask::new::<BITS>()) }
 }
 
-/// The PCI device at `bus`/`devfn` of domain 0, referenced, if there is one (for host GPUs,
-/// which ruvm does not bind).
-pub(crate) fn find_pci(bus: u8, devfn: u8) -> Option<ARef<pci::Device>> {
+/// The PCI device at `domain`/`bus`/`devfn`, referenced, if there is one (for host GPUs, which
+/// ruvm does not bind).
+pub(crate) fn find_pci(domain: u16, bus: u8, devfn: u8) -> Option<ARef<pci::Device>> {
     // SAFETY: looks the device up and takes a reference on it (or returns NULL).
-    let raw = unsafe { bindings::pci_get_domain_bus_and_slot(0, bus.into(), devfn.into()) };
+    let raw =
+        unsafe { bindings::pci_get_domain_bus_and_slot(domain.into(), bus.into(), devfn.into()) };
     let raw = NonNull::new(raw)?;
     // SAFETY: `raw` is a valid `struct pci_dev` whose reference we now own, given to the `ARef`;
     // `pci::Device` is `#[repr(transparent)]` over `Opaque<bindings::pci_dev>`.
     Some(unsafe { ARef::from_raw(raw.cast::<pci::Device>()) })
+}
+
+/// Whether `pdev` is in an IOMMU group (it is not when no IOMMU translates for it).
+pub(crate) fn has_iommu_group(pdev: &pci::Device) -> bool {
+    let dev: &device::Device = pdev.as_ref();
+    // SAFETY: `dev` is a valid device; `iommu_group_get` returns its group referenced, or NULL.
+    let group = unsafe { bindings::iommu_group_get(raw_device(dev)) };
+    if group.is_null() {
+        return false;
+    }
+    // SAFETY: `group` was referenced by `iommu_group_get` just above; this drops that reference.
+    unsafe { bindings::iommu_group_put(group) };
+    true
 }
 
 /// A GPU's device, for streaming DMA mappings (kept referenced while anything maps with it).

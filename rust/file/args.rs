@@ -103,6 +103,7 @@ spec! {
         zero: [pad, reserved]
     }
     ruvm_gpu_list { flags: 0, zero: [reserved] }
+    ruvm_gpu_attach { flags: 0, zero: [pad, reserved] }
     ruvm_mem_gpu { flags: 0, zero: [reserved] }
     ruvm_mem_dma_addrs { flags: 0, zero: [reserved] }
     ruvm_ce_copy { flags: 0, zero: [reserved] }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The GPU ioctls: the registry, a mem's DMA tables and GPU addresses, copy-engine copies and
+//! The GPU ioctls: the registry and host GPUs attached to it, a mem's DMA tables and GPU addresses, copy-engine copies and
 //! the PMM's statistics and leak check.
 
 use kernel::{
@@ -79,6 +79,23 @@ fn write_array<T: kernel::transmute::AsBytes>(addr: u64, items: &[T]) -> Result 
         out.write(item)?;
     }
     Ok(())
+}
+
+/// `RUVM_IOCTL_GPU_ATTACH` and `RUVM_IOCTL_GPU_DETACH` (privileged): a host GPU by PCI address.
+pub(super) fn gpu_attach(user: UserSlice, attach: bool) -> Result {
+    cred::require_sys_admin()?;
+    let (mut args, mut writer) = args::read_write::<uapi::ruvm_gpu_attach>(user)?;
+    let addr = gpu::PciAddr {
+        domain: u16::try_from(args.pci_domain).map_err(|_| EINVAL)?,
+        bus: args.pci_bus,
+        devfn: args.pci_devfn,
+    };
+    args.id = if attach {
+        gpu::host::attach(addr)?
+    } else {
+        gpu::host::detach(addr)?
+    };
+    writer.write(&args)
 }
 
 /// `RUVM_IOCTL_GPU_LIST`: the GPU registry, into the caller's array.

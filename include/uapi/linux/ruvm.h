@@ -77,9 +77,12 @@ struct ruvm_info {
 #define RUVM_FEATURE_VIDMEM (1ULL << 5)
 /* In-kernel timing of ruvm's paths against the kernel's own: RUVM_IOCTL_BENCH. */
 #define RUVM_FEATURE_BENCH (1ULL << 6)
+/* Host GPUs attached and detached at run time: RUVM_IOCTL_GPU_ATTACH, RUVM_IOCTL_GPU_DETACH. */
+#define RUVM_FEATURE_GPU_ATTACH (1ULL << 7)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
-	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH)
+	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
+	 RUVM_FEATURE_GPU_ATTACH)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -498,8 +501,9 @@ enum ruvm_gpu_kind {
 	/* A QEMU edu PCI device (1234:11e8) bound by ruvm's own PCI driver: a test GPU. */
 	RUVM_GPU_KIND_EDU = 1,
 	/*
-	 * A PCI device named by the host_gpus module parameter (e.g. an NVIDIA GPU, which its own
-	 * driver owns): not bound by ruvm, used for DMA mapping only, no copy engine.
+	 * A PCI device named by the host_gpus module parameter or attached with
+	 * RUVM_IOCTL_GPU_ATTACH (e.g. an NVIDIA GPU, which its own driver owns): not bound by
+	 * ruvm, used for DMA mapping only, no copy engine.
 	 */
 	RUVM_GPU_KIND_HOST = 2,
 	/*
@@ -563,6 +567,33 @@ struct ruvm_gpu_list {
 	__u32 flags;
 	__u32 count;
 	__u64 gpus;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_gpu_attach - a host GPU by PCI address (RUVM_IOCTL_GPU_ATTACH,
+ *                          RUVM_IOCTL_GPU_DETACH)
+ *
+ * ATTACH registers the PCI device at the address as a host GPU (RUVM_GPU_KIND_HOST: DMA
+ * mapping only, never bound), as the host_gpus parameter does at load; a device attached
+ * before gets its id back. DETACH removes a host GPU as an unbind does: every DMA table made
+ * for it is dropped first, its mems stay and can be freed. Both need CAP_SYS_ADMIN.
+ *
+ * @flags:      (in)  must be 0
+ * @pci_domain: (in)  PCI domain (segment), 0 to 0xffff
+ * @pci_bus:    (in)  PCI bus number
+ * @pci_devfn:  (in)  PCI device and function (device << 3 | function)
+ * @pad:        (in)  must be 0
+ * @id:         (out) the GPU's id
+ * @reserved:   (in)  must be 0
+ */
+struct ruvm_gpu_attach {
+	__u32 flags;
+	__u32 pci_domain;
+	__u8 pci_bus;
+	__u8 pci_devfn;
+	__u16 pad;
+	__u32 id;
 	__u64 reserved[2];
 };
 
@@ -798,6 +829,8 @@ enum {
 	RUVM_IOCTL_MEM_GPU_PHYS = _IOWR(RUVM_IOCTL_MAGIC, 0x25, struct ruvm_mem_gpu_phys),
 	RUVM_IOCTL_PMM_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x26, struct ruvm_pmm_stats),
 	RUVM_IOCTL_PMM_CHECK_LEAK = _IOWR(RUVM_IOCTL_MAGIC, 0x27, struct ruvm_pmm_check_leak),
+	RUVM_IOCTL_GPU_ATTACH = _IOWR(RUVM_IOCTL_MAGIC, 0x28, struct ruvm_gpu_attach),
+	RUVM_IOCTL_GPU_DETACH = _IOWR(RUVM_IOCTL_MAGIC, 0x29, struct ruvm_gpu_attach),
 	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =

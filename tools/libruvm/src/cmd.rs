@@ -68,6 +68,10 @@ commands! {
     MEM_COPY: ruvm_mem_copy = RUVM_IOCTL_MEM_COPY;
     /// The GPU registry.
     GPU_LIST: ruvm_gpu_list = RUVM_IOCTL_GPU_LIST;
+    /// Attach a host GPU by PCI address.
+    GPU_ATTACH: ruvm_gpu_attach = RUVM_IOCTL_GPU_ATTACH;
+    /// Detach a host GPU by PCI address.
+    GPU_DETACH: ruvm_gpu_attach = RUVM_IOCTL_GPU_DETACH;
     /// DMA-map a mem for a GPU.
     MEM_MAP_GPU: ruvm_mem_gpu = RUVM_IOCTL_MEM_MAP_GPU;
     /// Drop a mem's DMA table for a GPU.

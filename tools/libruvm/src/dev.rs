@@ -63,6 +63,7 @@ ioctl_args!(
     uapi::ruvm_register_unload_state,
     uapi::ruvm_test_leak,
     uapi::ruvm_gpu_list,
+    uapi::ruvm_gpu_attach,
     uapi::ruvm_mem_gpu,
     uapi::ruvm_mem_dma_addrs,
     uapi::ruvm_ce_copy,
@@ -312,6 +313,24 @@ impl Ruvm {
         self.call(cmd::GPU_LIST, &mut a)?;
         v.truncate(a.count as usize);
         Ok(v)
+    }
+
+    /// `RUVM_IOCTL_GPU_ATTACH` (`attach`) or `RUVM_IOCTL_GPU_DETACH` of the PCI device at
+    /// `domain`:`bus`:`devfn`; returns the GPU's id.
+    pub fn gpu_attach(&self, attach: bool, domain: u32, bus: u8, devfn: u8) -> Result<u32, Errno> {
+        let mut a = uapi::ruvm_gpu_attach {
+            pci_domain: domain,
+            pci_bus: bus,
+            pci_devfn: devfn,
+            ..Default::default()
+        };
+        let cmd = if attach {
+            cmd::GPU_ATTACH
+        } else {
+            cmd::GPU_DETACH
+        };
+        self.call(cmd, &mut a)?;
+        Ok(a.id)
     }
 
     /// `RUVM_IOCTL_MEM_MAP_GPU` (`map`) or `RUVM_IOCTL_MEM_UNMAP_GPU`.
@@ -619,6 +638,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_leak>(), 48);
         assert_eq!(std::mem::size_of::<uapi::ruvm_gpu_info>(), 56);
         assert_eq!(std::mem::size_of::<uapi::ruvm_gpu_list>(), 32);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_gpu_attach>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_gpu>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_dma_addrs>(), 56);
         assert_eq!(std::mem::size_of::<uapi::ruvm_ce_copy>(), 64);

@@ -55,6 +55,25 @@ pub struct CopyArgs {
     pub src_offset: u64,
 }
 
+/// `ruvmctl gpu ...`.
+#[derive(Subcommand)]
+pub enum GpuAction {
+    /// Register the PCI device at ADDRESS (as `lspci -D` writes it: 0000:65:00.0) as a host GPU,
+    /// DMA mapping only, never bound (RUVM_IOCTL_GPU_ATTACH).
+    Attach {
+        address: String,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Remove the host GPU at ADDRESS as an unbind would: its DMA tables are dropped, its mems
+    /// stay (RUVM_IOCTL_GPU_DETACH).
+    Detach {
+        address: String,
+        #[command(flatten)]
+        json: Json,
+    },
+}
+
 #[derive(Subcommand)]
 pub enum Cmd {
     /// Show the loaded module's version, ABI, features and live mems (RUVM_IOCTL_INFO).
@@ -125,6 +144,11 @@ pub enum Cmd {
     },
     /// The GPUs ruvm knows (RUVM_IOCTL_GPU_LIST).
     Gpus(Json),
+    /// Attach or detach a host GPU by PCI address (root).
+    Gpu {
+        #[command(subcommand)]
+        action: GpuAction,
+    },
     /// DMA-map every chunk of a mem for a GPU (RUVM_IOCTL_MEM_MAP_GPU); idempotent.
     MapGpu { handle: u64, gpu: u32 },
     /// Drop a mem's DMA table for a GPU (RUVM_IOCTL_MEM_UNMAP_GPU); idempotent.

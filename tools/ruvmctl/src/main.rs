@@ -28,7 +28,7 @@ mod pattern;
 mod selftest;
 mod units;
 
-use cli::{Cli, Cmd};
+use cli::{Cli, Cmd, GpuAction};
 use output::{emit, Done};
 
 /// Runs one command.
@@ -94,6 +94,14 @@ fn run(cli: Cli) -> Result<()> {
             json.json,
         ),
         Cmd::Gpus(j) => emit(&cmd::gpu::gpus(&d()?)?, j.json),
+        Cmd::Gpu { action } => match action {
+            GpuAction::Attach { address, json } => {
+                emit(&cmd::gpu::attach(&d()?, &address, true)?, json.json)
+            }
+            GpuAction::Detach { address, json } => {
+                emit(&cmd::gpu::attach(&d()?, &address, false)?, json.json)
+            }
+        },
         Cmd::MapGpu { handle, gpu } => emit(&cmd::gpu::map(&d()?, handle, gpu, true)?, false),
         Cmd::UnmapGpu { handle, gpu } => emit(&cmd::gpu::map(&d()?, handle, gpu, false)?, false),
         Cmd::CeCopy { gpu, copy } => emit(&cmd::gpu::ce_copy(&d()?, gpu, &copy)?, false),

@@ -144,6 +144,79 @@ pub fn map(d: &Ruvm, handle: u64, gpu: u32, map: bool) -> Result<Done> {
     Ok(Done {})
 }
 
+/// A PCI address as `lspci -D` writes it, `DDDD:BB:SS.F` (or `BB:SS.F`, domain 0): (domain,
+/// bus, devfn).
+pub fn parse_pci(s: &str) -> Result<(u32, u8, u8)> {
+    let bad =
+        || anyhow::anyhow!("'{s}' is not a PCI address (DDDD:BB:SS.F, as lspci -D writes it)");
+    let hex = |f: &str, max: u32| -> Result<u32> {
+        if f.is_empty() || f.len() > 4 {
+            return Err(bad());
+        }
+        let v = u32::from_str_radix(f, 16).map_err(|_| bad())?;
+        if v > max {
+            return Err(bad());
+        }
+        Ok(v)
+    };
+    let parts: Vec<&str> = s.trim().split(':').collect();
+    let (domain, bus, rest) = match parts.as_slice() {
+        [d, b, r] => (hex(d, 0xffff)?, hex(b, 0xff)?, *r),
+        [b, r] => (0, hex(b, 0xff)?, *r),
+        _ => return Err(bad()),
+    };
+    let (slot, func) = rest.split_once('.').ok_or_else(bad)?;
+    if func.len() != 1 {
+        return Err(bad());
+    }
+    let (slot, func) = (hex(slot, 0x1f)?, hex(func, 7)?);
+    Ok((
+        domain,
+        u8::try_from(bus)?,
+        u8::try_from((slot << 3) | func)?,
+    ))
+}
+
+/// What `gpu attach` and `gpu detach` did.
+#[derive(Serialize)]
+pub struct Attached {
+    id: u32,
+    address: String,
+    attached: bool,
+}
+
+impl Report for Attached {
+    fn render(&self) -> String {
+        let what = if self.attached {
+            "attached"
+        } else {
+            "detached"
+        };
+        format!("host GPU {} at {} {what}", self.id, self.address)
+    }
+}
+
+/// `gpu attach` / `gpu detach` (`RUVM_IOCTL_GPU_ATTACH` / `RUVM_IOCTL_GPU_DETACH`).
+pub fn attach(d: &Ruvm, address: &str, attach: bool) -> Result<Attached> {
+    let (domain, bus, devfn) = parse_pci(address)?;
+    let mut a = arg(|a: &mut uapi::ruvm_gpu_attach| {
+        a.pci_domain = domain;
+        a.pci_bus = bus;
+        a.pci_devfn = devfn;
+    });
+    let c = if attach {
+        cmd::GPU_ATTACH
+    } else {
+        cmd::GPU_DETACH
+    };
+    call(d, c, &mut a)?;
+    Ok(Attached {
+        id: a.id,
+        address: format!("{domain:04x}:{bus:02x}:{:02x}.{}", devfn >> 3, devfn & 7),
+        attached: attach,
+    })
+}
+
 /// `ce-copy` (`RUVM_IOCTL_CE_COPY`).
 pub fn ce_copy(d: &Ruvm, gpu: u32, c: &CopyArgs) -> Result<Done> {
     let mut a = arg(|a: &mut uapi::ruvm_ce_copy| {
@@ -371,5 +444,31 @@ impl Report for CheckLeak {
 
     fn failure(&self) -> Option<String> {
         (!self.clean).then(|| "the PMM did not get back all it had free".to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_pci;
+
+    #[test]
+    fn pci_addresses_parse_as_lspci_writes_them() {
+        assert_eq!(parse_pci("0000:65:00.0").unwrap(), (0, 0x65, 0));
+        assert_eq!(parse_pci("0001:b3:1f.7").unwrap(), (1, 0xb3, 0xff));
+        assert_eq!(parse_pci("00:03.0").unwrap(), (0, 0, 0x18));
+        for bad in [
+            "",
+            "65:00",
+            "0000:65:20.0",
+            "0000:65:00.8",
+            "10000:65:00.0",
+            "0000:100:00.0",
+            "0000:65:00.0.1",
+            "x:65:00.0",
+            "0000:65:00.",
+            "a:b:c:d.0",
+        ] {
+            assert!(parse_pci(bad).is_err(), "{bad} parsed");
+        }
     }
 }

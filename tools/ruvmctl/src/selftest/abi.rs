@@ -44,6 +44,15 @@ impl Poke for u32 {
     }
 }
 
+impl Poke for u16 {
+    fn elements(&self) -> usize {
+        1
+    }
+    fn poke(&mut self, _: usize) {
+        *self = 1 << 15;
+    }
+}
+
 impl<const N: usize> Poke for [u64; N] {
     fn elements(&self) -> usize {
         N
@@ -124,6 +133,15 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
     }
     row!(&d, p, e, cmd::MEM_COPY, uapi::ruvm_mem_copy::default(), known: 0, zero: [pad, reserved]);
     row!(&d, p, e, cmd::GPU_LIST, uapi::ruvm_gpu_list::default(), known: 0, zero: [reserved]);
+    // An address with no device: a bad field let through would be ENODEV or ENOENT.
+    let attach = uapi::ruvm_gpu_attach {
+        pci_bus: 0xff,
+        pci_devfn: 0xff,
+        ..Default::default()
+    };
+    for c in [cmd::GPU_ATTACH, cmd::GPU_DETACH] {
+        row!(&d, p, e, c, attach, known: 0, zero: [pad, reserved]);
+    }
     for c in [cmd::MEM_MAP_GPU, cmd::MEM_UNMAP_GPU] {
         row!(&d, p, e, c, uapi::ruvm_mem_gpu::default(), known: 0, zero: [reserved]);
     }

@@ -66,6 +66,14 @@ pub fn cases() -> Vec<Case> {
             name: "gpu_host_gpu_maps_without_binding",
             run: gpu_host_gpu_maps_without_binding,
         },
+        Case {
+            name: "gpu_host_detach_drops_tables_and_attach_keeps_the_id",
+            run: gpu_host_detach_drops_tables_and_attach_keeps_the_id,
+        },
+        Case {
+            name: "gpu_attach_bad_inputs",
+            run: gpu_attach_bad_inputs,
+        },
     ]
 }
 
@@ -960,6 +968,145 @@ fn gpu_sim_faults_after_unmap() -> TestResult {
         )?;
     }
     Ok(())
+}
+
+/// A GPU's PCI address for `RUVM_IOCTL_GPU_ATTACH`: (domain, bus, devfn).
+fn pci_of(g: &uapi::ruvm_gpu_info) -> (u32, u8, u8) {
+    (g.pci_domain, g.pci_bus, g.pci_devfn)
+}
+
+fn gpu_host_detach_drops_tables_and_attach_keeps_the_id() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = d.gpus().ctx("GPU_LIST")?;
+    let Some(g) = gpus
+        .iter()
+        .find(|g| g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST && present(g))
+    else {
+        return Err(Stop::Skip("no host GPU (load with host_gpus=...)".into()));
+    };
+    let (dom, bus, devfn) = pci_of(g);
+    let before = dma_live(&d)?;
+    let a = d.mem_alloc(3 << 20, 64 << 10, 0).ctx("alloc")?;
+    d.mem_gpu(true, a.handle, g.id).ctx("map on the host GPU")?;
+    expect_errno(
+        d.gpu_attach(true, dom, bus, devfn),
+        Errno::EEXIST,
+        "attach of an attached host GPU",
+    )?;
+    // Detached while mapped: its table goes, the mem stays good.
+    let id = d.gpu_attach(false, dom, bus, devfn).ctx("detach")?;
+    check!(id == g.id, "detach returned id {id}, the GPU is {}", g.id);
+    let gone = d.gpus().ctx("GPU_LIST after detach")?;
+    let e = gone.iter().find(|x| x.id == g.id);
+    check!(
+        e.is_some_and(|e| !present(e) && e.dma_mapped_bytes == 0),
+        "after detach the registry shows {e:?}"
+    );
+    check!(
+        d.mem_query(a.handle).ctx("query")?.mapped_gpus & (1 << g.id) == 0,
+        "the mem is still mapped for the detached GPU"
+    );
+    check!(
+        dma_live(&d)?.0 == before.0,
+        "the detached GPU's mappings are still counted"
+    );
+    expect_errno(
+        d.mem_gpu(true, a.handle, g.id),
+        Errno::ENODEV,
+        "map on the detached GPU",
+    )?;
+    expect_errno(
+        d.gpu_attach(false, dom, bus, devfn),
+        Errno::ENOENT,
+        "detach of a detached GPU",
+    )?;
+    // Attached again: the same id, usable.
+    let id = d.gpu_attach(true, dom, bus, devfn).ctx("attach again")?;
+    check!(id == g.id, "attach gave id {id}, the GPU was {}", g.id);
+    d.mem_gpu(true, a.handle, g.id).ctx("map after attach")?;
+    check!(
+        d.dma_addrs(a.handle, g.id, 0, 100).ctx("addrs")?.len() == 3 << 4,
+        "the table after attach has another size"
+    );
+    d.mem_free(a.handle).ctx("free")?;
+    check!(dma_live(&d)?.0 == before.0, "mappings left after the free");
+    Ok(())
+}
+
+/// A PCI device in no IOMMU group, if the machine has one.
+fn pci_without_iommu_group() -> Option<(u32, u8, u8)> {
+    for e in std::fs::read_dir("/sys/bus/pci/devices").ok()?.flatten() {
+        let name = e.file_name().into_string().ok()?;
+        if e.path().join("iommu_group").exists() {
+            continue;
+        }
+        if let Ok(a) = crate::cmd::gpu::parse_pci(&name) {
+            return Some(a);
+        }
+    }
+    None
+}
+
+fn gpu_attach_bad_inputs() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let info = d.info().ctx("INFO")?;
+    check!(
+        info.features & u64::from(uapi::RUVM_FEATURE_GPU_ATTACH) != 0,
+        "RUVM_FEATURE_GPU_ATTACH not reported"
+    );
+    let before = d.gpus().ctx("GPU_LIST")?;
+    expect_errno(
+        d.gpu_attach(true, 0x1_0000, 0, 0),
+        Errno::EINVAL,
+        "domain 0x10000",
+    )?;
+    expect_errno(
+        d.gpu_attach(false, 0x1_0000, 0, 0),
+        Errno::EINVAL,
+        "detach, domain 0x10000",
+    )?;
+    expect_errno(
+        d.gpu_attach(true, 0, 0xff, 0xff),
+        Errno::ENODEV,
+        "no device at 0000:ff:1f.7",
+    )?;
+    expect_errno(
+        d.gpu_attach(false, 0, 0xff, 0xff),
+        Errno::ENOENT,
+        "detach of 0000:ff:1f.7",
+    )?;
+    // A GPU ruvm's own driver bound: already there, and not a host GPU to detach.
+    for g in before.iter().filter(|g| bound_edu(g)) {
+        let (dom, bus, devfn) = pci_of(g);
+        expect_errno(
+            d.gpu_attach(true, dom, bus, devfn),
+            Errno::EEXIST,
+            "attach of an edu GPU",
+        )?;
+        expect_errno(
+            d.gpu_attach(false, dom, bus, devfn),
+            Errno::ENOENT,
+            "detach of an edu GPU",
+        )?;
+    }
+    match pci_without_iommu_group() {
+        Some((dom, bus, devfn)) => expect_errno(
+            d.gpu_attach(true, dom, bus, devfn),
+            Errno::ENXIO,
+            "attach of a device in no IOMMU group",
+        )?,
+        None => println!("# every PCI device here is in an IOMMU group: ENXIO not reachable"),
+    }
+    check!(
+        d.gpus().ctx("GPU_LIST")?.len() == before.len(),
+        "a refused attach changed the registry"
+    );
+    // Without CAP_SYS_ADMIN, EPERM before the arguments are looked at.
+    child_checks("an unprivileged attach was not refused with EPERM", || {
+        setuid(Uid::from_raw(65534)).is_ok()
+            && d.gpu_attach(true, 0x1_0000, 0, 0) == Err(Errno::EPERM)
+            && d.gpu_attach(false, 0, 0, 0) == Err(Errno::EPERM)
+    })
 }
 
 fn gpu_host_gpu_maps_without_binding() -> TestResult {
