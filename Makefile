@@ -9,7 +9,7 @@ RUVMCTL := $(TOP)/tools/ruvmctl/target/x86_64-unknown-linux-gnu/release/ruvmctl
 SELFTEST_BINS := $(TOP)/build/selftests/ruvm_abi_test
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 
-.PHONY: all help deps kernel module ruvmctl selftests vm demo check fuzz bench clean FORCE
+.PHONY: all help deps kernel stock deb module ruvmctl selftests vm demo check fuzz bench clean FORCE
 
 all: module ruvmctl
 
@@ -19,7 +19,9 @@ help:
 	@echo "make vm CMD='...'  run a command in the guest (no CMD: a shell); VM_EXTRA=files"
 	@echo "make fuzz          the fuzzer on the debug kernel: DURATION=seconds, SEED=n, FLAVOUR=fast"
 	@echo "make bench         speed and memory against the kernel and user space (build/bench/)"
-	@echo "make module        build ruvm.ko for FLAVOUR=fast|debug, or KDIR=/your/kernel"
+	@echo "make module        build ruvm.ko for FLAVOUR=fast|debug|stock, or KDIR=/your/kernel"
+	@echo "make stock         build ruvm.ko for Debian's stock 7.2 kernel (build/stock/rust/ruvm.ko)"
+	@echo "make deb           the DKMS package build/deb/ruvm-dkms_<version>_all.deb"
 	@echo "make kernel        build both test kernels into \$$RUVM_CACHE (~/.cache/ruvm)"
 	@echo "make ruvmctl       build the static ruvmctl"
 	@echo "make deps          install the Debian packages and bindgen the build needs"
@@ -40,6 +42,15 @@ else
 module: deps
 	@$(TOP)/scripts/module.sh $(FLAVOUR) $(KMAKE_ARGS)
 endif
+
+# Debian's stock kernel, built with its own toolchain in a cached trixie chroot.
+stock: deps
+	@$(TOP)/scripts/stock.sh module
+	@echo "built $(TOP)/build/stock/rust/ruvm.ko for Debian's stock kernel"
+
+# The DKMS source package (dkms/; README "Running on your host", Documentation/hosts.rst).
+deb:
+	@$(TOP)/scripts/deb.sh
 
 ruvmctl: deps
 	@cd $(TOP)/tools/ruvmctl && cargo build --release --quiet

@@ -69,6 +69,18 @@ module_clean() {
 }
 step "host: module builds clippy-clean for the fast kernel" module_clean fast || finish
 step "host: module builds clippy-clean for the debug kernel" module_clean debug || finish
+# Debian's stock kernel: its Rust build files regenerated with its own toolchain in a trixie
+# chroot (checked against its .config and Module.symvers), then ruvm.ko built there with
+# rustc 1.85.1 and gcc-14, clippy 1.85 clean: the minimum supported Rust version.
+stock_ok=0
+step "build: Debian's stock kernel's Rust build files (trixie chroot, crate hashes checked)" \
+	"$here/stock.sh" prepare &&
+	step "host: module builds clippy-clean for Debian's stock kernel (rustc 1.85.1, gcc-14)" \
+		module_clean stock && stock_ok=1
+[ $stock_ok = 1 ] && step "host: ruvmctl and libruvm build clippy-clean with rustc 1.85 (the MSRV)" \
+	"$here/stock.sh" run bash -c 'for c in ruvmctl libruvm; do
+		(cd /ruvm/tools/$c && CARGO_TARGET_DIR=/ruvm/build/msrv cargo clippy --release --locked \
+			--all-targets -- -D warnings) || exit 1; done'
 
 for f in fast debug; do
 	step "host: the kernel crate's struct layouts match C ($f kernel)" "$here/layout-check.sh" "$f"
@@ -176,6 +188,20 @@ guest_suite "fast kernel, host GPU" fast "${host[@]}"
 guest_suite "debug kernel, host GPU" debug VM_MODARGS="host_gpus=0000:00:03.0" \
 	CMD="ruvmctl selftest --filter gpu_host --filter gpu_list --filter gpu_dma --filter vidmem_chunk --filter vidmem_mappings"
 guest_suite "fast kernel, simulated GPUs" fast "${sim[@]}"
+# Debian's unmodified stock kernel with the ruvm.ko its own toolchain built.
+if [ $stock_ok = 1 ]; then
+	# edu GPUs and simulated GPUs in one run: every suite, the C ABI test, the reload.
+	guest_suite "Debian's stock kernel" stock VM_MODARGS="sim_gpus=2" CMD=/selftests/run_all.sh
+	# make deb's package in a throwaway trixie chroot: dependencies, a DKMS signing key, install
+	# (DKMS builds for the stock kernel), purge, nothing left; then that signed module in the guest.
+	if step "DKMS: make deb's package installs, builds and signs ruvm.ko for the stock kernel, purges clean" \
+		"$here/deb-test.sh"; then
+		guest_suite "Debian's stock kernel, the DKMS-built module" stock RUVM_KO="$top/build/deb/ruvm.ko" \
+			VM_MODARGS="sim_gpus=1" CMD="ruvmctl selftest --filter mem_ --filter gpu_list --filter gpu_dma"
+	fi
+else
+	failed "guest (Debian's stock kernel): not run, its module did not build"
+fi
 guest_suite "debug kernel, simulated GPUs" debug "${sim[@]}"
 guest_suite "fast kernel, planted leaks" fast "${plant[@]}"
 guest_suite "debug kernel, planted leaks" debug "${plant[@]}"

@@ -10,7 +10,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 pkgs=(bc bison flex libelf-dev libssl-dev cpio xz-utils gzip pahole make gcc libc6-dev patch
       clang-19 lld-19 llvm-19 libclang-19-dev
       rustc-web rust-web-src rust-web-clippy rustfmt-web
-      qemu-system-x86 busybox-static ca-certificates)
+      qemu-system-x86 busybox-static ca-certificates mmdebstrap)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

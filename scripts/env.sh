@@ -5,6 +5,12 @@
 RUVM_KERNEL_SERIES=7.2
 RUVM_KERNEL_PIN=7.2.12-1~bpo13+1
 RUVM_BINDGEN_VERSION=0.73.2
+# Debian's stock kernel of the same source, and the trixie toolchain it was built with (its
+# .config names them: rustc 1.85.1, bindgen 0.71.1, gcc-14). See scripts/stock.sh.
+RUVM_STOCK_RELEASE=7.2.12+deb13-amd64
+RUVM_STOCK_SUITE=trixie
+RUVM_STOCK_RUSTC=1.85.1+dfsg1-1+deb13u1
+RUVM_STOCK_BINDGEN=0.71.1-6
 RUVM_BINDGEN=$RUVM_CACHE/tools/bin/bindgen
 RUVM_LIBCLANG=/usr/lib/llvm-19/lib
 RUVM_RUST_LIB_SRC=

@@ -31,38 +31,52 @@ debian_mirror() {
 	die "no Debian mirror found in /etc/apt sources"
 }
 
-# Download linux-source-7.2 through a private apt configuration (the system's sources are
-# left untouched) and unpack it once into the cache. Prints the source directory.
+# A private apt configuration for trixie-backports (the system's sources are left untouched).
+# Sets apt_opts; updates the lists once per run.
+apt_setup() {
+	local apt="$RUVM_CACHE/apt"
+	mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/none"
+	echo "Types: deb
+URIs: $(debian_mirror)
+Suites: trixie-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" > "$apt/none/ruvm.sources"
+	apt_opts=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$apt/none"
+		-o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache"
+		-o "APT::Sources::With::Default=false" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
+	apt-get "${apt_opts[@]}" -qq update >&2 || die "apt-get update for trixie-backports failed"
+}
+
+# Download packages (NAME=VERSION ...) from trixie-backports into DIR.
+download() {
+	local dir=$1
+	shift
+	apt_setup
+	mkdir -p "$dir"
+	(cd "$dir" && apt-get "${apt_opts[@]}" -qq download "$@" >&2) || die "download of $* failed"
+}
+
+# Download linux-source-7.2 and unpack it once into the cache. Prints the source directory.
 fetch_source() {
 	local apt="$RUVM_CACHE/apt" srcroot="$RUVM_CACHE/src"
-	mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$srcroot"
+	mkdir -p "$srcroot"
 	local have
 	have=$(cat "$srcroot/current" 2>/dev/null || true)
 	if [ -n "$have" ] && [ -f "$srcroot/$have/.ruvm-unpacked" ]; then
 		echo "$srcroot/$have"
 		return
 	fi
-	echo "Types: deb
-URIs: $(debian_mirror)
-Suites: trixie-backports
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" > "$apt/ruvm.sources"
-	local opts=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$apt/none"
-		-o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache"
-		-o "APT::Sources::With::Default=false" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
-	mkdir -p "$apt/none"
-	cp "$apt/ruvm.sources" "$apt/none/ruvm.sources"
-	apt-get "${opts[@]}" -qq update >&2 || die "apt-get update for trixie-backports failed"
+	apt_setup
 	local ver="$RUVM_KERNEL_PIN"
-	if ! apt-cache "${opts[@]}" show "linux-source-$RUVM_KERNEL_SERIES=$ver" >/dev/null 2>&1; then
-		ver=$(apt-cache "${opts[@]}" madison "linux-source-$RUVM_KERNEL_SERIES" |
+	if ! apt-cache "${apt_opts[@]}" show "linux-source-$RUVM_KERNEL_SERIES=$ver" >/dev/null 2>&1; then
+		ver=$(apt-cache "${apt_opts[@]}" madison "linux-source-$RUVM_KERNEL_SERIES" |
 			awk '{print $3}' | sort -V | tail -n 1)
 		[ -n "$ver" ] || die "linux-source-$RUVM_KERNEL_SERIES is not offered by the archive"
 		echo "kernel: pinned $RUVM_KERNEL_PIN is gone, using $ver" >&2
 	fi
 	local dl="$apt/dl"
 	rm -rf "$dl" && mkdir -p "$dl"
-	(cd "$dl" && apt-get "${opts[@]}" -qq download "linux-source-$RUVM_KERNEL_SERIES=$ver" >&2) ||
+	(cd "$dl" && apt-get "${apt_opts[@]}" -qq download "linux-source-$RUVM_KERNEL_SERIES=$ver" >&2) ||
 		die "download of linux-source-$RUVM_KERNEL_SERIES=$ver failed"
 	local name="linux-$ver"
 	rm -rf "${srcroot:?}/$name" && mkdir -p "$srcroot/$name"
@@ -174,5 +188,7 @@ case "${1:-}" in
 build) build "${2:?flavour}" ;;
 dir) build_dir "${2:?flavour}" ;;
 source) fetch_source ;;
-*) die "usage: $0 build|dir FLAVOUR | source" ;;
+mirror) debian_mirror ;;
+download) shift; download "$@" ;;
+*) die "usage: $0 build|dir FLAVOUR | source | mirror | download DIR PKG=VER..." ;;
 esac
