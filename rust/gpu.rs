@@ -36,6 +36,12 @@ use crate::{
 pub(crate) mod dma;
 pub(crate) mod edu;
 pub(crate) mod host;
+// The simulated GPU MMU's page-table format, host-tested ahead of the MMU that walks it.
+#[expect(
+    dead_code,
+    reason = "the simulated MMU (GPU virtual mappings) is its user, not landed yet"
+)]
+pub(crate) mod mmu_fmt;
 pub(crate) mod pmm;
 pub(crate) mod sim;
 
