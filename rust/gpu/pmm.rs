@@ -12,11 +12,11 @@
 //! # Storage
 //!
 //! Vidmem holds real bytes. The first chunk of a mem handed out from a root chunk gives that
-//! root its storage: 2 MiB of contiguous, zeroed kernel pages, DMA-mapped for the GPU (so its
-//! copy engine reaches them at the root's DMA address plus the offset). The storage goes when
-//! the root holds no stored chunk any more. A chunk is zeroed when it is handed back (unless
-//! its root's storage goes with it: new storage is zeroed anyway), so no mem ever sees an
-//! earlier one's bytes.
+//! root its storage: 2 MiB of contiguous kernel pages, DMA-mapped for the GPU (so its copy
+//! engine reaches them at the root's DMA address plus the offset). The storage goes when the
+//! root holds no stored chunk any more. A chunk's bytes are zeroed when it is handed out, not
+//! when it comes back, so no mem ever sees an earlier one's bytes, and new storage is not
+//! zeroed whole: a cold allocation of a 64 KiB chunk zeroes 64 KiB, not the root's 2 MiB.
 //!
 //! # Locking
 //!
@@ -122,7 +122,7 @@ pub(crate) struct PmmStats {
     pub(crate) roots_stored: u64,
 }
 
-/// One chunk of vidmem, handed back on drop (zeroed first if it used storage).
+/// One chunk of vidmem (zeroed when handed out if it uses storage), handed back on drop.
 pub(crate) struct VidChunk {
     pmm: Arc<Pmm>,
     /// The buddy's block, given back when this drops (after `Drop::drop` ran).
@@ -213,25 +213,38 @@ impl Pmm {
         }
         root.chunks += 1;
         root.whole = size == CHUNK_MAX;
-        if store {
+        let pages = if store {
             root.stored += 1;
-        }
+            root.store.as_ref().map(|s| s.pages.clone())
+        } else {
+            None
+        };
         if let Some(n) = st.allocated.get_mut(index) {
             *n += 1;
         }
-        Ok(VidChunk {
+        drop(st);
+        let chunk = VidChunk {
             pmm: self.clone(),
             _blocks: blocks,
             phys,
             size,
             stored: store,
-        })
+        };
+        if let Some(pages) = pages {
+            // Outside the lock: the chunk is no one else's yet, and its stored count keeps the
+            // storage. A failure hands the chunk back (its drop).
+            // CAST: both are at most 2 MiB.
+            let (offset, len) = ((phys % CHUNK_MAX) as usize, size as usize);
+            pages.bytes().zero(offset, len)?;
+        }
+        Ok(chunk)
     }
 
-    /// Storage for a root chunk: 2 MiB of zeroed pages, DMA-mapped for the GPU.
+    /// Storage for a root chunk: 2 MiB of pages (not zeroed: each chunk is, as it is handed
+    /// out), DMA-mapped for the GPU.
     fn new_store(&self) -> Result<RootStore> {
         let flags = ChunkFlags {
-            zero: true,
+            zero: false,
             fail_fast: false,
         };
         let audit = Counted::new(Class::VidmemRoots, 1);
@@ -247,42 +260,24 @@ impl Pmm {
     }
 
     /// Takes a chunk back (from [`VidChunk`]'s drop, before its block returns to the buddy,
-    /// so no one else can be handed its range meanwhile).
+    /// so no one else can be handed its range meanwhile): the counts, and the root's storage if
+    /// this was its last stored chunk (unmapped and freed under the lock). Its bytes stay until
+    /// the range is handed out again, zeroed then.
     fn free(&self, chunk: &VidChunk) {
-        // Under the lock: the counts, and either the root's storage (if this was its last
-        // stored chunk: unmapped and freed here, so nothing to scrub) or its pages (to scrub the
-        // chunk outside the lock).
-        let pages = {
-            let mut st = self.state.lock();
-            if let Some(n) = size_index(chunk.size).and_then(|i| st.allocated.get_mut(i)) {
-                *n -= 1;
+        let mut st = self.state.lock();
+        if let Some(n) = size_index(chunk.size).and_then(|i| st.allocated.get_mut(i)) {
+            *n -= 1;
+        }
+        if let Some(r) = st.roots.get_mut(root_index(chunk.phys)) {
+            r.chunks -= 1;
+            if chunk.size == CHUNK_MAX {
+                r.whole = false;
             }
-            match st.roots.get_mut(root_index(chunk.phys)) {
-                None => None,
-                Some(r) => {
-                    r.chunks -= 1;
-                    if chunk.size == CHUNK_MAX {
-                        r.whole = false;
-                    }
-                    if !chunk.stored {
-                        None
-                    } else {
-                        r.stored -= 1;
-                        if r.stored == 0 {
-                            drop(r.store.take());
-                            None
-                        } else {
-                            r.store.as_ref().map(|s| s.pages.clone())
-                        }
-                    }
+            if chunk.stored {
+                r.stored -= 1;
+                if r.stored == 0 {
+                    drop(r.store.take());
                 }
-            }
-        };
-        if let Some(pages) = pages {
-            // CAST: both are at most 2 MiB.
-            let (offset, len) = ((chunk.phys % CHUNK_MAX) as usize, chunk.size as usize);
-            if pages.bytes().zero(offset, len).is_err() {
-                pr_err!("pmm: could not scrub chunk {:#x}\n", chunk.phys);
             }
         }
     }
@@ -374,8 +369,8 @@ impl VidChunk {
 
 impl Drop for VidChunk {
     fn drop(&mut self) {
-        // Zero it and update the roots first; the buddy takes the block back when `_blocks`
-        // drops, right after.
+        // Update the roots first; the buddy takes the block back when `_blocks` drops, right
+        // after.
         self.pmm.free(self);
     }
 }
