@@ -42,6 +42,12 @@ pub(crate) mod host;
     reason = "the simulated MMU (GPU virtual mappings) is its user, not landed yet"
 )]
 pub(crate) mod mmu_fmt;
+// The page-table tree written in that format, host-tested ahead of the MMU that owns it.
+#[expect(
+    dead_code,
+    reason = "the simulated MMU (GPU virtual mappings) is its user, not landed yet"
+)]
+pub(crate) mod mmu_tree;
 pub(crate) mod pmm;
 pub(crate) mod sim;
 

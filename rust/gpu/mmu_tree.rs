@@ -1,0 +1,477 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A GPU's page-table tree, held in memory: pages mapped and unmapped by writing MMU version 2
+//! entries (`mmu_fmt.rs`), tables allocated when first needed and freed when they empty.
+//!
+//! This file depends on `core` only, like `mmu_fmt.rs`: the host tests compile it
+//! (`tools/ruvmctl/tests/mmu_tree.rs`) over a memory of words and check every tree it builds
+//! with [`mmu_fmt::walk`](super::mmu_fmt::walk), the walk the simulated MMU does.
+//!
+//! # No side table
+//!
+//! The tree keeps nothing but its root: which tables exist, and what they map, is read back
+//! from the tables themselves through [`TableMem`], the memory they live in. What the MMU walks
+//! is therefore exactly what was written, and a corrupted entry is seen by both.
+//!
+//! # Rules
+//!
+//! - A page is 4 KiB, 64 KiB or 2 MiB, at a VA and an address aligned to its size, below
+//!   [`VA_END`].
+//! - Pages never overlap: a page whose range holds any mapped page (of any size) is refused
+//!   with [`TreeError::Busy`], so the MMU's "a big page wins over the small table" never has
+//!   to decide anything.
+//! - Unmapping a page frees every table it leaves empty, up to (not including) the root; a
+//!   tree with nothing mapped holds the root alone.
+//! - A failed map leaves the tree as it was (tables it allocated are freed again).
+
+use super::mmu_fmt::{Aperture, EncodeError, Level, Pde, Pde0, Pte, TableReader, VA_END};
+
+/// Why a tree operation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TreeError {
+    /// No memory for a table.
+    NoMemory,
+    /// Not a page size, a VA or address not aligned to it, or past the VA space.
+    Invalid,
+    /// The range already holds a mapped page.
+    Busy,
+    /// The page is not mapped.
+    NotMapped,
+    /// An entry could not be encoded (see [`EncodeError`]).
+    Encode(EncodeError),
+    /// A table could not be read or written: the tree's memory is gone or corrupt.
+    Unreadable,
+}
+
+impl From<EncodeError> for TreeError {
+    fn from(e: EncodeError) -> TreeError {
+        TreeError::Encode(e)
+    }
+}
+
+/// The memory the tables live in.
+pub(crate) trait TableMem: TableReader {
+    /// Writes the word at byte address `addr` (8-byte aligned) in `aperture`.
+    fn write(&mut self, aperture: Aperture, addr: u64, value: u64) -> Result<(), TreeError>;
+    /// A new table of `size` bytes (a power of two, 32 to 4096), aligned to `size` and zeroed:
+    /// where it is.
+    fn alloc(&mut self, size: u64) -> Result<Pde, TreeError>;
+    /// Gives back a table [`alloc`](TableMem::alloc) returned.
+    fn free(&mut self, table: Pde, size: u64);
+}
+
+/// The bytes of the root (PDE3) table.
+pub(crate) const ROOT_SIZE: u64 = Level::Pde3.table_size();
+
+/// The byte address of entry `index` (and its `half` for PDE0) in `table`.
+fn slot(table: &Pde, level: Level, index: u64, half: u64) -> Result<u64, TreeError> {
+    index
+        .checked_mul(level.entry_size())
+        .and_then(|o| o.checked_add(half * 8))
+        .and_then(|o| table.addr.checked_add(o))
+        .ok_or(TreeError::Unreadable)
+}
+
+fn read<M: TableMem>(
+    m: &mut M,
+    table: &Pde,
+    level: Level,
+    index: u64,
+    half: u64,
+) -> Result<u64, TreeError> {
+    let addr = slot(table, level, index, half)?;
+    m.read(table.aperture, addr).ok_or(TreeError::Unreadable)
+}
+
+fn write<M: TableMem>(
+    m: &mut M,
+    table: &Pde,
+    level: Level,
+    index: u64,
+    half: u64,
+    value: u64,
+) -> Result<(), TreeError> {
+    let addr = slot(table, level, index, half)?;
+    m.write(table.aperture, addr, value)
+}
+
+/// Whether every word of `table` (of `level`) is zero.
+fn empty<M: TableMem>(m: &mut M, table: &Pde, level: Level) -> Result<bool, TreeError> {
+    let words = level.table_size() / 8;
+    for i in 0..words {
+        let v = m
+            .read(
+                table.aperture,
+                table.addr.checked_add(i * 8).ok_or(TreeError::Unreadable)?,
+            )
+            .ok_or(TreeError::Unreadable)?;
+        if v != 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The PDE0 entry for `va` in `pde0`.
+fn read_pde0<M: TableMem>(m: &mut M, pde0: &Pde, va: u64) -> Result<Pde0, TreeError> {
+    let i = Level::Pde0.index(va);
+    Ok(Pde0::decode([
+        read(m, pde0, Level::Pde0, i, 0)?,
+        read(m, pde0, Level::Pde0, i, 1)?,
+    ]))
+}
+
+fn write_pde0<M: TableMem>(m: &mut M, pde0: &Pde, va: u64, e: &Pde0) -> Result<(), TreeError> {
+    let i = Level::Pde0.index(va);
+    let [lo, hi] = e.encode()?;
+    // The half that stops pointing at something goes first, so a walk in between never sees
+    // a half pointing at a table about to be freed next to a new one.
+    write(m, pde0, Level::Pde0, i, 0, lo)?;
+    write(m, pde0, Level::Pde0, i, 1, hi)
+}
+
+/// A new table of `level`, linked into entry `i` of `parent` (of `plevel`); freed again if
+/// the link cannot be written.
+fn new_table<M: TableMem>(
+    m: &mut M,
+    parent: &Pde,
+    plevel: Level,
+    i: u64,
+    level: Level,
+) -> Result<Pde, TreeError> {
+    let t = m.alloc(level.table_size())?;
+    match t
+        .encode()
+        .map_err(TreeError::from)
+        .and_then(|e| write(m, parent, plevel, i, 0, e))
+    {
+        Ok(()) => Ok(t),
+        Err(e) => {
+            m.free(t, level.table_size());
+            Err(e)
+        }
+    }
+}
+
+/// One GPU VA space's page tables.
+#[derive(Debug)]
+pub(crate) struct Tree {
+    root: Pde,
+}
+
+impl Tree {
+    /// A tree with nothing mapped: the root table alone.
+    pub(crate) fn new<M: TableMem>(m: &mut M) -> Result<Tree, TreeError> {
+        Ok(Tree {
+            root: m.alloc(ROOT_SIZE)?,
+        })
+    }
+
+    /// The root (PDE3) table, where the MMU's walks start.
+    pub(crate) fn root(&self) -> Pde {
+        self.root
+    }
+
+    /// Checks a page's size, VA and address.
+    fn check(va: u64, page_size: u64, pte: Option<&Pte>) -> Result<Level, TreeError> {
+        let level = Level::for_page(page_size).ok_or(TreeError::Invalid)?;
+        let end = va.checked_add(page_size).ok_or(TreeError::Invalid)?;
+        if va & (page_size - 1) != 0 || end > VA_END {
+            return Err(TreeError::Invalid);
+        }
+        if pte.is_some_and(|p| p.addr & (page_size - 1) != 0) {
+            return Err(TreeError::Invalid);
+        }
+        Ok(level)
+    }
+
+    /// The PDE0 table covering `va`, or the directory level whose entry for `va` is invalid.
+    /// With `alloc`, missing directories are allocated on the way (each linked into its parent
+    /// at once, so a failure later leaves only empty tables, which [`Tree::prune`] frees).
+    fn pde0<M: TableMem>(
+        &self,
+        m: &mut M,
+        va: u64,
+        alloc: bool,
+    ) -> Result<Result<Pde, Level>, TreeError> {
+        let mut table = self.root;
+        let mut level = Level::Pde3;
+        while let Some(next) = level.next() {
+            let i = level.index(va);
+            let e = read(m, &table, level, i, 0)?;
+            table = match Pde::decode(e) {
+                Some(t) => t,
+                None if e != 0 => return Err(TreeError::Unreadable),
+                None if !alloc => return Ok(Err(level)),
+                None => new_table(m, &table, level, i, next)?,
+            };
+            level = next;
+        }
+        Ok(Ok(table))
+    }
+
+    /// Maps one page of `page_size` bytes at `va` to what `pte` says.
+    pub(crate) fn map<M: TableMem>(
+        &self,
+        m: &mut M,
+        va: u64,
+        page_size: u64,
+        pte: &Pte,
+    ) -> Result<(), TreeError> {
+        let level = Self::check(va, page_size, Some(pte))?;
+        let entry = pte.encode(page_size)?;
+        let r = self.map_in(m, va, level, pte, entry);
+        if r.is_err() {
+            // Tables allocated on the way are linked in and empty: free them.
+            self.prune(m, va);
+        }
+        r
+    }
+
+    fn map_in<M: TableMem>(
+        &self,
+        m: &mut M,
+        va: u64,
+        level: Level,
+        pte: &Pte,
+        entry: u64,
+    ) -> Result<(), TreeError> {
+        let pde0 = self.pde0(m, va, true)?.map_err(|_| TreeError::Unreadable)?;
+        let cur = read_pde0(m, &pde0, va)?;
+        match level {
+            Level::Pde0 => match cur {
+                Pde0::Invalid => write_pde0(m, &pde0, va, &Pde0::Page(*pte)),
+                _ => Err(TreeError::Busy),
+            },
+            Level::Pte64K | Level::Pte4K => {
+                let (mut big, mut small) = match cur {
+                    Pde0::Invalid => (None, None),
+                    Pde0::Dual { big, small } => (big, small),
+                    Pde0::Page(_) => return Err(TreeError::Busy),
+                };
+                // Overlap: a 64K page covers 16 small entries, a 4K page one big entry.
+                let big_i = Level::Pte64K.index(va);
+                if let Some(t) = big {
+                    if read(m, &t, Level::Pte64K, big_i, 0)? != 0 {
+                        return Err(TreeError::Busy);
+                    }
+                }
+                let (first, count) = if level == Level::Pte64K {
+                    (Level::Pte4K.index(va), 16)
+                } else {
+                    (Level::Pte4K.index(va), 1)
+                };
+                if let Some(t) = small {
+                    for i in first..first + count {
+                        if read(m, &t, Level::Pte4K, i, 0)? != 0 {
+                            return Err(TreeError::Busy);
+                        }
+                    }
+                }
+                let half = if level == Level::Pte64K {
+                    &mut big
+                } else {
+                    &mut small
+                };
+                let table = match half {
+                    Some(t) => *t,
+                    None => {
+                        let t = m.alloc(level.table_size())?;
+                        *half = Some(t);
+                        if let Err(e) = write_pde0(m, &pde0, va, &Pde0::Dual { big, small }) {
+                            m.free(t, level.table_size());
+                            return Err(e);
+                        }
+                        t
+                    }
+                };
+                write(m, &table, level, level.index(va), 0, entry)
+            }
+            _ => Err(TreeError::Invalid),
+        }
+    }
+
+    /// Unmaps the page of `page_size` bytes at `va` and frees the tables it leaves empty:
+    /// the PTE it held.
+    pub(crate) fn unmap<M: TableMem>(
+        &self,
+        m: &mut M,
+        va: u64,
+        page_size: u64,
+    ) -> Result<Pte, TreeError> {
+        let level = Self::check(va, page_size, None)?;
+        let pde0 = self.pde0(m, va, false)?.map_err(|_| TreeError::NotMapped)?;
+        let cur = read_pde0(m, &pde0, va)?;
+        let pte = match (level, cur) {
+            (Level::Pde0, Pde0::Page(pte)) => {
+                write_pde0(m, &pde0, va, &Pde0::Invalid)?;
+                pte
+            }
+            (Level::Pte64K, Pde0::Dual { big: Some(t), .. })
+            | (Level::Pte4K, Pde0::Dual { small: Some(t), .. }) => {
+                let i = level.index(va);
+                let pte = Pte::decode(read(m, &t, level, i, 0)?).ok_or(TreeError::NotMapped)?;
+                write(m, &t, level, i, 0, 0)?;
+                pte
+            }
+            _ => return Err(TreeError::NotMapped),
+        };
+        self.prune(m, va);
+        Ok(pte)
+    }
+
+    /// Frees the tables on `va`'s path that hold nothing, leaf first, clearing the entries
+    /// pointing at them first. Best effort: a table that cannot be read is left in place.
+    fn prune<M: TableMem>(&self, m: &mut M, va: u64) {
+        // The path: the directory tables root to PDE0.
+        let mut path = [self.root; 4];
+        let mut level = Level::Pde3;
+        let mut depth = 1;
+        let mut table = self.root;
+        while let Some(next) = level.next() {
+            match read(m, &table, level, level.index(va), 0).map(Pde::decode) {
+                Ok(Some(t)) => table = t,
+                _ => break,
+            }
+            if let Some(p) = path.get_mut(depth) {
+                *p = table;
+            }
+            depth += 1;
+            level = next;
+        }
+        if depth == 4 {
+            let pde0 = table;
+            if let Ok(Pde0::Dual { mut big, mut small }) = read_pde0(m, &pde0, va) {
+                let mut gone = [None, None];
+                for (slot, lvl, g) in [
+                    (&mut big, Level::Pte64K, 0usize),
+                    (&mut small, Level::Pte4K, 1usize),
+                ] {
+                    if let Some(t) = *slot {
+                        if matches!(empty(m, &t, lvl), Ok(true)) {
+                            *slot = None;
+                            if let Some(x) = gone.get_mut(g) {
+                                *x = Some((t, lvl));
+                            }
+                        }
+                    }
+                }
+                let e = if big.is_none() && small.is_none() {
+                    Pde0::Invalid
+                } else {
+                    Pde0::Dual { big, small }
+                };
+                if gone.iter().any(Option::is_some) && write_pde0(m, &pde0, va, &e).is_ok() {
+                    for (t, lvl) in gone.into_iter().flatten() {
+                        m.free(t, lvl.table_size());
+                    }
+                }
+            }
+        }
+        // The directories, PDE0 up to PDE2: each freed when empty, its parent's entry cleared.
+        let levels = [Level::Pde3, Level::Pde2, Level::Pde1, Level::Pde0];
+        let mut d = depth.min(4);
+        while d > 1 {
+            let (Some(&child), Some(&parent), Some(&clvl), Some(&plvl)) = (
+                path.get(d - 1),
+                path.get(d - 2),
+                levels.get(d - 1),
+                levels.get(d - 2),
+            ) else {
+                break;
+            };
+            if !matches!(empty(m, &child, clvl), Ok(true)) {
+                break;
+            }
+            if write(m, &parent, plvl, plvl.index(va), 0, 0).is_err() {
+                break;
+            }
+            m.free(child, clvl.table_size());
+            d -= 1;
+        }
+    }
+
+    /// Unmaps every page in `[va, va + len)` (mapped with any page size) and frees the tables
+    /// left empty. How many pages were unmapped.
+    pub(crate) fn unmap_range<M: TableMem>(
+        &self,
+        m: &mut M,
+        va: u64,
+        len: u64,
+    ) -> Result<u64, TreeError> {
+        let end = va.checked_add(len).ok_or(TreeError::Invalid)?;
+        if va & 0xfff != 0 || len & 0xfff != 0 || end > VA_END {
+            return Err(TreeError::Invalid);
+        }
+        let mut n = 0;
+        let mut at = va;
+        while at < end {
+            // The page mapped at `at`, if any, and the next VA to look at.
+            let step = match self.pde0(m, at, false)? {
+                Err(level) => level.span() - (at & (level.span() - 1)),
+                Ok(pde0) => match read_pde0(m, &pde0, at)? {
+                    Pde0::Invalid => Level::Pde0.span() - (at & (Level::Pde0.span() - 1)),
+                    Pde0::Page(_) => {
+                        self.unmap(m, at & !(Level::Pde0.span() - 1), Level::Pde0.span())?;
+                        n += 1;
+                        Level::Pde0.span() - (at & (Level::Pde0.span() - 1))
+                    }
+                    Pde0::Dual { big, small } => {
+                        let big_mapped = match big {
+                            Some(t) => read(m, &t, Level::Pte64K, Level::Pte64K.index(at), 0)? != 0,
+                            None => false,
+                        };
+                        let small_mapped = match small {
+                            Some(t) => read(m, &t, Level::Pte4K, Level::Pte4K.index(at), 0)? != 0,
+                            None => false,
+                        };
+                        if big_mapped {
+                            self.unmap(m, at & !0xffff, 0x10000)?;
+                            n += 1;
+                            0x10000 - (at & 0xffff)
+                        } else {
+                            if small_mapped {
+                                self.unmap(m, at, 0x1000)?;
+                                n += 1;
+                            }
+                            0x1000
+                        }
+                    }
+                },
+            };
+            at = at.saturating_add(step);
+        }
+        Ok(n)
+    }
+
+    /// Frees every table, the root last, whatever they map (a table that cannot be read is
+    /// freed without looking inside).
+    pub(crate) fn destroy<M: TableMem>(self, m: &mut M) {
+        free_below(m, &self.root, Level::Pde3);
+        m.free(self.root, ROOT_SIZE);
+    }
+}
+
+/// Frees every table `table` (of `level`) points at, and theirs.
+fn free_below<M: TableMem>(m: &mut M, table: &Pde, level: Level) {
+    for i in 0..level.entries() {
+        if level == Level::Pde0 {
+            let e = match (read(m, table, level, i, 0), read(m, table, level, i, 1)) {
+                (Ok(lo), Ok(hi)) => Pde0::decode([lo, hi]),
+                _ => continue,
+            };
+            if let Pde0::Dual { big, small } = e {
+                for (t, l) in [(big, Level::Pte64K), (small, Level::Pte4K)] {
+                    if let Some(t) = t {
+                        m.free(t, l.table_size());
+                    }
+                }
+            }
+        } else if let (Some(next), Ok(Some(t))) =
+            (level.next(), read(m, table, level, i, 0).map(Pde::decode))
+        {
+            free_below(m, &t, next);
+            m.free(t, next.table_size());
+        }
+    }
+}
