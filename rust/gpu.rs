@@ -76,6 +76,22 @@ impl GpuInfo {
         (self.kind, self.domain, self.bus, self.devfn)
             == (other.kind, other.domain, other.bus, other.devfn)
     }
+
+    /// A PCI device (edu or host), not a simulated GPU.
+    fn is_pci(&self) -> bool {
+        [
+            uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU,
+            uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST,
+        ]
+        .contains(&self.kind)
+    }
+
+    /// The same PCI device as `other`, of whatever kind.
+    fn same_pci(&self, other: &GpuInfo) -> bool {
+        self.is_pci()
+            && other.is_pci()
+            && (self.domain, self.bus, self.devfn) == (other.domain, other.bus, other.devfn)
+    }
 }
 
 /// A GPU's copy engine.
@@ -339,7 +355,9 @@ pub(crate) fn pci_present(addr: PciAddr) -> bool {
 }
 
 /// Adds a GPU that was just bound, or brings back the entry of the same PCI device; returns
-/// it. `ENOSPC` when the registry is full.
+/// it. `EEXIST` when a GPU is present at the same PCI address now, of either kind (a device
+/// attached as a host GPU is not bound by ruvm-edu too, nor the other way round: the check and
+/// the registration are one step under the registry's lock). `ENOSPC` when the registry is full.
 pub(crate) fn register(
     info: GpuInfo,
     dma: DmaDevice,
@@ -357,6 +375,13 @@ pub(crate) fn register(
         _ => None,
     };
     let mut reg = GPUS.lock().ok_or(ENODEV)?;
+    if reg
+        .gpus
+        .iter()
+        .any(|e| e.dev.is_some() && e.info.same_pci(&info))
+    {
+        return Err(EEXIST);
+    }
     let index = match reg.gpus.iter().position(|e| e.info.same_device(&info)) {
         Some(i) => i,
         None => {

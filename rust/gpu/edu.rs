@@ -160,6 +160,23 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
         // Named as a host GPU: used for DMA mapping only, never bound.
         return Err(ENODEV);
     }
+    let attached = |pdev: &pci::Device<Core<'_>>| {
+        dev_err!(
+            pdev,
+            "attached as a host GPU: detach it before binding ruvm-edu\n"
+        );
+        EEXIST
+    };
+    // Attached at run time as a host GPU: left alone (the registry checks again, atomically,
+    // when the GPU registers below).
+    let addr = gpu::PciAddr {
+        domain: 0,
+        bus,
+        devfn,
+    };
+    if gpu::pci_present(addr) {
+        return Err(attached(pdev));
+    }
     pdev.enable_device_mem()?;
     pdev.set_master();
     dma::set_mask::<EDU_DMA_BITS>(pdev)?;
@@ -187,7 +204,8 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
         },
         DmaDevice::new(pdev),
         Some(gpu::Engine::Edu(engine)),
-    )?;
+    )
+    .map_err(|e| if e == EEXIST { attached(pdev) } else { e })?;
     dev_info!(pdev, "test GPU {} (edu)\n", dev.id);
     Ok(EduGpu { dev })
 }

@@ -135,7 +135,12 @@ pub(crate) fn attach(addr: PciAddr) -> Result<u32> {
         page_sizes: gpu::TEST_PAGE_SIZES,
     };
     hosts.reserve(1, GFP_KERNEL)?;
-    let dev = gpu::register(info, dma, None)?;
+    // The registry checks again, with its lock held: ruvm-edu may have bound the device since.
+    let dev = gpu::register(info, dma, None).inspect_err(|e| {
+        if *e == EEXIST {
+            pr_err!("host GPU {addr}: already a GPU of ruvm's (bound by ruvm-edu)\n");
+        }
+    })?;
     let id = dev.id;
     if let Err(e) = hosts.push((addr, dev.clone()), GFP_KERNEL) {
         // Room was reserved above; should it still fail, the GPU must not stay registered.

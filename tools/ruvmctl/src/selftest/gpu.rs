@@ -74,6 +74,10 @@ pub fn cases() -> Vec<Case> {
             name: "gpu_attach_bad_inputs",
             run: gpu_attach_bad_inputs,
         },
+        Case {
+            name: "gpu_attach_unbound_edu_keeps_ruvm_edu_off_it",
+            run: gpu_attach_unbound_edu_keeps_ruvm_edu_off_it,
+        },
     ]
 }
 
@@ -1107,6 +1111,75 @@ fn gpu_attach_bad_inputs() -> TestResult {
             && d.gpu_attach(true, 0x1_0000, 0, 0) == Err(Errno::EPERM)
             && d.gpu_attach(false, 0, 0, 0) == Err(Errno::EPERM)
     })
+}
+
+/// An edu device unbound from ruvm-edu and attached as a host GPU: ruvm-edu cannot bind it
+/// while it is attached (`EEXIST`, one GPU per device), and binds it again, with its old id,
+/// once it is detached.
+fn gpu_attach_unbound_edu_keeps_ruvm_edu_off_it() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let before = d.gpus().ctx("GPU_LIST")?;
+    let Some(g) = before.iter().find(|g| bound_edu(g)) else {
+        return Err(Stop::Skip("no GPU bound by ruvm-edu".into()));
+    };
+    let name = pci_name(g);
+    let (dom, bus, devfn) = pci_of(g);
+    std::fs::write(format!("{DRIVER}/unbind"), &name).ctx("unbind")?;
+    let attached = (|| -> TestResult {
+        let h = d
+            .gpu_attach(true, dom, bus, devfn)
+            .ctx("attach of the unbound edu device")?;
+        check!(h != g.id, "the host GPU took the edu GPU's id {h}");
+        let list = d.gpus().ctx("GPU_LIST while attached")?;
+        let host = list.iter().find(|x| x.id == h);
+        check!(
+            host.is_some_and(|x| present(x) && x.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST),
+            "the attached device is listed as {host:?}"
+        );
+        let edu = list.iter().find(|x| x.id == g.id);
+        check!(
+            edu.is_some_and(|x| !present(x)),
+            "the unbound edu GPU is listed as {edu:?}"
+        );
+        // ruvm-edu may not take the device while it is a host GPU.
+        let bind = std::fs::write(format!("{DRIVER}/bind"), &name);
+        check!(
+            bind.as_ref().err().and_then(std::io::Error::raw_os_error)
+                == Some(Errno::EEXIST as i32),
+            "binding ruvm-edu to an attached host GPU: {bind:?}"
+        );
+        let key = |v: &[uapi::ruvm_gpu_info]| -> Vec<(u32, u32, u32)> {
+            v.iter().map(|x| (x.id, x.kind, x.flags)).collect()
+        };
+        let after = d.gpus().ctx("GPU_LIST after the refused bind")?;
+        check!(
+            key(&after) == key(&list),
+            "a refused bind changed the registry: {after:?}"
+        );
+        // The host GPU works meanwhile.
+        let a = d.mem_alloc(192 << 10, 64 << 10, 0).ctx("alloc")?;
+        d.mem_gpu(true, a.handle, h).ctx("map on the host GPU")?;
+        check!(
+            d.dma_addrs(a.handle, h, 0, 8).ctx("addrs")?.len() == 3,
+            "the host GPU's table does not have 3 chunks"
+        );
+        d.mem_free(a.handle).ctx("free")?;
+        let id = d.gpu_attach(false, dom, bus, devfn).ctx("detach")?;
+        check!(id == h, "detach returned id {id}, the host GPU is {h}");
+        Ok(())
+    })();
+    // Whatever happened: detached (if it still is attached) and bound again.
+    let _ = d.gpu_attach(false, dom, bus, devfn);
+    let rebind = std::fs::write(format!("{DRIVER}/bind"), &name).ctx("bind after detach");
+    attached?;
+    rebind?;
+    let back = d.gpus().ctx("GPU_LIST after bind")?;
+    let e = back.iter().find(|x| x.id == g.id);
+    check!(
+        e.is_some_and(bound_edu),
+        "after detach and bind the edu GPU is {e:?}"
+    );
+    Ok(())
 }
 
 fn gpu_host_gpu_maps_without_binding() -> TestResult {
