@@ -164,12 +164,13 @@ pub(crate) fn detach(addr: PciAddr) -> Result<u32> {
     Ok(dev.id)
 }
 
-/// Detaches every host GPU (module unload, or a load failing after some were attached).
+/// Detaches every host GPU (module unload, or a load failing after some were attached), and
+/// frees the list's buffer: the static that points at it goes with the module.
 fn detach_all() {
     let Some(mut hosts) = HOSTS.lock() else {
         return;
     };
-    while let Some((_, dev)) = hosts.pop() {
+    for (_, dev) in core::mem::replace(&mut *hosts, KVec::new()) {
         gpu::unregister(&dev);
     }
 }
