@@ -279,7 +279,8 @@ pub enum Cmd {
         /// Threads in each worker.
         #[arg(long, default_value_t = 3)]
         threads: usize,
-        /// Also unbind and rebind the edu GPUs now and then (root).
+        /// Also unbind and rebind the edu GPUs now and then, half the time attaching the
+        /// unbound device as a host GPU in between (root).
         #[arg(long)]
         unbind: bool,
         /// Also SIGKILL workers now and then (and start new ones).

@@ -102,6 +102,7 @@ pub fn run(spec: &Spec) -> Result<u64> {
     }
     let mut kills = 0u64;
     let mut unbinds = 0u64;
+    let mut attaches = 0u64;
     let mut unloads = 0u64;
     while shared.ops.load(Ordering::Relaxed) < spec.ops && start.elapsed() < spec.duration {
         std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
@@ -113,8 +114,15 @@ pub fn run(spec: &Spec) -> Result<u64> {
             workers[slot] = (spawn(spec, shared, slot, generation + 1)?, generation + 1);
             kills += 1;
         }
-        if spec.unbind && rng.one_in(6) && ops::unbind_rebind(&mut rng, shared) {
-            unbinds += 1;
+        if spec.unbind && rng.one_in(6) {
+            match ops::unbind_rebind(&mut rng, shared) {
+                ops::Unbound::Nothing => {}
+                ops::Unbound::Rebound => unbinds += 1,
+                ops::Unbound::Attached => {
+                    unbinds += 1;
+                    attaches += 1;
+                }
+            }
         }
         if rng.one_in(5) {
             ops::unload_attempt(shared);
@@ -150,7 +158,7 @@ pub fn run(spec: &Spec) -> Result<u64> {
         }
     }
     println!(
-        "fuzz: seed {}: {total} operations in {secs:.1} s ({:.0}/s), {kills} processes killed, {unbinds} unbinds, {unloads} unload attempts, {problems} problems",
+        "fuzz: seed {}: {total} operations in {secs:.1} s ({:.0}/s), {kills} processes killed, {unbinds} unbinds ({attaches} attached as host GPUs meanwhile), {unloads} unload attempts, {problems} problems",
         spec.seed,
         total as f64 / secs.max(1e-9)
     );

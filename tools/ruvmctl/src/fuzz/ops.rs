@@ -725,11 +725,22 @@ fn race(w: &World, d: &Ruvm, rng: &mut Rng) {
     listed(dst.handle, false);
 }
 
-/// Unbinds an edu GPU and binds it again (from the parent). Returns whether it did.
-pub fn unbind_rebind(rng: &mut Rng, shared: &'static Shared) -> bool {
+/// What [`unbind_rebind`] did.
+pub enum Unbound {
+    /// No edu GPU to unbind.
+    Nothing,
+    /// Unbound and bound again.
+    Rebound,
+    /// Unbound, attached as a host GPU for a moment, detached, bound again.
+    Attached,
+}
+
+/// Unbinds an edu GPU and binds it again (from the parent); half the time it is attached as a
+/// host GPU in between, while the workers run, and ruvm-edu must refuse to bind it then.
+pub fn unbind_rebind(rng: &mut Rng, shared: &'static Shared) -> Unbound {
     const DRIVER: &str = "/sys/bus/pci/drivers/ruvm-edu";
     let Ok(entries) = std::fs::read_dir(DRIVER) else {
-        return false;
+        return Unbound::Nothing;
     };
     let devices: Vec<String> = entries
         .filter_map(|e| e.ok())
@@ -737,16 +748,49 @@ pub fn unbind_rebind(rng: &mut Rng, shared: &'static Shared) -> bool {
         .filter(|n| n.starts_with("0000:"))
         .collect();
     if devices.is_empty() {
-        return false;
+        return Unbound::Nothing;
     }
+    let problem = |what: String| {
+        println!("fuzz: PROBLEM: {what}");
+        shared.problems.fetch_add(1, Ordering::Relaxed);
+    };
     let dev = &devices[rng.below(devices.len() as u64) as usize];
     let unbound = std::fs::write(format!("{DRIVER}/unbind"), dev);
+    let mut did = Unbound::Rebound;
+    if unbound.is_ok() && rng.one_in(2) {
+        did = Unbound::Attached;
+        attach_for_a_moment(rng, dev, &problem);
+    }
     let bound = std::fs::write(format!("{DRIVER}/bind"), dev);
     if let Err(e) = unbound.and(bound) {
-        println!("fuzz: PROBLEM: unbind/bind of {dev}: {e}");
-        shared.problems.fetch_add(1, Ordering::Relaxed);
+        problem(format!("unbind/bind of {dev}: {e}"));
     }
-    true
+    did
+}
+
+/// Attaches the unbound edu device `dev` as a host GPU, checks that ruvm-edu cannot bind it
+/// meanwhile, and detaches it.
+fn attach_for_a_moment(rng: &mut Rng, dev: &str, problem: &dyn Fn(String)) {
+    const DRIVER: &str = "/sys/bus/pci/drivers/ruvm-edu";
+    let (Ok(d), Ok((dom, bus, devfn))) = (Ruvm::open(), crate::cmd::gpu::parse_pci(dev)) else {
+        problem(format!("cannot open /dev/ruvm or parse {dev}"));
+        return;
+    };
+    match d.gpu_attach(true, dom, bus, devfn) {
+        Ok(_) => {}
+        Err(ENOMEM) => return,
+        Err(e) => return problem(format!("GPU_ATTACH of the unbound edu device {dev}: {e}")),
+    }
+    std::thread::sleep(std::time::Duration::from_millis(rng.below(50)));
+    match std::fs::write(format!("{DRIVER}/bind"), dev) {
+        Err(e) if e.raw_os_error() == Some(EEXIST as i32) => {}
+        r => problem(format!(
+            "binding ruvm-edu to {dev}, attached as a host GPU: {r:?}"
+        )),
+    }
+    if let Err(e) = d.gpu_attach(false, dom, bus, devfn) {
+        problem(format!("GPU_DETACH of {dev}: {e}"));
+    }
 }
 
 /// Tries to unload the module while files are open: it must refuse.
