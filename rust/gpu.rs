@@ -77,20 +77,17 @@ impl GpuInfo {
             == (other.kind, other.domain, other.bus, other.devfn)
     }
 
-    /// A PCI device (edu or host), not a simulated GPU.
-    fn is_pci(&self) -> bool {
-        [
+    /// The PCI address of an edu or host GPU; `None` for a simulated one.
+    fn pci_addr(&self) -> Option<PciAddr> {
+        let pci = [
             uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU,
             uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST,
-        ]
-        .contains(&self.kind)
-    }
-
-    /// The same PCI device as `other`, of whatever kind.
-    fn same_pci(&self, other: &GpuInfo) -> bool {
-        self.is_pci()
-            && other.is_pci()
-            && (self.domain, self.bus, self.devfn) == (other.domain, other.bus, other.devfn)
+        ];
+        pci.contains(&self.kind).then_some(PciAddr {
+            domain: u16::try_from(self.domain).ok()?,
+            bus: self.bus,
+            devfn: self.devfn,
+        })
     }
 }
 
@@ -340,18 +337,16 @@ pub(crate) fn is_host(bus: u8, devfn: u8) -> bool {
 
 /// Whether a PCI GPU (edu or host) at `addr` is registered and present now.
 pub(crate) fn pci_present(addr: PciAddr) -> bool {
-    let pci = [
-        uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU,
-        uapi::ruvm_gpu_kind_RUVM_GPU_KIND_HOST,
-    ];
-    GPUS.lock().is_some_and(|r| {
-        r.gpus.iter().any(|e| {
-            e.dev.is_some()
-                && pci.contains(&e.info.kind)
-                && (e.info.domain, e.info.bus, e.info.devfn)
-                    == (addr.domain.into(), addr.bus, addr.devfn)
-        })
-    })
+    GPUS.lock().is_some_and(|r| r.pci_present(addr))
+}
+
+impl Registry {
+    /// Whether a PCI GPU (edu or host) at `addr` is present.
+    fn pci_present(&self, addr: PciAddr) -> bool {
+        self.gpus
+            .iter()
+            .any(|e| e.dev.is_some() && e.info.pci_addr() == Some(addr))
+    }
 }
 
 /// Adds a GPU that was just bound, or brings back the entry of the same PCI device; returns
@@ -375,11 +370,7 @@ pub(crate) fn register(
         _ => None,
     };
     let mut reg = GPUS.lock().ok_or(ENODEV)?;
-    if reg
-        .gpus
-        .iter()
-        .any(|e| e.dev.is_some() && e.info.same_pci(&info))
-    {
+    if info.pci_addr().is_some_and(|a| reg.pci_present(a)) {
         return Err(EEXIST);
     }
     let index = match reg.gpus.iter().position(|e| e.info.same_device(&info)) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The GPU ioctls: the registry and host GPUs attached to it, a mem's DMA tables and GPU addresses, copy-engine copies and
-//! the PMM's statistics and leak check.
+//! The GPU ioctls: the registry and the host GPUs attached to it, a mem's DMA tables and GPU
+//! addresses, copy-engine copies and the PMM's statistics and leak check.
 
 use kernel::{
     prelude::*,
