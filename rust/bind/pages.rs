@@ -56,24 +56,6 @@ unsafe impl Send for Chunk {}
 // SAFETY: `&Chunk` gives out only shared borrows of its pages' `struct page`s, never their bytes.
 unsafe impl Sync for Chunk {}
 
-/// The allocation flags of `flags` (not compound): charged to the calling task's memory cgroup,
-/// never from the emergency reserves, never by invoking the OOM killer.
-fn gfp_of(flags: ChunkFlags) -> bindings::gfp_t {
-    let mut gfp = bindings::GFP_KERNEL
-        | gfp_bit(bindings::___GFP_ACCOUNT_BIT)
-        | gfp_bit(bindings::___GFP_NOMEMALLOC_BIT)
-        | bindings::__GFP_NOWARN;
-    gfp |= if flags.fail_fast {
-        gfp_bit(bindings::___GFP_NORETRY_BIT)
-    } else {
-        gfp_bit(bindings::___GFP_RETRY_MAYFAIL_BIT)
-    };
-    if flags.zero {
-        gfp |= bindings::__GFP_ZERO;
-    }
-    gfp
-}
-
 impl Chunk {
     /// Allocates `2^order` pages. Charged to the calling task's memory cgroup, never from the
     /// emergency reserves, and never by invoking the OOM killer: under pressure it fails with
@@ -82,9 +64,20 @@ impl Chunk {
         if order > bindings::MAX_PAGE_ORDER {
             return Err(EINVAL);
         }
-        let mut gfp = gfp_of(flags);
+        let mut gfp = bindings::GFP_KERNEL
+            | gfp_bit(bindings::___GFP_ACCOUNT_BIT)
+            | gfp_bit(bindings::___GFP_NOMEMALLOC_BIT)
+            | bindings::__GFP_NOWARN;
+        gfp |= if flags.fail_fast {
+            gfp_bit(bindings::___GFP_NORETRY_BIT)
+        } else {
+            gfp_bit(bindings::___GFP_RETRY_MAYFAIL_BIT)
+        };
         if order > 0 {
             gfp |= gfp_bit(bindings::___GFP_COMP_BIT);
+        }
+        if flags.zero {
+            gfp |= bindings::__GFP_ZERO;
         }
         // SAFETY: `alloc_pages` accepts any flags and any order up to `MAX_PAGE_ORDER`.
         let page = unsafe { bindings::alloc_pages(gfp, order) };
@@ -111,47 +104,10 @@ impl Drop for Chunk {
 /// # Invariants
 ///
 /// Every pointer heads a block of `2^order` pages from `alloc_pages(.., order)` (a compound
-/// page when `order > 0`), or, when `order` is 0, is a page that `split_page` made its own
-/// order-0 page out of a larger block; each is owned by this object.
+/// page when `order > 0`), owned by this object.
 struct Heads {
     v: KVVec<NonNull<bindings::page>>,
     order: u32,
-}
-
-impl Heads {
-    /// Takes a free block of `2^order` pages (no reclaim: `ENOMEM` when none is free), split
-    /// into single pages, for an order-0 list with room for them.
-    fn take_split_block(&mut self, order: u32, flags: ChunkFlags) -> Result {
-        let pages = 1usize << order;
-        if self.order != 0
-            || order > bindings::MAX_PAGE_ORDER
-            || self.v.capacity() - self.v.len() < pages
-        {
-            return Err(EINVAL);
-        }
-        let gfp = gfp_of(flags) & !gfp_bit(bindings::___GFP_DIRECT_RECLAIM_BIT);
-        // SAFETY: `alloc_pages` accepts any flags and any order up to `MAX_PAGE_ORDER`.
-        let block = NonNull::new(unsafe { bindings::alloc_pages(gfp, order) }).ok_or(ENOMEM)?;
-        // SAFETY: `block` heads a fresh, non-compound block of `2^order` pages that we own, with
-        // a reference; `split_page` gives each of its pages its own reference, so each is an
-        // order-0 page freed on its own.
-        unsafe { bindings::split_page(block.as_ptr(), order) };
-        for i in 0..pages {
-            // SAFETY: `i` is inside the block, whose `struct page`s are contiguous (a buddy block
-            // never crosses a memory section).
-            let page = unsafe { block.add(i) };
-            // INVARIANT: an order-0 page split off a block, now owned by `self`. Room was
-            // checked above, so this does not allocate and cannot fail.
-            if self.v.push(page, GFP_KERNEL_ACCOUNT).is_err() {
-                for j in i..pages {
-                    // SAFETY: the pages from `i` on are ours, order-0, and not in the list.
-                    unsafe { bindings::__free_pages(block.add(j).as_ptr(), 0) };
-                }
-                return Err(ENOMEM);
-            }
-        }
-        Ok(())
-    }
 }
 
 impl Drop for Heads {
@@ -201,27 +157,8 @@ impl<T: Send + Sync> ChunkList<T> {
             v: KVVec::with_capacity(count, GFP_KERNEL_ACCOUNT)?,
             order,
         };
-        // Single pages are taken as the kernel's vmalloc takes them: from the largest free block
-        // that fits what is left, without reclaim, split into pages; one at a time once no
-        // block is free.
-        let mut max = if order == 0 {
-            bindings::MAX_PAGE_ORDER
-        } else {
-            0
-        };
-        while heads.v.len() < count {
+        for _ in 0..count {
             stop()?;
-            let left = count - heads.v.len();
-            let want = max.min(left.ilog2());
-            if want > 0 {
-                match heads.take_split_block(want, flags) {
-                    Ok(()) => continue,
-                    Err(_) => {
-                        max = want - 1;
-                        continue;
-                    }
-                }
-            }
             let chunk = Chunk::alloc(order, flags)?;
             // Room was reserved: this does not allocate.
             heads.v.push(chunk.page, GFP_KERNEL_ACCOUNT)?;
