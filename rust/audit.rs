@@ -67,6 +67,12 @@ pub(crate) enum Class {
     VidmemChunks,
     /// Vidmem root chunks with storage (2 MiB of kernel pages each).
     VidmemRoots,
+    /// GPU page tables and directories.
+    PtTables,
+    /// Their bytes.
+    PtBytes,
+    /// Mems holding an offset of the GPU kernel VA window.
+    GpuKernelVas,
 }
 
 /// The names used in reports and by ruvmctl, by class index.
@@ -92,9 +98,9 @@ const NAMES: [&str; CLASSES] = [
     "vidmem_bytes",
     "vidmem_chunks",
     "vidmem_roots",
-    "reserved_21",
-    "reserved_22",
-    "reserved_23",
+    "pt_tables",
+    "pt_bytes",
+    "gpu_kernel_vas",
 ];
 
 impl Class {
@@ -114,6 +120,9 @@ impl Class {
             Class::VidmemBytes => uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_BYTES,
             Class::VidmemChunks => uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_CHUNKS,
             Class::VidmemRoots => uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_ROOTS,
+            Class::PtTables => uapi::ruvm_audit_class_RUVM_AUDIT_PT_TABLES,
+            Class::PtBytes => uapi::ruvm_audit_class_RUVM_AUDIT_PT_BYTES,
+            Class::GpuKernelVas => uapi::ruvm_audit_class_RUVM_AUDIT_GPU_KERNEL_VAS,
         };
         i as usize
     }

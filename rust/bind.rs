@@ -9,6 +9,7 @@
 
 pub(crate) mod cred;
 pub(crate) mod dma;
+pub(crate) mod errno;
 pub(crate) mod fops;
 pub(crate) mod global;
 pub(crate) mod maple;

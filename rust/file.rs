@@ -148,6 +148,11 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_DMA_ADDRS => me.mem_dma_addrs(user)?,
             uapi::RUVM_IOCTL_CE_COPY => me.ce_copy(user)?,
             uapi::RUVM_IOCTL_MEM_GPU_PHYS => me.mem_gpu_phys(user)?,
+            uapi::RUVM_IOCTL_MEM_MAP_GPU_KERNEL => me.mem_map_gpu_kernel(user, true)?,
+            uapi::RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL => me.mem_map_gpu_kernel(user, false)?,
+            uapi::RUVM_IOCTL_MEM_GPU_VA => me.mem_gpu_va(user)?,
+            uapi::RUVM_IOCTL_CE_COPY_VA => gpu_ioctls::ce_copy_va(user)?,
+            uapi::RUVM_IOCTL_GPU_PT_WALK => gpu_ioctls::gpu_pt_walk(user)?,
             uapi::RUVM_IOCTL_PMM_STATS => gpu_ioctls::pmm_stats(user)?,
             uapi::RUVM_IOCTL_PMM_CHECK_LEAK => gpu_ioctls::pmm_check_leak(user)?,
             uapi::RUVM_IOCTL_AUDIT => audit_ioctls::audit(user)?,
@@ -157,6 +162,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_TEST_PLANT => test_ioctls::plant(user)?,
             uapi::RUVM_IOCTL_TEST_LEAK => test_ioctls::leak(user)?,
             uapi::RUVM_IOCTL_TEST_CE_RAW => test_ioctls::ce_raw(user)?,
+            uapi::RUVM_IOCTL_TEST_PT_WRITE => test_ioctls::pt_write(user)?,
             _ => return Err(ENOTTY),
         }
         Ok(0)

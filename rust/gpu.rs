@@ -29,24 +29,19 @@ use kernel::{
 };
 
 use crate::{
-    bind::{dma::DmaDevice, global::global},
+    bind::{dma::DmaDevice, errno, global::global},
     uapi,
 };
 
 pub(crate) mod dma;
 pub(crate) mod edu;
 pub(crate) mod host;
-// The simulated GPU MMU's page-table format, host-tested ahead of the MMU that walks it.
-#[expect(
-    dead_code,
-    reason = "the simulated MMU (GPU virtual mappings) is its user, not landed yet"
-)]
+pub(crate) mod mmu;
+// The page-table format and tree: `core`-only files the host tests compile too, each with a
+// few helpers only those tests use.
+#[allow(dead_code, reason = "helpers for the host tests")]
 pub(crate) mod mmu_fmt;
-// The page-table tree written in that format, host-tested ahead of the MMU that owns it.
-#[expect(
-    dead_code,
-    reason = "the simulated MMU (GPU virtual mappings) is its user, not landed yet"
-)]
+#[allow(dead_code, reason = "helpers for the host tests")]
 pub(crate) mod mmu_tree;
 pub(crate) mod pmm;
 pub(crate) mod sim;
@@ -131,6 +126,8 @@ struct Resources {
     pmm: Option<Arc<pmm::Pmm>>,
     /// What a simulated GPU's engine can reach.
     sim: Option<Arc<sim::SimIommu>>,
+    /// A simulated GPU's MMU.
+    mmu: Option<Arc<mmu::Mmu>>,
     /// Its DMA tables and their bytes.
     tracker: Arc<dma::Tracker>,
 }
@@ -170,6 +167,11 @@ impl GpuDev {
         self.res.engine.is_some()
     }
 
+    /// Whether it has an MMU.
+    pub(crate) fn has_mmu(&self) -> bool {
+        self.res.mmu.is_some()
+    }
+
     /// Its vidmem size (0 without vidmem).
     pub(crate) fn vidmem_size(&self) -> u64 {
         self.res.pmm.as_ref().map_or(0, |p| p.capacity())
@@ -195,6 +197,11 @@ impl GpuAccess<'_> {
     /// The GPU's PMM, or `ENXIO` if it has no vidmem.
     pub(crate) fn pmm(&self) -> Result<&Arc<pmm::Pmm>> {
         self.gpu.res.pmm.as_ref().ok_or(ENXIO)
+    }
+
+    /// The GPU's MMU, or `EOPNOTSUPP` (the test and host GPUs have none).
+    pub(crate) fn mmu(&self) -> Result<&Arc<mmu::Mmu>> {
+        self.gpu.res.mmu.as_ref().ok_or_else(errno::eopnotsupp)
     }
 
     /// DMA-maps every chunk of `pages` for the GPU.
@@ -404,6 +411,17 @@ pub(crate) fn register(
             sim.clone(),
         )?),
     };
+    let mmu = match &sim {
+        Some(s) => Some(mmu::Mmu::new(
+            id,
+            dma.clone(),
+            limit,
+            tracker.clone(),
+            s.clone(),
+            pmm.clone(),
+        )?),
+        None => None,
+    };
     let dev = Arc::pin_init(
         try_pin_init!(GpuDev {
             id,
@@ -414,6 +432,7 @@ pub(crate) fn register(
                 engine,
                 pmm,
                 sim,
+                mmu,
                 tracker,
             },
             users <- new_mutex!(Users {
@@ -438,6 +457,10 @@ pub(crate) fn unregister(dev: &GpuDev) {
     let hook = GPUS.lock().and_then(|r| r.on_remove);
     if let Some(hook) = hook {
         hook(dev.id);
+    }
+    // Its page tables, now that no mem is mapped on it, before the memory they live in.
+    if let Some(mmu) = &dev.res.mmu {
+        mmu.kill();
     }
     if let Some(pmm) = &dev.res.pmm {
         pmm.kill();
@@ -474,7 +497,12 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
             } else {
                 0
             };
-            uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT | ce
+            let mmu = if d.has_mmu() {
+                uapi::ruvm_gpu_flags_RUVM_GPU_MMU
+            } else {
+                0
+            };
+            uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT | ce | mmu
         });
         out.push(
             uapi::ruvm_gpu_info {
@@ -514,6 +542,24 @@ pub(crate) fn walk_vidmem() -> Result<(u64, u64)> {
     Ok(pmms
         .iter()
         .map(|p| p.walk())
+        .fold((0, 0), |(a, b), (x, y)| (a + x, b + y)))
+}
+
+/// For the audit's walk: every present GPU's page tables, and of those the DMA-mapped sysmem
+/// ones. The MMUs' locks are taken after the registry's is released.
+pub(crate) fn walk_page_tables() -> Result<(u64, u64)> {
+    let mut mmus = KVec::new();
+    {
+        let reg = GPUS.lock().ok_or(ENODEV)?;
+        for e in reg.gpus.iter() {
+            if let Some(m) = e.dev.as_ref().and_then(|d| d.res.mmu.clone()) {
+                mmus.push(m, GFP_KERNEL)?;
+            }
+        }
+    }
+    Ok(mmus
+        .iter()
+        .map(|m| m.tables())
         .fold((0, 0), |(a, b), (x, y)| (a + x, b + y)))
 }
 

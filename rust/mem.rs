@@ -48,6 +48,7 @@ use crate::{
 pub(crate) mod bench;
 pub(crate) mod cpu;
 pub(crate) mod gpu;
+pub(crate) mod gpu_va;
 pub(crate) mod offsets;
 pub(crate) mod pattern;
 pub(crate) mod plant;
@@ -66,6 +67,7 @@ pub(crate) fn init() -> Result {
     registry::init();
     plant::init();
     offsets::init()?;
+    gpu_va::init()?;
     crate::gpu::set_removal_hook(registry::drop_gpu_tables);
     Ok(())
 }
@@ -76,6 +78,7 @@ pub(crate) fn exit() -> usize {
     let planted = plant::drain();
     registry::drain();
     offsets::exit();
+    gpu_va::exit();
     planted
 }
 
@@ -174,12 +177,18 @@ pub(crate) enum Life {
 ///
 /// # Invariants
 ///
-/// When `life` is [`Life::Freed`], `kmap` is `None` and `gpus` is empty.
+/// When `life` is [`Life::Freed`], `kmap` and `kva` are `None` and `gpus` and `gpu_kernel`
+/// are empty. `kva` is `Some` exactly while `gpu_kernel` is not empty. Every GPU in
+/// `gpu_kernel` of a sysmem mem is in `gpus` (a GPU mapping needs the DMA table).
 pub(crate) struct MemState {
     life: Life,
     /// The CPU kernel mapping; an `Arc` so that an operation in flight keeps it while another
     /// thread unmaps.
     kmap: Option<Arc<cpu::KernelMapping>>,
+    /// The mem's mapping in the kernel VA space of each GPU it is mapped on there, by GPU id.
+    gpu_kernel: KVec<(u32, gpu_va::GpuKernelMapping)>,
+    /// Its offset in the GPU kernel VA window, while any GPU has it mapped there.
+    kva: Option<gpu_va::KernelVa>,
     /// The DMA address table of each GPU the mem is mapped on, by GPU id. An `Arc`, so that a
     /// copy in flight keeps its table while another thread unmaps.
     gpus: KVec<(u32, Arc<GpuTable>)>,
@@ -237,11 +246,13 @@ impl Drop for Mem {
     }
 }
 
-/// The mappings a freed mem gave up, dropped in field order: the kernel mapping, then the DMA
-/// tables.
+/// The mappings a freed mem gave up, dropped in field order (uvm_mem's): the CPU kernel
+/// mapping, the GPU kernel mappings and their VA offset, then the DMA tables.
 #[must_use = "drop it after zapping the user mappings"]
 pub(crate) struct Retired {
     _kmap: Option<Arc<cpu::KernelMapping>>,
+    _gpu_kernel: KVec<(u32, gpu_va::GpuKernelMapping)>,
+    _kva: Option<gpu_va::KernelVa>,
     _gpus: KVec<(u32, Arc<GpuTable>)>,
 }
 
@@ -254,6 +265,8 @@ pub(crate) struct MemInfo {
     pub(crate) user_mappings: u32,
     pub(crate) alloc_flags: u32,
     pub(crate) mapped_gpus: u64,
+    /// Whether any GPU has it mapped in its kernel VA space.
+    pub(crate) gpu_kernel: bool,
     /// The GPU of a vidmem mem.
     pub(crate) vidmem_gpu: Option<u32>,
 }
@@ -315,6 +328,8 @@ impl Mem {
                 state <- new_mutex!(MemState {
                     life: Life::Owned,
                     kmap: None,
+                    gpu_kernel: KVec::new(),
+                    kva: None,
                     gpus: KVec::new(),
                 }),
                 origin,
@@ -348,13 +363,13 @@ impl Mem {
 
     /// Everything the mem knows about itself.
     pub(crate) fn info(&self) -> MemInfo {
-        let (cpu_kernel, mapped_gpus) = {
+        let (cpu_kernel, mapped_gpus, gpu_kernel) = {
             let st = self.state.lock();
             let mask = st
                 .gpus
                 .iter()
                 .fold(0, |m, (id, _)| m | 1u64.checked_shl(*id).unwrap_or(0));
-            (st.kmap.is_some(), mask)
+            (st.kmap.is_some(), mask, !st.gpu_kernel.is_empty())
         };
         MemInfo {
             size: self.size,
@@ -364,6 +379,7 @@ impl Mem {
             user_mappings: self.user_mappings.load(Relaxed),
             alloc_flags: self.alloc_flags,
             mapped_gpus,
+            gpu_kernel,
             vidmem_gpu: self.storage.vidmem_gpu(),
         }
     }
@@ -386,14 +402,17 @@ impl Mem {
     }
 
     /// Frees the mem in its owner's name: it becomes [`Life::Freed`] and gives up its CPU
-    /// kernel mapping and DMA tables, which the caller drops after zapping the user mappings
-    /// (uvm_mem's order: CPU user, CPU kernel, GPU). The chunks go with the last reference.
+    /// kernel mapping, GPU kernel mappings and DMA tables, which the caller drops after zapping
+    /// the user mappings (uvm_mem's order: CPU user, CPU kernel, GPU kernel, GPU phys). The
+    /// chunks go with the last reference.
     pub(crate) fn retire(&self) -> Retired {
         let mut st = self.state.lock();
         st.life = Life::Freed;
-        // INVARIANT: a freed mem keeps no kernel mapping and no table.
+        // INVARIANT: a freed mem keeps no mapping, no VA offset and no table.
         Retired {
             _kmap: st.kmap.take(),
+            _gpu_kernel: core::mem::replace(&mut st.gpu_kernel, KVec::new()),
+            _kva: st.kva.take(),
             _gpus: core::mem::replace(&mut st.gpus, KVec::new()),
         }
     }

@@ -26,14 +26,15 @@
 //!    guard holder takes it);
 //! 5. the mem registry (`mem/registry.rs`);
 //! 6. a mem's state mutex (`mem.rs`);
-//! 7. the GPU registry (`gpu.rs`): PMMs are visited after it is released;
-//! 8. a PMM's mutex (`gpu/pmm.rs`), then the buddy allocator's own;
-//! 9. leaves, under which nothing of ruvm is taken: a GPU's table tracker (`gpu/dma.rs`), a
-//!    simulated GPU's translation (`gpu/sim.rs`), an edu engine's busy mutex (`gpu/edu.rs`), a
-//!    chunk list's bytes mutex (`bind/pages.rs`), the planted leaks (`mem/plant.rs`), the mmap
-//!    offset space (`mem/offsets.rs`), and the audit's unload state (`audit.rs`), under which
-//!    registering pins a user page (taking the mmap lock of the caller, which holds no ruvm
-//!    lock then).
+//! 7. a simulated GPU's MMU mutex (`gpu/mmu.rs`): its page tables, written under it;
+//! 8. the GPU registry (`gpu.rs`): PMMs and MMUs are visited after it is released;
+//! 9. a PMM's mutex (`gpu/pmm.rs`), then the buddy allocator's own;
+//! 10. leaves, under which nothing of ruvm is taken: a GPU's table tracker (`gpu/dma.rs`), a
+//!     simulated GPU's translation (`gpu/sim.rs`), an edu engine's busy mutex (`gpu/edu.rs`), a
+//!     chunk list's bytes mutex (`bind/pages.rs`), the planted leaks (`mem/plant.rs`), the mmap
+//!     offset space (`mem/offsets.rs`), the GPU kernel VA window (`mem/gpu_va.rs`), and the
+//!     audit's unload state (`audit.rs`), under which registering pins a user page (taking
+//!     the mmap lock of the caller, which holds no ruvm lock then).
 //!
 //! User memory is never touched with a ruvm lock held, but for the fault path (1 then 6).
 

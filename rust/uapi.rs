@@ -60,4 +60,8 @@ plain_old_data!(
     ruvm_mem_gpu_phys,
     ruvm_pmm_stats,
     ruvm_pmm_check_leak,
+    ruvm_mem_gpu_va,
+    ruvm_ce_copy_va,
+    ruvm_gpu_pt_walk,
+    ruvm_test_pt_write,
 );

@@ -48,7 +48,12 @@ _Static_assert(offsetof(struct ruvm_mem_gpu_phys, aperture) == 40, "gpu_phys ape
 _Static_assert(sizeof(struct ruvm_pmm_stats) == 112, "struct ruvm_pmm_stats size");
 _Static_assert(offsetof(struct ruvm_pmm_stats, allocated) == 24, "pmm_stats allocated");
 _Static_assert(offsetof(struct ruvm_pmm_stats, roots) == 48, "pmm_stats roots");
-_Static_assert(offsetof(struct ruvm_pmm_stats, reserved) == 80, "pmm_stats reserved");
+_Static_assert(offsetof(struct ruvm_pmm_stats, pt_tables) == 80, "pmm_stats pt_tables");
+_Static_assert(offsetof(struct ruvm_pmm_stats, reserved) == 96, "pmm_stats reserved");
+_Static_assert(sizeof(struct ruvm_gpu_pt_walk) == 200, "struct ruvm_gpu_pt_walk size");
+_Static_assert(offsetof(struct ruvm_gpu_pt_walk, entry_aperture) == 176, "pt_walk entry_aperture");
+_Static_assert(sizeof(struct ruvm_ce_copy_va) == 48, "struct ruvm_ce_copy_va size");
+_Static_assert(sizeof(struct ruvm_mem_gpu_va) == 48, "struct ruvm_mem_gpu_va size");
 _Static_assert(sizeof(struct ruvm_pmm_check_leak) == 64, "struct ruvm_pmm_check_leak size");
 _Static_assert(offsetof(struct ruvm_pmm_check_leak, free_after) == 40, "check_leak free_after");
 _Static_assert(sizeof(struct ruvm_mem_fill) == 72, "struct ruvm_mem_fill size");

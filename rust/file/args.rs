@@ -112,4 +112,8 @@ spec! {
     ruvm_pmm_check_leak { flags: 0, zero: [reserved] }
     ruvm_test_ce_raw { flags: 0, zero: [reserved] }
     ruvm_test_plant { flags: 0, zero: [reserved] }
+    ruvm_mem_gpu_va { flags: 0, zero: [reserved] }
+    ruvm_ce_copy_va { flags: 0, zero: [reserved] }
+    ruvm_gpu_pt_walk { flags: 0, zero: [reserved] }
+    ruvm_test_pt_write { flags: 0, zero: [reserved] }
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The GPU ioctls: the registry and the host GPUs attached to it, a mem's DMA tables and GPU
-//! addresses, copy-engine copies and the PMM's statistics and leak check.
+//! The GPU ioctls: the registry and the host GPUs attached to it, a mem's DMA tables, GPU
+//! virtual mappings and GPU addresses, copy-engine copies, the MMU's walk, and the PMM's
+//! statistics and leak check.
 
 use kernel::{
     prelude::*,
@@ -26,6 +27,29 @@ impl RuvmFile {
             mem.unmap_gpu(args.gpu);
             Ok(())
         }
+    }
+
+    /// `RUVM_IOCTL_MEM_MAP_GPU_KERNEL` and `RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL`, both idempotent.
+    pub(super) fn mem_map_gpu_kernel(&self, user: UserSlice, map: bool) -> Result {
+        let args = args::read::<uapi::ruvm_mem_gpu>(user)?;
+        let mem = self.mem(args.handle)?;
+        if map {
+            let gpu = gpu::get(args.gpu)?;
+            mem.map_gpu_kernel(&gpu)
+        } else {
+            // As for the DMA table: a removed GPU left nothing to unmap.
+            mem.unmap_gpu_kernel(args.gpu);
+            Ok(())
+        }
+    }
+
+    /// `RUVM_IOCTL_MEM_GPU_VA`.
+    pub(super) fn mem_gpu_va(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_gpu_va>(user)?;
+        let mem = self.mem(args.handle)?;
+        gpu::get(args.gpu)?;
+        (args.va, args.page_size) = mem.gpu_va(args.gpu)?;
+        writer.write(&args)
     }
 
     /// `RUVM_IOCTL_CE_COPY`.
@@ -64,6 +88,71 @@ impl RuvmFile {
         let gpu = gpu::get(args.gpu)?;
         (args.address, args.aperture) = mem.gpu_phys(&gpu, args.offset, args.length)?;
         writer.write(&args)
+    }
+}
+
+/// `RUVM_IOCTL_CE_COPY_VA` (privileged): a copy through the GPU's kernel VA space.
+pub(super) fn ce_copy_va(user: UserSlice) -> Result {
+    cred::require_sys_admin()?;
+    let args = args::read::<uapi::ruvm_ce_copy_va>(user)?;
+    let gpu = gpu::get(args.gpu)?;
+    // Held across the copy: the GPU (and its page tables) cannot go meanwhile.
+    let access = gpu.access()?;
+    access.mmu()?.copy(args.dst_va, args.src_va, args.length)
+}
+
+/// `RUVM_IOCTL_GPU_PT_WALK` (privileged): the MMU's walk of one address, word by word.
+pub(super) fn gpu_pt_walk(user: UserSlice) -> Result {
+    cred::require_sys_admin()?;
+    let (mut args, mut writer) = args::read_write::<uapi::ruvm_gpu_pt_walk>(user)?;
+    let gpu = gpu::get(args.gpu)?;
+    let access = gpu.access()?;
+    let w = access.mmu()?.walk(args.va);
+    drop(access);
+    args.count = u32::try_from(w.count)?;
+    for (i, (ap, addr, value)) in w.reads.iter().take(w.count).enumerate() {
+        if let (Some(a), Some(v), Some(p)) = (
+            args.entry_addr.get_mut(i),
+            args.entry.get_mut(i),
+            args.entry_aperture.get_mut(i),
+        ) {
+            *a = *addr;
+            *v = *value;
+            // CAST: the two apertures are 0 and 1.
+            *p = aperture(*ap) as u8;
+        }
+    }
+    (args.fault, args.page_size, args.address, args.aperture) = match w.result {
+        Ok(t) => (
+            uapi::ruvm_mmu_fault_RUVM_MMU_OK,
+            t.page_size,
+            t.addr,
+            aperture(t.pte.aperture),
+        ),
+        Err(f) => (fault_code(f), 0, 0, 0),
+    };
+    writer.write(&args)
+}
+
+/// The `enum ruvm_aperture` of an MMU aperture.
+fn aperture(ap: gpu::mmu_fmt::Aperture) -> u32 {
+    match ap {
+        gpu::mmu_fmt::Aperture::Video | gpu::mmu_fmt::Aperture::Peer => {
+            uapi::ruvm_aperture_RUVM_APERTURE_VID
+        }
+        _ => uapi::ruvm_aperture_RUVM_APERTURE_SYS,
+    }
+}
+
+/// The `enum ruvm_mmu_fault` of a fault.
+fn fault_code(f: gpu::mmu_fmt::Fault) -> u32 {
+    use gpu::mmu_fmt::Fault;
+    match f {
+        Fault::VaRange => uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_VA_RANGE,
+        Fault::NoPde(_) => uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_PDE,
+        Fault::NoPte(_) => uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_PTE,
+        Fault::ReadOnly => uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_READ_ONLY,
+        Fault::BadTable(_) => uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_TABLE,
     }
 }
 
@@ -119,7 +208,17 @@ fn pmm_of(id: u32) -> Result<Arc<gpu::pmm::Pmm>> {
 /// `RUVM_IOCTL_PMM_STATS`.
 pub(super) fn pmm_stats(user: UserSlice) -> Result {
     let (mut args, mut writer) = args::read_write::<uapi::ruvm_pmm_stats>(user)?;
-    let s = pmm_of(args.gpu)?.stats();
+    let gpu = gpu::get(args.gpu)?;
+    let access = gpu.access()?;
+    let s = access.pmm()?.stats();
+    (args.pt_tables, args.pt_bytes) = match access.mmu() {
+        Ok(mmu) => {
+            let (tables, _) = mmu.tables();
+            (tables, tables * gpu::mmu::TABLE_BYTES)
+        }
+        Err(_) => (0, 0),
+    };
+    drop(access);
     args.capacity = s.capacity;
     args.free = s.free;
     args.allocated = s.allocated;

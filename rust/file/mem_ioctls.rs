@@ -79,6 +79,9 @@ impl RuvmFile {
         if info.user_mappings > 0 {
             args.mapped |= u64::from(uapi::ruvm_mapped_RUVM_MAPPED_CPU_USER);
         }
+        if info.gpu_kernel {
+            args.mapped |= u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_KERNEL);
+        }
         args.user_mappings = info.user_mappings;
         args.alloc_flags = info.alloc_flags;
         args.mapped_gpus = info.mapped_gpus;

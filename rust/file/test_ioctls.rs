@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The test-only ioctls (behind [`args::test_gate`]): planted misbehaviour, planted leaks, and
-//! raw engine transfers.
+//! raw engine transfers, page-table entries overwritten.
 
 use kernel::{prelude::*, uaccess::UserSlice};
 
@@ -70,4 +70,15 @@ pub(super) fn ce_raw(user: UserSlice) -> Result {
     let access = gpu.access()?;
     let len = usize::try_from(args.len).map_err(|_| EINVAL)?;
     access.read_raw(args.src, len)
+}
+
+/// `RUVM_IOCTL_TEST_PT_WRITE`: overwrite the leaf entry that maps a GPU VA.
+pub(super) fn pt_write(user: UserSlice) -> Result {
+    args::test_gate()?;
+    let (mut args, mut writer) = args::read_write::<uapi::ruvm_test_pt_write>(user)?;
+    let gpu = gpu::get(args.gpu)?;
+    let access = gpu.access()?;
+    args.old = access.mmu()?.write_leaf(args.va, args.value)?;
+    drop(access);
+    writer.write(&args)
 }

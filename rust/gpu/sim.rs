@@ -79,29 +79,51 @@ impl SimIommu {
         })
     }
 
-    /// The mapping that holds all of `[addr, addr + len)`, or a logged fault.
-    fn translate(&self, id: u32, addr: u64, len: usize) -> Result<SimRange> {
+    /// The mapping that holds all of `[addr, addr + len)`, if any.
+    fn lookup(&self, addr: u64, len: usize) -> Option<SimRange> {
         let last = u64::try_from(len)
             .ok()
             .and_then(|l| l.checked_sub(1))
-            .and_then(|l| addr.checked_add(l))
-            .ok_or(EINVAL)?;
+            .and_then(|l| addr.checked_add(l))?;
         let maps = self.maps.lock();
-        let hit = maps.cursor_lower_bound(&(addr, 0)).and_then(|c| {
+        maps.cursor_lower_bound(&(addr, 0)).and_then(|c| {
             let ((end, _), m) = c.current();
             (m.start <= addr && last <= *end).then(|| SimRange {
                 pages: m.pages.clone(),
                 // CAST: inside one chunk, whose length is a `usize`.
                 offset: m.chunk * m.pages.chunk_len() + (addr - m.start) as usize,
             })
-        });
-        drop(maps);
-        hit.ok_or_else(|| {
+        })
+    }
+
+    /// The mapping that holds all of `[addr, addr + len)`, or a logged fault.
+    fn translate(&self, id: u32, addr: u64, len: usize) -> Result<SimRange> {
+        if len == 0 {
+            return Err(EINVAL);
+        }
+        self.lookup(addr, len).ok_or_else(|| {
             if ratelimit::printk_ok() {
                 pr_err!("sim GPU: DMA fault at {addr:#x}+{len:#x}: not mapped (GPU {id})\n");
             }
             EFAULT
         })
+    }
+
+    /// The 8-byte word at DMA address `addr` (the MMU reading a page table), or `None` if no
+    /// mapping holds it.
+    pub(crate) fn read_word(&self, addr: u64) -> Option<u64> {
+        let r = self.lookup(addr, 8)?;
+        let mut b = [0u8; 8];
+        r.pages.bytes().read(r.offset, &mut b).ok()?;
+        Some(u64::from_le_bytes(b))
+    }
+
+    /// Writes the 8-byte word at DMA address `addr` (a page-table entry); `EFAULT` if no
+    /// mapping holds it.
+    pub(crate) fn write_word(&self, addr: u64, value: u64) -> Result {
+        let r = self.lookup(addr, 8).ok_or(EFAULT)?;
+        let written = r.pages.bytes().write(r.offset, &value.to_le_bytes());
+        written
     }
 
     /// The engine copies `len` bytes (1 to [`MAX_PIECE`]) from DMA address `src` to `dst`.

@@ -1,16 +1,26 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! A mem as GPUs see it: its per-GPU DMA address tables (uvm_mem's `map_gpu_phys`), the
-//! addresses a GPU reaches it at, and copies by a GPU's copy engine.
+//! A mem as GPUs see it: its per-GPU DMA address tables (uvm_mem's `map_gpu_phys`), its
+//! mappings in GPU kernel VA spaces (`map_gpu_kernel`), the addresses a GPU reaches it at, and
+//! copies by a GPU's copy engine.
 
 use kernel::{prelude::*, sync::Arc};
 
 use crate::{
-    gpu::{dma::GpuTable, GpuAccess, GpuDev},
+    gpu::{
+        dma::{GpuTable, Pages},
+        mmu_fmt::{Aperture, Pte},
+        GpuAccess, GpuDev,
+    },
     uapi,
 };
 
-use super::{storage::Storage, storage::VidPages, Mem, MemCore};
+use super::{
+    gpu_va::{GpuKernelMapping, KernelVa},
+    storage::Storage,
+    storage::VidPages,
+    Mem, MemCore, MemState,
+};
 
 /// How a GPU's engine reaches one mem: through its DMA table, or in its own memory.
 enum EngineView<'a> {
@@ -29,12 +39,77 @@ impl EngineView<'_> {
     }
 }
 
+/// What a mem gave up on one GPU, dropped in field order: the kernel VA mapping, the VA offset
+/// (if no GPU has the mem mapped any more), then the DMA table.
+pub(super) struct GpuTeardown {
+    _kernel: Option<GpuKernelMapping>,
+    _kva: Option<KernelVa>,
+    _table: Option<Arc<GpuTable>>,
+}
+
+/// Takes the kernel VA mapping of GPU `id` out of `st`, and the VA offset with the last.
+fn take_kernel(st: &mut MemState, id: u32) -> (Option<GpuKernelMapping>, Option<KernelVa>) {
+    let mapping = st
+        .gpu_kernel
+        .iter()
+        .position(|(g, _)| *g == id)
+        .and_then(|at| st.gpu_kernel.remove(at).ok())
+        .map(|(_, m)| m);
+    // INVARIANT: the offset goes with the last GPU kernel mapping.
+    let kva = if st.gpu_kernel.is_empty() {
+        st.kva.take()
+    } else {
+        None
+    };
+    (mapping, kva)
+}
+
 impl MemCore {
-    /// Takes the DMA table for GPU `id` out of the mem, if it has one.
-    pub(super) fn take_gpu(&self, id: u32) -> Option<Arc<GpuTable>> {
+    /// Takes everything of GPU `id` out of the mem: its kernel VA mapping first, then its DMA
+    /// table (uvm_mem's `unmap_gpu_phys` drops the GPU's virtual mappings first).
+    pub(super) fn take_gpu(&self, id: u32) -> GpuTeardown {
         let mut st = self.state.lock();
-        let at = st.gpus.iter().position(|(g, _)| *g == id)?;
-        st.gpus.remove(at).ok().map(|(_, t)| t)
+        let (kernel, kva) = take_kernel(&mut st, id);
+        let table = st
+            .gpus
+            .iter()
+            .position(|(g, _)| *g == id)
+            .and_then(|at| st.gpus.remove(at).ok())
+            .map(|(_, t)| t);
+        GpuTeardown {
+            _kernel: kernel,
+            _kva: kva,
+            _table: table,
+        }
+    }
+}
+
+/// The mem's DMA table for the GPU `access` guards, made now if it has none.
+fn table_for(
+    st: &mut MemState,
+    access: &GpuAccess<'_>,
+    id: u32,
+    pages: &Arc<Pages>,
+) -> Result<Arc<GpuTable>> {
+    if let Some((_, t)) = st.gpus.iter().find(|(g, _)| *g == id) {
+        return Ok(t.clone());
+    }
+    let table = Arc::new(access.map(pages.clone())?, GFP_KERNEL)?;
+    st.gpus.push((id, table.clone()), GFP_KERNEL)?;
+    Ok(table)
+}
+
+/// The GPU page size a mem's chunks are mapped with (uvm_mem's `mem_pick_gpu_page_size`):
+/// vidmem chunks are GPU pages already; a sysmem chunk takes the largest GPU page size not
+/// above it.
+fn gpu_page_size(vidmem: bool, chunk: u64, gpu_page_sizes: u64) -> Result<u64> {
+    if vidmem {
+        return Ok(chunk);
+    }
+    let fitting = gpu_page_sizes & (chunk | (chunk - 1));
+    match fitting.checked_ilog2() {
+        Some(bit) => Ok(1 << bit),
+        None => Err(EINVAL),
     }
 }
 
@@ -50,18 +125,96 @@ impl Mem {
         };
         let mut st = self.state.lock();
         st.mappable()?;
-        if st.gpus.iter().any(|(id, _)| *id == gpu.id) {
-            return Ok(());
-        }
-        let table = Arc::new(access.map(pages.clone())?, GFP_KERNEL)?;
-        st.gpus.push((gpu.id, table), GFP_KERNEL)?;
-        Ok(())
+        table_for(&mut st, &access, gpu.id, pages).map(|_| ())
     }
 
-    /// Drops the mem's DMA address table for GPU `id`, unmapping it. Idempotent.
+    /// Drops the mem's DMA address table for GPU `id`, unmapping it, and its mapping in the
+    /// GPU's kernel VA space before it. Idempotent.
     pub(crate) fn unmap_gpu(&self, id: u32) {
         // Dropped (unmapped) after the lock is released.
         let _old = self.take_gpu(id);
+    }
+
+    /// Maps the mem in `gpu`'s kernel VA space at its offset of the window (taken now if no
+    /// GPU has it mapped yet), DMA-mapping it first if it is sysmem (not undone if a later
+    /// step fails, as in uvm_mem). Idempotent. `EOPNOTSUPP` on a GPU without an MMU; vidmem:
+    /// `EINVAL` on another GPU than its own.
+    pub(crate) fn map_gpu_kernel(&self, gpu: &GpuDev) -> Result {
+        // Held across the mapping: the GPU cannot be removed meanwhile.
+        let access = gpu.access()?;
+        let mmu = access.mmu()?.clone();
+        let chunk = self.layout.chunk_size;
+        let len = self.layout.physical_size;
+        let mut st = self.state.lock();
+        st.mappable()?;
+        if st.gpu_kernel.iter().any(|(g, _)| *g == gpu.id) {
+            return Ok(());
+        }
+        // Where page `i` of `page_size` bytes is, as a PTE: sysmem at its DMA address for this
+        // GPU (not cached by the GPU), vidmem at its vidmem address.
+        let (table, page_size) = match &self.storage {
+            Storage::Sys(pages) => (
+                Some(table_for(&mut st, &access, gpu.id, pages)?),
+                gpu_page_size(false, chunk, gpu.page_sizes)?,
+            ),
+            Storage::Vid(v) => {
+                v.check_gpu(gpu)?;
+                (None, gpu_page_size(true, chunk, gpu.page_sizes)?)
+            }
+        };
+        let chunk_len = self.chunk_len()?;
+        let storage = &self.storage;
+        let pte_of = |i: u64| -> Result<Pte> {
+            let offset = usize::try_from(i.checked_mul(page_size).ok_or(EINVAL)?)?;
+            match (storage, &table) {
+                (Storage::Sys(_), Some(t)) => Ok(Pte {
+                    volatile: true,
+                    ..Pte::new(t.addr(offset)?, Aperture::SysCoherent)
+                }),
+                (Storage::Vid(v), _) => Ok(Pte::new(v.phys(offset, chunk_len)?, Aperture::Video)),
+                (Storage::Sys(_), None) => Err(EINVAL),
+            }
+        };
+        let kva = match st.kva.take() {
+            Some(k) => k,
+            None => KernelVa::new(len, chunk)?,
+        };
+        let mapped = GpuKernelMapping::new(mmu, kva.va(), len, page_size, pte_of);
+        // INVARIANT: the offset stays only while a GPU has the mem mapped.
+        if mapped.is_ok() || !st.gpu_kernel.is_empty() {
+            st.kva = Some(kva);
+        }
+        let mapping = mapped?;
+        if let Err(e) = st.gpu_kernel.push((gpu.id, mapping), GFP_KERNEL) {
+            // The mapping was dropped (unmapped) by the failed push.
+            if st.gpu_kernel.is_empty() {
+                st.kva = None;
+            }
+            return Err(e.into());
+        }
+        drop(st);
+        drop(access);
+        Ok(())
+    }
+
+    /// Drops the mem's mapping in GPU `id`'s kernel VA space, and its offset of the window
+    /// with the last. Idempotent.
+    pub(crate) fn unmap_gpu_kernel(&self, id: u32) {
+        let (mapping, kva) = take_kernel(&mut self.state.lock(), id);
+        // The mapping first, then the offset: after the lock is released.
+        drop(mapping);
+        drop(kva);
+    }
+
+    /// Where GPU `id` sees the mem in its kernel VA space: the VA and the page size; `ENXIO`
+    /// if it is not mapped there.
+    pub(crate) fn gpu_va(&self, id: u32) -> Result<(u64, u64)> {
+        let st = self.state.lock();
+        st.gpu_kernel
+            .iter()
+            .find(|(g, _)| *g == id)
+            .map(|(_, m)| m.va())
+            .ok_or(ENXIO)
     }
 
     /// The mem's DMA table for GPU `id`, or `ENXIO`.

@@ -15,7 +15,7 @@ use kernel::{
 use crate::{
     audit::{Class, CLASSES},
     bind::global::global,
-    gpu::pmm::CHUNK_MAX,
+    gpu::{mmu::TABLE_BYTES, pmm::CHUNK_MAX},
 };
 
 use super::{plant, storage::Storage, Life, MemCore};
@@ -74,6 +74,7 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
             let st = core.state.lock();
             bump(Class::KernelMaps, u64::from(st.kmap.is_some()));
             bump(Class::Handles, u64::from(st.life == Life::Owned));
+            bump(Class::GpuKernelVas, u64::from(st.kva.is_some()));
             for (_, table) in st.gpus.iter() {
                 let n = table.count() as u64;
                 bump(Class::DmaMappings, n);
@@ -86,11 +87,18 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
     bump(Class::VidmemRoots, roots);
     bump(Class::DmaMappings, mapped);
     bump(Class::DmaBytes, mapped * CHUNK_MAX);
+    // Page tables: every one counted, the sysmem ones DMA-mapped (one page each).
+    let (tables, sys) = crate::gpu::walk_page_tables()?;
+    bump(Class::PtTables, tables);
+    bump(Class::PtBytes, tables * TABLE_BYTES);
+    bump(Class::DmaMappings, sys);
+    bump(Class::DmaBytes, sys * TABLE_BYTES);
     plant::walk(&mut bump);
     Ok(v)
 }
 
-/// Drops every mem's DMA table for GPU `id` (the GPU is being removed, still bound).
+/// Drops every mem's mappings on GPU `id`, virtual then DMA (the GPU is being removed, still
+/// bound).
 pub(crate) fn drop_gpu_tables(id: u32) {
     let Some(mems) = MEMS.lock() else {
         return;

@@ -7,7 +7,10 @@ use kernel::{page::PAGE_SIZE, prelude::*, sync::Arc};
 
 use crate::{
     audit::{Class, Counted},
-    bind::pages::{ChunkFlags, ChunkList},
+    bind::{
+        errno,
+        pages::{ChunkFlags, ChunkList},
+    },
     gpu::{dma::Pages, pmm::VidChunk, GpuDev},
 };
 
@@ -37,7 +40,7 @@ impl Storage {
     pub(super) fn sys(&self) -> Result<&Arc<Pages>> {
         match self {
             Storage::Sys(p) => Ok(p),
-            Storage::Vid(_) => Err(eopnotsupp()),
+            Storage::Vid(_) => Err(errno::eopnotsupp()),
         }
     }
 }
@@ -74,12 +77,6 @@ impl VidPages {
         let c = self.chunks.get(offset / chunk).ok_or(EINVAL)?;
         Ok(c.phys() + (offset % chunk) as u64)
     }
-}
-
-/// `EOPNOTSUPP`, which the kernel crate has no constant for.
-pub(crate) fn eopnotsupp() -> Error {
-    // CAST: EOPNOTSUPP is 95, which fits a `c_int`.
-    Error::from_errno(-(kernel::bindings::EOPNOTSUPP as i32))
 }
 
 /// Allocates the storage `req` asks for, shaped by `layout` (which a sysmem fallback may

@@ -79,10 +79,15 @@ struct ruvm_info {
 #define RUVM_FEATURE_BENCH (1ULL << 6)
 /* Host GPUs attached and detached at run time: RUVM_IOCTL_GPU_ATTACH, RUVM_IOCTL_GPU_DETACH. */
 #define RUVM_FEATURE_GPU_ATTACH (1ULL << 7)
+/*
+ * GPU virtual mappings on GPUs with an MMU (RUVM_GPU_MMU): MEM_MAP_GPU_KERNEL,
+ * MEM_UNMAP_GPU_KERNEL, MEM_GPU_VA, CE_COPY_VA, GPU_PT_WALK.
+ */
+#define RUVM_FEATURE_GPU_VA (1ULL << 8)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
-	 RUVM_FEATURE_GPU_ATTACH)
+	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -163,6 +168,8 @@ struct ruvm_mem_handle {
 enum ruvm_mapped {
 	RUVM_MAPPED_CPU_KERNEL = 1 << 0,
 	RUVM_MAPPED_CPU_USER = 1 << 1,
+	/* Mapped in the GPU kernel VA window of at least one GPU (RUVM_IOCTL_MEM_MAP_GPU_KERNEL). */
+	RUVM_MAPPED_GPU_KERNEL = 1 << 2,
 };
 
 /**
@@ -289,7 +296,9 @@ enum ruvm_audit_class {
 	RUVM_AUDIT_VIDMEM_BYTES = 18,	/* physical bytes of vidmem mems */
 	RUVM_AUDIT_VIDMEM_CHUNKS = 19,	/* vidmem chunks held by mems */
 	RUVM_AUDIT_VIDMEM_ROOTS = 20,	/* vidmem root chunks with storage (2 MiB each) */
-	/* 21 to 23: reserved for later classes, always 0. */
+	RUVM_AUDIT_PT_TABLES = 21,	/* GPU page tables and directories (all GPUs) */
+	RUVM_AUDIT_PT_BYTES = 22,	/* the memory they take */
+	RUVM_AUDIT_GPU_KERNEL_VAS = 23,	/* mems holding an offset of the GPU kernel VA window */
 	RUVM_AUDIT_CLASSES = 24,
 };
 
@@ -520,6 +529,12 @@ enum ruvm_gpu_flags {
 	RUVM_GPU_PRESENT = 1 << 0,
 	/* Has a copy engine (RUVM_IOCTL_CE_COPY). */
 	RUVM_GPU_COPY_ENGINE = 1 << 1,
+	/*
+	 * Has an MMU: GPU virtual mappings (RUVM_IOCTL_MEM_MAP_GPU_KERNEL), copies through virtual
+	 * addresses (RUVM_IOCTL_CE_COPY_VA). The simulated GPUs have one; the test GPUs (edu) and
+	 * host GPUs do not.
+	 */
+	RUVM_GPU_MMU = 1 << 2,
 };
 
 /**
@@ -722,6 +737,8 @@ struct ruvm_mem_gpu_phys {
  * @roots_used:    (out) root chunks holding at least one chunk
  * @roots_split:   (out) of those, the ones split into smaller chunks
  * @roots_stored:  (out) root chunks with storage (kernel pages) now
+ * @pt_tables:     (out) the GPU's page tables and directories now (vidmem chunks of 4 KiB)
+ * @pt_bytes:      (out) their bytes
  * @reserved:      (in)  must be 0
  */
 struct ruvm_pmm_stats {
@@ -734,7 +751,9 @@ struct ruvm_pmm_stats {
 	__u64 roots_used;
 	__u64 roots_split;
 	__u64 roots_stored;
-	__u64 reserved[4];
+	__u64 pt_tables;
+	__u64 pt_bytes;
+	__u64 reserved[2];
 };
 
 /**
@@ -763,6 +782,142 @@ struct ruvm_pmm_check_leak {
 	__u64 allocated;
 	__u64 free_before;
 	__u64 free_after;
+	__u64 reserved[2];
+};
+
+/*
+ * The GPU kernel VA window (uvm_mem's internal VA): a mem mapped with
+ * RUVM_IOCTL_MEM_MAP_GPU_KERNEL gets one offset in it, aligned to its chunk size and the same on
+ * every GPU, and is mapped at RUVM_GPU_KERNEL_VA_BASE + offset.
+ */
+#define RUVM_GPU_KERNEL_VA_BASE (384ULL << 40)
+#define RUVM_GPU_KERNEL_VA_SIZE (128ULL << 30)
+/* The width of a GPU virtual address (NVIDIA's MMU version 2, Pascal and later). */
+#define RUVM_GPU_VA_BITS 49
+
+/**
+ * struct ruvm_mem_gpu_va - where a GPU sees a mem (RUVM_IOCTL_MEM_GPU_VA)
+ *
+ * ENXIO unless the mem is mapped in the GPU's kernel VA window.
+ *
+ * @handle:    (in)  the mem
+ * @gpu:       (in)  the GPU's id
+ * @flags:     (in)  must be 0
+ * @va:        (out) the GPU virtual address of the mem's first byte
+ * @page_size: (out) the size of the GPU pages mapping it
+ * @reserved:  (in)  must be 0
+ */
+struct ruvm_mem_gpu_va {
+	__u64 handle;
+	__u32 gpu;
+	__u32 flags;
+	__u64 va;
+	__u64 page_size;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_ce_copy_va - copy bytes with a GPU's copy engine through GPU virtual addresses
+ *                          (RUVM_IOCTL_CE_COPY_VA)
+ *
+ * Privileged (CAP_SYS_ADMIN): the kernel VA window holds every file's mems. The engine
+ * translates both addresses, in the GPU's kernel VA space, by walking the page tables in
+ * memory (through its TLB); an address no valid PTE maps, a write through a read-only PTE, or
+ * an address past RUVM_GPU_VA_BITS is an MMU fault: EFAULT, and a line
+ * "ruvm: sim GPU N: MMU fault at VA 0x..., <reason>" in the kernel log. Bytes before the
+ * faulting piece may have been copied. EOPNOTSUPP on a GPU without an MMU.
+ *
+ * @gpu:      (in) the GPU's id
+ * @flags:    (in) must be 0
+ * @dst_va:   (in) destination GPU virtual address
+ * @src_va:   (in) source GPU virtual address
+ * @length:   (in) bytes, > 0
+ * @reserved: (in) must be 0
+ */
+struct ruvm_ce_copy_va {
+	__u32 gpu;
+	__u32 flags;
+	__u64 dst_va;
+	__u64 src_va;
+	__u64 length;
+	__u64 reserved[2];
+};
+
+/* ruvm_gpu_pt_walk.fault: how a walk ended. */
+enum ruvm_mmu_fault {
+	RUVM_MMU_OK = 0,		/* translated */
+	RUVM_MMU_FAULT_VA_RANGE = 1,	/* past RUVM_GPU_VA_BITS */
+	RUVM_MMU_FAULT_PDE = 2,		/* an invalid page-directory entry */
+	RUVM_MMU_FAULT_PTE = 3,		/* no valid PTE */
+	RUVM_MMU_FAULT_READ_ONLY = 4,	/* a write to a read-only page */
+	RUVM_MMU_FAULT_TABLE = 5,	/* a directory points at no memory */
+};
+
+/* The most words one walk reads: PDE3, PDE2, PDE1, both halves of PDE0, two PTEs. */
+#define RUVM_PT_WALK_MAX 8
+
+/**
+ * struct ruvm_gpu_pt_walk - the MMU's walk of one address, word by word (RUVM_IOCTL_GPU_PT_WALK)
+ *
+ * Privileged (CAP_SYS_ADMIN). The GPU's MMU walks @va in its kernel VA space as the copy
+ * engine would (no TLB) and reports every 8-byte word it read, in order: PDE3, PDE2, PDE1,
+ * the two halves of the PDE0 entry (big-page table, small-page table), then the 64K PTE
+ * and/or the 4K PTE. The entries are in NVIDIA's MMU version 2 format (Documentation/ruvm.rst,
+ * "GPU virtual mappings"). A fault is reported in @fault, not as an error.
+ *
+ * @gpu:            (in)  the GPU's id
+ * @flags:          (in)  must be 0
+ * @va:             (in)  the GPU virtual address
+ * @count:          (out) words read (at most RUVM_PT_WALK_MAX)
+ * @fault:          (out) enum ruvm_mmu_fault
+ * @page_size:      (out) translated: the page's size; else 0
+ * @address:        (out) translated: where @va goes (a DMA address or a vidmem address)
+ * @aperture:       (out) translated: enum ruvm_aperture of @address
+ * @pad:            (out) 0
+ * @entry_addr:     (out) where each word was read
+ * @entry:          (out) the word
+ * @entry_aperture: (out) enum ruvm_aperture of each @entry_addr
+ * @reserved:       (in)  must be 0
+ */
+struct ruvm_gpu_pt_walk {
+	__u32 gpu;
+	__u32 flags;
+	__u64 va;
+	__u32 count;
+	__u32 fault;
+	__u64 page_size;
+	__u64 address;
+	__u32 aperture;
+	__u32 pad;
+	__u64 entry_addr[RUVM_PT_WALK_MAX];
+	__u64 entry[RUVM_PT_WALK_MAX];
+	__u8 entry_aperture[RUVM_PT_WALK_MAX];
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_test_pt_write - overwrite the PTE that maps a GPU VA (RUVM_IOCTL_TEST_PT_WRITE)
+ *
+ * Test-only, gated like RUVM_IOCTL_TEST_PLANT: the leaf entry for @va in the GPU's kernel VA
+ * space (the PTE, or the PDE0 half of a 2 MiB page; for an address that does not translate,
+ * the PTE or PDE0 slot where the MMU's walk ended) is overwritten with @value and the GPU's
+ * TLB invalidated, as a driver changing a PTE would. ENXIO if the walk ends above the leaf
+ * level (a directory is missing). Used to prove that the engine reads the tables as written;
+ * the entry should be put back before the mem is unmapped.
+ *
+ * @gpu:      (in)  the GPU's id
+ * @flags:    (in)  must be 0
+ * @va:       (in)  a mapped GPU virtual address
+ * @value:    (in)  the new entry
+ * @old:      (out) the entry it replaced
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_test_pt_write {
+	__u32 gpu;
+	__u32 flags;
+	__u64 va;
+	__u64 value;
+	__u64 old;
 	__u64 reserved[2];
 };
 
@@ -831,6 +986,11 @@ enum {
 	RUVM_IOCTL_PMM_CHECK_LEAK = _IOWR(RUVM_IOCTL_MAGIC, 0x27, struct ruvm_pmm_check_leak),
 	RUVM_IOCTL_GPU_ATTACH = _IOWR(RUVM_IOCTL_MAGIC, 0x28, struct ruvm_gpu_attach),
 	RUVM_IOCTL_GPU_DETACH = _IOWR(RUVM_IOCTL_MAGIC, 0x29, struct ruvm_gpu_attach),
+	RUVM_IOCTL_MEM_MAP_GPU_KERNEL = _IOWR(RUVM_IOCTL_MAGIC, 0x2a, struct ruvm_mem_gpu),
+	RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL = _IOWR(RUVM_IOCTL_MAGIC, 0x2b, struct ruvm_mem_gpu),
+	RUVM_IOCTL_MEM_GPU_VA = _IOWR(RUVM_IOCTL_MAGIC, 0x2c, struct ruvm_mem_gpu_va),
+	RUVM_IOCTL_CE_COPY_VA = _IOWR(RUVM_IOCTL_MAGIC, 0x2d, struct ruvm_ce_copy_va),
+	RUVM_IOCTL_GPU_PT_WALK = _IOWR(RUVM_IOCTL_MAGIC, 0x2e, struct ruvm_gpu_pt_walk),
 	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =
@@ -839,6 +999,7 @@ enum {
 	RUVM_IOCTL_TEST_PLANT = _IOWR(RUVM_IOCTL_MAGIC, 0x80, struct ruvm_test_plant),
 	RUVM_IOCTL_TEST_LEAK = _IOWR(RUVM_IOCTL_MAGIC, 0x81, struct ruvm_test_leak),
 	RUVM_IOCTL_TEST_CE_RAW = _IOWR(RUVM_IOCTL_MAGIC, 0x82, struct ruvm_test_ce_raw),
+	RUVM_IOCTL_TEST_PT_WRITE = _IOWR(RUVM_IOCTL_MAGIC, 0x83, struct ruvm_test_pt_write),
 };
 
 #endif /* _UAPI_LINUX_RUVM_H */

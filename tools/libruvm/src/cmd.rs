@@ -80,6 +80,16 @@ commands! {
     MEM_DMA_ADDRS: ruvm_mem_dma_addrs = RUVM_IOCTL_MEM_DMA_ADDRS;
     /// Copy with a GPU's copy engine.
     CE_COPY: ruvm_ce_copy = RUVM_IOCTL_CE_COPY;
+    /// Map a mem in a GPU's kernel VA space.
+    MEM_MAP_GPU_KERNEL: ruvm_mem_gpu = RUVM_IOCTL_MEM_MAP_GPU_KERNEL;
+    /// Remove a mem's mapping in a GPU's kernel VA space.
+    MEM_UNMAP_GPU_KERNEL: ruvm_mem_gpu = RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL;
+    /// Where a GPU sees a mem in its kernel VA space.
+    MEM_GPU_VA: ruvm_mem_gpu_va = RUVM_IOCTL_MEM_GPU_VA;
+    /// Copy with a GPU's copy engine through GPU virtual addresses.
+    CE_COPY_VA: ruvm_ce_copy_va = RUVM_IOCTL_CE_COPY_VA;
+    /// The MMU's walk of one GPU VA.
+    GPU_PT_WALK: ruvm_gpu_pt_walk = RUVM_IOCTL_GPU_PT_WALK;
     /// Where a GPU reaches a range of a mem.
     MEM_GPU_PHYS: ruvm_mem_gpu_phys = RUVM_IOCTL_MEM_GPU_PHYS;
     /// A GPU's PMM.
@@ -100,4 +110,6 @@ commands! {
     TEST_LEAK: ruvm_test_leak = RUVM_IOCTL_TEST_LEAK;
     /// Test-only: one raw engine transfer.
     TEST_CE_RAW: ruvm_test_ce_raw = RUVM_IOCTL_TEST_CE_RAW;
+    /// Test-only: overwrite a page-table entry.
+    TEST_PT_WRITE: ruvm_test_pt_write = RUVM_IOCTL_TEST_PT_WRITE;
 }

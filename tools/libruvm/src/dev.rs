@@ -72,6 +72,10 @@ ioctl_args!(
     uapi::ruvm_mem_gpu_phys,
     uapi::ruvm_pmm_stats,
     uapi::ruvm_pmm_check_leak,
+    uapi::ruvm_mem_gpu_va,
+    uapi::ruvm_ce_copy_va,
+    uapi::ruvm_gpu_pt_walk,
+    uapi::ruvm_test_pt_write,
 );
 
 impl Ruvm {
@@ -346,6 +350,67 @@ impl Ruvm {
             cmd::MEM_UNMAP_GPU
         };
         self.call(cmd, &mut a)
+    }
+
+    /// `RUVM_IOCTL_MEM_MAP_GPU_KERNEL` (`map`) or `RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL`.
+    pub fn mem_gpu_kernel(&self, map: bool, handle: u64, gpu: u32) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_mem_gpu {
+            handle,
+            gpu,
+            ..Default::default()
+        };
+        let cmd = if map {
+            cmd::MEM_MAP_GPU_KERNEL
+        } else {
+            cmd::MEM_UNMAP_GPU_KERNEL
+        };
+        self.call(cmd, &mut a)
+    }
+
+    /// `RUVM_IOCTL_MEM_GPU_VA`: the mem's GPU kernel VA on `gpu` and its page size.
+    pub fn gpu_va(&self, handle: u64, gpu: u32) -> Result<(u64, u64), Errno> {
+        let mut a = uapi::ruvm_mem_gpu_va {
+            handle,
+            gpu,
+            ..Default::default()
+        };
+        self.call(cmd::MEM_GPU_VA, &mut a)?;
+        Ok((a.va, a.page_size))
+    }
+
+    /// `RUVM_IOCTL_CE_COPY_VA`: `length` bytes from GPU VA `src` to `dst`.
+    pub fn ce_copy_va(&self, gpu: u32, dst: u64, src: u64, length: u64) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_ce_copy_va {
+            gpu,
+            dst_va: dst,
+            src_va: src,
+            length,
+            ..Default::default()
+        };
+        self.call(cmd::CE_COPY_VA, &mut a)
+    }
+
+    /// `RUVM_IOCTL_GPU_PT_WALK`: the MMU's walk of `va`, word by word.
+    pub fn pt_walk(&self, gpu: u32, va: u64) -> Result<uapi::ruvm_gpu_pt_walk, Errno> {
+        let mut a = uapi::ruvm_gpu_pt_walk {
+            gpu,
+            va,
+            ..Default::default()
+        };
+        self.call(cmd::GPU_PT_WALK, &mut a)?;
+        Ok(a)
+    }
+
+    /// `RUVM_IOCTL_TEST_PT_WRITE`: overwrite the leaf entry of `va`; returns the old one.
+    pub fn test_pt_write(&self, gpu: u32, va: u64, value: u64) -> Result<u64, Errno> {
+        let mut a = uapi::ruvm_test_pt_write {
+            gpu,
+            va,
+            value,
+            ..Default::default()
+        };
+        self.call(cmd::TEST_PT_WRITE, &mut a)?;
+        Ok(a.old)
     }
 
     /// `RUVM_IOCTL_MEM_DMA_ADDRS`: up to `max` addresses from chunk `first` on.

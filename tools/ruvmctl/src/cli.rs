@@ -149,10 +149,55 @@ pub enum Cmd {
         #[command(subcommand)]
         action: GpuAction,
     },
-    /// DMA-map every chunk of a mem for a GPU (RUVM_IOCTL_MEM_MAP_GPU); idempotent.
-    MapGpu { handle: u64, gpu: u32 },
-    /// Drop a mem's DMA table for a GPU (RUVM_IOCTL_MEM_UNMAP_GPU); idempotent.
-    UnmapGpu { handle: u64, gpu: u32 },
+    /// DMA-map every chunk of a mem for a GPU (RUVM_IOCTL_MEM_MAP_GPU), or with --kernel map
+    /// it in the GPU's kernel VA space (RUVM_IOCTL_MEM_MAP_GPU_KERNEL); idempotent.
+    MapGpu {
+        handle: u64,
+        gpu: u32,
+        /// Map it at its GPU kernel VA (DMA-mapping it first if it is sysmem).
+        #[arg(long)]
+        kernel: bool,
+    },
+    /// Drop a mem's DMA table for a GPU and its GPU virtual mapping (RUVM_IOCTL_MEM_UNMAP_GPU),
+    /// or with --kernel only its GPU kernel VA mapping (RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL);
+    /// idempotent.
+    UnmapGpu {
+        handle: u64,
+        gpu: u32,
+        /// Drop only the GPU kernel VA mapping.
+        #[arg(long)]
+        kernel: bool,
+    },
+    /// Where a GPU sees a mem in its kernel VA space (RUVM_IOCTL_MEM_GPU_VA).
+    GpuVa {
+        handle: u64,
+        gpu: u32,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Copy bytes with a GPU's copy engine between GPU virtual addresses of its kernel VA
+    /// space (RUVM_IOCTL_CE_COPY_VA; root only). An MMU fault fails with EFAULT.
+    CeCopyVa {
+        gpu: u32,
+        /// Destination GPU VA (e.g. 0x180000000000).
+        #[arg(value_parser = parse_size)]
+        dst: u64,
+        /// Source GPU VA.
+        #[arg(value_parser = parse_size)]
+        src: u64,
+        /// Bytes.
+        #[arg(value_parser = parse_size)]
+        length: u64,
+    },
+    /// The GPU MMU's walk of one VA of its kernel VA space, level by level
+    /// (RUVM_IOCTL_GPU_PT_WALK; root only).
+    PtDump {
+        gpu: u32,
+        #[arg(value_parser = parse_size)]
+        va: u64,
+        #[command(flatten)]
+        json: Json,
+    },
     /// Copy bytes between mems with a GPU's copy engine, through their DMA tables for it
     /// (RUVM_IOCTL_CE_COPY). Slow on the test GPUs: ~0.2 s per 4 KiB.
     CeCopy {

@@ -8,6 +8,7 @@ use libruvm::{Cmd, IoctlArg, Ruvm};
 
 pub mod audit;
 pub mod gpu;
+pub mod gpu_va;
 pub mod info;
 pub mod mem;
 pub mod test;

@@ -102,8 +102,35 @@ fn run(cli: Cli) -> Result<()> {
                 emit(&cmd::gpu::attach(&d()?, &address, false)?, json.json)
             }
         },
-        Cmd::MapGpu { handle, gpu } => emit(&cmd::gpu::map(&d()?, handle, gpu, true)?, false),
-        Cmd::UnmapGpu { handle, gpu } => emit(&cmd::gpu::map(&d()?, handle, gpu, false)?, false),
+        Cmd::MapGpu {
+            handle,
+            gpu,
+            kernel: false,
+        } => emit(&cmd::gpu::map(&d()?, handle, gpu, true)?, false),
+        Cmd::MapGpu { handle, gpu, .. } => {
+            emit(&cmd::gpu_va::map_kernel(&d()?, handle, gpu, true)?, false)
+        }
+        Cmd::UnmapGpu {
+            handle,
+            gpu,
+            kernel: false,
+        } => emit(&cmd::gpu::map(&d()?, handle, gpu, false)?, false),
+        Cmd::UnmapGpu { handle, gpu, .. } => {
+            emit(&cmd::gpu_va::map_kernel(&d()?, handle, gpu, false)?, false)
+        }
+        Cmd::GpuVa { handle, gpu, json } => {
+            emit(&cmd::gpu_va::gpu_va(&d()?, handle, gpu)?, json.json)
+        }
+        Cmd::CeCopyVa {
+            gpu,
+            dst,
+            src,
+            length,
+        } => emit(
+            &cmd::gpu_va::ce_copy_va(&d()?, gpu, dst, src, length)?,
+            false,
+        ),
+        Cmd::PtDump { gpu, va, json } => emit(&cmd::gpu_va::pt_dump(&d()?, gpu, va)?, json.json),
         Cmd::CeCopy { gpu, copy } => emit(&cmd::gpu::ce_copy(&d()?, gpu, &copy)?, false),
         Cmd::DmaAddrs { handle, gpu, json } => {
             emit(&cmd::gpu::dma_addrs(&d()?, handle, gpu)?, json.json)

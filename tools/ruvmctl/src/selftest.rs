@@ -16,6 +16,7 @@ mod basic;
 mod bench;
 mod faults;
 mod gpu;
+mod gpu_va;
 mod hardening;
 pub(crate) mod harness;
 mod mem;
@@ -29,6 +30,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(mem::cases());
     v.extend(audit::cases());
     v.extend(gpu::cases());
+    v.extend(gpu_va::cases());
     v.extend(vidmem::cases());
     v.extend(bench::cases());
     v.extend(hardening::cases());

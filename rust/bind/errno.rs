@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The errnos ruvm returns that the 7.2 `kernel` crate has no constant for.
+
+use kernel::prelude::*;
+
+/// `EOPNOTSUPP`: what the mem or GPU cannot do (a CPU mapping of vidmem, a virtual mapping on
+/// a GPU without an MMU).
+pub(crate) fn eopnotsupp() -> Error {
+    // CAST: EOPNOTSUPP is 95, which fits a `c_int`.
+    Error::from_errno(-(kernel::bindings::EOPNOTSUPP as i32))
+}

@@ -1,0 +1,678 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! GPU virtual mappings: mems mapped in the GPU kernel VA window of the simulated GPUs (which
+//! have an MMU), copies by the engine through those VAs, the walk of the page tables as
+//! written, and the page-table memory given back. uvm_mem_test's `test_map_gpu` first.
+
+use nix::errno::Errno;
+
+use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use libruvm::{cmd, uapi, Ruvm};
+
+const K: u64 = 1024;
+const M: u64 = 1024 * K;
+const BASE: u64 = uapi::RUVM_GPU_KERNEL_VA_BASE;
+const WINDOW: u64 = uapi::RUVM_GPU_KERNEL_VA_SIZE;
+const PT_TABLES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_PT_TABLES as usize;
+const PT_BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_PT_BYTES as usize;
+const KVAS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_GPU_KERNEL_VAS as usize;
+/// PTE bit 6: read-only (MMU version 2).
+const PTE_READ_ONLY: u64 = 1 << 6;
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "gpu_va_test_map_gpu_matrix",
+            run: gpu_va_test_map_gpu_matrix,
+        },
+        Case {
+            name: "gpu_va_data_through_vas",
+            run: gpu_va_data_through_vas,
+        },
+        Case {
+            name: "gpu_va_mixed_page_sizes_share_a_pde0",
+            run: gpu_va_mixed_page_sizes_share_a_pde0,
+        },
+        Case {
+            name: "gpu_va_walk_reads_the_tables_as_written",
+            run: gpu_va_walk_reads_the_tables_as_written,
+        },
+        Case {
+            name: "gpu_va_no_stale_tlb_entry",
+            run: gpu_va_no_stale_tlb_entry,
+        },
+        Case {
+            name: "gpu_va_teardown_order",
+            run: gpu_va_teardown_order,
+        },
+        Case {
+            name: "gpu_va_bad_inputs",
+            run: gpu_va_bad_inputs,
+        },
+    ]
+}
+
+fn present(g: &uapi::ruvm_gpu_info) -> bool {
+    g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
+}
+
+fn has_mmu(g: &uapi::ruvm_gpu_info) -> bool {
+    present(g) && g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_MMU != 0
+}
+
+/// The present GPUs with an MMU; skips the case without any.
+fn mmu_gpus(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>, Stop> {
+    let v: Vec<_> = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .filter(has_mmu)
+        .collect();
+    if v.is_empty() {
+        return Err(Stop::Skip(
+            "no GPU with an MMU (simulated GPUs: sim_gpus=N)".into(),
+        ));
+    }
+    Ok(v)
+}
+
+/// The audit's live counts.
+fn live(d: &Ruvm) -> Result<Vec<u64>, Stop> {
+    Ok(d.audit(false).ctx("AUDIT")?.live.to_vec())
+}
+
+/// No page table, no kernel VA offset anywhere.
+fn check_no_page_tables(d: &Ruvm, when: &str) -> TestResult {
+    let l = live(d)?;
+    check!(
+        l[PT_TABLES] == 0 && l[PT_BYTES] == 0 && l[KVAS] == 0,
+        "{when}: pt_tables={} pt_bytes={} gpu_kernel_vas={}, wanted 0",
+        l[PT_TABLES],
+        l[PT_BYTES],
+        l[KVAS]
+    );
+    Ok(())
+}
+
+fn fill(d: &Ruvm, h: u64, len: u64, seed: u64) -> TestResult {
+    d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
+    d.mem_fill(
+        false,
+        uapi::ruvm_mem_fill {
+            handle: h,
+            length: len,
+            seed,
+            ..Default::default()
+        },
+    )
+    .ctx("MEM_FILL")?;
+    Ok(())
+}
+
+/// Bytes of `[0, len)` that differ from the pattern of `seed`.
+fn mismatches(d: &Ruvm, h: u64, len: u64, seed: u64) -> Result<u64, Stop> {
+    d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
+    let v = d
+        .mem_fill(
+            true,
+            uapi::ruvm_mem_fill {
+                handle: h,
+                length: len,
+                seed,
+                ..Default::default()
+            },
+        )
+        .ctx("MEM_VERIFY")?;
+    Ok(v.mismatches)
+}
+
+/// The GPU page size uvm_mem maps a mem's chunks with.
+fn want_page_size(vidmem: bool, chunk: u64, gpu_page_sizes: u64) -> u64 {
+    if vidmem {
+        return chunk;
+    }
+    let fit = gpu_page_sizes & (chunk | (chunk - 1));
+    1 << (63 - fit.leading_zeros())
+}
+
+/// uvm_mem_test's `test_map_gpu` for one mem: map on every GPU it may be mapped on, the same
+/// aligned VA in the window everywhere, idempotent both ways, and the same VA after a remap.
+fn check_map_gpu(d: &Ruvm, a: &uapi::ruvm_mem_alloc, gpus: &[uapi::ruvm_gpu_info]) -> TestResult {
+    let vid = a.backing == uapi::ruvm_backing_RUVM_BACKING_VIDMEM;
+    let mut va = None;
+    for g in gpus {
+        let mine = !vid || g.id == a.gpu;
+        let r = d.mem_gpu_kernel(true, a.handle, g.id);
+        if !mine {
+            expect_errno(r, Errno::EINVAL, "vidmem kernel-mapped on another GPU")?;
+            continue;
+        }
+        r.ctx("MAP_GPU_KERNEL")?;
+        let q = d.mem_query(a.handle).ctx("query")?;
+        check!(
+            q.mapped & u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_KERNEL) != 0,
+            "mem {}: mapped bits {:#x} without GPU_KERNEL",
+            a.handle,
+            q.mapped
+        );
+        let (v, ps) = d.gpu_va(a.handle, g.id).ctx("GPU_VA")?;
+        check!(
+            v >= BASE && v + a.chunk_count * a.chunk_size <= BASE + WINDOW && v % a.chunk_size == 0,
+            "mem {} ({} bytes, chunk {}): VA {v:#x} not aligned inside the window",
+            a.handle,
+            a.chunk_count * a.chunk_size,
+            a.chunk_size
+        );
+        check!(
+            ps == want_page_size(vid, a.chunk_size, g.page_sizes),
+            "mem {} chunk {}: page size {ps}",
+            a.handle,
+            a.chunk_size
+        );
+        check!(
+            *va.get_or_insert(v) == v,
+            "mem {}: VA {v:#x} on GPU {}, {:#x} on another",
+            a.handle,
+            g.id,
+            va.unwrap_or(0)
+        );
+        d.mem_gpu_kernel(true, a.handle, g.id)
+            .ctx("second MAP_GPU_KERNEL")?;
+        check!(
+            d.gpu_va(a.handle, g.id).ctx("GPU_VA")?.0 == v,
+            "a second map moved the VA"
+        );
+    }
+    let Some(va) = va else {
+        return Ok(());
+    };
+    // Unmap everywhere (twice), then the offset comes back the same on a remap (first fit).
+    for g in gpus {
+        d.mem_gpu_kernel(false, a.handle, g.id)
+            .ctx("UNMAP_GPU_KERNEL")?;
+        d.mem_gpu_kernel(false, a.handle, g.id)
+            .ctx("second UNMAP_GPU_KERNEL")?;
+        expect_errno(d.gpu_va(a.handle, g.id), Errno::ENXIO, "GPU_VA after unmap")?;
+    }
+    let q = d.mem_query(a.handle).ctx("query")?;
+    check!(
+        q.mapped & u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_KERNEL) == 0,
+        "GPU_KERNEL still set after unmapping everywhere"
+    );
+    for g in gpus.iter().filter(|g| !vid || g.id == a.gpu) {
+        d.mem_gpu_kernel(true, a.handle, g.id).ctx("remap")?;
+        let (v, _) = d.gpu_va(a.handle, g.id).ctx("GPU_VA")?;
+        check!(v == va, "remap gave VA {v:#x}, first {va:#x}");
+    }
+    Ok(())
+}
+
+fn gpu_va_test_map_gpu_matrix() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = mmu_gpus(&d)?;
+    check_no_page_tables(&d, "before")?;
+    let sizes = [1, 4, 16, 1024, 4096, M, 7 * M + 17];
+    let mut mems = Vec::new();
+    for &size in &sizes {
+        for page_size in [0, 4 * K, 64 * K, 128 * K, 2 * M] {
+            mems.push(d.mem_alloc(size, page_size, 0).ctx("alloc")?);
+        }
+        for g in gpus.iter().filter(|g| g.vidmem_size > 0) {
+            for page_size in [0, 4 * K, 64 * K, 2 * M] {
+                match d.vidmem_alloc(g.id, size, page_size, 0) {
+                    Ok(a) => mems.push(a),
+                    // Small vidmem: the 7 MiB cases may not fit with everything else alive.
+                    Err(Errno::ENOMEM) => {}
+                    Err(e) => return Err(Stop::Fail(format!("vidmem alloc: {e}"))),
+                }
+            }
+        }
+    }
+    // All mapped and alive at once, as uvm_mem_test keeps them.
+    for a in &mems {
+        check_map_gpu(&d, a, &gpus)?;
+    }
+    let l = live(&d)?;
+    check!(
+        l[PT_TABLES] > 0 && l[PT_BYTES] == l[PT_TABLES] * 4096,
+        "page tables while mapped: {} tables, {} bytes",
+        l[PT_TABLES],
+        l[PT_BYTES]
+    );
+    check!(
+        l[KVAS] == mems.len() as u64,
+        "{} kernel VA offsets for {} mapped mems",
+        l[KVAS],
+        mems.len()
+    );
+    // Freed with their mappings alive.
+    for a in &mems {
+        d.mem_free(a.handle).ctx("free")?;
+    }
+    check_no_page_tables(&d, "after freeing every mapped mem")?;
+    for g in gpus.iter().filter(|g| g.vidmem_size > 0) {
+        let s = d.pmm_stats(g.id).ctx("PMM_STATS")?;
+        check!(
+            s.free == s.capacity && s.pt_tables == 0 && s.pt_bytes == 0,
+            "GPU {}: PMM not back where it started: {s:?}",
+            g.id
+        );
+    }
+    Ok(())
+}
+
+/// A sysmem mem of `size` in chunks of `chunk`, filled with the pattern of `seed` and mapped
+/// at its GPU kernel VA on `gpu`: its handle and VA.
+fn mapped_source(d: &Ruvm, gpu: u32, size: u64, chunk: u64, seed: u64) -> Result<(u64, u64), Stop> {
+    let a = d.mem_alloc(size, chunk, 0).ctx("alloc")?;
+    fill(d, a.handle, size, seed)?;
+    d.mem_gpu_kernel(true, a.handle, gpu)
+        .ctx("MAP_GPU_KERNEL")?;
+    let (va, _) = d.gpu_va(a.handle, gpu).ctx("GPU_VA")?;
+    Ok((a.handle, va))
+}
+
+fn gpu_va_data_through_vas() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for g in mmu_gpus(&d)? {
+        // Every page size: 4K, 64K (from 64K and from 128K chunks) and 2M.
+        for (size, chunk) in [
+            (3 * 4 * K + 5, 4 * K),
+            (5 * 64 * K, 64 * K),
+            (512 * K, 128 * K),
+            (2 * 2 * M, 2 * M),
+        ] {
+            let seed = size ^ chunk;
+            let (src, src_va) = mapped_source(&d, g.id, size, chunk, seed)?;
+            let dst = d
+                .mem_alloc(size, chunk, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)
+                .ctx("alloc")?;
+            d.mem_gpu_kernel(true, dst.handle, g.id)
+                .ctx("MAP_GPU_KERNEL")?;
+            let (dst_va, _) = d.gpu_va(dst.handle, g.id).ctx("GPU_VA")?;
+            d.ce_copy_va(g.id, dst_va, src_va, size).ctx("CE_COPY_VA")?;
+            let bad = mismatches(&d, dst.handle, size, seed)?;
+            check!(
+                bad == 0,
+                "GPU {} chunk {chunk}: {bad} bytes wrong after a VA->VA copy",
+                g.id
+            );
+            // VA -> vidmem, read back by the engine through DMA addresses.
+            if g.vidmem_size > 0 {
+                let v = d.vidmem_alloc(g.id, size, 0, 0).ctx("vidmem alloc")?;
+                d.mem_gpu_kernel(true, v.handle, g.id)
+                    .ctx("MAP_GPU_KERNEL vidmem")?;
+                let (v_va, _) = d.gpu_va(v.handle, g.id).ctx("GPU_VA")?;
+                d.ce_copy_va(g.id, v_va, src_va, size)
+                    .ctx("CE_COPY_VA to vidmem")?;
+                let back = d.mem_alloc(size, 0, 0).ctx("alloc")?;
+                d.mem_gpu(true, back.handle, g.id).ctx("MAP_GPU")?;
+                d.ce_copy(g.id, back.handle, 0, v.handle, 0, size)
+                    .ctx("CE_COPY")?;
+                let bad = mismatches(&d, back.handle, size, seed)?;
+                check!(bad == 0, "GPU {}: {bad} bytes wrong through vidmem", g.id);
+                for h in [v.handle, back.handle] {
+                    d.mem_free(h).ctx("free")?;
+                }
+            }
+            for h in [src, dst.handle] {
+                d.mem_free(h).ctx("free")?;
+            }
+        }
+    }
+    check_no_page_tables(&d, "after")
+}
+
+fn gpu_va_mixed_page_sizes_share_a_pde0() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    check_no_page_tables(&d, "before")?;
+    for g in mmu_gpus(&d)? {
+        // First fit: both land in the window's first 2 MiB, one PDE0 entry with both tables.
+        let (small, small_va) = mapped_source(&d, g.id, 12 * K, 4 * K, 11)?;
+        let (big, big_va) = mapped_source(&d, g.id, 128 * K, 64 * K, 22)?;
+        check!(
+            small_va / (2 * M) == big_va / (2 * M),
+            "4K mem at {small_va:#x} and 64K mem at {big_va:#x} are not in one 2 MiB range"
+        );
+        let ws = d.pt_walk(g.id, small_va + 4 * K).ctx("PT_WALK")?;
+        let wb = d.pt_walk(g.id, big_va + 64 * K + 8).ctx("PT_WALK")?;
+        check!(
+            ws.fault == 0 && ws.page_size == 4 * K && wb.fault == 0 && wb.page_size == 64 * K,
+            "walks: 4K mem page {} fault {}, 64K mem page {} fault {}",
+            ws.page_size,
+            ws.fault,
+            wb.page_size,
+            wb.fault
+        );
+        // The same PDE0 word pair: both halves set.
+        check!(
+            ws.entry[3] == wb.entry[3]
+                && ws.entry[4] == wb.entry[4]
+                && ws.entry[3] != 0
+                && ws.entry[4] != 0,
+            "PDE0 halves {:#x}/{:#x} and {:#x}/{:#x}",
+            ws.entry[3],
+            ws.entry[4],
+            wb.entry[3],
+            wb.entry[4]
+        );
+        // The walk's address is the DMA address of the chunk.
+        let (dma, _) = d.gpu_phys(small, g.id, 4 * K, 1).ctx("GPU_PHYS")?;
+        check!(
+            ws.address == dma,
+            "walk says {:#x}, DMA address {dma:#x}",
+            ws.address
+        );
+        // Copy from the 64K-paged mem into the 4K-paged one and back.
+        d.ce_copy_va(g.id, small_va, big_va, 12 * K)
+            .ctx("CE_COPY_VA")?;
+        let bad = mismatches(&d, small, 12 * K, 22)?;
+        check!(bad == 0, "{bad} bytes wrong 64K->4K pages");
+        for h in [small, big] {
+            d.mem_free(h).ctx("free")?;
+        }
+    }
+    check_no_page_tables(&d, "after")
+}
+
+/// `ENOSYS`: the test ioctls are off; skip.
+fn test_ioctls(r: Result<u64, Errno>) -> Result<u64, Stop> {
+    match r {
+        Err(Errno::ENOSYS) => Err(Stop::Skip("needs enable_test_ioctls=1".into())),
+        r => r.ctx("TEST_PT_WRITE"),
+    }
+}
+
+fn gpu_va_walk_reads_the_tables_as_written() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for g in mmu_gpus(&d)? {
+        for chunk in [4 * K, 64 * K, 2 * M] {
+            let (src, src_va) = mapped_source(&d, g.id, 2 * chunk, chunk, 7)?;
+            let (dst, dst_va) = mapped_source(&d, g.id, 2 * chunk, chunk, 8)?;
+            d.ce_copy_va(g.id, dst_va, src_va, 16).ctx("copy before")?;
+            // An invalid PTE: the next copy faults, with the TLB filled a moment ago.
+            let old = test_ioctls(d.test_pt_write(g.id, src_va + chunk, 0))?;
+            check!(old & 1 == 1, "old entry {old:#x} not a valid PTE");
+            expect_errno(
+                d.ce_copy_va(g.id, dst_va, src_va + chunk, 16),
+                Errno::EFAULT,
+                "copy through an invalidated PTE",
+            )?;
+            let w = d.pt_walk(g.id, src_va + chunk).ctx("PT_WALK")?;
+            check!(
+                w.fault == uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_PTE
+                    || w.fault == uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_PDE,
+                "walk of an invalidated page: fault {}",
+                w.fault
+            );
+            // The first page is untouched; restoring the entry restores the copy.
+            d.ce_copy_va(g.id, dst_va, src_va, 16)
+                .ctx("copy of the other page")?;
+            test_ioctls(d.test_pt_write(g.id, src_va + chunk, old))?;
+            d.ce_copy_va(g.id, dst_va, src_va + chunk, 16)
+                .ctx("copy after restoring")?;
+            // Read-only: reading works, writing faults.
+            test_ioctls(d.test_pt_write(
+                g.id,
+                dst_va,
+                old_entry(&d, g.id, dst_va)? | PTE_READ_ONLY,
+            ))?;
+            d.ce_copy_va(g.id, src_va, dst_va, 16)
+                .ctx("read from a read-only page")?;
+            expect_errno(
+                d.ce_copy_va(g.id, dst_va, src_va, 16),
+                Errno::EFAULT,
+                "write to a read-only page",
+            )?;
+            let w = d.pt_walk(g.id, dst_va).ctx("PT_WALK")?;
+            check!(
+                w.fault == 0,
+                "read walk of a read-only page faulted {}",
+                w.fault
+            );
+            for h in [src, dst] {
+                d.mem_free(h).ctx("free")?;
+            }
+        }
+    }
+    check_no_page_tables(&d, "after")
+}
+
+/// The leaf entry mapping `va` now.
+fn old_entry(d: &Ruvm, gpu: u32, va: u64) -> Result<u64, Stop> {
+    let w = d.pt_walk(gpu, va).ctx("PT_WALK")?;
+    check!(
+        w.fault == 0 && w.count >= 5,
+        "walk of {va:#x}: fault {}",
+        w.fault
+    );
+    let leaf = if w.page_size == 2 * M {
+        3
+    } else {
+        w.count as usize - 1
+    };
+    Ok(w.entry[leaf])
+}
+
+fn gpu_va_no_stale_tlb_entry() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for g in mmu_gpus(&d)? {
+        let (a, a_va) = mapped_source(&d, g.id, 64 * K, 4 * K, 100)?;
+        let b = d.mem_alloc(64 * K, 4 * K, 0).ctx("alloc")?;
+        fill(&d, b.handle, 64 * K, 200)?;
+        let dst = d
+            .mem_alloc(64 * K, 4 * K, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)
+            .ctx("alloc")?;
+        d.map_kernel(dst.handle).ctx("MAP_CPU_KERNEL")?;
+        d.mem_gpu_kernel(true, dst.handle, g.id)
+            .ctx("MAP_GPU_KERNEL")?;
+        let (dst_va, _) = d.gpu_va(dst.handle, g.id).ctx("GPU_VA")?;
+        // Fill the TLB with A's translations.
+        d.ce_copy_va(g.id, dst_va, a_va, 64 * K).ctx("copy A")?;
+        check!(
+            mismatches(&d, dst.handle, 64 * K, 100)? == 0,
+            "A's bytes not copied"
+        );
+        // A goes (its DMA mapping stays: the stale translation would still reach A's bytes),
+        // B takes the same VA.
+        d.mem_gpu_kernel(false, a, g.id).ctx("UNMAP_GPU_KERNEL")?;
+        expect_errno(
+            d.ce_copy_va(g.id, dst_va, a_va, 16),
+            Errno::EFAULT,
+            "copy through an unmapped VA",
+        )?;
+        d.mem_gpu_kernel(true, b.handle, g.id)
+            .ctx("MAP_GPU_KERNEL B")?;
+        let (b_va, _) = d.gpu_va(b.handle, g.id).ctx("GPU_VA")?;
+        check!(
+            b_va == a_va,
+            "B got {b_va:#x}, A had {a_va:#x}: the test needs the same VA"
+        );
+        d.ce_copy_va(g.id, dst_va, b_va, 64 * K).ctx("copy B")?;
+        let bad = mismatches(&d, dst.handle, 64 * K, 200)?;
+        check!(
+            bad == 0,
+            "{bad} bytes are not B's: a stale TLB entry was used"
+        );
+        for h in [a, b.handle, dst.handle] {
+            d.mem_free(h).ctx("free")?;
+        }
+    }
+    check_no_page_tables(&d, "after")
+}
+
+fn gpu_va_teardown_order() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = mmu_gpus(&d)?;
+    let (h, va) = mapped_source(&d, gpus[0].id, 256 * K, 64 * K, 5)?;
+    for g in &gpus {
+        d.mem_gpu_kernel(true, h, g.id).ctx("MAP_GPU_KERNEL")?;
+    }
+    // Dropping a GPU's DMA table drops its virtual mapping first; the other GPUs keep theirs.
+    d.mem_gpu(false, h, gpus[0].id).ctx("UNMAP_GPU")?;
+    expect_errno(
+        d.gpu_va(h, gpus[0].id),
+        Errno::ENXIO,
+        "GPU_VA after UNMAP_GPU",
+    )?;
+    expect_errno(
+        d.ce_copy_va(gpus[0].id, va, va, 8),
+        Errno::EFAULT,
+        "copy after UNMAP_GPU",
+    )?;
+    for g in gpus.iter().skip(1) {
+        check!(
+            d.gpu_va(h, g.id).ctx("GPU_VA")?.0 == va,
+            "GPU {} lost its mapping",
+            g.id
+        );
+    }
+    // The implicit DMA map of MAP_GPU_KERNEL.
+    let q = d.mem_query(h).ctx("query")?;
+    let others: u64 = gpus.iter().skip(1).map(|g| 1u64 << g.id).sum();
+    check!(
+        q.mapped_gpus == others,
+        "DMA tables {:#x}, wanted {others:#x}",
+        q.mapped_gpus
+    );
+    d.mem_free(h).ctx("free with mappings alive")?;
+    check_no_page_tables(&d, "after")?;
+    let l = live(&d)?;
+    check!(
+        l[uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize] == 0,
+        "DMA mappings left: {}",
+        l[uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize]
+    );
+    Ok(())
+}
+
+fn gpu_va_bad_inputs() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let all = d.gpus().ctx("GPU_LIST")?;
+    let a = d.mem_alloc(64 * K, 0, 0).ctx("alloc")?;
+    // A GPU without an MMU (the edu test GPUs): EOPNOTSUPP, checked wherever there is one.
+    for g in all.iter().filter(|g| present(g) && !has_mmu(g)) {
+        expect_errno(
+            d.mem_gpu_kernel(true, a.handle, g.id),
+            Errno::EOPNOTSUPP,
+            "map on a GPU without an MMU",
+        )?;
+        expect_errno(
+            d.ce_copy_va(g.id, BASE, BASE, 8),
+            Errno::EOPNOTSUPP,
+            "copy on a GPU without an MMU",
+        )?;
+    }
+    let gpus = mmu_gpus(&d)?;
+    let g = gpus[0].id;
+    expect_errno(
+        d.mem_gpu_kernel(true, a.handle, 31),
+        Errno::ENODEV,
+        "unknown GPU",
+    )?;
+    expect_errno(
+        d.mem_gpu_kernel(true, 0xdead, g),
+        Errno::ENOENT,
+        "unknown handle",
+    )?;
+    expect_errno(
+        d.gpu_va(a.handle, g),
+        Errno::ENXIO,
+        "GPU_VA of an unmapped mem",
+    )?;
+    // Reserved fields and flags.
+    let mut m = uapi::ruvm_mem_gpu {
+        handle: a.handle,
+        gpu: g,
+        ..Default::default()
+    };
+    m.reserved[1] = 1;
+    expect_errno(
+        d.call(cmd::MEM_MAP_GPU_KERNEL, &mut m),
+        Errno::EINVAL,
+        "reserved field",
+    )?;
+    m.reserved[1] = 0;
+    m.flags = 1;
+    expect_errno(
+        d.call(cmd::MEM_MAP_GPU_KERNEL, &mut m),
+        Errno::EINVAL,
+        "unknown flag",
+    )?;
+    let mut c = uapi::ruvm_ce_copy_va {
+        gpu: g,
+        dst_va: BASE,
+        src_va: BASE,
+        length: 8,
+        ..Default::default()
+    };
+    c.reserved[0] = 1;
+    expect_errno(
+        d.call(cmd::CE_COPY_VA, &mut c),
+        Errno::EINVAL,
+        "CE_COPY_VA reserved",
+    )?;
+    // Another file's mem.
+    let other = Ruvm::open().ctx("open")?;
+    let b = other.mem_alloc(4 * K, 0, 0).ctx("alloc")?;
+    expect_errno(
+        d.mem_gpu_kernel(true, b.handle, g),
+        Errno::ENOENT,
+        "another file's mem",
+    )?;
+    // Copies: length 0, overflow, past the VA width, unmapped.
+    d.mem_gpu_kernel(true, a.handle, g).ctx("MAP_GPU_KERNEL")?;
+    let (va, _) = d.gpu_va(a.handle, g).ctx("GPU_VA")?;
+    expect_errno(
+        d.ce_copy_va(g, va, va + 4 * K, 0),
+        Errno::EINVAL,
+        "length 0",
+    )?;
+    expect_errno(
+        d.ce_copy_va(g, u64::MAX - 4, va, 8),
+        Errno::EINVAL,
+        "range wraps",
+    )?;
+    expect_errno(
+        d.ce_copy_va(g, va, 1 << 49, 8),
+        Errno::EFAULT,
+        "VA past 49 bits",
+    )?;
+    expect_errno(
+        d.ce_copy_va(g, va, va + 64 * K, 8),
+        Errno::EFAULT,
+        "past the mem's end",
+    )?;
+    let w = d.pt_walk(g, 1 << 49).ctx("PT_WALK")?;
+    check!(
+        w.fault == uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_VA_RANGE,
+        "walk past the VA width: fault {}",
+        w.fault
+    );
+    // A freed mem is gone, mappings and all.
+    d.mem_free(a.handle).ctx("free")?;
+    expect_errno(
+        d.mem_gpu_kernel(true, a.handle, g),
+        Errno::ENOENT,
+        "freed mem",
+    )?;
+    expect_errno(
+        d.ce_copy_va(g, va, va, 8),
+        Errno::EFAULT,
+        "copy through a freed mem's VA",
+    )?;
+    // Vidmem of another GPU.
+    if let Some(vg) = gpus.iter().find(|g| g.vidmem_size > 0) {
+        if let Some(o) = gpus.iter().find(|o| o.id != vg.id) {
+            let v = d.vidmem_alloc(vg.id, 64 * K, 0, 0).ctx("vidmem alloc")?;
+            expect_errno(
+                d.mem_gpu_kernel(true, v.handle, o.id),
+                Errno::EINVAL,
+                "vidmem on another GPU",
+            )?;
+            d.mem_free(v.handle).ctx("free")?;
+        }
+    }
+    other.mem_free(b.handle).ctx("free")?;
+    check_no_page_tables(&d, "after")
+}
