@@ -32,6 +32,7 @@ use kernel::{
 use crate::{
     audit::{self, Class, Counted},
     bind::{fops, ratelimit, vma},
+    gpu::mmu::{self, Mmu},
     mem::{quota::Quota, Handle, Mem, Origin},
     uapi,
 };
@@ -96,12 +97,29 @@ struct Entry {
     _handle: Counted,
 }
 
-/// The tables of a file's mems.
+/// The tables of a file's mems, and its user VA spaces. Field order is teardown order: the
+/// mems (and their GPU user mappings) go before the spaces.
 struct FileInner {
     /// Every mem of the file, by handle.
     mems: RBTree<Handle, Entry>,
     /// The handle of the mem at each mmap offset.
     offsets: RBTree<u64, Handle>,
+    spaces: UserSpaces,
+}
+
+/// A file's user VA space on every GPU it mapped a mem on (`RUVM_IOCTL_MEM_MAP_GPU_USER`):
+/// one id, and the MMUs that may hold tables of it, whose space is destroyed on drop.
+struct UserSpaces {
+    id: u64,
+    mmus: KVec<Arc<Mmu>>,
+}
+
+impl Drop for UserSpaces {
+    fn drop(&mut self) {
+        for mmu in self.mmus.iter() {
+            mmu.destroy_space(self.id);
+        }
+    }
 }
 
 #[vtable]
@@ -115,6 +133,10 @@ impl MiscDevice for RuvmFile {
                 inner <- new_mutex!(FileInner {
                     mems: RBTree::new(),
                     offsets: RBTree::new(),
+                    spaces: UserSpaces {
+                        id: mmu::new_space_id(),
+                        mmus: KVec::new(),
+                    },
                 }),
                 quota,
                 opener: Origin::here("open"),
@@ -150,9 +172,11 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_GPU_PHYS => me.mem_gpu_phys(user)?,
             uapi::RUVM_IOCTL_MEM_MAP_GPU_KERNEL => me.mem_map_gpu_kernel(user, true)?,
             uapi::RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL => me.mem_map_gpu_kernel(user, false)?,
+            uapi::RUVM_IOCTL_MEM_MAP_GPU_USER => me.mem_map_gpu_user(user)?,
+            uapi::RUVM_IOCTL_MEM_UNMAP_GPU_USER => me.mem_unmap_gpu_user(user)?,
             uapi::RUVM_IOCTL_MEM_GPU_VA => me.mem_gpu_va(user)?,
-            uapi::RUVM_IOCTL_CE_COPY_VA => gpu_ioctls::ce_copy_va(user)?,
-            uapi::RUVM_IOCTL_GPU_PT_WALK => gpu_ioctls::gpu_pt_walk(user)?,
+            uapi::RUVM_IOCTL_CE_COPY_VA => me.ce_copy_va(user)?,
+            uapi::RUVM_IOCTL_GPU_PT_WALK => me.gpu_pt_walk(user)?,
             uapi::RUVM_IOCTL_PMM_STATS => gpu_ioctls::pmm_stats(user)?,
             uapi::RUVM_IOCTL_PMM_CHECK_LEAK => gpu_ioctls::pmm_check_leak(user)?,
             uapi::RUVM_IOCTL_AUDIT => audit_ioctls::audit(user)?,
@@ -162,7 +186,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_TEST_PLANT => test_ioctls::plant(user)?,
             uapi::RUVM_IOCTL_TEST_LEAK => test_ioctls::leak(user)?,
             uapi::RUVM_IOCTL_TEST_CE_RAW => test_ioctls::ce_raw(user)?,
-            uapi::RUVM_IOCTL_TEST_PT_WRITE => test_ioctls::pt_write(user)?,
+            uapi::RUVM_IOCTL_TEST_PT_WRITE => me.test_pt_write(user)?,
             _ => return Err(ENOTTY),
         }
         Ok(0)
@@ -211,6 +235,27 @@ impl RuvmFile {
             return Err(e);
         }
         Ok(handle)
+    }
+
+    /// The file's user VA space, noting that `mmu` may hold tables of it from now on.
+    fn user_space(&self, mmu: &Arc<Mmu>) -> Result<u64> {
+        let mut inner = self.inner.lock();
+        let spaces = &mut inner.spaces;
+        if !spaces.mmus.iter().any(|m| Arc::ptr_eq(m, mmu)) {
+            spaces.mmus.push(mmu.clone(), GFP_KERNEL)?;
+        }
+        Ok(spaces.id)
+    }
+
+    /// The VA space `flags` (`enum ruvm_va_space_flags`) names: the file's user VA space, or
+    /// the kernel VA space (privileged).
+    fn va_space(&self, flags: u32) -> Result<u64> {
+        if flags & uapi::ruvm_va_space_flags_RUVM_VA_USER != 0 {
+            Ok(self.inner.lock().spaces.id)
+        } else {
+            crate::bind::cred::require_sys_admin()?;
+            Ok(mmu::KERNEL_SPACE)
+        }
     }
 
     /// Takes a mem out of the tables; its owner can no longer name it.

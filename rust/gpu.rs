@@ -545,21 +545,25 @@ pub(crate) fn walk_vidmem() -> Result<(u64, u64)> {
         .fold((0, 0), |(a, b), (x, y)| (a + x, b + y)))
 }
 
-/// For the audit's walk: every present GPU's page tables, and of those the DMA-mapped sysmem
-/// ones. The MMUs' locks are taken after the registry's is released.
-pub(crate) fn walk_page_tables() -> Result<(u64, u64)> {
+/// Every present GPU's MMU, with its id. Taken under the registry's lock, which is released
+/// before any MMU's is.
+pub(crate) fn mmus() -> Result<KVec<(u32, Arc<mmu::Mmu>)>> {
     let mut mmus = KVec::new();
-    {
-        let reg = GPUS.lock().ok_or(ENODEV)?;
-        for e in reg.gpus.iter() {
-            if let Some(m) = e.dev.as_ref().and_then(|d| d.res.mmu.clone()) {
-                mmus.push(m, GFP_KERNEL)?;
-            }
+    let reg = GPUS.lock().ok_or(ENODEV)?;
+    for e in reg.gpus.iter() {
+        if let Some(m) = e.dev.as_ref().and_then(|d| d.res.mmu.clone()) {
+            mmus.push((e.id, m), GFP_KERNEL)?;
         }
     }
-    Ok(mmus
+    Ok(mmus)
+}
+
+/// For the audit's walk: every present GPU's page tables, and of those the DMA-mapped sysmem
+/// ones.
+pub(crate) fn walk_page_tables() -> Result<(u64, u64)> {
+    Ok(mmus()?
         .iter()
-        .map(|m| m.tables())
+        .map(|(_, m)| m.tables())
         .fold((0, 0), |(a, b), (x, y)| (a + x, b + y)))
 }
 

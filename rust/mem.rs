@@ -177,16 +177,21 @@ pub(crate) enum Life {
 ///
 /// # Invariants
 ///
-/// When `life` is [`Life::Freed`], `kmap` and `kva` are `None` and `gpus` and `gpu_kernel`
-/// are empty. `kva` is `Some` exactly while `gpu_kernel` is not empty. Every GPU in
-/// `gpu_kernel` of a sysmem mem is in `gpus` (a GPU mapping needs the DMA table).
+/// When `life` is [`Life::Freed`], `kmap`, `user_va` and `kva` are `None` and `gpus`,
+/// `gpu_user` and `gpu_kernel` are empty. `kva` is `Some` exactly while `gpu_kernel` is not
+/// empty, `user_va` exactly while `gpu_user` is not. Every GPU in `gpu_kernel` or `gpu_user`
+/// of a sysmem mem is in `gpus` (a GPU mapping needs the DMA table).
 pub(crate) struct MemState {
     life: Life,
     /// The CPU kernel mapping; an `Arc` so that an operation in flight keeps it while another
     /// thread unmaps.
     kmap: Option<Arc<cpu::KernelMapping>>,
+    /// The mem's mapping in its file's user VA space of each GPU it is mapped on there.
+    gpu_user: KVec<(u32, gpu_va::GpuMapping)>,
+    /// Its user VA, fixed by the first GPU user mapping.
+    user_va: Option<gpu_va::UserVa>,
     /// The mem's mapping in the kernel VA space of each GPU it is mapped on there, by GPU id.
-    gpu_kernel: KVec<(u32, gpu_va::GpuKernelMapping)>,
+    gpu_kernel: KVec<(u32, gpu_va::GpuMapping)>,
     /// Its offset in the GPU kernel VA window, while any GPU has it mapped there.
     kva: Option<gpu_va::KernelVa>,
     /// The DMA address table of each GPU the mem is mapped on, by GPU id. An `Arc`, so that a
@@ -247,11 +252,13 @@ impl Drop for Mem {
 }
 
 /// The mappings a freed mem gave up, dropped in field order (uvm_mem's): the CPU kernel
-/// mapping, the GPU kernel mappings and their VA offset, then the DMA tables.
+/// mapping, the GPU user mappings, the GPU kernel mappings and their VA offset, then the DMA
+/// tables.
 #[must_use = "drop it after zapping the user mappings"]
 pub(crate) struct Retired {
     _kmap: Option<Arc<cpu::KernelMapping>>,
-    _gpu_kernel: KVec<(u32, gpu_va::GpuKernelMapping)>,
+    _gpu_user: KVec<(u32, gpu_va::GpuMapping)>,
+    _gpu_kernel: KVec<(u32, gpu_va::GpuMapping)>,
     _kva: Option<gpu_va::KernelVa>,
     _gpus: KVec<(u32, Arc<GpuTable>)>,
 }
@@ -267,6 +274,8 @@ pub(crate) struct MemInfo {
     pub(crate) mapped_gpus: u64,
     /// Whether any GPU has it mapped in its kernel VA space.
     pub(crate) gpu_kernel: bool,
+    /// Whether any GPU has it mapped in its file's user VA space.
+    pub(crate) gpu_user: bool,
     /// The GPU of a vidmem mem.
     pub(crate) vidmem_gpu: Option<u32>,
 }
@@ -328,6 +337,8 @@ impl Mem {
                 state <- new_mutex!(MemState {
                     life: Life::Owned,
                     kmap: None,
+                    gpu_user: KVec::new(),
+                    user_va: None,
                     gpu_kernel: KVec::new(),
                     kva: None,
                     gpus: KVec::new(),
@@ -363,13 +374,18 @@ impl Mem {
 
     /// Everything the mem knows about itself.
     pub(crate) fn info(&self) -> MemInfo {
-        let (cpu_kernel, mapped_gpus, gpu_kernel) = {
+        let (cpu_kernel, mapped_gpus, gpu_kernel, gpu_user) = {
             let st = self.state.lock();
             let mask = st
                 .gpus
                 .iter()
                 .fold(0, |m, (id, _)| m | 1u64.checked_shl(*id).unwrap_or(0));
-            (st.kmap.is_some(), mask, !st.gpu_kernel.is_empty())
+            (
+                st.kmap.is_some(),
+                mask,
+                !st.gpu_kernel.is_empty(),
+                !st.gpu_user.is_empty(),
+            )
         };
         MemInfo {
             size: self.size,
@@ -380,6 +396,7 @@ impl Mem {
             alloc_flags: self.alloc_flags,
             mapped_gpus,
             gpu_kernel,
+            gpu_user,
             vidmem_gpu: self.storage.vidmem_gpu(),
         }
     }
@@ -402,15 +419,19 @@ impl Mem {
     }
 
     /// Frees the mem in its owner's name: it becomes [`Life::Freed`] and gives up its CPU
-    /// kernel mapping, GPU kernel mappings and DMA tables, which the caller drops after zapping
-    /// the user mappings (uvm_mem's order: CPU user, CPU kernel, GPU kernel, GPU phys). The
-    /// chunks go with the last reference.
+    /// kernel mapping, GPU user and kernel mappings and DMA tables, which the caller drops after
+    /// zapping the user mappings (uvm_mem's order: CPU user, CPU kernel, GPU user, GPU kernel,
+    /// GPU phys). The chunks go with the last reference.
     pub(crate) fn retire(&self) -> Retired {
         let mut st = self.state.lock();
         st.life = Life::Freed;
         // INVARIANT: a freed mem keeps no mapping, no VA offset and no table.
         Retired {
             _kmap: st.kmap.take(),
+            _gpu_user: {
+                st.user_va = None;
+                core::mem::replace(&mut st.gpu_user, KVec::new())
+            },
             _gpu_kernel: core::mem::replace(&mut st.gpu_kernel, KVec::new()),
             _kva: st.kva.take(),
             _gpus: core::mem::replace(&mut st.gpus, KVec::new()),

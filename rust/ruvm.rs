@@ -179,6 +179,8 @@ struct RuvmModule {
     _stats: debugfs::File<audit::stats::StatsView>,
     #[pin]
     _audit: debugfs::File<audit::LiveView>,
+    #[pin]
+    _page_tables: debugfs::File<gpu::mmu::TablesView>,
     _debugfs: debugfs::Dir,
 }
 
@@ -210,6 +212,7 @@ impl kernel::InPlaceModule for RuvmModule {
             _edu <- driver::Registration::new(c"ruvm-edu", module),
             _stats <- dir.read_only_file(c"stats", audit::stats::StatsView),
             _audit <- dir.read_only_file(c"audit", audit::LiveView),
+            _page_tables <- dir.read_only_file(c"page_tables", gpu::mmu::TablesView),
             _debugfs: dir,
         })
     }

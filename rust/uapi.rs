@@ -64,4 +64,5 @@ plain_old_data!(
     ruvm_ce_copy_va,
     ruvm_gpu_pt_walk,
     ruvm_test_pt_write,
+    ruvm_mem_gpu_user,
 );

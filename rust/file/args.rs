@@ -112,8 +112,12 @@ spec! {
     ruvm_pmm_check_leak { flags: 0, zero: [reserved] }
     ruvm_test_ce_raw { flags: 0, zero: [reserved] }
     ruvm_test_plant { flags: 0, zero: [reserved] }
-    ruvm_mem_gpu_va { flags: 0, zero: [reserved] }
-    ruvm_ce_copy_va { flags: 0, zero: [reserved] }
-    ruvm_gpu_pt_walk { flags: 0, zero: [reserved] }
-    ruvm_test_pt_write { flags: 0, zero: [reserved] }
+    ruvm_mem_gpu_va { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
+    ruvm_ce_copy_va { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
+    ruvm_gpu_pt_walk { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
+    ruvm_test_pt_write { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
+    ruvm_mem_gpu_user {
+        flags: uapi::ruvm_gpu_user_flags_RUVM_GPU_USER_READ_ONLY,
+        zero: [reserved]
+    }
 }

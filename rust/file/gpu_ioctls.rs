@@ -43,12 +43,78 @@ impl RuvmFile {
         }
     }
 
+    /// `RUVM_IOCTL_MEM_MAP_GPU_USER`.
+    pub(super) fn mem_map_gpu_user(&self, user: UserSlice) -> Result {
+        let args = args::read::<uapi::ruvm_mem_gpu_user>(user)?;
+        let mem = self.mem(args.handle)?;
+        let gpu = gpu::get(args.gpu)?;
+        let mmu = gpu.access()?.mmu()?.clone();
+        let space = self.user_space(&mmu)?;
+        let read_only = args.flags & uapi::ruvm_gpu_user_flags_RUVM_GPU_USER_READ_ONLY != 0;
+        mem.map_gpu_user(&gpu, space, args.va, read_only)
+    }
+
+    /// `RUVM_IOCTL_MEM_UNMAP_GPU_USER`, idempotent.
+    pub(super) fn mem_unmap_gpu_user(&self, user: UserSlice) -> Result {
+        let args = args::read::<uapi::ruvm_mem_gpu>(user)?;
+        self.mem(args.handle)?.unmap_gpu_user(args.gpu);
+        Ok(())
+    }
+
     /// `RUVM_IOCTL_MEM_GPU_VA`.
     pub(super) fn mem_gpu_va(&self, user: UserSlice) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_gpu_va>(user)?;
         let mem = self.mem(args.handle)?;
         gpu::get(args.gpu)?;
-        (args.va, args.page_size) = mem.gpu_va(args.gpu)?;
+        let in_user = args.flags & uapi::ruvm_va_space_flags_RUVM_VA_USER != 0;
+        (args.va, args.page_size) = mem.gpu_va(args.gpu, in_user)?;
+        writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_CE_COPY_VA`: a copy through the GPU's kernel VA space (privileged) or the
+    /// file's user VA space.
+    pub(super) fn ce_copy_va(&self, user: UserSlice) -> Result {
+        let args = args::read::<uapi::ruvm_ce_copy_va>(user)?;
+        let space = self.va_space(args.flags)?;
+        let gpu = gpu::get(args.gpu)?;
+        // Held across the copy: the GPU (and its page tables) cannot go meanwhile.
+        let access = gpu.access()?;
+        access
+            .mmu()?
+            .copy(space, args.dst_va, args.src_va, args.length)
+    }
+
+    /// `RUVM_IOCTL_GPU_PT_WALK` (privileged): the MMU's walk of one address, word by word.
+    pub(super) fn gpu_pt_walk(&self, user: UserSlice) -> Result {
+        cred::require_sys_admin()?;
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_gpu_pt_walk>(user)?;
+        let space = self.va_space(args.flags)?;
+        let gpu = gpu::get(args.gpu)?;
+        let access = gpu.access()?;
+        let w = access.mmu()?.walk(space, args.va);
+        drop(access);
+        args.count = u32::try_from(w.count)?;
+        for (i, (ap, addr, value)) in w.reads.iter().take(w.count).enumerate() {
+            if let (Some(a), Some(v), Some(p)) = (
+                args.entry_addr.get_mut(i),
+                args.entry.get_mut(i),
+                args.entry_aperture.get_mut(i),
+            ) {
+                *a = *addr;
+                *v = *value;
+                // CAST: the two apertures are 0 and 1.
+                *p = aperture(*ap) as u8;
+            }
+        }
+        (args.fault, args.page_size, args.address, args.aperture) = match w.result {
+            Ok(t) => (
+                uapi::ruvm_mmu_fault_RUVM_MMU_OK,
+                t.page_size,
+                t.addr,
+                aperture(t.pte.aperture),
+            ),
+            Err(f) => (fault_code(f), 0, 0, 0),
+        };
         writer.write(&args)
     }
 
@@ -89,49 +155,6 @@ impl RuvmFile {
         (args.address, args.aperture) = mem.gpu_phys(&gpu, args.offset, args.length)?;
         writer.write(&args)
     }
-}
-
-/// `RUVM_IOCTL_CE_COPY_VA` (privileged): a copy through the GPU's kernel VA space.
-pub(super) fn ce_copy_va(user: UserSlice) -> Result {
-    cred::require_sys_admin()?;
-    let args = args::read::<uapi::ruvm_ce_copy_va>(user)?;
-    let gpu = gpu::get(args.gpu)?;
-    // Held across the copy: the GPU (and its page tables) cannot go meanwhile.
-    let access = gpu.access()?;
-    access.mmu()?.copy(args.dst_va, args.src_va, args.length)
-}
-
-/// `RUVM_IOCTL_GPU_PT_WALK` (privileged): the MMU's walk of one address, word by word.
-pub(super) fn gpu_pt_walk(user: UserSlice) -> Result {
-    cred::require_sys_admin()?;
-    let (mut args, mut writer) = args::read_write::<uapi::ruvm_gpu_pt_walk>(user)?;
-    let gpu = gpu::get(args.gpu)?;
-    let access = gpu.access()?;
-    let w = access.mmu()?.walk(args.va);
-    drop(access);
-    args.count = u32::try_from(w.count)?;
-    for (i, (ap, addr, value)) in w.reads.iter().take(w.count).enumerate() {
-        if let (Some(a), Some(v), Some(p)) = (
-            args.entry_addr.get_mut(i),
-            args.entry.get_mut(i),
-            args.entry_aperture.get_mut(i),
-        ) {
-            *a = *addr;
-            *v = *value;
-            // CAST: the two apertures are 0 and 1.
-            *p = aperture(*ap) as u8;
-        }
-    }
-    (args.fault, args.page_size, args.address, args.aperture) = match w.result {
-        Ok(t) => (
-            uapi::ruvm_mmu_fault_RUVM_MMU_OK,
-            t.page_size,
-            t.addr,
-            aperture(t.pte.aperture),
-        ),
-        Err(f) => (fault_code(f), 0, 0, 0),
-    };
-    writer.write(&args)
 }
 
 /// The `enum ruvm_aperture` of an MMU aperture.

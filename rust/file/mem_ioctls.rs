@@ -82,6 +82,9 @@ impl RuvmFile {
         if info.gpu_kernel {
             args.mapped |= u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_KERNEL);
         }
+        if info.gpu_user {
+            args.mapped |= u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_USER);
+        }
         args.user_mappings = info.user_mappings;
         args.alloc_flags = info.alloc_flags;
         args.mapped_gpus = info.mapped_gpus;

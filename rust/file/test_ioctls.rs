@@ -11,7 +11,7 @@ use crate::{
     uapi,
 };
 
-use super::{args, max_alloc_bytes};
+use super::{args, max_alloc_bytes, RuvmFile};
 
 /// `RUVM_IOCTL_TEST_PLANT`: deliberately misbehave so tests can prove the harness notices.
 pub(super) fn plant(user: UserSlice) -> Result {
@@ -72,13 +72,16 @@ pub(super) fn ce_raw(user: UserSlice) -> Result {
     access.read_raw(args.src, len)
 }
 
-/// `RUVM_IOCTL_TEST_PT_WRITE`: overwrite the leaf entry that maps a GPU VA.
-pub(super) fn pt_write(user: UserSlice) -> Result {
-    args::test_gate()?;
-    let (mut args, mut writer) = args::read_write::<uapi::ruvm_test_pt_write>(user)?;
-    let gpu = gpu::get(args.gpu)?;
-    let access = gpu.access()?;
-    args.old = access.mmu()?.write_leaf(args.va, args.value)?;
-    drop(access);
-    writer.write(&args)
+impl RuvmFile {
+    /// `RUVM_IOCTL_TEST_PT_WRITE`: overwrite the leaf entry for a GPU VA.
+    pub(super) fn test_pt_write(&self, user: UserSlice) -> Result {
+        args::test_gate()?;
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_test_pt_write>(user)?;
+        let space = self.va_space(args.flags)?;
+        let gpu = gpu::get(args.gpu)?;
+        let access = gpu.access()?;
+        args.old = access.mmu()?.write_leaf(space, args.va, args.value)?;
+        drop(access);
+        writer.write(&args)
+    }
 }

@@ -1,7 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! A simulated GPU's MMU: the page tables of its kernel VA space, in the GPU's own memory, and
-//! the walk its copy engine does through them, with a TLB.
+//! A simulated GPU's MMU: the page tables of its VA spaces, in the GPU's own memory, and the
+//! walk its copy engine does through them, with a TLB.
+//!
+//! # VA spaces
+//!
+//! A GPU has one kernel VA space ([`KERNEL_SPACE`], where the GPU kernel VA window is) and one
+//! user VA space per open file of `/dev/ruvm` that mapped a mem there (its id is the file's,
+//! [`new_space_id`]); each is a tree of its own. A space's tables go when nothing is mapped in
+//! it; the file's close destroys what is left of its spaces ([`Mmu::destroy_space`]).
 //!
 //! # Tables
 //!
@@ -33,7 +40,10 @@ use kernel::{
     new_mutex,
     prelude::*,
     rbtree::{RBTree, RBTreeNode},
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc, Mutex,
+    },
 };
 
 use crate::{
@@ -46,7 +56,7 @@ use crate::{
 };
 
 use super::{
-    dma::{GpuTable, Tracker},
+    dma::{GpuTable, Pages, Tracker},
     mmu_fmt::{self, Access, Aperture, Fault, Level, Pde, Pte, TableReader, Translation},
     mmu_tree::{self, TableMem, Tree, TreeError},
     pmm::{Pmm, VidChunk},
@@ -62,6 +72,15 @@ pub(crate) const TLB_ENTRIES: usize = 64;
 /// The most words one walk reads (PDE3, PDE2, PDE1, two PDE0 halves, two PTEs).
 pub(crate) const WALK_MAX: usize = 8;
 
+/// The kernel VA space's id.
+pub(crate) const KERNEL_SPACE: u64 = 0;
+
+/// A new user VA space id, never 0 and never reused while the module is loaded.
+pub(crate) fn new_space_id() -> u64 {
+    static NEXT: Atomic<u64> = Atomic::new(1);
+    NEXT.fetch_add(1, Relaxed)
+}
+
 /// Pages mapped between two looks at a pending signal.
 const SIGNAL_EVERY: u64 = 512;
 
@@ -76,14 +95,43 @@ enum TableStore {
 /// One table or directory, counted while it lives.
 struct Table {
     store: TableStore,
+    /// Its bytes, for the tree's own reads and writes (the engine goes through its DMA
+    /// translation instead): the pages, and the table's offset in them.
+    bytes: (Arc<Pages>, usize),
     _tables: Counted,
     _bytes: Counted,
 }
 
-/// A cached translation: the 4 KiB page `tag` (a VA shifted right by 12) is in the page
-/// `pte` maps, of `page_size` bytes.
+impl Table {
+    /// The word at byte `offset` of the table.
+    fn read(&self, offset: usize) -> Option<u64> {
+        let mut b = [0u8; 8];
+        let (pages, at) = &self.bytes;
+        pages.bytes().read(at + offset, &mut b).ok()?;
+        Some(u64::from_le_bytes(b))
+    }
+
+    /// Writes the word at byte `offset` of the table.
+    fn write(&self, offset: usize, value: u64) -> Result {
+        let (pages, at) = &self.bytes;
+        let written = pages.bytes().write(at + offset, &value.to_le_bytes());
+        written
+    }
+}
+
+/// The table holding byte address `addr`, and `addr`'s offset in it: tables are 4 KiB,
+/// aligned to 4 KiB.
+fn table_at(map: &RBTree<u64, Table>, addr: u64) -> Option<(&Table, usize)> {
+    let base = addr & !(TABLE_BYTES - 1);
+    // CAST: below 4 KiB.
+    map.get(&base).map(|t| (t, (addr - base) as usize))
+}
+
+/// A cached translation: the 4 KiB page `tag` (a VA shifted right by 12) of VA space `space`
+/// is in the page `pte` maps, of `page_size` bytes.
 #[derive(Clone, Copy)]
 struct TlbEntry {
+    space: u64,
     tag: u64,
     pte: Pte,
     page_size: u64,
@@ -91,8 +139,8 @@ struct TlbEntry {
 
 /// The MMU's state, under its lock.
 struct MmuState {
-    /// The kernel VA space's tables; `None` while nothing is mapped.
-    tree: Option<Tree>,
+    /// Every VA space with something mapped, by id: its tree.
+    spaces: KVec<(u64, Tree)>,
     /// Every table, by address: who owns its memory (not read by the walk).
     tables: RBTree<u64, Table>,
     tlb: [Option<TlbEntry>; TLB_ENTRIES],
@@ -141,20 +189,21 @@ struct Tables<'a> {
 
 impl TableReader for Tables<'_> {
     fn read(&mut self, aperture: Aperture, addr: u64) -> Option<u64> {
-        self.mmu.read_word(aperture, addr)
+        if aperture != self.mmu.table_aperture() {
+            return None;
+        }
+        let (t, offset) = table_at(self.map, addr)?;
+        t.read(offset)
     }
 }
 
 impl TableMem for Tables<'_> {
     fn write(&mut self, aperture: Aperture, addr: u64, value: u64) -> Result<(), TreeError> {
-        let at = self
-            .mmu
-            .engine_addr(aperture, addr)
-            .ok_or(TreeError::Unreadable)?;
-        self.mmu
-            .sim
-            .write_word(at, value)
-            .map_err(|_| TreeError::Unreadable)
+        if aperture != self.mmu.table_aperture() {
+            return Err(TreeError::Unreadable);
+        }
+        let (t, offset) = table_at(self.map, addr).ok_or(TreeError::Unreadable)?;
+        t.write(offset, value).map_err(|_| TreeError::Unreadable)
     }
 
     fn alloc(&mut self, size: u64) -> Result<Pde, TreeError> {
@@ -192,7 +241,7 @@ impl Mmu {
                 sim,
                 pmm,
                 state <- new_mutex!(MmuState {
-                    tree: None,
+                    spaces: KVec::new(),
                     tables: RBTree::new(),
                     tlb: [None; TLB_ENTRIES],
                     dead: false,
@@ -212,12 +261,13 @@ impl Mmu {
 
     /// A new zeroed table, and where it is.
     fn new_table(&self) -> Result<(Table, Pde)> {
-        let (store, addr) = match &self.pmm {
+        let (store, bytes, addr) = match &self.pmm {
             Some(pmm) => {
                 // Stored chunks are zeroed as they are handed out.
                 let chunk = pmm.alloc(TABLE_BYTES, true)?;
                 let phys = chunk.phys();
-                (TableStore::Vid { _chunk: chunk }, phys)
+                let bytes = pmm.storage_of(phys)?;
+                (TableStore::Vid { _chunk: chunk }, bytes, phys)
             }
             None => {
                 let flags = ChunkFlags {
@@ -229,17 +279,21 @@ impl Mmu {
                     ChunkList::alloc(0, 1, flags, Counted::new(Class::PtBytes, 0), || Ok(()))?;
                 let table = GpuTable::new(
                     self.dma.clone(),
-                    pages,
+                    pages.clone(),
                     self.limit,
                     self.tracker.clone(),
                     Some(self.sim.clone()),
                 )?;
                 let addr = table.addrs().next().ok_or(EINVAL)?;
-                (TableStore::Sys(table), addr)
+                (TableStore::Sys(table), (pages, 0), addr)
             }
         };
+        if addr % TABLE_BYTES != 0 {
+            return Err(EINVAL);
+        }
         let table = Table {
             store,
+            bytes,
             _tables: Counted::new(Class::PtTables, 1),
             _bytes: Counted::new(Class::PtBytes, TABLE_BYTES),
         };
@@ -278,24 +332,52 @@ impl Mmu {
         })
     }
 
-    /// Frees the root when nothing is mapped any more.
-    fn release_if_empty(&self, st: &mut MmuState) {
-        if st.tree.as_ref().is_some_and(|t| self.root_empty(&t.root())) {
-            if let Some(tree) = st.tree.take() {
-                let mut m = Tables {
-                    mmu: self,
-                    map: &mut st.tables,
-                };
-                tree.destroy(&mut m);
-            }
+    /// Where space `space` is in `st.spaces`.
+    fn space_index(st: &MmuState, space: u64) -> Option<usize> {
+        st.spaces.iter().position(|(id, _)| *id == space)
+    }
+
+    /// The root table of space `space`, if anything is mapped in it.
+    fn root_of(st: &MmuState, space: u64) -> Option<Pde> {
+        Self::space_index(st, space)
+            .and_then(|i| st.spaces.get(i))
+            .map(|(_, t)| t.root())
+    }
+
+    /// Frees space `space`'s tables, the root last, whatever they map.
+    fn destroy_in(&self, st: &mut MmuState, space: u64) {
+        let tree = Self::space_index(st, space).and_then(|i| st.spaces.remove(i).ok());
+        if let Some((_, tree)) = tree {
+            let mut m = Tables {
+                mmu: self,
+                map: &mut st.tables,
+            };
+            tree.destroy(&mut m);
         }
     }
 
-    /// Maps `count` pages of `page_size` bytes from `va` on, page `i` as `pte_of(i)` says; all
-    /// or nothing (a failure unmaps what was mapped). `EEXIST` if any page is mapped already,
-    /// `ENODEV` once the GPU is gone; a pending signal stops it (`ERESTARTSYS`).
+    /// Frees space `space`'s root when nothing is mapped in it any more.
+    fn release_if_empty(&self, st: &mut MmuState, space: u64) {
+        if Self::root_of(st, space).is_some_and(|r| self.root_empty(&r)) {
+            self.destroy_in(st, space);
+        }
+    }
+
+    /// Destroys what is left of VA space `space` (its file is closing) and invalidates the TLB.
+    pub(crate) fn destroy_space(&self, space: u64) {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        self.destroy_in(st, space);
+        st.tlb = [None; TLB_ENTRIES];
+    }
+
+    /// Maps `count` pages of `page_size` bytes from `va` on in VA space `space`, page `i` as
+    /// `pte_of(i)` says; all or nothing (a failure unmaps what was mapped). `EEXIST` if any
+    /// page is mapped already, `ENODEV` once the GPU is gone; a pending signal stops it
+    /// (`ERESTARTSYS`).
     pub(crate) fn map(
         &self,
+        space: u64,
         va: u64,
         page_size: u64,
         count: u64,
@@ -306,13 +388,28 @@ impl Mmu {
         if st.dead {
             return Err(ENODEV);
         }
+        if Self::space_index(st, space).is_none() {
+            let mut m = Tables {
+                mmu: self,
+                map: &mut st.tables,
+            };
+            let tree = Tree::new(&mut m).map_err(tree_error)?;
+            let root = tree.root();
+            if st.spaces.push((space, tree), GFP_KERNEL).is_err() {
+                // The tree holds its root only: free it.
+                let mut m = Tables {
+                    mmu: self,
+                    map: &mut st.tables,
+                };
+                m.free(root, mmu_tree::ROOT_SIZE);
+                return Err(ENOMEM);
+            }
+        }
+        let i = Self::space_index(st, space).ok_or(EINVAL)?;
+        let tree = &st.spaces.get(i).ok_or(EINVAL)?.1;
         let mut m = Tables {
             mmu: self,
             map: &mut st.tables,
-        };
-        let tree = match st.tree.take() {
-            Some(t) => t,
-            None => Tree::new(&mut m).map_err(tree_error)?,
         };
         let mut done = 0;
         let r = loop {
@@ -340,24 +437,25 @@ impl Mmu {
                 pr_warn!("sim GPU {}: undoing a mapping at {va:#x}: {e:?}\n", self.id);
             }
         }
-        st.tree = Some(tree);
-        // A new entry replaces no valid one, but a TLB may be refilled by a walk of the old
-        // invalid state only if it cached faults, which it does not; flushed anyway, cheaply.
+        // The TLB caches no faults, so new entries need no flush; done anyway, it is cheap.
         st.tlb = [None; TLB_ENTRIES];
-        self.release_if_empty(st);
+        self.release_if_empty(st, space);
         r
     }
 
     /// Unmaps every page in `[va, va + len)`, invalidates the TLB, and frees the tables left
     /// empty. A failure (tables unreadable: corrupted by a test) is logged; what it could not
     /// free goes when the GPU does.
-    pub(crate) fn unmap(&self, va: u64, len: u64) {
+    pub(crate) fn unmap(&self, space: u64, va: u64, len: u64) {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.dead {
             return;
         }
-        if let Some(tree) = st.tree.as_ref() {
+        let tree = Self::space_index(st, space)
+            .and_then(|i| st.spaces.get(i))
+            .map(|(_, t)| t);
+        if let Some(tree) = tree {
             let mut m = Tables {
                 mmu: self,
                 map: &mut st.tables,
@@ -370,7 +468,7 @@ impl Mmu {
             }
         }
         st.tlb = [None; TLB_ENTRIES];
-        self.release_if_empty(st);
+        self.release_if_empty(st, space);
     }
 
     /// The GPU is going: every table is freed (the root last) and nothing more is mapped.
@@ -379,20 +477,16 @@ impl Mmu {
         let st = &mut *guard;
         st.dead = true;
         st.tlb = [None; TLB_ENTRIES];
-        if let Some(tree) = st.tree.take() {
-            let mut m = Tables {
-                mmu: self,
-                map: &mut st.tables,
-            };
-            tree.destroy(&mut m);
+        while let Some(id) = st.spaces.first().map(|(id, _)| *id) {
+            self.destroy_in(st, id);
         }
         // Whatever a corrupted entry hid from the tree's walk.
         st.tables = RBTree::new();
     }
 
-    /// Translates `va` for `access`, through the TLB: the DMA address the engine reaches it at
-    /// and the bytes left in its page; a logged fault (`EFAULT`) otherwise.
-    fn translate(&self, va: u64, access: Access) -> Result<(u64, u64)> {
+    /// Translates `va` of space `space` for `access`, through the TLB: the DMA address the
+    /// engine reaches it at and the bytes left in its page; a logged fault (`EFAULT`) otherwise.
+    fn translate(&self, space: u64, va: u64, access: Access) -> Result<(u64, u64)> {
         let tag = va >> 12;
         // CAST: the remainder is below `TLB_ENTRIES`.
         let slot = (tag % TLB_ENTRIES as u64) as usize;
@@ -400,20 +494,23 @@ impl Mmu {
         if st.dead {
             return Err(ENODEV);
         }
-        let cached = st.tlb.get(slot).copied().flatten().filter(|e| e.tag == tag);
+        let cached = st
+            .tlb
+            .get(slot)
+            .copied()
+            .flatten()
+            .filter(|e| e.tag == tag && e.space == space);
         let (pte, page_size) = match cached {
             Some(e) => (e.pte, e.page_size),
             None => {
-                let root = st
-                    .tree
-                    .as_ref()
-                    .map(Tree::root)
+                let root = Self::root_of(&st, space)
                     .ok_or_else(|| self.fault(va, Fault::NoPde(Level::Pde3).reason()))?;
                 let mut r = |ap, addr| self.read_word(ap, addr);
                 let t = mmu_fmt::walk(&mut r, &root, va, Access::Read)
                     .map_err(|f| self.fault(va, f.reason()))?;
                 if let Some(e) = st.tlb.get_mut(slot) {
                     *e = Some(TlbEntry {
+                        space,
                         tag,
                         pte: t.pte,
                         page_size: t.page_size,
@@ -434,10 +531,10 @@ impl Mmu {
         Ok((dma, page_size - inside))
     }
 
-    /// The engine copies `len` bytes from GPU VA `src` to `dst`, translating both as it goes;
-    /// `EFAULT` (logged) at the first address that does not translate. A pending signal stops
-    /// it between pieces.
-    pub(crate) fn copy(&self, dst: u64, src: u64, len: u64) -> Result {
+    /// The engine copies `len` bytes from GPU VA `src` to `dst` of VA space `space`, translating
+    /// both as it goes; `EFAULT` (logged) at the first address that does not translate. A
+    /// pending signal stops it between pieces.
+    pub(crate) fn copy(&self, space: u64, dst: u64, src: u64, len: u64) -> Result {
         if len == 0 || dst.checked_add(len).is_none() || src.checked_add(len).is_none() {
             return Err(EINVAL);
         }
@@ -446,8 +543,8 @@ impl Mmu {
             if kernel::current!().signal_pending() {
                 return Err(ERESTARTSYS);
             }
-            let (s, s_left) = self.translate(src + done, Access::Read)?;
-            let (d, d_left) = self.translate(dst + done, Access::Write)?;
+            let (s, s_left) = self.translate(space, src + done, Access::Read)?;
+            let (d, d_left) = self.translate(space, dst + done, Access::Write)?;
             let n = (len - done).min(s_left).min(d_left).min(MAX_PIECE as u64);
             // CAST: at most `MAX_PIECE`, a `usize`.
             self.sim.copy(self.id, d, s, n as usize)?;
@@ -456,12 +553,13 @@ impl Mmu {
         Ok(())
     }
 
-    /// Walks `va` as the engine would (without the TLB), recording every word read.
-    pub(crate) fn walk(&self, va: u64) -> WalkReport {
+    /// Walks `va` of space `space` as the engine would (without the TLB), recording every word
+    /// read.
+    pub(crate) fn walk(&self, space: u64, va: u64) -> WalkReport {
         let st = self.state.lock();
         let mut reads = [(Aperture::SysCoherent, 0, 0); WALK_MAX];
         let mut count = 0;
-        let result = match st.tree.as_ref().map(Tree::root) {
+        let result = match Self::root_of(&st, space) {
             None if va >= mmu_fmt::VA_END => Err(Fault::VaRange),
             None => Err(Fault::NoPde(Level::Pde3)),
             Some(root) => {
@@ -484,12 +582,12 @@ impl Mmu {
         }
     }
 
-    /// Overwrites the leaf entry for `va` (its PTE, or the PDE0 half of a 2 MiB page; for an
+    /// Overwrites the leaf entry for `va` of space `space` (its PTE, or the PDE0 half of a 2 MiB page; for an
     /// address that does not translate, the PTE or PDE0 slot its walk ended at) with `value`
     /// and invalidates the TLB; returns the old entry. `ENXIO` if the walk did not reach a
     /// leaf slot (a directory above it is missing).
-    pub(crate) fn write_leaf(&self, va: u64, value: u64) -> Result<u64> {
-        let w = self.walk(va);
+    pub(crate) fn write_leaf(&self, space: u64, va: u64, value: u64) -> Result<u64> {
+        let w = self.walk(space, va);
         // PDE3, PDE2, PDE1, then the PDE0 half that holds a 2 MiB page.
         const PDE0_LOW: usize = 3;
         let leaf = match w.result {
@@ -522,6 +620,138 @@ impl Mmu {
             })
             .sum();
         (n, sys)
+    }
+}
+
+/// The word `i` of `table`, as the engine reads it (0 where it cannot).
+fn word(mmu: &Mmu, table: &Pde, i: u64) -> u64 {
+    table
+        .addr
+        .checked_add(i * 8)
+        .and_then(|a| mmu.read_word(table.aperture, a))
+        .unwrap_or(0)
+}
+
+impl Mmu {
+    /// Writes every VA space's tree, table by table (`/sys/kernel/debug/ruvm/page_tables`):
+    /// each directory entry, each 2 MiB page, and per leaf table its valid PTEs and the VAs
+    /// they span.
+    pub(crate) fn dump(&self, id: u32, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let st = self.state.lock();
+        let n = st.tables.iter().count() as u64;
+        writeln!(f, "GPU {id}: {n} tables, {} bytes", n * TABLE_BYTES)?;
+        for (space, tree) in st.spaces.iter() {
+            let root = tree.root();
+            match *space {
+                KERNEL_SPACE => writeln!(f, "  kernel VA space")?,
+                s => writeln!(f, "  user VA space {s}")?,
+            }
+            writeln!(f, "    PDE3 table {:?} {:#x}", root.aperture, root.addr)?;
+            self.dump_dir(f, &root, Level::Pde3, 0, 4)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the entries of directory `table` of `level`, whose first entry maps `base`.
+    fn dump_dir(
+        &self,
+        f: &mut core::fmt::Formatter<'_>,
+        table: &Pde,
+        level: Level,
+        base: u64,
+        indent: usize,
+    ) -> core::fmt::Result {
+        let pad = "";
+        for i in 0..level.entries() {
+            let va = base + i * level.span();
+            if level == Level::Pde0 {
+                let (lo, hi) = (word(self, table, 2 * i), word(self, table, 2 * i + 1));
+                if lo == 0 && hi == 0 {
+                    continue;
+                }
+                match mmu_fmt::Pde0::decode([lo, hi]) {
+                    mmu_fmt::Pde0::Page(p) => writeln!(
+                        f,
+                        "{pad:indent$}PDE0[{i}] VA {va:#x}: 2M page {:?} {:#x}{}",
+                        p.aperture,
+                        p.addr,
+                        if p.read_only { " read-only" } else { "" }
+                    )?,
+                    mmu_fmt::Pde0::Dual { big, small } => {
+                        writeln!(f, "{pad:indent$}PDE0[{i}] VA {va:#x}: dual")?;
+                        for (t, l) in [(big, Level::Pte64K), (small, Level::Pte4K)] {
+                            if let Some(t) = t {
+                                self.dump_leaf(f, &t, l, va, indent + 2)?;
+                            }
+                        }
+                    }
+                    mmu_fmt::Pde0::Invalid => {
+                        writeln!(f, "{pad:indent$}PDE0[{i}]: invalid {lo:#x} {hi:#x}")?
+                    }
+                }
+                continue;
+            }
+            let e = word(self, table, i);
+            if e == 0 {
+                continue;
+            }
+            match (Pde::decode(e), level.next()) {
+                (Some(t), Some(next)) => {
+                    writeln!(
+                        f,
+                        "{pad:indent$}{level:?}[{i}] VA {va:#x}: {next:?} table {:?} {:#x}",
+                        t.aperture, t.addr
+                    )?;
+                    self.dump_dir(f, &t, next, va, indent + 2)?;
+                }
+                _ => writeln!(f, "{pad:indent$}{level:?}[{i}]: not a PDE {e:#x}")?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes leaf table `table` of `level`: its valid PTEs and the VAs they span.
+    fn dump_leaf(
+        &self,
+        f: &mut core::fmt::Formatter<'_>,
+        table: &Pde,
+        level: Level,
+        base: u64,
+        indent: usize,
+    ) -> core::fmt::Result {
+        let pad = "";
+        let mut valid = 0u64;
+        let mut span: Option<(u64, u64)> = None;
+        for i in 0..level.entries() {
+            if Pte::decode(word(self, table, i)).is_some() {
+                valid += 1;
+                let va = base + i * level.span();
+                let (lo, _) = span.unwrap_or((va, va));
+                span = Some((lo, va + level.span()));
+            }
+        }
+        let (lo, hi) = span.unwrap_or((base, base));
+        writeln!(
+            f,
+            "{pad:indent$}{level:?} table {:?} {:#x}: {valid} valid PTEs, VA {lo:#x}..{hi:#x}",
+            table.aperture, table.addr
+        )
+    }
+}
+
+/// `/sys/kernel/debug/ruvm/page_tables`: the page tables of every present GPU with an MMU.
+pub(crate) struct TablesView;
+
+impl kernel::debugfs::Writer for TablesView {
+    fn write(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let mmus = super::mmus().map_err(|_| core::fmt::Error)?;
+        if mmus.is_empty() {
+            writeln!(f, "no GPU with an MMU")?;
+        }
+        for (id, mmu) in mmus.iter() {
+            mmu.dump(*id, f)?;
+        }
+        Ok(())
     }
 }
 

@@ -393,6 +393,10 @@ impl Tree {
 
     /// Unmaps every page in `[va, va + len)` (mapped with any page size) and frees the tables
     /// left empty. How many pages were unmapped.
+    ///
+    /// The pages go from the last down: what is left of the range is then at the low end of
+    /// each table, where the check for an empty table (from its first entry up) stops at once,
+    /// so unmapping n pages costs O(n), not O(n x table size).
     pub(crate) fn unmap_range<M: TableMem>(
         &self,
         m: &mut M,
@@ -404,42 +408,43 @@ impl Tree {
             return Err(TreeError::Invalid);
         }
         let mut n = 0;
-        let mut at = va;
-        while at < end {
-            // The page mapped at `at`, if any, and the next VA to look at.
-            let step = match self.pde0(m, at, false)? {
-                Err(level) => level.span() - (at & (level.span() - 1)),
-                Ok(pde0) => match read_pde0(m, &pde0, at)? {
-                    Pde0::Invalid => Level::Pde0.span() - (at & (Level::Pde0.span() - 1)),
+        let mut at = end;
+        while at > va {
+            // The last 4 KiB page below `at`, what maps it, and where to look next.
+            let p = at - 0x1000;
+            let down = |span: u64| p & !(span - 1);
+            at = match self.pde0(m, p, false)? {
+                Err(level) => down(level.span()),
+                Ok(pde0) => match read_pde0(m, &pde0, p)? {
+                    Pde0::Invalid => down(Level::Pde0.span()),
                     Pde0::Page(_) => {
-                        self.unmap(m, at & !(Level::Pde0.span() - 1), Level::Pde0.span())?;
+                        self.unmap(m, down(Level::Pde0.span()), Level::Pde0.span())?;
                         n += 1;
-                        Level::Pde0.span() - (at & (Level::Pde0.span() - 1))
+                        down(Level::Pde0.span())
                     }
                     Pde0::Dual { big, small } => {
                         let big_mapped = match big {
-                            Some(t) => read(m, &t, Level::Pte64K, Level::Pte64K.index(at), 0)? != 0,
+                            Some(t) => read(m, &t, Level::Pte64K, Level::Pte64K.index(p), 0)? != 0,
                             None => false,
                         };
                         let small_mapped = match small {
-                            Some(t) => read(m, &t, Level::Pte4K, Level::Pte4K.index(at), 0)? != 0,
+                            Some(t) => read(m, &t, Level::Pte4K, Level::Pte4K.index(p), 0)? != 0,
                             None => false,
                         };
                         if big_mapped {
-                            self.unmap(m, at & !0xffff, 0x10000)?;
+                            self.unmap(m, down(0x10000), 0x10000)?;
                             n += 1;
-                            0x10000 - (at & 0xffff)
+                            down(0x10000)
                         } else {
                             if small_mapped {
-                                self.unmap(m, at, 0x1000)?;
+                                self.unmap(m, p, 0x1000)?;
                                 n += 1;
                             }
-                            0x1000
+                            p
                         }
                     }
                 },
             };
-            at = at.saturating_add(step);
         }
         Ok(n)
     }

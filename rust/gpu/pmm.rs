@@ -295,6 +295,16 @@ impl Pmm {
         Ok(base + phys % CHUNK_MAX)
     }
 
+    /// The storage that holds vidmem address `phys` (if its root chunk has storage), and
+    /// `phys`'s byte offset in it.
+    pub(crate) fn storage_of(&self, phys: u64) -> Result<(Arc<Pages>, usize)> {
+        let st = self.state.lock();
+        let root = st.roots.get(root_index(phys));
+        let store = root.and_then(|r| r.store.as_ref()).ok_or(ENXIO)?;
+        // CAST: below 2 MiB.
+        Ok((store.pages.clone(), (phys % CHUNK_MAX) as usize))
+    }
+
     /// The GPU is going: nothing more is handed out, and the storage of every root is dropped
     /// (unmapped while the device is still bound). Chunks still held stay valid to free.
     pub(crate) fn kill(&self) {

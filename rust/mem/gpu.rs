@@ -1,22 +1,23 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! A mem as GPUs see it: its per-GPU DMA address tables (uvm_mem's `map_gpu_phys`), its
-//! mappings in GPU kernel VA spaces (`map_gpu_kernel`), the addresses a GPU reaches it at, and
-//! copies by a GPU's copy engine.
+//! mappings in GPU kernel VA spaces (`map_gpu_kernel`) and in its file's user VA spaces
+//! (`map_gpu_user`), the addresses a GPU reaches it at, and copies by a GPU's copy engine.
 
 use kernel::{prelude::*, sync::Arc};
 
 use crate::{
     gpu::{
         dma::{GpuTable, Pages},
-        mmu_fmt::{Aperture, Pte},
+        mmu::KERNEL_SPACE,
+        mmu_fmt::{Aperture, Pte, VA_END},
         GpuAccess, GpuDev,
     },
     uapi,
 };
 
 use super::{
-    gpu_va::{GpuKernelMapping, KernelVa},
+    gpu_va::{GpuMapping, KernelVa, UserVa},
     storage::Storage,
     storage::VidPages,
     Mem, MemCore, MemState,
@@ -39,16 +40,32 @@ impl EngineView<'_> {
     }
 }
 
-/// What a mem gave up on one GPU, dropped in field order: the kernel VA mapping, the VA offset
-/// (if no GPU has the mem mapped any more), then the DMA table.
+/// What a mem gave up on one GPU, dropped in field order: the user VA mapping, the kernel VA
+/// mapping, the VA offset (if no GPU has the mem mapped any more), then the DMA table.
 pub(super) struct GpuTeardown {
-    _kernel: Option<GpuKernelMapping>,
+    _user: Option<GpuMapping>,
+    _kernel: Option<GpuMapping>,
     _kva: Option<KernelVa>,
     _table: Option<Arc<GpuTable>>,
 }
 
+/// Takes the user VA mapping of GPU `id` out of `st`; the user VA is forgotten with the last.
+fn take_user(st: &mut MemState, id: u32) -> Option<GpuMapping> {
+    let mapping = st
+        .gpu_user
+        .iter()
+        .position(|(g, _)| *g == id)
+        .and_then(|at| st.gpu_user.remove(at).ok())
+        .map(|(_, m)| m);
+    // INVARIANT: the user VA goes with the last GPU user mapping.
+    if st.gpu_user.is_empty() {
+        st.user_va = None;
+    }
+    mapping
+}
+
 /// Takes the kernel VA mapping of GPU `id` out of `st`, and the VA offset with the last.
-fn take_kernel(st: &mut MemState, id: u32) -> (Option<GpuKernelMapping>, Option<KernelVa>) {
+fn take_kernel(st: &mut MemState, id: u32) -> (Option<GpuMapping>, Option<KernelVa>) {
     let mapping = st
         .gpu_kernel
         .iter()
@@ -65,10 +82,11 @@ fn take_kernel(st: &mut MemState, id: u32) -> (Option<GpuKernelMapping>, Option<
 }
 
 impl MemCore {
-    /// Takes everything of GPU `id` out of the mem: its kernel VA mapping first, then its DMA
-    /// table (uvm_mem's `unmap_gpu_phys` drops the GPU's virtual mappings first).
+    /// Takes everything of GPU `id` out of the mem: its user and kernel VA mappings first, then
+    /// its DMA table (uvm_mem's `unmap_gpu_phys` drops the GPU's virtual mappings first).
     pub(super) fn take_gpu(&self, id: u32) -> GpuTeardown {
         let mut st = self.state.lock();
+        let user = take_user(&mut st, id);
         let (kernel, kva) = take_kernel(&mut st, id);
         let table = st
             .gpus
@@ -77,6 +95,7 @@ impl MemCore {
             .and_then(|at| st.gpus.remove(at).ok())
             .map(|(_, t)| t);
         GpuTeardown {
+            _user: user,
             _kernel: kernel,
             _kva: kva,
             _table: table,
@@ -179,7 +198,7 @@ impl Mem {
             Some(k) => k,
             None => KernelVa::new(len, chunk)?,
         };
-        let mapped = GpuKernelMapping::new(mmu, kva.va(), len, page_size, pte_of);
+        let mapped = GpuMapping::new(mmu, KERNEL_SPACE, kva.va(), len, page_size, pte_of);
         // INVARIANT: the offset stays only while a GPU has the mem mapped.
         if mapped.is_ok() || !st.gpu_kernel.is_empty() {
             st.kva = Some(kva);
@@ -206,12 +225,74 @@ impl Mem {
         drop(kva);
     }
 
-    /// Where GPU `id` sees the mem in its kernel VA space: the VA and the page size; `ENXIO`
-    /// if it is not mapped there.
-    pub(crate) fn gpu_va(&self, id: u32) -> Result<(u64, u64)> {
+    /// Maps the mem at `va` of VA space `space` (its file's) on `gpu`, read-only if asked,
+    /// DMA-mapping it first (not undone if a later step fails). The first GPU user mapping
+    /// fixes the VA for every GPU. Idempotent for the same VA. `EOPNOTSUPP` on a GPU without
+    /// an MMU or for vidmem (user mappings are of sysmem, as in uvm_mem); `EINVAL` a size that
+    /// is not whole chunks, a VA not aligned to the chunk size or another than the mem's user
+    /// VA; `ERANGE` past the GPU's VA width; `EEXIST` over another mapping.
+    pub(crate) fn map_gpu_user(
+        &self,
+        gpu: &GpuDev,
+        space: u64,
+        va: u64,
+        read_only: bool,
+    ) -> Result {
+        // Held across the mapping: the GPU cannot be removed meanwhile.
+        let access = gpu.access()?;
+        let mmu = access.mmu()?.clone();
+        let Storage::Sys(pages) = &self.storage else {
+            return Err(crate::bind::errno::eopnotsupp());
+        };
+        let chunk = self.layout.chunk_size;
+        let len = self.layout.physical_size;
+        if self.size != len || va % chunk != 0 {
+            return Err(EINVAL);
+        }
+        if va.checked_add(len).is_none_or(|end| end > VA_END) {
+            return Err(ERANGE);
+        }
+        let want = UserVa { space, va };
+        let mut st = self.state.lock();
+        st.mappable()?;
+        if st.user_va.is_some_and(|u| u != want) {
+            return Err(EINVAL);
+        }
+        if st.gpu_user.iter().any(|(g, _)| *g == gpu.id) {
+            return Ok(());
+        }
+        let table = table_for(&mut st, &access, gpu.id, pages)?;
+        let page_size = gpu_page_size(false, chunk, gpu.page_sizes)?;
+        let pte_of = |i: u64| -> Result<Pte> {
+            let offset = usize::try_from(i.checked_mul(page_size).ok_or(EINVAL)?)?;
+            Ok(Pte {
+                volatile: true,
+                read_only,
+                ..Pte::new(table.addr(offset)?, Aperture::SysCoherent)
+            })
+        };
+        let mapping = GpuMapping::new(mmu, space, va, len, page_size, pte_of)?;
+        // The mapping is dropped (unmapped) if the push fails.
+        st.gpu_user.push((gpu.id, mapping), GFP_KERNEL)?;
+        // INVARIANT: set with the first GPU user mapping.
+        st.user_va = Some(want);
+        drop(st);
+        drop(access);
+        Ok(())
+    }
+
+    /// Drops the mem's mapping in its file's user VA space of GPU `id`. Idempotent.
+    pub(crate) fn unmap_gpu_user(&self, id: u32) {
+        let mapping = take_user(&mut self.state.lock(), id);
+        drop(mapping);
+    }
+
+    /// Where GPU `id` sees the mem in its kernel VA space (or with `user`, its file's user VA
+    /// space): the VA and the page size; `ENXIO` if it is not mapped there.
+    pub(crate) fn gpu_va(&self, id: u32, user: bool) -> Result<(u64, u64)> {
         let st = self.state.lock();
-        st.gpu_kernel
-            .iter()
+        let list = if user { &st.gpu_user } else { &st.gpu_kernel };
+        list.iter()
             .find(|(g, _)| *g == id)
             .map(|(_, m)| m.va())
             .ok_or(ENXIO)

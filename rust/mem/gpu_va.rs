@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! A mem in GPU virtual address spaces: its offset in the GPU kernel VA window (one per mem,
-//! the same on every GPU: uvm_mem's `kernel.range_alloc`) and its kernel mapping on each GPU
-//! with an MMU.
+//! the same on every GPU: uvm_mem's `kernel.range_alloc`), its user VA (chosen by its file,
+//! one for every GPU: uvm_mem's `user` struct), and its mapping in one VA space of a GPU with
+//! an MMU.
 //!
 //! The window is `RUVM_GPU_KERNEL_VA_SIZE` (128 GiB) at `RUVM_GPU_KERNEL_VA_BASE` of every
 //! GPU's VA space, handed out by the kernel's maple tree in 4 KiB units, first fit: an offset
@@ -93,27 +94,38 @@ impl Drop for KernelVa {
     }
 }
 
-/// A mem mapped in one GPU's kernel VA space; unmapped on drop.
-pub(crate) struct GpuKernelMapping {
+/// Where a mem is in its file's user VA spaces: the same VA on every GPU it is mapped on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UserVa {
+    /// The file's VA space id.
+    pub(crate) space: u64,
+    pub(crate) va: u64,
+}
+
+/// A mem mapped in one VA space of one GPU; unmapped on drop.
+pub(crate) struct GpuMapping {
     mmu: Arc<Mmu>,
+    space: u64,
     va: u64,
     len: u64,
     page_size: u64,
 }
 
-impl GpuKernelMapping {
-    /// Maps `len` bytes at `va` on `mmu` with pages of `page_size`, page `i` as `pte_of(i)`
-    /// says; all or nothing.
+impl GpuMapping {
+    /// Maps `len` bytes at `va` of VA space `space` on `mmu` with pages of `page_size`, page
+    /// `i` as `pte_of(i)` says; all or nothing.
     pub(super) fn new(
         mmu: Arc<Mmu>,
+        space: u64,
         va: u64,
         len: u64,
         page_size: u64,
         pte_of: impl FnMut(u64) -> Result<crate::gpu::mmu_fmt::Pte>,
     ) -> Result<Self> {
-        mmu.map(va, page_size, len / page_size, pte_of)?;
+        mmu.map(space, va, page_size, len / page_size, pte_of)?;
         Ok(Self {
             mmu,
+            space,
             va,
             len,
             page_size,
@@ -126,8 +138,8 @@ impl GpuKernelMapping {
     }
 }
 
-impl Drop for GpuKernelMapping {
+impl Drop for GpuMapping {
     fn drop(&mut self) {
-        self.mmu.unmap(self.va, self.len);
+        self.mmu.unmap(self.space, self.va, self.len);
     }
 }

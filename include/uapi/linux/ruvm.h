@@ -81,7 +81,8 @@ struct ruvm_info {
 #define RUVM_FEATURE_GPU_ATTACH (1ULL << 7)
 /*
  * GPU virtual mappings on GPUs with an MMU (RUVM_GPU_MMU): MEM_MAP_GPU_KERNEL,
- * MEM_UNMAP_GPU_KERNEL, MEM_GPU_VA, CE_COPY_VA, GPU_PT_WALK.
+ * MEM_UNMAP_GPU_KERNEL, MEM_MAP_GPU_USER, MEM_UNMAP_GPU_USER, MEM_GPU_VA, CE_COPY_VA,
+ * GPU_PT_WALK.
  */
 #define RUVM_FEATURE_GPU_VA (1ULL << 8)
 #define RUVM_FEATURES_ALL                                                                   \
@@ -170,6 +171,8 @@ enum ruvm_mapped {
 	RUVM_MAPPED_CPU_USER = 1 << 1,
 	/* Mapped in the GPU kernel VA window of at least one GPU (RUVM_IOCTL_MEM_MAP_GPU_KERNEL). */
 	RUVM_MAPPED_GPU_KERNEL = 1 << 2,
+	/* Mapped in its file's user VA space of at least one GPU (RUVM_IOCTL_MEM_MAP_GPU_USER). */
+	RUVM_MAPPED_GPU_USER = 1 << 3,
 };
 
 /**
@@ -795,14 +798,52 @@ struct ruvm_pmm_check_leak {
 /* The width of a GPU virtual address (NVIDIA's MMU version 2, Pascal and later). */
 #define RUVM_GPU_VA_BITS 49
 
+/*
+ * Which of a GPU's VA spaces an address is in (the flags of ruvm_mem_gpu_va, ruvm_ce_copy_va,
+ * ruvm_gpu_pt_walk, ruvm_test_pt_write). Without it: the GPU's kernel VA space.
+ */
+enum ruvm_va_space_flags {
+	/* The calling file's user VA space on that GPU (RUVM_IOCTL_MEM_MAP_GPU_USER). */
+	RUVM_VA_USER = 1 << 0,
+};
+
+/* ruvm_mem_gpu_user.flags */
+enum ruvm_gpu_user_flags {
+	/* Map read-only: the GPU's writes through the mapping fault. */
+	RUVM_GPU_USER_READ_ONLY = 1 << 0,
+};
+
+/**
+ * struct ruvm_mem_gpu_user - map a mem at a user-chosen GPU VA (RUVM_IOCTL_MEM_MAP_GPU_USER)
+ *
+ * uvm_mem's map_gpu_user: the mem (sysmem, whose size is a whole number of chunks) is mapped
+ * at @va of the calling file's user VA space on the GPU, DMA-mapped for it first. The first
+ * GPU mapping fixes the VA: the mem has one user VA on every GPU. Unmapped with
+ * RUVM_IOCTL_MEM_UNMAP_GPU_USER (struct ruvm_mem_gpu); the file's close tears its VA spaces
+ * down.
+ *
+ * @handle:   (in) the mem
+ * @gpu:      (in) the GPU's id
+ * @flags:    (in) enum ruvm_gpu_user_flags
+ * @va:       (in) where, aligned to the chunk size, below 2^RUVM_GPU_VA_BITS
+ * @reserved: (in) must be 0
+ */
+struct ruvm_mem_gpu_user {
+	__u64 handle;
+	__u32 gpu;
+	__u32 flags;
+	__u64 va;
+	__u64 reserved[2];
+};
+
 /**
  * struct ruvm_mem_gpu_va - where a GPU sees a mem (RUVM_IOCTL_MEM_GPU_VA)
  *
- * ENXIO unless the mem is mapped in the GPU's kernel VA window.
+ * ENXIO unless the mem is mapped in that VA space of the GPU.
  *
  * @handle:    (in)  the mem
  * @gpu:       (in)  the GPU's id
- * @flags:     (in)  must be 0
+ * @flags:     (in)  enum ruvm_va_space_flags: RUVM_VA_USER for the user VA
  * @va:        (out) the GPU virtual address of the mem's first byte
  * @page_size: (out) the size of the GPU pages mapping it
  * @reserved:  (in)  must be 0
@@ -820,15 +861,15 @@ struct ruvm_mem_gpu_va {
  * struct ruvm_ce_copy_va - copy bytes with a GPU's copy engine through GPU virtual addresses
  *                          (RUVM_IOCTL_CE_COPY_VA)
  *
- * Privileged (CAP_SYS_ADMIN): the kernel VA window holds every file's mems. The engine
- * translates both addresses, in the GPU's kernel VA space, by walking the page tables in
- * memory (through its TLB); an address no valid PTE maps, a write through a read-only PTE, or
+ * Privileged (CAP_SYS_ADMIN) in the kernel VA space, which holds every file's mems; with
+ * RUVM_VA_USER, in the calling file's user VA space, open to anyone. The engine translates
+ * both addresses by walking the page tables in memory (through its TLB); an address no valid PTE maps, a write through a read-only PTE, or
  * an address past RUVM_GPU_VA_BITS is an MMU fault: EFAULT, and a line
  * "ruvm: sim GPU N: MMU fault at VA 0x..., <reason>" in the kernel log. Bytes before the
  * faulting piece may have been copied. EOPNOTSUPP on a GPU without an MMU.
  *
  * @gpu:      (in) the GPU's id
- * @flags:    (in) must be 0
+ * @flags:    (in) enum ruvm_va_space_flags
  * @dst_va:   (in) destination GPU virtual address
  * @src_va:   (in) source GPU virtual address
  * @length:   (in) bytes, > 0
@@ -859,14 +900,14 @@ enum ruvm_mmu_fault {
 /**
  * struct ruvm_gpu_pt_walk - the MMU's walk of one address, word by word (RUVM_IOCTL_GPU_PT_WALK)
  *
- * Privileged (CAP_SYS_ADMIN). The GPU's MMU walks @va in its kernel VA space as the copy
- * engine would (no TLB) and reports every 8-byte word it read, in order: PDE3, PDE2, PDE1,
+ * Privileged (CAP_SYS_ADMIN). The GPU's MMU walks @va in its kernel VA space (or with
+ * RUVM_VA_USER the calling file's user VA space) as the copy engine would (no TLB) and reports every 8-byte word it read, in order: PDE3, PDE2, PDE1,
  * the two halves of the PDE0 entry (big-page table, small-page table), then the 64K PTE
  * and/or the 4K PTE. The entries are in NVIDIA's MMU version 2 format (Documentation/ruvm.rst,
  * "GPU virtual mappings"). A fault is reported in @fault, not as an error.
  *
  * @gpu:            (in)  the GPU's id
- * @flags:          (in)  must be 0
+ * @flags:          (in)  enum ruvm_va_space_flags
  * @va:             (in)  the GPU virtual address
  * @count:          (out) words read (at most RUVM_PT_WALK_MAX)
  * @fault:          (out) enum ruvm_mmu_fault
@@ -899,14 +940,14 @@ struct ruvm_gpu_pt_walk {
  * struct ruvm_test_pt_write - overwrite the PTE that maps a GPU VA (RUVM_IOCTL_TEST_PT_WRITE)
  *
  * Test-only, gated like RUVM_IOCTL_TEST_PLANT: the leaf entry for @va in the GPU's kernel VA
- * space (the PTE, or the PDE0 half of a 2 MiB page; for an address that does not translate,
+ * space (or with RUVM_VA_USER the calling file's user VA space) (the PTE, or the PDE0 half of a 2 MiB page; for an address that does not translate,
  * the PTE or PDE0 slot where the MMU's walk ended) is overwritten with @value and the GPU's
  * TLB invalidated, as a driver changing a PTE would. ENXIO if the walk ends above the leaf
  * level (a directory is missing). Used to prove that the engine reads the tables as written;
  * the entry should be put back before the mem is unmapped.
  *
  * @gpu:      (in)  the GPU's id
- * @flags:    (in)  must be 0
+ * @flags:    (in)  enum ruvm_va_space_flags
  * @va:       (in)  a mapped GPU virtual address
  * @value:    (in)  the new entry
  * @old:      (out) the entry it replaced
@@ -991,6 +1032,8 @@ enum {
 	RUVM_IOCTL_MEM_GPU_VA = _IOWR(RUVM_IOCTL_MAGIC, 0x2c, struct ruvm_mem_gpu_va),
 	RUVM_IOCTL_CE_COPY_VA = _IOWR(RUVM_IOCTL_MAGIC, 0x2d, struct ruvm_ce_copy_va),
 	RUVM_IOCTL_GPU_PT_WALK = _IOWR(RUVM_IOCTL_MAGIC, 0x2e, struct ruvm_gpu_pt_walk),
+	RUVM_IOCTL_MEM_MAP_GPU_USER = _IOWR(RUVM_IOCTL_MAGIC, 0x2f, struct ruvm_mem_gpu_user),
+	RUVM_IOCTL_MEM_UNMAP_GPU_USER = _IOWR(RUVM_IOCTL_MAGIC, 0x30, struct ruvm_mem_gpu),
 	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =

@@ -84,6 +84,10 @@ commands! {
     MEM_MAP_GPU_KERNEL: ruvm_mem_gpu = RUVM_IOCTL_MEM_MAP_GPU_KERNEL;
     /// Remove a mem's mapping in a GPU's kernel VA space.
     MEM_UNMAP_GPU_KERNEL: ruvm_mem_gpu = RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL;
+    /// Map a mem at a user-chosen VA of a GPU.
+    MEM_MAP_GPU_USER: ruvm_mem_gpu_user = RUVM_IOCTL_MEM_MAP_GPU_USER;
+    /// Remove a mem's GPU user mapping.
+    MEM_UNMAP_GPU_USER: ruvm_mem_gpu = RUVM_IOCTL_MEM_UNMAP_GPU_USER;
     /// Where a GPU sees a mem in its kernel VA space.
     MEM_GPU_VA: ruvm_mem_gpu_va = RUVM_IOCTL_MEM_GPU_VA;
     /// Copy with a GPU's copy engine through GPU virtual addresses.

@@ -76,7 +76,17 @@ ioctl_args!(
     uapi::ruvm_ce_copy_va,
     uapi::ruvm_gpu_pt_walk,
     uapi::ruvm_test_pt_write,
+    uapi::ruvm_mem_gpu_user,
 );
+
+/// The `enum ruvm_va_space_flags` of a VA space: the caller's user VA space, or the kernel's.
+fn space_flags(user: bool) -> u32 {
+    if user {
+        uapi::ruvm_va_space_flags_RUVM_VA_USER
+    } else {
+        0
+    }
+}
 
 impl Ruvm {
     /// Uses a descriptor of `/dev/ruvm` that this process inherited (`ruvmctl --fd N`), so that
@@ -367,21 +377,64 @@ impl Ruvm {
         self.call(cmd, &mut a)
     }
 
-    /// `RUVM_IOCTL_MEM_GPU_VA`: the mem's GPU kernel VA on `gpu` and its page size.
-    pub fn gpu_va(&self, handle: u64, gpu: u32) -> Result<(u64, u64), Errno> {
+    /// `RUVM_IOCTL_MEM_MAP_GPU_USER`: map at `va` of this file's user VA space on `gpu`.
+    pub fn map_gpu_user(
+        &self,
+        handle: u64,
+        gpu: u32,
+        va: u64,
+        read_only: bool,
+    ) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_mem_gpu_user {
+            handle,
+            gpu,
+            va,
+            flags: if read_only {
+                uapi::ruvm_gpu_user_flags_RUVM_GPU_USER_READ_ONLY
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        self.call(cmd::MEM_MAP_GPU_USER, &mut a)
+    }
+
+    /// `RUVM_IOCTL_MEM_UNMAP_GPU_USER`.
+    pub fn unmap_gpu_user(&self, handle: u64, gpu: u32) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_mem_gpu {
+            handle,
+            gpu,
+            ..Default::default()
+        };
+        self.call(cmd::MEM_UNMAP_GPU_USER, &mut a)
+    }
+
+    /// `RUVM_IOCTL_MEM_GPU_VA`: the mem's GPU VA on `gpu` (kernel, or with `user` this file's
+    /// user VA) and its page size.
+    pub fn gpu_va(&self, handle: u64, gpu: u32, user: bool) -> Result<(u64, u64), Errno> {
         let mut a = uapi::ruvm_mem_gpu_va {
             handle,
             gpu,
+            flags: space_flags(user),
             ..Default::default()
         };
         self.call(cmd::MEM_GPU_VA, &mut a)?;
         Ok((a.va, a.page_size))
     }
 
-    /// `RUVM_IOCTL_CE_COPY_VA`: `length` bytes from GPU VA `src` to `dst`.
-    pub fn ce_copy_va(&self, gpu: u32, dst: u64, src: u64, length: u64) -> Result<(), Errno> {
+    /// `RUVM_IOCTL_CE_COPY_VA`: `length` bytes from GPU VA `src` to `dst` (of the kernel VA
+    /// space, or with `user` this file's).
+    pub fn ce_copy_va(
+        &self,
+        gpu: u32,
+        dst: u64,
+        src: u64,
+        length: u64,
+        user: bool,
+    ) -> Result<(), Errno> {
         let mut a = uapi::ruvm_ce_copy_va {
             gpu,
+            flags: space_flags(user),
             dst_va: dst,
             src_va: src,
             length,
@@ -391,10 +444,11 @@ impl Ruvm {
     }
 
     /// `RUVM_IOCTL_GPU_PT_WALK`: the MMU's walk of `va`, word by word.
-    pub fn pt_walk(&self, gpu: u32, va: u64) -> Result<uapi::ruvm_gpu_pt_walk, Errno> {
+    pub fn pt_walk(&self, gpu: u32, va: u64, user: bool) -> Result<uapi::ruvm_gpu_pt_walk, Errno> {
         let mut a = uapi::ruvm_gpu_pt_walk {
             gpu,
             va,
+            flags: space_flags(user),
             ..Default::default()
         };
         self.call(cmd::GPU_PT_WALK, &mut a)?;
@@ -402,9 +456,10 @@ impl Ruvm {
     }
 
     /// `RUVM_IOCTL_TEST_PT_WRITE`: overwrite the leaf entry of `va`; returns the old one.
-    pub fn test_pt_write(&self, gpu: u32, va: u64, value: u64) -> Result<u64, Errno> {
+    pub fn test_pt_write(&self, gpu: u32, va: u64, value: u64, user: bool) -> Result<u64, Errno> {
         let mut a = uapi::ruvm_test_pt_write {
             gpu,
+            flags: space_flags(user),
             va,
             value,
             ..Default::default()

@@ -149,35 +149,53 @@ pub enum Cmd {
         #[command(subcommand)]
         action: GpuAction,
     },
-    /// DMA-map every chunk of a mem for a GPU (RUVM_IOCTL_MEM_MAP_GPU), or with --kernel map
-    /// it in the GPU's kernel VA space (RUVM_IOCTL_MEM_MAP_GPU_KERNEL); idempotent.
+    /// DMA-map every chunk of a mem for a GPU (RUVM_IOCTL_MEM_MAP_GPU); with --kernel map it
+    /// at its GPU kernel VA (RUVM_IOCTL_MEM_MAP_GPU_KERNEL), with --user VA at a GPU VA of this
+    /// file's (RUVM_IOCTL_MEM_MAP_GPU_USER); idempotent.
     MapGpu {
         handle: u64,
         gpu: u32,
         /// Map it at its GPU kernel VA (DMA-mapping it first if it is sysmem).
         #[arg(long)]
         kernel: bool,
+        /// Map it at this VA of the file's user VA space on the GPU.
+        #[arg(long, value_parser = parse_size, conflicts_with = "kernel")]
+        user: Option<u64>,
+        /// With --user: read-only for the GPU.
+        #[arg(long, requires = "user")]
+        read_only: bool,
     },
-    /// Drop a mem's DMA table for a GPU and its GPU virtual mapping (RUVM_IOCTL_MEM_UNMAP_GPU),
-    /// or with --kernel only its GPU kernel VA mapping (RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL);
-    /// idempotent.
+    /// Drop a mem's DMA table for a GPU and its GPU virtual mappings (RUVM_IOCTL_MEM_UNMAP_GPU);
+    /// with --kernel only its GPU kernel VA mapping (RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL), with
+    /// --user only its GPU user mapping (RUVM_IOCTL_MEM_UNMAP_GPU_USER); idempotent.
     UnmapGpu {
         handle: u64,
         gpu: u32,
         /// Drop only the GPU kernel VA mapping.
         #[arg(long)]
         kernel: bool,
+        /// Drop only the GPU user VA mapping.
+        #[arg(long, conflicts_with = "kernel")]
+        user: bool,
     },
-    /// Where a GPU sees a mem in its kernel VA space (RUVM_IOCTL_MEM_GPU_VA).
+    /// Where a GPU sees a mem: its kernel VA, or with --user its user VA
+    /// (RUVM_IOCTL_MEM_GPU_VA).
     GpuVa {
         handle: u64,
         gpu: u32,
+        /// The user VA space of this file.
+        #[arg(long)]
+        user: bool,
         #[command(flatten)]
         json: Json,
     },
     /// Copy bytes with a GPU's copy engine between GPU virtual addresses of its kernel VA
-    /// space (RUVM_IOCTL_CE_COPY_VA; root only). An MMU fault fails with EFAULT.
+    /// space (RUVM_IOCTL_CE_COPY_VA; root only), or with --user of this file's user VA space.
+    /// An MMU fault fails with EFAULT.
     CeCopyVa {
+        /// The user VA space of this file.
+        #[arg(long)]
+        user: bool,
         gpu: u32,
         /// Destination GPU VA (e.g. 0x180000000000).
         #[arg(value_parser = parse_size)]
@@ -189,9 +207,12 @@ pub enum Cmd {
         #[arg(value_parser = parse_size)]
         length: u64,
     },
-    /// The GPU MMU's walk of one VA of its kernel VA space, level by level
-    /// (RUVM_IOCTL_GPU_PT_WALK; root only).
+    /// The GPU MMU's walk of one VA of its kernel VA space (or with --user of this file's),
+    /// level by level (RUVM_IOCTL_GPU_PT_WALK; root only).
     PtDump {
+        /// The user VA space of this file.
+        #[arg(long)]
+        user: bool,
         gpu: u32,
         #[arg(value_parser = parse_size)]
         va: u64,

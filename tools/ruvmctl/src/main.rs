@@ -105,32 +105,44 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::MapGpu {
             handle,
             gpu,
-            kernel: false,
-        } => emit(&cmd::gpu::map(&d()?, handle, gpu, true)?, false),
-        Cmd::MapGpu { handle, gpu, .. } => {
-            emit(&cmd::gpu_va::map_kernel(&d()?, handle, gpu, true)?, false)
-        }
+            kernel,
+            user,
+            read_only,
+        } => emit(
+            &cmd::gpu_va::map(&d()?, handle, gpu, kernel, user, read_only)?,
+            false,
+        ),
         Cmd::UnmapGpu {
             handle,
             gpu,
-            kernel: false,
-        } => emit(&cmd::gpu::map(&d()?, handle, gpu, false)?, false),
-        Cmd::UnmapGpu { handle, gpu, .. } => {
-            emit(&cmd::gpu_va::map_kernel(&d()?, handle, gpu, false)?, false)
-        }
-        Cmd::GpuVa { handle, gpu, json } => {
-            emit(&cmd::gpu_va::gpu_va(&d()?, handle, gpu)?, json.json)
-        }
+            kernel,
+            user,
+        } => emit(
+            &cmd::gpu_va::unmap(&d()?, handle, gpu, kernel, user)?,
+            false,
+        ),
+        Cmd::GpuVa {
+            handle,
+            gpu,
+            user,
+            json,
+        } => emit(&cmd::gpu_va::gpu_va(&d()?, handle, gpu, user)?, json.json),
         Cmd::CeCopyVa {
+            user,
             gpu,
             dst,
             src,
             length,
         } => emit(
-            &cmd::gpu_va::ce_copy_va(&d()?, gpu, dst, src, length)?,
+            &cmd::gpu_va::ce_copy_va(&d()?, gpu, dst, src, length, user)?,
             false,
         ),
-        Cmd::PtDump { gpu, va, json } => emit(&cmd::gpu_va::pt_dump(&d()?, gpu, va)?, json.json),
+        Cmd::PtDump {
+            user,
+            gpu,
+            va,
+            json,
+        } => emit(&cmd::gpu_va::pt_dump(&d()?, gpu, va, user)?, json.json),
         Cmd::CeCopy { gpu, copy } => emit(&cmd::gpu::ce_copy(&d()?, gpu, &copy)?, false),
         Cmd::DmaAddrs { handle, gpu, json } => {
             emit(&cmd::gpu::dma_addrs(&d()?, handle, gpu)?, json.json)

@@ -26,6 +26,7 @@ pub struct Gpu {
     dma_mask_bits: u32,
     page_sizes: Vec<String>,
     copy_engine: bool,
+    mmu: bool,
     dma_mapped_bytes: u64,
     vidmem_size: u64,
     flags: Vec<String>,
@@ -77,6 +78,7 @@ pub fn gpus(d: &Ruvm) -> Result<Gpus> {
                     .map(|b| show_size(1u64 << b))
                     .collect(),
                 copy_engine: flag(g, uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE),
+                mmu: flag(g, uapi::ruvm_gpu_flags_RUVM_GPU_MMU),
                 dma_mapped_bytes: g.dma_mapped_bytes,
                 vidmem_size: g.vidmem_size,
                 flags: names::bit_names(names::GPU_FLAGS, g.flags.into()),
@@ -100,6 +102,7 @@ impl Report for Gpus {
                 "DMA bits",
                 "pages",
                 "copy engine",
+                "MMU",
                 "DMA-mapped",
                 "vidmem",
             ],
@@ -118,30 +121,13 @@ impl Report for Gpus {
                     g.dma_mask_bits.to_string(),
                     g.page_sizes.join(" "),
                     if g.copy_engine { "yes" } else { "no" }.to_owned(),
+                    if g.mmu { "yes" } else { "no" }.to_owned(),
                     g.dma_mapped_bytes.to_string(),
                     show_size(g.vidmem_size),
                 ]
             }),
         )
     }
-}
-
-/// `map-gpu` / `unmap-gpu` (`RUVM_IOCTL_MEM_MAP_GPU`, `_UNMAP_GPU`).
-pub fn map(d: &Ruvm, handle: u64, gpu: u32, map: bool) -> Result<Done> {
-    let mut a = arg(|a: &mut uapi::ruvm_mem_gpu| {
-        a.handle = handle;
-        a.gpu = gpu;
-    });
-    call(
-        d,
-        if map {
-            cmd::MEM_MAP_GPU
-        } else {
-            cmd::MEM_UNMAP_GPU
-        },
-        &mut a,
-    )?;
-    Ok(Done {})
 }
 
 /// A PCI address as `lspci -D` writes it, `DDDD:BB:SS.F` (or `BB:SS.F`, domain 0): (domain,

@@ -20,16 +20,61 @@ mod mmu_fmt;
 
 use mmu_fmt::{Pde, Pde0, Pte};
 
-/// `map-gpu --kernel` / `unmap-gpu --kernel` (`RUVM_IOCTL_MEM_MAP_GPU_KERNEL`, `_UNMAP_`).
-pub fn map_kernel(d: &Ruvm, handle: u64, gpu: u32, map: bool) -> Result<Done> {
+/// The flags of a VA space: this file's user VA space, or the GPU's kernel VA space.
+fn space(user: bool) -> u32 {
+    if user {
+        uapi::ruvm_va_space_flags_RUVM_VA_USER
+    } else {
+        0
+    }
+}
+
+/// `map-gpu`: the DMA table (`RUVM_IOCTL_MEM_MAP_GPU`), the kernel VA mapping (`--kernel`) or
+/// a user VA mapping (`--user VA`, `RUVM_IOCTL_MEM_MAP_GPU_USER`).
+pub fn map(
+    d: &Ruvm,
+    handle: u64,
+    gpu: u32,
+    kernel: bool,
+    user: Option<u64>,
+    read_only: bool,
+) -> Result<Done> {
+    if let Some(va) = user {
+        let mut a = arg(|a: &mut uapi::ruvm_mem_gpu_user| {
+            a.handle = handle;
+            a.gpu = gpu;
+            a.va = va;
+            if read_only {
+                a.flags = uapi::ruvm_gpu_user_flags_RUVM_GPU_USER_READ_ONLY;
+            }
+        });
+        call(d, cmd::MEM_MAP_GPU_USER, &mut a)?;
+        return Ok(Done {});
+    }
     let mut a = arg(|a: &mut uapi::ruvm_mem_gpu| {
         a.handle = handle;
         a.gpu = gpu;
     });
-    let c = if map {
+    let c = if kernel {
         cmd::MEM_MAP_GPU_KERNEL
     } else {
-        cmd::MEM_UNMAP_GPU_KERNEL
+        cmd::MEM_MAP_GPU
+    };
+    call(d, c, &mut a)?;
+    Ok(Done {})
+}
+
+/// `unmap-gpu`: everything of the GPU (`RUVM_IOCTL_MEM_UNMAP_GPU`), or only the kernel VA
+/// mapping (`--kernel`) or the user VA mapping (`--user`).
+pub fn unmap(d: &Ruvm, handle: u64, gpu: u32, kernel: bool, user: bool) -> Result<Done> {
+    let mut a = arg(|a: &mut uapi::ruvm_mem_gpu| {
+        a.handle = handle;
+        a.gpu = gpu;
+    });
+    let c = match (kernel, user) {
+        (true, _) => cmd::MEM_UNMAP_GPU_KERNEL,
+        (_, true) => cmd::MEM_UNMAP_GPU_USER,
+        _ => cmd::MEM_UNMAP_GPU,
     };
     call(d, c, &mut a)?;
     Ok(Done {})
@@ -40,20 +85,23 @@ pub fn map_kernel(d: &Ruvm, handle: u64, gpu: u32, map: bool) -> Result<Done> {
 pub struct GpuVa {
     handle: u64,
     gpu: u32,
+    space: &'static str,
     va: u64,
     page_size: u64,
 }
 
 /// `gpu-va` (`RUVM_IOCTL_MEM_GPU_VA`).
-pub fn gpu_va(d: &Ruvm, handle: u64, gpu: u32) -> Result<GpuVa> {
+pub fn gpu_va(d: &Ruvm, handle: u64, gpu: u32, user: bool) -> Result<GpuVa> {
     let mut a = arg(|a: &mut uapi::ruvm_mem_gpu_va| {
         a.handle = handle;
         a.gpu = gpu;
+        a.flags = space(user);
     });
     call(d, cmd::MEM_GPU_VA, &mut a)?;
     Ok(GpuVa {
         handle,
         gpu,
+        space: if user { "user" } else { "kernel" },
         va: a.va,
         page_size: a.page_size,
     })
@@ -62,9 +110,10 @@ pub fn gpu_va(d: &Ruvm, handle: u64, gpu: u32) -> Result<GpuVa> {
 impl Report for GpuVa {
     fn render(&self) -> String {
         format!(
-            "mem {} on GPU {}: kernel VA {:#x}, {} KiB pages",
+            "mem {} on GPU {}: {} VA {:#x}, {} KiB pages",
             self.handle,
             self.gpu,
+            self.space,
             self.va,
             self.page_size >> 10
         )
@@ -72,9 +121,10 @@ impl Report for GpuVa {
 }
 
 /// `ce-copy-va` (`RUVM_IOCTL_CE_COPY_VA`).
-pub fn ce_copy_va(d: &Ruvm, gpu: u32, dst: u64, src: u64, length: u64) -> Result<Done> {
+pub fn ce_copy_va(d: &Ruvm, gpu: u32, dst: u64, src: u64, length: u64, user: bool) -> Result<Done> {
     let mut a = arg(|a: &mut uapi::ruvm_ce_copy_va| {
         a.gpu = gpu;
+        a.flags = space(user);
         a.dst_va = dst;
         a.src_va = src;
         a.length = length;
@@ -138,9 +188,10 @@ fn pte_meaning(e: u64) -> String {
 }
 
 /// `pt-dump` (`RUVM_IOCTL_GPU_PT_WALK`): every word the MMU read for `va`, decoded.
-pub fn pt_dump(d: &Ruvm, gpu: u32, va: u64) -> Result<PtDump> {
+pub fn pt_dump(d: &Ruvm, gpu: u32, va: u64, user: bool) -> Result<PtDump> {
     let mut a = arg(|a: &mut uapi::ruvm_gpu_pt_walk| {
         a.gpu = gpu;
+        a.flags = space(user);
         a.va = va;
     });
     call(d, cmd::GPU_PT_WALK, &mut a)?;

@@ -27,6 +27,8 @@ pub struct Mem {
     mmap_offset: u64,
     cpu_kernel_mapped: bool,
     cpu_user_mapped: bool,
+    gpu_kernel_mapped: bool,
+    gpu_user_mapped: bool,
     user_mappings: u32,
     mapped_gpus: Vec<u32>,
     zeroed: bool,
@@ -53,6 +55,8 @@ impl Mem {
             mmap_offset: q.mmap_offset,
             cpu_kernel_mapped: mapped.iter().any(|m| m == "cpu-kernel"),
             cpu_user_mapped: mapped.iter().any(|m| m == "cpu-user"),
+            gpu_kernel_mapped: mapped.iter().any(|m| m == "gpu-kernel"),
+            gpu_user_mapped: mapped.iter().any(|m| m == "gpu-user"),
             user_mappings: q.user_mappings,
             mapped_gpus: (0..64)
                 .filter(|b| q.mapped_gpus & (1u64 << b) != 0)
@@ -72,6 +76,12 @@ impl Report for Mem {
         }
         for g in &self.mapped_gpus {
             maps.push(format!("gpu {g} (DMA)"));
+        }
+        if self.gpu_kernel_mapped {
+            maps.push("gpu-kernel VA".to_owned());
+        }
+        if self.gpu_user_mapped {
+            maps.push("gpu-user VA".to_owned());
         }
         if self.cpu_user_mapped {
             maps.push(format!(

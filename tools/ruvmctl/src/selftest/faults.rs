@@ -255,15 +255,69 @@ fn fault_sweep_ioctls() -> TestResult {
         }
         None => None,
     };
+    // GPU virtual mappings, of a mem DMA-mapped beforehand (a failed virtual mapping keeps
+    // the implicit DMA mapping, as in uvm_mem: the sweep checks the virtual part alone).
+    let mmu_gpu = present
+        .iter()
+        .find(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_MMU != 0);
+    let va_mems = match mmu_gpu {
+        Some(g) => {
+            let id = g.id;
+            let k = d.mem_alloc(256 << 10, 4 << 10, 0).ctx("alloc")?.handle;
+            d.mem_gpu(true, k, id).ctx("map")?;
+            scenarios.push(Scenario {
+                name: format!("map GPU kernel VA on GPU {id}"),
+                op: Box::new(move || {
+                    d.mem_gpu_kernel(true, k, id)?;
+                    Ok(undo(move || {
+                        d.mem_gpu_kernel(false, k, id).ctx("unmap GPU kernel")
+                    }))
+                }),
+            });
+            scenarios.push(Scenario {
+                name: format!("map GPU user VA on GPU {id}"),
+                op: Box::new(move || {
+                    d.map_gpu_user(k, id, 1 << 40, false)?;
+                    Ok(undo(move || d.unmap_gpu_user(k, id).ctx("unmap GPU user")))
+                }),
+            });
+            let vid = if g.vidmem_size > 0 {
+                let v = d
+                    .vidmem_alloc(id, 2 << 20, 64 << 10, 0)
+                    .ctx("alloc")?
+                    .handle;
+                scenarios.push(Scenario {
+                    name: format!("map vidmem at the GPU kernel VA on GPU {id}"),
+                    op: Box::new(move || {
+                        d.mem_gpu_kernel(true, v, id)?;
+                        Ok(undo(move || {
+                            d.mem_gpu_kernel(false, v, id).ctx("unmap GPU kernel")
+                        }))
+                    }),
+                });
+                Some(v)
+            } else {
+                None
+            };
+            Some((k, vid))
+        }
+        None => None,
+    };
     let mut report = Vec::new();
     for s in &mut scenarios {
         let n = sweep(d, &inj, s)?;
         report.push(format!("{}: {n}", s.name));
     }
     drop(scenarios);
-    for h in [Some(m), pair.map(|p| p.0), pair.map(|p| p.1)]
-        .into_iter()
-        .flatten()
+    for h in [
+        Some(m),
+        pair.map(|p| p.0),
+        pair.map(|p| p.1),
+        va_mems.map(|v| v.0),
+        va_mems.and_then(|v| v.1),
+    ]
+    .into_iter()
+    .flatten()
     {
         free(h)?;
     }

@@ -49,6 +49,18 @@ pub fn cases() -> Vec<Case> {
             name: "gpu_va_bad_inputs",
             run: gpu_va_bad_inputs,
         },
+        Case {
+            name: "gpu_va_user_map_rules",
+            run: gpu_va_user_map_rules,
+        },
+        Case {
+            name: "gpu_va_user_data_read_only_and_separate_spaces",
+            run: gpu_va_user_data_read_only_and_separate_spaces,
+        },
+        Case {
+            name: "gpu_va_user_space_goes_with_the_file",
+            run: gpu_va_user_space_goes_with_the_file,
+        },
     ]
 }
 
@@ -155,7 +167,7 @@ fn check_map_gpu(d: &Ruvm, a: &uapi::ruvm_mem_alloc, gpus: &[uapi::ruvm_gpu_info
             a.handle,
             q.mapped
         );
-        let (v, ps) = d.gpu_va(a.handle, g.id).ctx("GPU_VA")?;
+        let (v, ps) = d.gpu_va(a.handle, g.id, false).ctx("GPU_VA")?;
         check!(
             v >= BASE && v + a.chunk_count * a.chunk_size <= BASE + WINDOW && v % a.chunk_size == 0,
             "mem {} ({} bytes, chunk {}): VA {v:#x} not aligned inside the window",
@@ -179,7 +191,7 @@ fn check_map_gpu(d: &Ruvm, a: &uapi::ruvm_mem_alloc, gpus: &[uapi::ruvm_gpu_info
         d.mem_gpu_kernel(true, a.handle, g.id)
             .ctx("second MAP_GPU_KERNEL")?;
         check!(
-            d.gpu_va(a.handle, g.id).ctx("GPU_VA")?.0 == v,
+            d.gpu_va(a.handle, g.id, false).ctx("GPU_VA")?.0 == v,
             "a second map moved the VA"
         );
     }
@@ -192,7 +204,11 @@ fn check_map_gpu(d: &Ruvm, a: &uapi::ruvm_mem_alloc, gpus: &[uapi::ruvm_gpu_info
             .ctx("UNMAP_GPU_KERNEL")?;
         d.mem_gpu_kernel(false, a.handle, g.id)
             .ctx("second UNMAP_GPU_KERNEL")?;
-        expect_errno(d.gpu_va(a.handle, g.id), Errno::ENXIO, "GPU_VA after unmap")?;
+        expect_errno(
+            d.gpu_va(a.handle, g.id, false),
+            Errno::ENXIO,
+            "GPU_VA after unmap",
+        )?;
     }
     let q = d.mem_query(a.handle).ctx("query")?;
     check!(
@@ -201,7 +217,7 @@ fn check_map_gpu(d: &Ruvm, a: &uapi::ruvm_mem_alloc, gpus: &[uapi::ruvm_gpu_info
     );
     for g in gpus.iter().filter(|g| !vid || g.id == a.gpu) {
         d.mem_gpu_kernel(true, a.handle, g.id).ctx("remap")?;
-        let (v, _) = d.gpu_va(a.handle, g.id).ctx("GPU_VA")?;
+        let (v, _) = d.gpu_va(a.handle, g.id, false).ctx("GPU_VA")?;
         check!(v == va, "remap gave VA {v:#x}, first {va:#x}");
     }
     Ok(())
@@ -268,7 +284,7 @@ fn mapped_source(d: &Ruvm, gpu: u32, size: u64, chunk: u64, seed: u64) -> Result
     fill(d, a.handle, size, seed)?;
     d.mem_gpu_kernel(true, a.handle, gpu)
         .ctx("MAP_GPU_KERNEL")?;
-    let (va, _) = d.gpu_va(a.handle, gpu).ctx("GPU_VA")?;
+    let (va, _) = d.gpu_va(a.handle, gpu, false).ctx("GPU_VA")?;
     Ok((a.handle, va))
 }
 
@@ -289,8 +305,9 @@ fn gpu_va_data_through_vas() -> TestResult {
                 .ctx("alloc")?;
             d.mem_gpu_kernel(true, dst.handle, g.id)
                 .ctx("MAP_GPU_KERNEL")?;
-            let (dst_va, _) = d.gpu_va(dst.handle, g.id).ctx("GPU_VA")?;
-            d.ce_copy_va(g.id, dst_va, src_va, size).ctx("CE_COPY_VA")?;
+            let (dst_va, _) = d.gpu_va(dst.handle, g.id, false).ctx("GPU_VA")?;
+            d.ce_copy_va(g.id, dst_va, src_va, size, false)
+                .ctx("CE_COPY_VA")?;
             let bad = mismatches(&d, dst.handle, size, seed)?;
             check!(
                 bad == 0,
@@ -302,8 +319,8 @@ fn gpu_va_data_through_vas() -> TestResult {
                 let v = d.vidmem_alloc(g.id, size, 0, 0).ctx("vidmem alloc")?;
                 d.mem_gpu_kernel(true, v.handle, g.id)
                     .ctx("MAP_GPU_KERNEL vidmem")?;
-                let (v_va, _) = d.gpu_va(v.handle, g.id).ctx("GPU_VA")?;
-                d.ce_copy_va(g.id, v_va, src_va, size)
+                let (v_va, _) = d.gpu_va(v.handle, g.id, false).ctx("GPU_VA")?;
+                d.ce_copy_va(g.id, v_va, src_va, size, false)
                     .ctx("CE_COPY_VA to vidmem")?;
                 let back = d.mem_alloc(size, 0, 0).ctx("alloc")?;
                 d.mem_gpu(true, back.handle, g.id).ctx("MAP_GPU")?;
@@ -334,8 +351,8 @@ fn gpu_va_mixed_page_sizes_share_a_pde0() -> TestResult {
             small_va / (2 * M) == big_va / (2 * M),
             "4K mem at {small_va:#x} and 64K mem at {big_va:#x} are not in one 2 MiB range"
         );
-        let ws = d.pt_walk(g.id, small_va + 4 * K).ctx("PT_WALK")?;
-        let wb = d.pt_walk(g.id, big_va + 64 * K + 8).ctx("PT_WALK")?;
+        let ws = d.pt_walk(g.id, small_va + 4 * K, false).ctx("PT_WALK")?;
+        let wb = d.pt_walk(g.id, big_va + 64 * K + 8, false).ctx("PT_WALK")?;
         check!(
             ws.fault == 0 && ws.page_size == 4 * K && wb.fault == 0 && wb.page_size == 64 * K,
             "walks: 4K mem page {} fault {}, 64K mem page {} fault {}",
@@ -364,7 +381,7 @@ fn gpu_va_mixed_page_sizes_share_a_pde0() -> TestResult {
             ws.address
         );
         // Copy from the 64K-paged mem into the 4K-paged one and back.
-        d.ce_copy_va(g.id, small_va, big_va, 12 * K)
+        d.ce_copy_va(g.id, small_va, big_va, 12 * K, false)
             .ctx("CE_COPY_VA")?;
         let bad = mismatches(&d, small, 12 * K, 22)?;
         check!(bad == 0, "{bad} bytes wrong 64K->4K pages");
@@ -389,16 +406,17 @@ fn gpu_va_walk_reads_the_tables_as_written() -> TestResult {
         for chunk in [4 * K, 64 * K, 2 * M] {
             let (src, src_va) = mapped_source(&d, g.id, 2 * chunk, chunk, 7)?;
             let (dst, dst_va) = mapped_source(&d, g.id, 2 * chunk, chunk, 8)?;
-            d.ce_copy_va(g.id, dst_va, src_va, 16).ctx("copy before")?;
+            d.ce_copy_va(g.id, dst_va, src_va, 16, false)
+                .ctx("copy before")?;
             // An invalid PTE: the next copy faults, with the TLB filled a moment ago.
-            let old = test_ioctls(d.test_pt_write(g.id, src_va + chunk, 0))?;
+            let old = test_ioctls(d.test_pt_write(g.id, src_va + chunk, 0, false))?;
             check!(old & 1 == 1, "old entry {old:#x} not a valid PTE");
             expect_errno(
-                d.ce_copy_va(g.id, dst_va, src_va + chunk, 16),
+                d.ce_copy_va(g.id, dst_va, src_va + chunk, 16, false),
                 Errno::EFAULT,
                 "copy through an invalidated PTE",
             )?;
-            let w = d.pt_walk(g.id, src_va + chunk).ctx("PT_WALK")?;
+            let w = d.pt_walk(g.id, src_va + chunk, false).ctx("PT_WALK")?;
             check!(
                 w.fault == uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_PTE
                     || w.fault == uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_PDE,
@@ -406,25 +424,26 @@ fn gpu_va_walk_reads_the_tables_as_written() -> TestResult {
                 w.fault
             );
             // The first page is untouched; restoring the entry restores the copy.
-            d.ce_copy_va(g.id, dst_va, src_va, 16)
+            d.ce_copy_va(g.id, dst_va, src_va, 16, false)
                 .ctx("copy of the other page")?;
-            test_ioctls(d.test_pt_write(g.id, src_va + chunk, old))?;
-            d.ce_copy_va(g.id, dst_va, src_va + chunk, 16)
+            test_ioctls(d.test_pt_write(g.id, src_va + chunk, old, false))?;
+            d.ce_copy_va(g.id, dst_va, src_va + chunk, 16, false)
                 .ctx("copy after restoring")?;
             // Read-only: reading works, writing faults.
             test_ioctls(d.test_pt_write(
                 g.id,
                 dst_va,
                 old_entry(&d, g.id, dst_va)? | PTE_READ_ONLY,
+                false,
             ))?;
-            d.ce_copy_va(g.id, src_va, dst_va, 16)
+            d.ce_copy_va(g.id, src_va, dst_va, 16, false)
                 .ctx("read from a read-only page")?;
             expect_errno(
-                d.ce_copy_va(g.id, dst_va, src_va, 16),
+                d.ce_copy_va(g.id, dst_va, src_va, 16, false),
                 Errno::EFAULT,
                 "write to a read-only page",
             )?;
-            let w = d.pt_walk(g.id, dst_va).ctx("PT_WALK")?;
+            let w = d.pt_walk(g.id, dst_va, false).ctx("PT_WALK")?;
             check!(
                 w.fault == 0,
                 "read walk of a read-only page faulted {}",
@@ -440,7 +459,7 @@ fn gpu_va_walk_reads_the_tables_as_written() -> TestResult {
 
 /// The leaf entry mapping `va` now.
 fn old_entry(d: &Ruvm, gpu: u32, va: u64) -> Result<u64, Stop> {
-    let w = d.pt_walk(gpu, va).ctx("PT_WALK")?;
+    let w = d.pt_walk(gpu, va, false).ctx("PT_WALK")?;
     check!(
         w.fault == 0 && w.count >= 5,
         "walk of {va:#x}: fault {}",
@@ -466,9 +485,10 @@ fn gpu_va_no_stale_tlb_entry() -> TestResult {
         d.map_kernel(dst.handle).ctx("MAP_CPU_KERNEL")?;
         d.mem_gpu_kernel(true, dst.handle, g.id)
             .ctx("MAP_GPU_KERNEL")?;
-        let (dst_va, _) = d.gpu_va(dst.handle, g.id).ctx("GPU_VA")?;
+        let (dst_va, _) = d.gpu_va(dst.handle, g.id, false).ctx("GPU_VA")?;
         // Fill the TLB with A's translations.
-        d.ce_copy_va(g.id, dst_va, a_va, 64 * K).ctx("copy A")?;
+        d.ce_copy_va(g.id, dst_va, a_va, 64 * K, false)
+            .ctx("copy A")?;
         check!(
             mismatches(&d, dst.handle, 64 * K, 100)? == 0,
             "A's bytes not copied"
@@ -477,18 +497,19 @@ fn gpu_va_no_stale_tlb_entry() -> TestResult {
         // B takes the same VA.
         d.mem_gpu_kernel(false, a, g.id).ctx("UNMAP_GPU_KERNEL")?;
         expect_errno(
-            d.ce_copy_va(g.id, dst_va, a_va, 16),
+            d.ce_copy_va(g.id, dst_va, a_va, 16, false),
             Errno::EFAULT,
             "copy through an unmapped VA",
         )?;
         d.mem_gpu_kernel(true, b.handle, g.id)
             .ctx("MAP_GPU_KERNEL B")?;
-        let (b_va, _) = d.gpu_va(b.handle, g.id).ctx("GPU_VA")?;
+        let (b_va, _) = d.gpu_va(b.handle, g.id, false).ctx("GPU_VA")?;
         check!(
             b_va == a_va,
             "B got {b_va:#x}, A had {a_va:#x}: the test needs the same VA"
         );
-        d.ce_copy_va(g.id, dst_va, b_va, 64 * K).ctx("copy B")?;
+        d.ce_copy_va(g.id, dst_va, b_va, 64 * K, false)
+            .ctx("copy B")?;
         let bad = mismatches(&d, dst.handle, 64 * K, 200)?;
         check!(
             bad == 0,
@@ -511,18 +532,18 @@ fn gpu_va_teardown_order() -> TestResult {
     // Dropping a GPU's DMA table drops its virtual mapping first; the other GPUs keep theirs.
     d.mem_gpu(false, h, gpus[0].id).ctx("UNMAP_GPU")?;
     expect_errno(
-        d.gpu_va(h, gpus[0].id),
+        d.gpu_va(h, gpus[0].id, false),
         Errno::ENXIO,
         "GPU_VA after UNMAP_GPU",
     )?;
     expect_errno(
-        d.ce_copy_va(gpus[0].id, va, va, 8),
+        d.ce_copy_va(gpus[0].id, va, va, 8, false),
         Errno::EFAULT,
         "copy after UNMAP_GPU",
     )?;
     for g in gpus.iter().skip(1) {
         check!(
-            d.gpu_va(h, g.id).ctx("GPU_VA")?.0 == va,
+            d.gpu_va(h, g.id, false).ctx("GPU_VA")?.0 == va,
             "GPU {} lost its mapping",
             g.id
         );
@@ -558,7 +579,7 @@ fn gpu_va_bad_inputs() -> TestResult {
             "map on a GPU without an MMU",
         )?;
         expect_errno(
-            d.ce_copy_va(g.id, BASE, BASE, 8),
+            d.ce_copy_va(g.id, BASE, BASE, 8, false),
             Errno::EOPNOTSUPP,
             "copy on a GPU without an MMU",
         )?;
@@ -576,7 +597,7 @@ fn gpu_va_bad_inputs() -> TestResult {
         "unknown handle",
     )?;
     expect_errno(
-        d.gpu_va(a.handle, g),
+        d.gpu_va(a.handle, g, false),
         Errno::ENXIO,
         "GPU_VA of an unmapped mem",
     )?;
@@ -622,28 +643,28 @@ fn gpu_va_bad_inputs() -> TestResult {
     )?;
     // Copies: length 0, overflow, past the VA width, unmapped.
     d.mem_gpu_kernel(true, a.handle, g).ctx("MAP_GPU_KERNEL")?;
-    let (va, _) = d.gpu_va(a.handle, g).ctx("GPU_VA")?;
+    let (va, _) = d.gpu_va(a.handle, g, false).ctx("GPU_VA")?;
     expect_errno(
-        d.ce_copy_va(g, va, va + 4 * K, 0),
+        d.ce_copy_va(g, va, va + 4 * K, 0, false),
         Errno::EINVAL,
         "length 0",
     )?;
     expect_errno(
-        d.ce_copy_va(g, u64::MAX - 4, va, 8),
+        d.ce_copy_va(g, u64::MAX - 4, va, 8, false),
         Errno::EINVAL,
         "range wraps",
     )?;
     expect_errno(
-        d.ce_copy_va(g, va, 1 << 49, 8),
+        d.ce_copy_va(g, va, 1 << 49, 8, false),
         Errno::EFAULT,
         "VA past 49 bits",
     )?;
     expect_errno(
-        d.ce_copy_va(g, va, va + 64 * K, 8),
+        d.ce_copy_va(g, va, va + 64 * K, 8, false),
         Errno::EFAULT,
         "past the mem's end",
     )?;
-    let w = d.pt_walk(g, 1 << 49).ctx("PT_WALK")?;
+    let w = d.pt_walk(g, 1 << 49, false).ctx("PT_WALK")?;
     check!(
         w.fault == uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_VA_RANGE,
         "walk past the VA width: fault {}",
@@ -657,7 +678,7 @@ fn gpu_va_bad_inputs() -> TestResult {
         "freed mem",
     )?;
     expect_errno(
-        d.ce_copy_va(g, va, va, 8),
+        d.ce_copy_va(g, va, va, 8, false),
         Errno::EFAULT,
         "copy through a freed mem's VA",
     )?;
@@ -675,4 +696,278 @@ fn gpu_va_bad_inputs() -> TestResult {
     }
     other.mem_free(b.handle).ctx("free")?;
     check_no_page_tables(&d, "after")
+}
+
+/// A user VA for the tests, well away from 0 and from the kernel window.
+const USER_VA: u64 = 0x10_0000_0000;
+
+fn gpu_va_user_map_rules() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let all = d.gpus().ctx("GPU_LIST")?;
+    let a = d.mem_alloc(128 * K, 64 * K, 0).ctx("alloc")?;
+    for g in all.iter().filter(|g| present(g) && !has_mmu(g)) {
+        expect_errno(
+            d.map_gpu_user(a.handle, g.id, USER_VA, false),
+            Errno::EOPNOTSUPP,
+            "user map on a GPU without an MMU",
+        )?;
+    }
+    let gpus = mmu_gpus(&d)?;
+    let g = gpus[0].id;
+    expect_errno(
+        d.map_gpu_user(a.handle, 31, USER_VA, false),
+        Errno::ENODEV,
+        "unknown GPU",
+    )?;
+    expect_errno(
+        d.map_gpu_user(0xdead, g, USER_VA, false),
+        Errno::ENOENT,
+        "unknown handle",
+    )?;
+    expect_errno(
+        d.map_gpu_user(a.handle, g, USER_VA + 4 * K, false),
+        Errno::EINVAL,
+        "VA not aligned to the chunk size",
+    )?;
+    expect_errno(
+        d.map_gpu_user(a.handle, g, (1 << 49) - 64 * K, false),
+        Errno::ERANGE,
+        "mapping past the VA width",
+    )?;
+    expect_errno(
+        d.map_gpu_user(a.handle, g, 1 << 49, false),
+        Errno::ERANGE,
+        "VA past the VA width",
+    )?;
+    let mut m = uapi::ruvm_mem_gpu_user {
+        handle: a.handle,
+        gpu: g,
+        va: USER_VA,
+        flags: 2,
+        ..Default::default()
+    };
+    expect_errno(
+        d.call(cmd::MEM_MAP_GPU_USER, &mut m),
+        Errno::EINVAL,
+        "unknown flag",
+    )?;
+    m.flags = 0;
+    m.reserved[0] = 1;
+    expect_errno(
+        d.call(cmd::MEM_MAP_GPU_USER, &mut m),
+        Errno::EINVAL,
+        "reserved field",
+    )?;
+    // A size that is not whole chunks cannot be user-mapped (uvm_mem's rule).
+    let odd = d.mem_alloc(5000, 4 * K, 0).ctx("alloc")?;
+    expect_errno(
+        d.map_gpu_user(odd.handle, g, USER_VA, false),
+        Errno::EINVAL,
+        "size not whole chunks",
+    )?;
+    // Mapped; again is a no-op; the VA is the mem's on every GPU.
+    d.map_gpu_user(a.handle, g, USER_VA, false)
+        .ctx("MAP_GPU_USER")?;
+    d.map_gpu_user(a.handle, g, USER_VA, false)
+        .ctx("second MAP_GPU_USER")?;
+    check!(
+        d.gpu_va(a.handle, g, true).ctx("GPU_VA user")? == (USER_VA, 64 * K),
+        "user VA or page size wrong"
+    );
+    expect_errno(
+        d.gpu_va(a.handle, g, false),
+        Errno::ENXIO,
+        "kernel VA of a user-only mapping",
+    )?;
+    let q = d.mem_query(a.handle).ctx("query")?;
+    check!(
+        q.mapped & u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_USER) != 0
+            && q.mapped_gpus & (1 << g) != 0,
+        "query after a user map: mapped {:#x}, DMA tables {:#x}",
+        q.mapped,
+        q.mapped_gpus
+    );
+    if let Some(o) = gpus.get(1) {
+        expect_errno(
+            d.map_gpu_user(a.handle, o.id, USER_VA + 2 * M, false),
+            Errno::EINVAL,
+            "another VA on another GPU",
+        )?;
+        d.map_gpu_user(a.handle, o.id, USER_VA, false)
+            .ctx("the same VA on another GPU")?;
+        d.unmap_gpu_user(a.handle, o.id).ctx("UNMAP_GPU_USER")?;
+    }
+    expect_errno(
+        d.map_gpu_user(a.handle, g, USER_VA + 2 * M, false),
+        Errno::EINVAL,
+        "a second VA on the same GPU",
+    )?;
+    // Overlap, with a page of any size.
+    let b = d.mem_alloc(8 * K, 4 * K, 0).ctx("alloc")?;
+    expect_errno(
+        d.map_gpu_user(b.handle, g, USER_VA + 4 * K, false),
+        Errno::EEXIST,
+        "overlapping VA",
+    )?;
+    d.map_gpu_user(b.handle, g, USER_VA + 128 * K, false)
+        .ctx("the VA right after")?;
+    // Vidmem is not user-mapped.
+    if let Some(vg) = gpus.iter().find(|g| g.vidmem_size > 0) {
+        let v = d.vidmem_alloc(vg.id, 64 * K, 0, 0).ctx("vidmem alloc")?;
+        expect_errno(
+            d.map_gpu_user(v.handle, vg.id, USER_VA + 4 * M, false),
+            Errno::EOPNOTSUPP,
+            "vidmem user map",
+        )?;
+        d.mem_free(v.handle).ctx("free")?;
+    }
+    // Another file's mem.
+    let other = Ruvm::open().ctx("open")?;
+    let c = other.mem_alloc(4 * K, 0, 0).ctx("alloc")?;
+    expect_errno(
+        d.map_gpu_user(c.handle, g, USER_VA + 8 * M, false),
+        Errno::ENOENT,
+        "another file's mem",
+    )?;
+    // Unmapped, the VA is free again, for any VA.
+    d.unmap_gpu_user(a.handle, g).ctx("UNMAP_GPU_USER")?;
+    d.unmap_gpu_user(a.handle, g).ctx("second UNMAP_GPU_USER")?;
+    expect_errno(
+        d.gpu_va(a.handle, g, true),
+        Errno::ENXIO,
+        "user VA after unmap",
+    )?;
+    d.map_gpu_user(a.handle, g, USER_VA + 2 * M, false)
+        .ctx("a new VA once unmapped")?;
+    for h in [a.handle, odd.handle, b.handle] {
+        d.mem_free(h).ctx("free")?;
+    }
+    other.mem_free(c.handle).ctx("free")?;
+    check_no_page_tables(&d, "after")
+}
+
+fn gpu_va_user_data_read_only_and_separate_spaces() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for g in mmu_gpus(&d)? {
+        let g = g.id;
+        let size = 256 * K;
+        let a = d.mem_alloc(size, 64 * K, 0).ctx("alloc")?;
+        fill(&d, a.handle, size, 31)?;
+        let b = d
+            .mem_alloc(size, 64 * K, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)
+            .ctx("alloc")?;
+        let ro = d.mem_alloc(size, 64 * K, 0).ctx("alloc")?;
+        fill(&d, ro.handle, size, 47)?;
+        d.map_gpu_user(a.handle, g, USER_VA, false).ctx("map A")?;
+        d.map_gpu_user(b.handle, g, USER_VA + M, false)
+            .ctx("map B")?;
+        d.map_gpu_user(ro.handle, g, USER_VA + 2 * M, true)
+            .ctx("map RO")?;
+        d.ce_copy_va(g, USER_VA + M, USER_VA, size, true)
+            .ctx("copy A -> B")?;
+        check!(
+            mismatches(&d, b.handle, size, 31)? == 0,
+            "GPU {g}: B is not A after a user VA copy"
+        );
+        d.ce_copy_va(g, USER_VA + M, USER_VA + 2 * M, size, true)
+            .ctx("read the read-only mem")?;
+        check!(
+            mismatches(&d, b.handle, size, 47)? == 0,
+            "GPU {g}: B is not RO after the copy"
+        );
+        expect_errno(
+            d.ce_copy_va(g, USER_VA + 2 * M, USER_VA, 8, true),
+            Errno::EFAULT,
+            "write through a read-only user mapping",
+        )?;
+        check!(
+            mismatches(&d, ro.handle, size, 47)? == 0,
+            "GPU {g}: the read-only mem changed"
+        );
+        // The kernel VA space does not see the user VAs.
+        expect_errno(
+            d.ce_copy_va(g, USER_VA + M, USER_VA, 8, false),
+            Errno::EFAULT,
+            "user VA in the kernel space",
+        )?;
+        // Another file, the same VA: its own space, its own mem.
+        let other = Ruvm::open().ctx("open")?;
+        let x = other.mem_alloc(size, 64 * K, 0).ctx("alloc")?;
+        fill(&other, x.handle, size, 99)?;
+        let y = other
+            .mem_alloc(size, 64 * K, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)
+            .ctx("alloc")?;
+        other
+            .map_gpu_user(x.handle, g, USER_VA, false)
+            .ctx("other file: map at A's VA")?;
+        other
+            .map_gpu_user(y.handle, g, USER_VA + M, false)
+            .ctx("other file: map at B's VA")?;
+        other
+            .ce_copy_va(g, USER_VA + M, USER_VA, size, true)
+            .ctx("other file: copy")?;
+        check!(
+            mismatches(&other, y.handle, size, 99)? == 0,
+            "GPU {g}: the other file's copy is not its own mem"
+        );
+        check!(
+            mismatches(&d, b.handle, size, 47)? == 0,
+            "GPU {g}: the other file's copy reached this file's B"
+        );
+        let w = other.pt_walk(g, USER_VA, true).ctx("PT_WALK user")?;
+        let (dma, _) = other.gpu_phys(x.handle, g, 0, 1).ctx("GPU_PHYS")?;
+        check!(
+            w.fault == 0 && w.address == dma,
+            "the other file's walk of {USER_VA:#x} goes to {:#x}, not {dma:#x}",
+            w.address
+        );
+        drop(other);
+        for h in [a.handle, b.handle, ro.handle] {
+            d.mem_free(h).ctx("free")?;
+        }
+    }
+    check_no_page_tables(&d, "after")
+}
+
+fn gpu_va_user_space_goes_with_the_file() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = mmu_gpus(&d)?;
+    check_no_page_tables(&d, "before")?;
+    {
+        let f = Ruvm::open().ctx("open")?;
+        for (i, g) in gpus.iter().enumerate() {
+            let a = f.mem_alloc(2 * M, 2 * M, 0).ctx("alloc")?;
+            f.map_gpu_user(a.handle, g.id, USER_VA, false).ctx("map")?;
+            let k = f.mem_alloc(64 * K, 4 * K, 0).ctx("alloc")?;
+            f.map_gpu_user(k.handle, g.id, USER_VA + 4 * M + i as u64 * M, false)
+                .ctx("map")?;
+            f.mem_gpu_kernel(true, k.handle, g.id).ctx("kernel map")?;
+        }
+        // A DMA unmap drops the GPU's user and kernel mappings of that mem.
+        let l = live(&d)?;
+        check!(l[PT_TABLES] > 0, "no page tables while mapped");
+        // The file goes with everything mapped.
+    }
+    check_no_page_tables(&d, "after the file closed with its mems mapped")?;
+    // MEM_UNMAP_GPU drops a user mapping first.
+    let g = gpus[0].id;
+    let a = d.mem_alloc(64 * K, 64 * K, 0).ctx("alloc")?;
+    d.map_gpu_user(a.handle, g, USER_VA, false).ctx("map")?;
+    d.mem_gpu(false, a.handle, g).ctx("UNMAP_GPU")?;
+    expect_errno(
+        d.gpu_va(a.handle, g, true),
+        Errno::ENXIO,
+        "user VA after UNMAP_GPU",
+    )?;
+    expect_errno(
+        d.ce_copy_va(g, USER_VA, USER_VA, 8, true),
+        Errno::EFAULT,
+        "copy after UNMAP_GPU",
+    )?;
+    check_no_page_tables(&d, "after UNMAP_GPU")?;
+    // Freed with a user mapping alive.
+    d.map_gpu_user(a.handle, g, USER_VA, false)
+        .ctx("map again")?;
+    d.mem_free(a.handle).ctx("free")?;
+    check_no_page_tables(&d, "after freeing a user-mapped mem")
 }
