@@ -118,3 +118,60 @@ ruvmctl unload
 
 step "the leak audit: ruvm's report in the kernel log since the mark, kmemleak, DMA-API errors"
 ruvmctl audit --since "$mark" --require-unload
+
+step "GPU virtual mappings: ruvm loaded again with two simulated GPUs, which have an MMU"
+insmod /ruvm/ruvm.ko sim_gpus=2 enable_test_ioctls=1
+ruvmctl gpus
+# The simulated GPUs' ids, from the registry.
+set -- $(ruvmctl gpus | awk '/simulated GPU/ {print $1}')
+s0=$1 s1=$2
+exec 3<> /dev/ruvm
+va() { ruvmctl --fd 3 gpu-va "$@" --json | grep '"va"' | tr -dc 0-9; }
+
+step "one mem at the same GPU kernel VA on both GPUs (uvm_mem's map_gpu_kernel); page tables in each GPU's memory"
+ruvmctl --fd 3 alloc 4M --page-size 64K
+ruvmctl --fd 3 map-kernel 1
+ruvmctl --fd 3 fill 1
+ruvmctl --fd 3 map-gpu 1 "$s0" --kernel
+ruvmctl --fd 3 map-gpu 1 "$s1" --kernel
+ruvmctl --fd 3 gpu-va 1 "$s0"
+ruvmctl --fd 3 gpu-va 1 "$s1"
+ruvmctl --fd 3 query 1
+src=$(va 1 "$s0")
+
+step "the engine copies through GPU VAs, walking the tables as written; the CPU checks the result"
+ruvmctl --fd 3 alloc 4M --page-size 2M --zero
+ruvmctl --fd 3 map-gpu 2 "$s1" --kernel
+dst=$(va 2 "$s1")
+ruvmctl ce-copy-va "$s1" "$dst" "$src" 4M
+ruvmctl --fd 3 map-kernel 2
+ruvmctl --fd 3 verify 2 --seed 4194304
+ruvmctl pt-dump "$s1" "$((src + 65536 + 8))"
+ruvmctl pt-dump "$s1" "$dst"
+cat /sys/kernel/debug/ruvm/page_tables
+ruvmctl stats | grep '^audit'
+
+step "a user mapping at a VA of this file's own GPU VA space (map_gpu_user), read-only: the GPU's write faults"
+ruvmctl --fd 3 map-gpu 1 "$s0" --user 0x100000000 --read-only
+ruvmctl --fd 3 map-gpu 2 "$s0" --user 0x200000000
+ruvmctl --fd 3 ce-copy-va --user "$s0" 0x200000000 0x100000000 64K
+ruvmctl --fd 3 verify 2 --seed 4194304 --length 64K
+ruvmctl --fd 3 query 1
+ruvmctl --fd 3 ce-copy-va --user "$s0" 0x100000000 0x200000000 64K || echo "(a write through a read-only PTE: an MMU fault)"
+dmesg | grep 'MMU fault' | tail -n 1
+
+step "unmapped, the old VA faults: the TLB was invalidated, the tables it emptied are freed"
+ruvmctl --fd 3 unmap-gpu 1 "$s1" --kernel
+ruvmctl ce-copy-va "$s1" "$dst" "$src" 4096 || echo "(an MMU fault, as it should be)"
+dmesg | grep 'MMU fault' | tail -n 1
+ruvmctl pt-dump "$s1" "$src"
+
+step "freed with mappings alive, in uvm_mem's order; no page table is left"
+ruvmctl --fd 3 free 1
+ruvmctl --fd 3 free 2
+exec 3>&-
+ruvmctl stats | grep '^audit'
+cat /sys/kernel/debug/ruvm/page_tables
+mark=$(ruvmctl audit --mark)
+ruvmctl unload
+ruvmctl audit --since "$mark" --require-unload
