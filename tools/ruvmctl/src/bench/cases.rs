@@ -208,7 +208,7 @@ pub fn run_all(d: &Ruvm, spec: &Spec, groups: &[String], out: &mut dyn FnMut(Cas
         edu,
     };
     type Group = fn(&Ctx, &mut dyn FnMut(Case)) -> Result<()>;
-    let all: [Group; 7] = [g1, g2, g3, g4, g5, copies, memory];
+    let all: [Group; 8] = [g1, g2, g3, g4, g5, copies, memory, va];
     for (name, run) in super::GROUPS.iter().zip(all) {
         if groups.is_empty() || groups.iter().any(|g| g == name) {
             run(&c, out)?;
@@ -416,6 +416,48 @@ fn g3(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
     })?;
     out(kernel);
     c.d.mem_free(hold.handle)?;
+    Ok(())
+}
+
+/// GPU virtual mappings: `MEM_MAP_GPU_KERNEL` + `_UNMAP_GPU_KERNEL` of a big mem on a simulated
+/// GPU (its page tables written and freed), against `MEM_MAP_GPU` + `_UNMAP_GPU` (its DMA map
+/// alone) of the same mem, for 2 MiB and 4 KiB chunks.
+fn va(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
+    let size = c.spec.max_size;
+    for chunk in [2 * M, 4 * K] {
+        let a = c.d.mem_alloc(size, chunk, 0)?;
+        let h = a.handle;
+        let mut case = c.case(
+            format!("va.map_kernel.{}", size_name(chunk)),
+            &format!(
+                "map + unmap at the GPU kernel VA, {} in {} chunks (DMA map included)",
+                size_name(size),
+                size_name(chunk)
+            ),
+            "DMA map + unmap alone",
+            "ns",
+        );
+        (case.ruvm, case.base) = pairs(
+            c.spec.reps,
+            &mut || {
+                time(&mut || {
+                    c.d.mem_gpu_kernel(true, h, c.sim)?;
+                    c.d.mem_gpu(false, h, c.sim)?;
+                    Ok(())
+                })
+            },
+            &mut || {
+                time(&mut || {
+                    c.d.mem_gpu(true, h, c.sim)?;
+                    c.d.mem_gpu(false, h, c.sim)?;
+                    Ok(())
+                })
+            },
+        )?;
+        case.size = size;
+        out(case);
+        c.d.mem_free(h)?;
+    }
     Ok(())
 }
 

@@ -208,6 +208,15 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
     if let Some(c) = get("g5.kmap") {
         rows.push(ratio_row("G5", c, Target::AtMost(1.1)));
     }
+    // GPU virtual mappings: the page tables on top of the DMA map.
+    for (id, t) in [
+        ("va.map_kernel.2M", Target::AtMost(2.0)),
+        ("va.map_kernel.4K", Target::AtMost(4.0)),
+    ] {
+        if let Some(c) = get(id) {
+            rows.push(ratio_row("GPU VA", c, t));
+        }
+    }
     // Copies: throughput, the inverse of the time ratio.
     for (id, t) in [
         ("copy.mem", Target::AtMost(1.0 / 0.9)),
