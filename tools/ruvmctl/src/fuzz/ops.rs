@@ -267,7 +267,7 @@ fn one(w: &World, rng: &mut Rng) {
         return;
     };
     let d = &*file;
-    match rng.below(25) {
+    match rng.below(28) {
         0..=2 => alloc(w, d, rng),
         3 => {
             let h = w.handle(rng);
@@ -369,6 +369,7 @@ fn one(w: &World, rng: &mut Rng) {
         20 => forked_child(w, d, rng),
         22 => race(w, d, rng),
         21 => files(w, rng),
+        23..=25 => gpu_va(w, d, rng),
         _ => {
             // Vidmem, which has its own rules and allocator.
             let size = rng.pick(&SIZES).min(w.max_size);
@@ -442,6 +443,65 @@ fn ce_copy(w: &World, d: &Ruvm, rng: &mut Rng) {
         r,
         &[ENOENT, ENXIO, ENODEV, EINVAL, EOVERFLOW, ETIMEDOUT, EINTR],
     );
+}
+
+/// GPU virtual mappings: kernel and user maps and unmaps, a mem's GPU VA, and engine copies
+/// through VAs, racing frees and DMA unmaps of the same mems by the other workers.
+fn gpu_va(w: &World, d: &Ruvm, rng: &mut Rng) {
+    let (h, g) = (w.handle(rng), w.gpu(rng));
+    let user = rng.one_in(2);
+    // User VAs: aligned and not, at and past the 49-bit width.
+    let va = rng.pick(&[
+        0,
+        1 << 32,
+        (1 << 32) + 4096,
+        1 << 40,
+        (1 << 49) - (64 << 10),
+        1 << 49,
+    ]);
+    match rng.below(4) {
+        0 => {
+            let r = d.mem_gpu_kernel(rng.below(3) != 0, h, g);
+            w.check(
+                "MEM_(UN)MAP_GPU_KERNEL",
+                r,
+                &[ENOENT, ENODEV, EINVAL, EOPNOTSUPP, ENOSPC, EINTR],
+            );
+        }
+        1 => {
+            let r = if rng.below(3) != 0 {
+                d.map_gpu_user(h, g, va, rng.one_in(3))
+            } else {
+                d.unmap_gpu_user(h, g)
+            };
+            w.check(
+                "MEM_(UN)MAP_GPU_USER",
+                r,
+                &[ENOENT, ENODEV, EINVAL, EOPNOTSUPP, ERANGE, EEXIST, EINTR],
+            );
+        }
+        2 => {
+            let r = d.gpu_va(h, g, user);
+            w.check("MEM_GPU_VA", r, &[ENOENT, ENODEV, ENXIO]);
+        }
+        _ => {
+            // From the start of the kernel window or a user VA, to another place there.
+            let base = if user {
+                va
+            } else {
+                uapi::RUVM_GPU_KERNEL_VA_BASE
+            };
+            let (offset, length) = range(rng);
+            let src = base.wrapping_add(offset);
+            let dst = base.wrapping_add(rng.pick(&[0, 4096, 1 << 20, 2 << 20]));
+            let r = d.ce_copy_va(g, dst, src, length.min(1 << 20), user);
+            w.check(
+                "CE_COPY_VA",
+                r,
+                &[EFAULT, EINVAL, ENODEV, EOPNOTSUPP, EPERM, EINTR],
+            );
+        }
+    }
 }
 
 /// A command with a non-zero reserved word or an unknown flag: `EINVAL` (`ENOSYS` first for a
