@@ -272,8 +272,8 @@ pub(crate) struct MemInfo {
     pub(crate) user_mappings: u32,
     pub(crate) alloc_flags: u32,
     pub(crate) mapped_gpus: u64,
-    /// Whether any GPU has it mapped in its kernel VA space.
-    pub(crate) gpu_kernel: bool,
+    /// Its GPU kernel VA, while any GPU has it mapped in its kernel VA space.
+    pub(crate) gpu_kernel: Option<u64>,
     /// Whether any GPU has it mapped in its file's user VA space.
     pub(crate) gpu_user: bool,
     /// The GPU of a vidmem mem.
@@ -383,7 +383,7 @@ impl Mem {
             (
                 st.kmap.is_some(),
                 mask,
-                !st.gpu_kernel.is_empty(),
+                st.kva.as_ref().map(gpu_va::KernelVa::va),
                 !st.gpu_user.is_empty(),
             )
         };

@@ -38,7 +38,8 @@ _Static_assert(sizeof(struct ruvm_mem_query) == 104, "struct ruvm_mem_query size
 _Static_assert(offsetof(struct ruvm_mem_query, mapped) == 56, "query mapped");
 _Static_assert(offsetof(struct ruvm_mem_query, user_mappings) == 64, "query user_mappings");
 _Static_assert(offsetof(struct ruvm_mem_query, gpu) == 80, "query gpu");
-_Static_assert(offsetof(struct ruvm_mem_query, reserved) == 88, "query reserved");
+_Static_assert(offsetof(struct ruvm_mem_query, gpu_kernel_va) == 88, "query gpu_kernel_va");
+_Static_assert(offsetof(struct ruvm_mem_query, reserved) == 96, "query reserved");
 _Static_assert(sizeof(struct ruvm_gpu_info) == 56, "struct ruvm_gpu_info size");
 _Static_assert(offsetof(struct ruvm_gpu_info, dma_mapped_bytes) == 40, "gpu_info dma_mapped_bytes");
 _Static_assert(offsetof(struct ruvm_gpu_info, vidmem_size) == 48, "gpu_info vidmem_size");

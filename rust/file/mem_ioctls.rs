@@ -79,8 +79,10 @@ impl RuvmFile {
         if info.user_mappings > 0 {
             args.mapped |= u64::from(uapi::ruvm_mapped_RUVM_MAPPED_CPU_USER);
         }
-        if info.gpu_kernel {
+        args.gpu_kernel_va = 0;
+        if let Some(va) = info.gpu_kernel {
             args.mapped |= u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_KERNEL);
+            args.gpu_kernel_va = va;
         }
         if info.gpu_user {
             args.mapped |= u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_USER);

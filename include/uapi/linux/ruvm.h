@@ -191,6 +191,8 @@ enum ruvm_mapped {
  * @mapped_gpus:   (out) bit n set: the mem has a DMA address table for GPU n (sysmem only)
  * @gpu:           (out) vidmem: the GPU whose memory backs it; sysmem: 0
  * @pad:           (out) 0
+ * @gpu_kernel_va: (out) while any GPU has it mapped in its kernel VA space: its GPU kernel VA
+ *                 (the same on every GPU, RUVM_IOCTL_MEM_MAP_GPU_KERNEL); else 0
  * @reserved:      (in)  must be 0
  */
 struct ruvm_mem_query {
@@ -208,7 +210,8 @@ struct ruvm_mem_query {
 	__u64 mapped_gpus;
 	__u32 gpu;
 	__u32 pad;
-	__u64 reserved[2];
+	__u64 gpu_kernel_va;
+	__u64 reserved[1];
 };
 
 /* ruvm_mem_fill.kind */

@@ -319,6 +319,8 @@ pub struct Pmm {
     roots_used: u64,
     roots_split: u64,
     roots_stored: u64,
+    pt_tables: u64,
+    pt_bytes: u64,
 }
 
 /// The PMMs of every present GPU with vidmem.
@@ -346,6 +348,8 @@ pub fn pmms(d: &Ruvm) -> Result<Pmms> {
             roots_used: s.roots_used,
             roots_split: s.roots_split,
             roots_stored: s.roots_stored,
+            pt_tables: s.pt_tables,
+            pt_bytes: s.pt_bytes,
         });
     }
     Ok(Pmms(out))
@@ -368,6 +372,7 @@ impl Report for Pmms {
                 "used",
                 "split",
                 "with storage",
+                "page tables",
             ],
             self.0.iter().map(|p| {
                 [
@@ -381,6 +386,7 @@ impl Report for Pmms {
                     p.roots_used.to_string(),
                     p.roots_split.to_string(),
                     p.roots_stored.to_string(),
+                    format!("{} ({})", p.pt_tables, show_size(p.pt_bytes)),
                 ]
             }),
         )

@@ -28,6 +28,7 @@ pub struct Mem {
     cpu_kernel_mapped: bool,
     cpu_user_mapped: bool,
     gpu_kernel_mapped: bool,
+    gpu_kernel_va: u64,
     gpu_user_mapped: bool,
     user_mappings: u32,
     mapped_gpus: Vec<u32>,
@@ -56,6 +57,7 @@ impl Mem {
             cpu_kernel_mapped: mapped.iter().any(|m| m == "cpu-kernel"),
             cpu_user_mapped: mapped.iter().any(|m| m == "cpu-user"),
             gpu_kernel_mapped: mapped.iter().any(|m| m == "gpu-kernel"),
+            gpu_kernel_va: q.gpu_kernel_va,
             gpu_user_mapped: mapped.iter().any(|m| m == "gpu-user"),
             user_mappings: q.user_mappings,
             mapped_gpus: (0..64)
@@ -78,7 +80,7 @@ impl Report for Mem {
             maps.push(format!("gpu {g} (DMA)"));
         }
         if self.gpu_kernel_mapped {
-            maps.push("gpu-kernel VA".to_owned());
+            maps.push(format!("gpu-kernel VA {:#x}", self.gpu_kernel_va));
         }
         if self.gpu_user_mapped {
             maps.push("gpu-user VA".to_owned());

@@ -513,7 +513,7 @@ fn malformed(w: &World, d: &Ruvm, rng: &mut Rng) {
     };
     match rng.below(3) {
         0 => q.flags = 1 << rng.below(32),
-        _ => q.reserved[rng.below(2) as usize] = rng.next() | 1,
+        _ => q.reserved[0] = rng.next() | 1,
     }
     match d.call(cmd::MEM_QUERY, &mut q) {
         Err(EINVAL) => {}

@@ -150,6 +150,25 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
     row!(&d, p, e, cmd::CE_COPY, uapi::ruvm_ce_copy::default(), known: 0, zero: [reserved]);
     row!(&d, p, e, cmd::MEM_GPU_PHYS, uapi::ruvm_mem_gpu_phys::default(),
         known: 0, zero: [pad, reserved]);
+    for c in [
+        cmd::MEM_MAP_GPU_KERNEL,
+        cmd::MEM_UNMAP_GPU_KERNEL,
+        cmd::MEM_UNMAP_GPU_USER,
+    ] {
+        row!(&d, p, e, c, uapi::ruvm_mem_gpu::default(), known: 0, zero: [reserved]);
+    }
+    let user = uapi::ruvm_va_space_flags_RUVM_VA_USER;
+    row!(&d, p, e, cmd::MEM_MAP_GPU_USER, uapi::ruvm_mem_gpu_user::default(),
+        known: uapi::ruvm_gpu_user_flags_RUVM_GPU_USER_READ_ONLY, zero: [reserved]);
+    row!(&d, p, e, cmd::MEM_GPU_VA, uapi::ruvm_mem_gpu_va::default(),
+        known: user, zero: [reserved]);
+    let copy_va = uapi::ruvm_ce_copy_va {
+        length: 8,
+        ..Default::default()
+    };
+    row!(&d, p, e, cmd::CE_COPY_VA, copy_va, known: user, zero: [reserved]);
+    row!(&d, p, e, cmd::GPU_PT_WALK, uapi::ruvm_gpu_pt_walk::default(),
+        known: user, zero: [reserved]);
     row!(&d, p, e, cmd::PMM_STATS, uapi::ruvm_pmm_stats::default(), known: 0, zero: [reserved]);
     let check_leak = uapi::ruvm_pmm_check_leak {
         chunk_size: 4096,
@@ -188,6 +207,8 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
         ..Default::default()
     };
     row!(&d, p, t, cmd::TEST_CE_RAW, raw, known: 0, zero: [reserved]);
+    row!(&d, p, t, cmd::TEST_PT_WRITE, uapi::ruvm_test_pt_write::default(),
+        known: user, zero: [reserved]);
     Ok(())
 }
 

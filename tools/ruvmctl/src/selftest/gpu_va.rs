@@ -169,6 +169,12 @@ fn check_map_gpu(d: &Ruvm, a: &uapi::ruvm_mem_alloc, gpus: &[uapi::ruvm_gpu_info
         );
         let (v, ps) = d.gpu_va(a.handle, g.id, false).ctx("GPU_VA")?;
         check!(
+            q.gpu_kernel_va == v,
+            "mem {}: query says GPU kernel VA {:#x}, GPU_VA {v:#x}",
+            a.handle,
+            q.gpu_kernel_va
+        );
+        check!(
             v >= BASE && v + a.chunk_count * a.chunk_size <= BASE + WINDOW && v % a.chunk_size == 0,
             "mem {} ({} bytes, chunk {}): VA {v:#x} not aligned inside the window",
             a.handle,
@@ -212,8 +218,9 @@ fn check_map_gpu(d: &Ruvm, a: &uapi::ruvm_mem_alloc, gpus: &[uapi::ruvm_gpu_info
     }
     let q = d.mem_query(a.handle).ctx("query")?;
     check!(
-        q.mapped & u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_KERNEL) == 0,
-        "GPU_KERNEL still set after unmapping everywhere"
+        q.mapped & u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_KERNEL) == 0 && q.gpu_kernel_va == 0,
+        "GPU_KERNEL still set (VA {:#x}) after unmapping everywhere",
+        q.gpu_kernel_va
     );
     for g in gpus.iter().filter(|g| !vid || g.id == a.gpu) {
         d.mem_gpu_kernel(true, a.handle, g.id).ctx("remap")?;
