@@ -274,6 +274,18 @@ impl<T> Bytes<'_, T> {
         })
     }
 
+    /// The little-endian 64-bit word at `offset` (a GPU page-table entry).
+    pub(crate) fn read_u64(&self, offset: usize) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(offset, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Writes `value` as the little-endian 64-bit word at `offset`.
+    pub(crate) fn write_u64(&self, offset: usize, value: u64) -> Result {
+        self.write(offset, &value.to_le_bytes())
+    }
+
     /// Zeroes `len` bytes at `offset`.
     pub(crate) fn zero(&self, offset: usize, len: usize) -> Result {
         self.walk(offset, len, |page, at, _, n| {

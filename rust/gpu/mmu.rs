@@ -22,8 +22,10 @@
 //! # The walk
 //!
 //! The engine translates an address by reading the tables' words from memory, through the
-//! same DMA translation it reaches any memory by ([`SimIommu`]): nothing but the root's address
-//! is kept beside them, so what the engine sees is exactly what was written. A TLB of
+//! same DMA translation it reaches any memory by ([`SimIommu`]): it keeps nothing beside them
+//! but each space's root address, so what it sees is exactly what was written. (The tree itself
+//! reads and writes a table straight in its pages, found by address among the MMU's tables:
+//! the same bytes, without the translation's and the PMM's locks.) A TLB of
 //! [`TLB_ENTRIES`] translations (direct-mapped by 4 KiB page) caches successful walks; every
 //! unmap and every test write of an entry invalidates it whole, so no stale entry is used.
 //! A failed translation is a GPU MMU fault: `EFAULT`, and a line
@@ -105,16 +107,15 @@ struct Table {
 impl Table {
     /// The word at byte `offset` of the table.
     fn read(&self, offset: usize) -> Option<u64> {
-        let mut b = [0u8; 8];
         let (pages, at) = &self.bytes;
-        pages.bytes().read(at + offset, &mut b).ok()?;
-        Some(u64::from_le_bytes(b))
+        let word = pages.bytes().read_u64(at + offset).ok();
+        word
     }
 
     /// Writes the word at byte `offset` of the table.
     fn write(&self, offset: usize, value: u64) -> Result {
         let (pages, at) = &self.bytes;
-        let written = pages.bytes().write(at + offset, &value.to_le_bytes());
+        let written = pages.bytes().write_u64(at + offset, value);
         written
     }
 }

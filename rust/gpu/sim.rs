@@ -113,16 +113,15 @@ impl SimIommu {
     /// mapping holds it.
     pub(crate) fn read_word(&self, addr: u64) -> Option<u64> {
         let r = self.lookup(addr, 8)?;
-        let mut b = [0u8; 8];
-        r.pages.bytes().read(r.offset, &mut b).ok()?;
-        Some(u64::from_le_bytes(b))
+        let word = r.pages.bytes().read_u64(r.offset).ok();
+        word
     }
 
     /// Writes the 8-byte word at DMA address `addr` (a page-table entry); `EFAULT` if no
     /// mapping holds it.
     pub(crate) fn write_word(&self, addr: u64, value: u64) -> Result {
         let r = self.lookup(addr, 8).ok_or(EFAULT)?;
-        let written = r.pages.bytes().write(r.offset, &value.to_le_bytes());
+        let written = r.pages.bytes().write_u64(r.offset, value);
         written
     }
 
