@@ -83,8 +83,9 @@ pub(crate) fn new_space_id() -> u64 {
     NEXT.fetch_add(1, Relaxed)
 }
 
-/// Pages mapped between two looks at a pending signal.
-const SIGNAL_EVERY: u64 = 512;
+/// The most pages one leaf table holds, mapped in one run (between two looks at a pending
+/// signal).
+const RUN_MAX: usize = 512;
 
 /// Where a table's memory comes from.
 enum TableStore {
@@ -118,7 +119,46 @@ impl Table {
         let written = pages.bytes().write_u64(at + offset, value);
         written
     }
+
+    /// Reads the words from byte `offset` of the table on into `out`.
+    fn read_words(&self, offset: usize, out: &mut [u64]) -> Result {
+        let (pages, at) = &self.bytes;
+        let bytes = pages.bytes();
+        let mut buf = [0u8; WORDS_AT_ONCE * 8];
+        let mut pos = at.checked_add(offset).ok_or(EINVAL)?;
+        for piece in out.chunks_mut(WORDS_AT_ONCE) {
+            let b = buf.get_mut(..piece.len() * 8).ok_or(EINVAL)?;
+            bytes.read(pos, b)?;
+            for (w, le) in piece.iter_mut().zip(b.chunks_exact(8)) {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(le);
+                *w = u64::from_le_bytes(word);
+            }
+            pos += b.len();
+        }
+        Ok(())
+    }
+
+    /// Writes `words` from byte `offset` of the table on.
+    fn write_words(&self, offset: usize, words: &[u64]) -> Result {
+        let (pages, at) = &self.bytes;
+        let bytes = pages.bytes();
+        let mut buf = [0u8; WORDS_AT_ONCE * 8];
+        let mut pos = at.checked_add(offset).ok_or(EINVAL)?;
+        for piece in words.chunks(WORDS_AT_ONCE) {
+            let b = buf.get_mut(..piece.len() * 8).ok_or(EINVAL)?;
+            for (le, w) in b.chunks_exact_mut(8).zip(piece) {
+                le.copy_from_slice(&w.to_le_bytes());
+            }
+            bytes.write(pos, b)?;
+            pos += b.len();
+        }
+        Ok(())
+    }
 }
+
+/// The words a bulk table access copies through its stack buffer at once.
+const WORDS_AT_ONCE: usize = 64;
 
 /// The table holding byte address `addr`, and `addr`'s offset in it: tables are 4 KiB,
 /// aligned to 4 KiB.
@@ -205,6 +245,39 @@ impl TableMem for Tables<'_> {
         }
         let (t, offset) = table_at(self.map, addr).ok_or(TreeError::Unreadable)?;
         t.write(offset, value).map_err(|_| TreeError::Unreadable)
+    }
+
+    fn read_words(
+        &mut self,
+        aperture: Aperture,
+        addr: u64,
+        out: &mut [u64],
+    ) -> Result<(), TreeError> {
+        if aperture != self.mmu.table_aperture() {
+            return Err(TreeError::Unreadable);
+        }
+        let (t, offset) = table_at(self.map, addr).ok_or(TreeError::Unreadable)?;
+        if offset + out.len() * 8 > TABLE_BYTES as usize {
+            return Err(TreeError::Unreadable);
+        }
+        t.read_words(offset, out).map_err(|_| TreeError::Unreadable)
+    }
+
+    fn write_words(
+        &mut self,
+        aperture: Aperture,
+        addr: u64,
+        words: &[u64],
+    ) -> Result<(), TreeError> {
+        if aperture != self.mmu.table_aperture() {
+            return Err(TreeError::Unreadable);
+        }
+        let (t, offset) = table_at(self.map, addr).ok_or(TreeError::Unreadable)?;
+        if offset + words.len() * 8 > TABLE_BYTES as usize {
+            return Err(TreeError::Unreadable);
+        }
+        t.write_words(offset, words)
+            .map_err(|_| TreeError::Unreadable)
     }
 
     fn alloc(&mut self, size: u64) -> Result<Pde, TreeError> {
@@ -412,26 +485,30 @@ impl Mmu {
             mmu: self,
             map: &mut st.tables,
         };
+        // One leaf table's worth of entries at a time: the path to it is walked once.
+        let mut ptes = KVec::with_capacity(RUN_MAX, GFP_KERNEL)?;
         let mut done = 0;
         let r = loop {
             if done == count {
                 break Ok(());
             }
-            if done % SIGNAL_EVERY == SIGNAL_EVERY - 1 && kernel::current!().signal_pending() {
+            if kernel::current!().signal_pending() {
                 break Err(ERESTARTSYS);
             }
-            let at = done
-                .checked_mul(page_size)
-                .and_then(|o| va.checked_add(o))
-                .ok_or(EINVAL);
-            let step = at.and_then(|at| {
-                let pte = pte_of(done)?;
-                tree.map(&mut m, at, page_size, &pte).map_err(tree_error)
-            });
-            if let Err(e) = step {
-                break Err(e);
+            let step = Self::map_some(
+                tree,
+                &mut m,
+                va,
+                page_size,
+                done,
+                count,
+                &mut ptes,
+                &mut pte_of,
+            );
+            match step {
+                Ok(n) => done += n,
+                Err(e) => break Err(e),
             }
-            done += 1;
         };
         if r.is_err() && done > 0 {
             if let Err(e) = tree.unmap_range(&mut m, va, done * page_size) {
@@ -442,6 +519,35 @@ impl Mmu {
         st.tlb = [None; TLB_ENTRIES];
         self.release_if_empty(st, space);
         r
+    }
+
+    /// Maps the pages from `done` on (of `count`) that the leaf table of the first one holds,
+    /// their entries gathered in `ptes`: how many.
+    #[allow(clippy::too_many_arguments)]
+    fn map_some(
+        tree: &Tree,
+        m: &mut Tables<'_>,
+        va: u64,
+        page_size: u64,
+        done: u64,
+        count: u64,
+        ptes: &mut KVec<Pte>,
+        pte_of: &mut impl FnMut(u64) -> Result<Pte>,
+    ) -> Result<u64> {
+        let at = done
+            .checked_mul(page_size)
+            .and_then(|o| va.checked_add(o))
+            .ok_or(EINVAL)?;
+        ptes.clear();
+        // CAST: RUN_MAX fits in a u64.
+        let room = Tree::run_pages(at, page_size).map_err(tree_error)?;
+        let want = (count - done).min(room).min(RUN_MAX as u64);
+        for i in done..done + want {
+            ptes.push(pte_of(i)?, GFP_KERNEL)?;
+        }
+        let n = tree.map_run(m, at, page_size, ptes).map_err(tree_error)?;
+        // CAST: at most RUN_MAX.
+        Ok(n as u64)
     }
 
     /// Unmaps every page in `[va, va + len)`, invalidates the TLB, and frees the tables left

@@ -58,7 +58,40 @@ pub(crate) trait TableMem: TableReader {
     fn alloc(&mut self, size: u64) -> Result<Pde, TreeError>;
     /// Gives back a table [`alloc`](TableMem::alloc) returned.
     fn free(&mut self, table: Pde, size: u64);
+
+    /// Reads `out.len()` words from byte address `addr` on, all in one table.
+    fn read_words(
+        &mut self,
+        aperture: Aperture,
+        addr: u64,
+        out: &mut [u64],
+    ) -> Result<(), TreeError> {
+        let mut at = addr;
+        for w in out.iter_mut() {
+            *w = self.read(aperture, at).ok_or(TreeError::Unreadable)?;
+            at = at.checked_add(8).ok_or(TreeError::Unreadable)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `words` from byte address `addr` on, all in one table, in address order.
+    fn write_words(
+        &mut self,
+        aperture: Aperture,
+        addr: u64,
+        words: &[u64],
+    ) -> Result<(), TreeError> {
+        let mut at = addr;
+        for &w in words {
+            self.write(aperture, at, w)?;
+            at = at.checked_add(8).ok_or(TreeError::Unreadable)?;
+        }
+        Ok(())
+    }
 }
+
+/// The words one bulk access of the tree moves at most (a buffer on the stack).
+const BATCH: usize = 64;
 
 /// The bytes of the root (PDE3) table.
 pub(crate) const ROOT_SIZE: u64 = Level::Pde3.table_size();
@@ -97,19 +130,69 @@ fn write<M: TableMem>(
 
 /// Whether every word of `table` (of `level`) is zero.
 fn empty<M: TableMem>(m: &mut M, table: &Pde, level: Level) -> Result<bool, TreeError> {
-    let words = level.table_size() / 8;
-    for i in 0..words {
-        let v = m
-            .read(
-                table.aperture,
-                table.addr.checked_add(i * 8).ok_or(TreeError::Unreadable)?,
-            )
-            .ok_or(TreeError::Unreadable)?;
-        if v != 0 {
-            return Ok(false);
+    Ok(!any_set(m, table, level, 0, level.entries())?)
+}
+
+/// How many of the `count` entries from `first` on in `table` (of `level`) are not zero
+/// (stopping at the first with `!all`); with `clear`, those are zeroed as well.
+fn scan<M: TableMem>(
+    m: &mut M,
+    table: &Pde,
+    level: Level,
+    first: u64,
+    count: u64,
+    clear: bool,
+) -> Result<u64, TreeError> {
+    let per = level.entry_size() / 8;
+    let mut words = count.checked_mul(per).ok_or(TreeError::Unreadable)?;
+    let mut addr = slot(table, level, first, 0)?;
+    let mut set = 0;
+    let mut buf = [0u64; BATCH];
+    while words > 0 {
+        // CAST: at most BATCH.
+        let n = words.min(BATCH as u64) as usize;
+        let piece = buf.get_mut(..n).ok_or(TreeError::Unreadable)?;
+        m.read_words(table.aperture, addr, piece)?;
+        let here = piece
+            .chunks(per as usize)
+            .filter(|e| e.iter().any(|&w| w != 0))
+            .count() as u64;
+        if here > 0 {
+            set += here;
+            if !clear {
+                return Ok(set);
+            }
+            piece.fill(0);
+            m.write_words(table.aperture, addr, piece)?;
         }
+        words -= n as u64;
+        addr = addr
+            .checked_add(n as u64 * 8)
+            .ok_or(TreeError::Unreadable)?;
     }
-    Ok(true)
+    Ok(set)
+}
+
+/// Whether any of the `count` entries from `first` on in `table` (of `level`) is set.
+fn any_set<M: TableMem>(
+    m: &mut M,
+    table: &Pde,
+    level: Level,
+    first: u64,
+    count: u64,
+) -> Result<bool, TreeError> {
+    Ok(scan(m, table, level, first, count, false)? != 0)
+}
+
+/// Zeroes the `count` entries from `first` on in `table` (of `level`): how many were set.
+fn clear<M: TableMem>(
+    m: &mut M,
+    table: &Pde,
+    level: Level,
+    first: u64,
+    count: u64,
+) -> Result<u64, TreeError> {
+    scan(m, table, level, first, count, true)
 }
 
 /// The PDE0 entry for `va` in `pde0`.
@@ -218,77 +301,160 @@ impl Tree {
         page_size: u64,
         pte: &Pte,
     ) -> Result<(), TreeError> {
-        let level = Self::check(va, page_size, Some(pte))?;
-        let entry = pte.encode(page_size)?;
-        let r = self.map_in(m, va, level, pte, entry);
+        self.map_run(m, va, page_size, core::slice::from_ref(pte))
+            .map(|_| ())
+    }
+
+    /// How many pages of `page_size` bytes from `va` on [`Tree::map_run`] can map at once.
+    pub(crate) fn run_pages(va: u64, page_size: u64) -> Result<u64, TreeError> {
+        Ok(Self::run_room(va, Self::check(va, page_size, None)?))
+    }
+
+    /// How many pages of `level` from `va` on one leaf table holds: the rest of the PDE0
+    /// table for 2 MiB pages, the rest of the PDE0 entry's 2 MiB for the others.
+    fn run_room(va: u64, level: Level) -> u64 {
+        if level == Level::Pde0 {
+            Level::Pde0.entries() - Level::Pde0.index(va)
+        } else {
+            let span = Level::Pde0.span();
+            (span - (va & (span - 1))) / level.span()
+        }
+    }
+
+    /// Maps pages of `page_size` bytes from `va` on, page `i` to what `ptes[i]` says, as many
+    /// as the one leaf table covering `va` holds: how many (at least one). All or nothing: if
+    /// any of their ranges holds a mapped page, none is mapped ([`TreeError::Busy`]).
+    pub(crate) fn map_run<M: TableMem>(
+        &self,
+        m: &mut M,
+        va: u64,
+        page_size: u64,
+        ptes: &[Pte],
+    ) -> Result<usize, TreeError> {
+        let level = Self::check(va, page_size, ptes.first())?;
+        if ptes.is_empty() {
+            return Ok(0);
+        }
+        // CAST: a usize fits in a u64.
+        let n = Self::run_room(va, level).min(ptes.len() as u64);
+        let mut at = va;
+        for pte in ptes.iter().take(n as usize) {
+            Self::check(at, page_size, Some(pte))?;
+            at += page_size;
+        }
+        let r = self.map_run_in(m, va, level, ptes.get(..n as usize).unwrap_or(&[]));
         if r.is_err() {
             // Tables allocated on the way are linked in and empty: free them.
             self.prune(m, va);
         }
+        r.map(|()| n as usize)
+    }
+
+    /// Writes the entries of `ptes` (pages of `level`, all in one leaf table) from
+    /// `first` on in `table`; on a failure, zeroes what it wrote.
+    fn write_run<M: TableMem>(
+        m: &mut M,
+        table: &Pde,
+        level: Level,
+        first: u64,
+        ptes: &[Pte],
+    ) -> Result<(), TreeError> {
+        let per = level.entry_size() / 8;
+        // CAST: BATCH and the entry's words are small.
+        let step = BATCH / per as usize;
+        let mut buf = [0u64; BATCH];
+        let mut done = 0u64;
+        let mut r = Ok(());
+        for group in ptes.chunks(step) {
+            let words = buf.get_mut(..group.len() * per as usize).unwrap_or(&mut []);
+            for (e, pte) in words.chunks_mut(per as usize).zip(group) {
+                let enc = if level == Level::Pde0 {
+                    Pde0::Page(*pte).encode()?
+                } else {
+                    [pte.encode(level.span())?, 0]
+                };
+                e.copy_from_slice(enc.get(..per as usize).unwrap_or(&[]));
+            }
+            r = slot(table, level, first + done, 0)
+                .and_then(|addr| m.write_words(table.aperture, addr, words));
+            // Counted before the check: a failed write may have written part of the group.
+            done += group.len() as u64;
+            if r.is_err() {
+                break;
+            }
+        }
+        if r.is_err() {
+            // The entries were all zero before: best effort, the memory failed a write.
+            let _ = clear(m, table, level, first, done);
+        }
         r
     }
 
-    fn map_in<M: TableMem>(
+    fn map_run_in<M: TableMem>(
         &self,
         m: &mut M,
         va: u64,
         level: Level,
-        pte: &Pte,
-        entry: u64,
+        ptes: &[Pte],
     ) -> Result<(), TreeError> {
+        // CAST: a usize fits in a u64.
+        let n = ptes.len() as u64;
+        let len = n * level.span();
         let pde0 = self.pde0(m, va, true)?.map_err(|_| TreeError::Unreadable)?;
-        let cur = read_pde0(m, &pde0, va)?;
-        match level {
-            Level::Pde0 => match cur {
-                Pde0::Invalid => write_pde0(m, &pde0, va, &Pde0::Page(*pte)),
-                _ => Err(TreeError::Busy),
-            },
-            Level::Pte64K | Level::Pte4K => {
-                let (mut big, mut small) = match cur {
-                    Pde0::Invalid => (None, None),
-                    Pde0::Dual { big, small } => (big, small),
-                    Pde0::Page(_) => return Err(TreeError::Busy),
-                };
-                // Overlap: a 64K page covers 16 small entries, a 4K page one big entry.
-                let big_i = Level::Pte64K.index(va);
-                if let Some(t) = big {
-                    if read(m, &t, Level::Pte64K, big_i, 0)? != 0 {
-                        return Err(TreeError::Busy);
-                    }
-                }
-                let (first, count) = if level == Level::Pte64K {
-                    (Level::Pte4K.index(va), 16)
-                } else {
-                    (Level::Pte4K.index(va), 1)
-                };
-                if let Some(t) = small {
-                    for i in first..first + count {
-                        if read(m, &t, Level::Pte4K, i, 0)? != 0 {
-                            return Err(TreeError::Busy);
-                        }
-                    }
-                }
-                let half = if level == Level::Pte64K {
-                    &mut big
-                } else {
-                    &mut small
-                };
-                let table = match half {
-                    Some(t) => *t,
-                    None => {
-                        let t = m.alloc(level.table_size())?;
-                        *half = Some(t);
-                        if let Err(e) = write_pde0(m, &pde0, va, &Pde0::Dual { big, small }) {
-                            m.free(t, level.table_size());
-                            return Err(e);
-                        }
-                        t
-                    }
-                };
-                write(m, &table, level, level.index(va), 0, entry)
+        if level == Level::Pde0 {
+            let first = Level::Pde0.index(va);
+            if any_set(m, &pde0, Level::Pde0, first, n)? {
+                return Err(TreeError::Busy);
             }
-            _ => Err(TreeError::Invalid),
+            return Self::write_run(m, &pde0, Level::Pde0, first, ptes);
         }
+        let cur = read_pde0(m, &pde0, va)?;
+        let (mut big, mut small) = match cur {
+            Pde0::Invalid => (None, None),
+            Pde0::Dual { big, small } => (big, small),
+            Pde0::Page(_) => return Err(TreeError::Busy),
+        };
+        // Overlap: a 64K page covers 16 small entries, a 4K page part of one big entry.
+        if let Some(t) = big {
+            let first = Level::Pte64K.index(va);
+            let last = Level::Pte64K.index(va + len - 1);
+            if any_set(m, &t, Level::Pte64K, first, last - first + 1)? {
+                return Err(TreeError::Busy);
+            }
+        }
+        if let Some(t) = small {
+            if any_set(
+                m,
+                &t,
+                Level::Pte4K,
+                Level::Pte4K.index(va),
+                len / Level::Pte4K.span(),
+            )? {
+                return Err(TreeError::Busy);
+            }
+        }
+        let half = if level == Level::Pte64K {
+            &mut big
+        } else {
+            &mut small
+        };
+        let table = match half {
+            Some(t) => *t,
+            None => {
+                let t = m.alloc(level.table_size())?;
+                *half = Some(t);
+                if let Err(e) = write_pde0(m, &pde0, va, &Pde0::Dual { big, small }) {
+                    // The entry may be half written: put it back, and free the table only
+                    // once nothing points at it.
+                    if write_pde0(m, &pde0, va, &cur).is_ok() {
+                        m.free(t, level.table_size());
+                    }
+                    return Err(e);
+                }
+                t
+            }
+        };
+        Self::write_run(m, &table, level, level.index(va), ptes)
     }
 
     /// Unmaps the page of `page_size` bytes at `va` and frees the tables it leaves empty:
@@ -320,6 +486,37 @@ impl Tree {
         Ok(pte)
     }
 
+    /// Frees the leaf tables of `va`'s entry in `pde0` that hold nothing, and clears the
+    /// entry's halves pointing at them (the whole entry when both go). Best effort.
+    fn prune_leaves<M: TableMem>(m: &mut M, pde0: &Pde, va: u64) {
+        if let Ok(Pde0::Dual { mut big, mut small }) = read_pde0(m, pde0, va) {
+            let mut gone = [None, None];
+            for (slot, lvl, g) in [
+                (&mut big, Level::Pte64K, 0usize),
+                (&mut small, Level::Pte4K, 1usize),
+            ] {
+                if let Some(t) = *slot {
+                    if matches!(empty(m, &t, lvl), Ok(true)) {
+                        *slot = None;
+                        if let Some(x) = gone.get_mut(g) {
+                            *x = Some((t, lvl));
+                        }
+                    }
+                }
+            }
+            let e = if big.is_none() && small.is_none() {
+                Pde0::Invalid
+            } else {
+                Pde0::Dual { big, small }
+            };
+            if gone.iter().any(Option::is_some) && write_pde0(m, pde0, va, &e).is_ok() {
+                for (t, lvl) in gone.into_iter().flatten() {
+                    m.free(t, lvl.table_size());
+                }
+            }
+        }
+    }
+
     /// Frees the tables on `va`'s path that hold nothing, leaf first, clearing the entries
     /// pointing at them first. Best effort: a table that cannot be read is left in place.
     fn prune<M: TableMem>(&self, m: &mut M, va: u64) {
@@ -340,33 +537,7 @@ impl Tree {
             level = next;
         }
         if depth == 4 {
-            let pde0 = table;
-            if let Ok(Pde0::Dual { mut big, mut small }) = read_pde0(m, &pde0, va) {
-                let mut gone = [None, None];
-                for (slot, lvl, g) in [
-                    (&mut big, Level::Pte64K, 0usize),
-                    (&mut small, Level::Pte4K, 1usize),
-                ] {
-                    if let Some(t) = *slot {
-                        if matches!(empty(m, &t, lvl), Ok(true)) {
-                            *slot = None;
-                            if let Some(x) = gone.get_mut(g) {
-                                *x = Some((t, lvl));
-                            }
-                        }
-                    }
-                }
-                let e = if big.is_none() && small.is_none() {
-                    Pde0::Invalid
-                } else {
-                    Pde0::Dual { big, small }
-                };
-                if gone.iter().any(Option::is_some) && write_pde0(m, &pde0, va, &e).is_ok() {
-                    for (t, lvl) in gone.into_iter().flatten() {
-                        m.free(t, lvl.table_size());
-                    }
-                }
-            }
+            Self::prune_leaves(m, &table, va);
         }
         // The directories, PDE0 up to PDE2: each freed when empty, its parent's entry cleared.
         let levels = [Level::Pde3, Level::Pde2, Level::Pde1, Level::Pde0];
@@ -391,12 +562,14 @@ impl Tree {
         }
     }
 
-    /// Unmaps every page in `[va, va + len)` (mapped with any page size) and frees the tables
-    /// left empty. How many pages were unmapped.
+    /// Unmaps every page in `[va, va + len)` (mapped with any page size; a page only partly
+    /// inside goes whole) and frees the tables left empty. How many pages were unmapped.
     ///
-    /// The pages go from the last down: what is left of the range is then at the low end of
-    /// each table, where the check for an empty table (from its first entry up) stops at once,
-    /// so unmapping n pages costs O(n), not O(n x table size).
+    /// The path to a PDE0 table is walked once for all the entries of it in the range, and
+    /// each entry's leaf tables are cleared a run at a time. The entries go from the last
+    /// down: what is left of a table is then at its low end, where the check for an empty
+    /// table (from its first entry up) stops at once, so unmapping n pages costs O(n), not
+    /// O(n x table size).
     pub(crate) fn unmap_range<M: TableMem>(
         &self,
         m: &mut M,
@@ -410,42 +583,115 @@ impl Tree {
         let mut n = 0;
         let mut at = end;
         while at > va {
-            // The last 4 KiB page below `at`, what maps it, and where to look next.
+            // The last 4 KiB page below `at`, the PDE0 table covering it, and where to look
+            // next.
             let p = at - 0x1000;
             let down = |span: u64| p & !(span - 1);
-            at = match self.pde0(m, p, false)? {
-                Err(level) => down(level.span()),
-                Ok(pde0) => match read_pde0(m, &pde0, p)? {
-                    Pde0::Invalid => down(Level::Pde0.span()),
-                    Pde0::Page(_) => {
-                        self.unmap(m, down(Level::Pde0.span()), Level::Pde0.span())?;
-                        n += 1;
-                        down(Level::Pde0.span())
-                    }
-                    Pde0::Dual { big, small } => {
-                        let big_mapped = match big {
-                            Some(t) => read(m, &t, Level::Pte64K, Level::Pte64K.index(p), 0)? != 0,
-                            None => false,
-                        };
-                        let small_mapped = match small {
-                            Some(t) => read(m, &t, Level::Pte4K, Level::Pte4K.index(p), 0)? != 0,
-                            None => false,
-                        };
-                        if big_mapped {
-                            self.unmap(m, down(0x10000), 0x10000)?;
-                            n += 1;
-                            down(0x10000)
-                        } else {
-                            if small_mapped {
-                                self.unmap(m, p, 0x1000)?;
-                                n += 1;
-                            }
-                            p
-                        }
-                    }
-                },
+            let pde0 = match self.pde0(m, p, false)? {
+                Err(level) => {
+                    at = down(level.span()).max(va);
+                    continue;
+                }
+                Ok(t) => t,
             };
+            let table_start = down(Level::Pde1.span()).max(va);
+            n += Self::clear_entries(m, &pde0, table_start, at)?;
+            at = table_start;
+            self.prune(m, p);
         }
+        Ok(n)
+    }
+
+    /// Unmaps the pages of `pde0`'s entries for `[lo, hi)` (in the one PDE0 table) and frees
+    /// the leaf tables left empty: how many pages. The entries are read a batch at a time,
+    /// the last batch first; 2 MiB pages are cleared in the batch, the others entry by entry.
+    fn clear_entries<M: TableMem>(
+        m: &mut M,
+        pde0: &Pde,
+        lo: u64,
+        hi: u64,
+    ) -> Result<u64, TreeError> {
+        let span = Level::Pde0.span();
+        let first = Level::Pde0.index(lo);
+        let mut end = Level::Pde0.index(hi - 1) + 1;
+        // CAST: BATCH is small.
+        let per_batch = BATCH as u64 / 2;
+        let mut buf = [0u64; BATCH];
+        let mut n = 0;
+        while end > first {
+            let start = end.saturating_sub(per_batch).max(first);
+            // CAST: at most BATCH.
+            let words = buf
+                .get_mut(..((end - start) * 2) as usize)
+                .ok_or(TreeError::Unreadable)?;
+            let addr = slot(pde0, Level::Pde0, start, 0)?;
+            m.read_words(pde0.aperture, addr, words)?;
+            let mut pages = 0;
+            for e in words.chunks_mut(2) {
+                if let [a, b] = e {
+                    if matches!(Pde0::decode([*a, *b]), Pde0::Page(_)) {
+                        (*a, *b) = (0, 0);
+                        pages += 1;
+                    }
+                }
+            }
+            if pages > 0 {
+                // The other entries are written back as they were read.
+                m.write_words(pde0.aperture, addr, words)?;
+                n += pages;
+            }
+            for i in (start..end).rev() {
+                // The entry's 2 MiB, cut to the range.
+                let base = (lo & !(Level::Pde1.span() - 1)) + i * span;
+                let (a, b) = (base.max(lo), (base + span).min(hi));
+                // CAST: below BATCH.
+                let k = ((i - start) * 2) as usize;
+                if let (Some(&x), Some(&y)) = (words.get(k), words.get(k + 1)) {
+                    if matches!(Pde0::decode([x, y]), Pde0::Dual { .. }) {
+                        n += Self::clear_entry(m, pde0, a, b)?;
+                    }
+                }
+            }
+            end = start;
+        }
+        Ok(n)
+    }
+
+    /// Unmaps the pages of `pde0`'s entry for `[lo, hi)` (both in one 2 MiB entry) and frees
+    /// the leaf tables left empty: how many pages.
+    fn clear_entry<M: TableMem>(m: &mut M, pde0: &Pde, lo: u64, hi: u64) -> Result<u64, TreeError> {
+        let n = match read_pde0(m, pde0, lo)? {
+            Pde0::Invalid => return Ok(0),
+            Pde0::Page(_) => {
+                write_pde0(m, pde0, lo, &Pde0::Invalid)?;
+                return Ok(1);
+            }
+            Pde0::Dual { big, small } => {
+                let mut n = 0;
+                if let Some(t) = big {
+                    let first = Level::Pte64K.index(lo);
+                    n += clear(
+                        m,
+                        &t,
+                        Level::Pte64K,
+                        first,
+                        Level::Pte64K.index(hi - 1) - first + 1,
+                    )?;
+                }
+                if let Some(t) = small {
+                    let first = Level::Pte4K.index(lo);
+                    n += clear(
+                        m,
+                        &t,
+                        Level::Pte4K,
+                        first,
+                        Level::Pte4K.index(hi - 1) - first + 1,
+                    )?;
+                }
+                n
+            }
+        };
+        Self::prune_leaves(m, pde0, lo);
         Ok(n)
     }
 

@@ -32,6 +32,8 @@ struct Mem {
     live: HashMap<u64, u64>,
     /// Fail the allocation after this many more succeed.
     fail_after: Option<u32>,
+    /// Fail one write, after this many more succeed.
+    fail_writes_after: Option<u32>,
     allocs: u32,
 }
 
@@ -43,6 +45,7 @@ impl Mem {
             next: 0x10_0000,
             live: HashMap::new(),
             fail_after: None,
+            fail_writes_after: None,
             allocs: 0,
         }
     }
@@ -53,6 +56,15 @@ impl Mem {
 
     fn bytes(&self) -> u64 {
         self.live.values().sum()
+    }
+
+    /// Asserts that the `words` from `addr` on lie in one live table.
+    fn one_table(&self, addr: u64, words: usize) {
+        let end = addr + 8 * words as u64;
+        assert!(
+            self.live.iter().any(|(&a, &s)| addr >= a && end <= a + s),
+            "a bulk access {addr:#x}..{end:#x} outside one live table"
+        );
     }
 }
 
@@ -72,6 +84,13 @@ impl TableMem for Mem {
         assert_eq!(addr % 8, 0);
         let inside = self.live.iter().any(|(&a, &s)| addr >= a && addr < a + s);
         assert!(inside, "a write at {addr:#x}, in no live table");
+        if let Some(n) = self.fail_writes_after.as_mut() {
+            if *n == 0 {
+                self.fail_writes_after = None;
+                return Err(TreeError::Unreadable);
+            }
+            *n -= 1;
+        }
         self.words.insert(addr, value);
         Ok(())
     }
@@ -96,6 +115,34 @@ impl TableMem for Mem {
         }
         self.live.insert(addr, size);
         Ok(Pde::new(addr, self.aperture))
+    }
+
+    fn read_words(
+        &mut self,
+        aperture: Aperture,
+        addr: u64,
+        out: &mut [u64],
+    ) -> Result<(), TreeError> {
+        self.one_table(addr, out.len());
+        for (i, w) in out.iter_mut().enumerate() {
+            *w = self
+                .read(aperture, addr + 8 * i as u64)
+                .ok_or(TreeError::Unreadable)?;
+        }
+        Ok(())
+    }
+
+    fn write_words(
+        &mut self,
+        aperture: Aperture,
+        addr: u64,
+        words: &[u64],
+    ) -> Result<(), TreeError> {
+        self.one_table(addr, words.len());
+        for (i, &w) in words.iter().enumerate() {
+            self.write(aperture, addr + 8 * i as u64, w)?;
+        }
+        Ok(())
     }
 
     fn free(&mut self, table: Pde, size: u64) {
@@ -427,5 +474,157 @@ fn random_maps_and_unmaps_match_a_model() {
         assert_eq!(m.tables(), 1, "seed {seed}: only the root is left");
         t.destroy(&mut m);
         assert_eq!(m.tables(), 0);
+    }
+}
+
+/// Maps `n` pages of `size` from `va` (page `i` at `pa + i * size`) in runs, as the module
+/// does: how many calls it took.
+fn map_runs(m: &mut Mem, t: &Tree, va: u64, size: u64, n: u64, pa: u64) -> Result<u64, TreeError> {
+    let mut done = 0;
+    let mut calls = 0;
+    while done < n {
+        let at = va + done * size;
+        let room = Tree::run_pages(at, size)?.min(n - done);
+        let ptes: Vec<Pte> = (done..done + room).map(|i| sys(pa + i * size)).collect();
+        let got = t.map_run(m, at, size, &ptes)? as u64;
+        assert_eq!(got, room, "a run maps what its leaf table holds");
+        done += got;
+        calls += 1;
+    }
+    Ok(calls)
+}
+
+#[test]
+fn runs_map_a_leaf_table_at_a_time_and_range_unmaps_free_everything() {
+    for size in [4 * K, 64 * K, 2 * M] {
+        let (mut m, t) = new_tree(Aperture::SysCoherent);
+        // 1 GiB + a bit, from an address that is not 2 MiB aligned (for the small pages) and
+        // crosses a PDE1 boundary (512 MiB).
+        let va = 3 * G - 2 * M * 3 + if size == 2 * M { 0 } else { 16 * 64 * K };
+        let n = (G + 4 * M) / size;
+        let calls = map_runs(&mut m, &t, va, size, n, 0x4000_0000).unwrap();
+        let per_table = if size == 2 * M { 256 } else { 2 * M / size };
+        assert!(calls <= n / per_table + 2, "{size:#x}: {calls} calls");
+        for i in [0, 1, n / 2, n - 2, n - 1] {
+            let at = va + i * size + 8;
+            assert_eq!(
+                translate(&mut m, &t, at),
+                Ok((0x4000_0000 + i * size + 8, size)),
+                "{size:#x} page {i}"
+            );
+        }
+        assert!(translate(&mut m, &t, va - 8).is_err());
+        assert!(translate(&mut m, &t, va + n * size).is_err());
+        // A run over a mapped page maps nothing of it.
+        let before = m.tables();
+        let last = va + (n - 1) * size;
+        let ptes = [sys(0), sys(size)];
+        assert_eq!(
+            t.map_run(&mut m, last - size, size, &ptes),
+            Err(TreeError::Busy)
+        );
+        assert_eq!(m.tables(), before);
+        assert_eq!(t.unmap_range(&mut m, va, n * size), Ok(n), "{size:#x}");
+        assert_eq!(m.tables(), 1, "{size:#x}: only the root is left");
+        t.destroy(&mut m);
+    }
+}
+
+#[test]
+fn a_run_that_cannot_be_written_leaves_nothing_behind() {
+    for size in [4 * K, 64 * K, 2 * M] {
+        for fail in [0, 1, 3, 9] {
+            let (mut m, t) = new_tree(Aperture::Video);
+            t.map(&mut m, 0, 4 * K, &sys(0)).unwrap();
+            let before = m.tables();
+            let ptes: Vec<Pte> = (0..20).map(|i| sys(i * size)).collect();
+            m.fail_writes_after = Some(fail);
+            let r = t.map_run(&mut m, 4 * M, size, &ptes);
+            m.fail_writes_after = None;
+            match r {
+                Err(TreeError::Unreadable) => {
+                    for i in 0..20 {
+                        assert!(translate(&mut m, &t, 4 * M + i * size).is_err());
+                    }
+                    assert_eq!(m.tables(), before, "{size:#x} failing write {fail}");
+                }
+                Ok(n) => {
+                    // Fewer writes than the failure point were needed.
+                    assert_eq!(t.unmap_range(&mut m, 4 * M, n as u64 * size), Ok(n as u64));
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+            assert_eq!(m.tables(), before);
+            assert_eq!(translate(&mut m, &t, 8), Ok((8, 4 * K)));
+        }
+    }
+}
+
+#[test]
+fn random_runs_and_range_unmaps_match_a_model() {
+    for seed in 1..=8u64 {
+        let mut rng = Rng(seed * 0x2545_f491_4f6c_dd1d);
+        let (mut m, t) = new_tree(Aperture::Video);
+        let mut model: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        // 16 MiB straddling a PDE1 boundary.
+        let window = 512 * M - 8 * M;
+        for _ in 0..300 {
+            let size = [4 * K, 64 * K, 2 * M][rng.below(3) as usize];
+            let va = window + rng.below(16 * M / size) * size;
+            if rng.below(3) == 0 {
+                // Unmap a range: every page overlapping it goes, whole.
+                let len = (rng.below(4 * M / (4 * K)) + 1) * 4 * K;
+                let len = len.min(window + 16 * M - va);
+                let gone: Vec<u64> = model
+                    .iter()
+                    .filter(|(&v, &(s, _))| v < va + len && v + s > va)
+                    .map(|(&v, _)| v)
+                    .collect();
+                for v in &gone {
+                    model.remove(v);
+                }
+                assert_eq!(
+                    t.unmap_range(&mut m, va, len),
+                    Ok(gone.len() as u64),
+                    "seed {seed}"
+                );
+            } else {
+                let want = rng.below(40) + 1;
+                let room = Tree::run_pages(va, size).unwrap();
+                let n = want.min(room).min((window + 16 * M - va) / size);
+                let pa = rng.below(1 << 16) * size;
+                let ptes: Vec<Pte> = (0..want).map(|i| sys(pa + i * size)).collect();
+                let overlaps = model
+                    .range(..va + n * size)
+                    .next_back()
+                    .is_some_and(|(&v, &(s, _))| v + s > va);
+                let r = t.map_run(&mut m, va, size, &ptes[..n as usize]);
+                if overlaps {
+                    assert_eq!(r, Err(TreeError::Busy), "seed {seed}");
+                } else {
+                    assert_eq!(r, Ok(n as usize), "seed {seed}");
+                    for i in 0..n {
+                        model.insert(va + i * size, (size, pa + i * size));
+                    }
+                }
+            }
+            for _ in 0..8 {
+                let at = window + rng.below(16 * M / 8) * 8;
+                let want = model
+                    .range(..=at)
+                    .next_back()
+                    .filter(|(&v, &(s, _))| at < v + s)
+                    .map(|(&v, &(s, a))| (a + at - v, s));
+                assert_eq!(
+                    translate(&mut m, &t, at).ok(),
+                    want,
+                    "seed {seed} at {at:#x}"
+                );
+            }
+        }
+        let n = model.len() as u64;
+        assert_eq!(t.unmap_range(&mut m, window, 16 * M), Ok(n));
+        assert_eq!(m.tables(), 1, "seed {seed}: only the root is left");
+        t.destroy(&mut m);
     }
 }
