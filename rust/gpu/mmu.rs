@@ -457,6 +457,8 @@ impl Mmu {
         count: u64,
         mut pte_of: impl FnMut(u64) -> Result<Pte>,
     ) -> Result {
+        // One leaf table's worth of entries at a time: the path to it is walked once.
+        let mut ptes = KVec::with_capacity(RUN_MAX, GFP_KERNEL)?;
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.dead {
@@ -485,8 +487,6 @@ impl Mmu {
             mmu: self,
             map: &mut st.tables,
         };
-        // One leaf table's worth of entries at a time: the path to it is walked once.
-        let mut ptes = KVec::with_capacity(RUN_MAX, GFP_KERNEL)?;
         let mut done = 0;
         let r = loop {
             if done == count {
@@ -664,9 +664,14 @@ impl Mmu {
     /// read.
     pub(crate) fn walk(&self, space: u64, va: u64) -> WalkReport {
         let st = self.state.lock();
+        self.walk_in(&st, space, va)
+    }
+
+    /// [`Mmu::walk`] with the state locked by the caller.
+    fn walk_in(&self, st: &MmuState, space: u64, va: u64) -> WalkReport {
         let mut reads = [(Aperture::SysCoherent, 0, 0); WALK_MAX];
         let mut count = 0;
-        let result = match Self::root_of(&st, space) {
+        let result = match Self::root_of(st, space) {
             None if va >= mmu_fmt::VA_END => Err(Fault::VaRange),
             None => Err(Fault::NoPde(Level::Pde3)),
             Some(root) => {
@@ -681,7 +686,6 @@ impl Mmu {
                 mmu_fmt::walk(&mut r, &root, va, Access::Read)
             }
         };
-        drop(st);
         WalkReport {
             reads,
             count,
@@ -694,7 +698,12 @@ impl Mmu {
     /// and invalidates the TLB; returns the old entry. `ENXIO` if the walk did not reach a
     /// leaf slot (a directory above it is missing).
     pub(crate) fn write_leaf(&self, space: u64, va: u64, value: u64) -> Result<u64> {
-        let w = self.walk(space, va);
+        // Locked from the walk to the write: the table found cannot be freed in between.
+        let mut st = self.state.lock();
+        if st.dead {
+            return Err(ENODEV);
+        }
+        let w = self.walk_in(&st, space, va);
         // PDE3, PDE2, PDE1, then the PDE0 half that holds a 2 MiB page.
         const PDE0_LOW: usize = 3;
         let leaf = match w.result {
@@ -704,10 +713,6 @@ impl Mmu {
             Err(_) => return Err(ENXIO),
         };
         let (ap, addr, old) = w.reads.get(leaf).copied().ok_or(ENXIO)?;
-        let mut st = self.state.lock();
-        if st.dead {
-            return Err(ENODEV);
-        }
         let at = self.engine_addr(ap, addr).ok_or(ENXIO)?;
         self.sim.write_word(at, value)?;
         st.tlb = [None; TLB_ENTRIES];
