@@ -187,6 +187,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_TEST_LEAK => test_ioctls::leak(user)?,
             uapi::RUVM_IOCTL_TEST_CE_RAW => test_ioctls::ce_raw(user)?,
             uapi::RUVM_IOCTL_TEST_PT_WRITE => me.test_pt_write(user)?,
+            uapi::RUVM_IOCTL_TEST_SIM_GPU => test_ioctls::sim_gpu(user)?,
             _ => return Err(ENOTTY),
         }
         Ok(0)

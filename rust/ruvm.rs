@@ -20,7 +20,8 @@
 //!
 //! 1. the mmap lock of a process (a user fault holds it when it takes a mem's lock);
 //! 2. a file's table mutex (`file.rs`), released before anything below is taken;
-//! 3. the host GPU list (`gpu/host.rs`), held across an attach or a detach;
+//! 3. the host GPU list (`gpu/host.rs`), held across an attach or a detach, or the list of
+//!    simulated GPUs (`gpu/sim.rs`), held across a removal or a return (never both);
 //! 4. a GPU's users mutex (`gpu.rs`), held only to count access guards; a guard itself holds
 //!    nothing, and a GPU's removal waits for the guards with no other lock held but 3 (no
 //!    guard holder takes it);

@@ -65,4 +65,5 @@ plain_old_data!(
     ruvm_gpu_pt_walk,
     ruvm_test_pt_write,
     ruvm_mem_gpu_user,
+    ruvm_test_sim_gpu,
 );

@@ -57,6 +57,7 @@ pub(crate) fn has_iommu_group(pdev: &pci::Device) -> bool {
 }
 
 /// A GPU's device, for streaming DMA mappings (kept referenced while anything maps with it).
+#[derive(Clone)]
 pub(crate) struct DmaDevice {
     dev: ARef<device::Device>,
 }

@@ -116,6 +116,7 @@ spec! {
     ruvm_ce_copy_va { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
     ruvm_gpu_pt_walk { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
     ruvm_test_pt_write { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
+    ruvm_test_sim_gpu { flags: 0, zero: [pad, reserved] }
     ruvm_mem_gpu_user {
         flags: uapi::ruvm_gpu_user_flags_RUVM_GPU_USER_READ_ONLY,
         zero: [reserved]

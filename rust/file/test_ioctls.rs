@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The test-only ioctls (behind [`args::test_gate`]): planted misbehaviour, planted leaks, and
-//! raw engine transfers, page-table entries overwritten.
+//! raw engine transfers, page-table entries overwritten, simulated GPUs removed and brought
+//! back.
 
 use kernel::{prelude::*, uaccess::UserSlice};
 
@@ -70,6 +71,17 @@ pub(super) fn ce_raw(user: UserSlice) -> Result {
     let access = gpu.access()?;
     let len = usize::try_from(args.len).map_err(|_| EINVAL)?;
     access.read_raw(args.src, len)
+}
+
+/// `RUVM_IOCTL_TEST_SIM_GPU`: a simulated GPU removed as an unbind would, or brought back.
+pub(super) fn sim_gpu(user: UserSlice) -> Result {
+    args::test_gate()?;
+    let args = args::read::<uapi::ruvm_test_sim_gpu>(user)?;
+    match args.op {
+        uapi::ruvm_sim_gpu_op_RUVM_SIM_GPU_REMOVE => gpu::sim::remove(args.gpu),
+        uapi::ruvm_sim_gpu_op_RUVM_SIM_GPU_ADD => gpu::sim::add(args.gpu),
+        _ => Err(EINVAL),
+    }
 }
 
 impl RuvmFile {

@@ -10,9 +10,11 @@
 //! `sim GPU: DMA fault` line), so wrong or stale addresses show as they would on hardware.
 //!
 //! Faux devices cannot be unbound from user space; a simulated GPU leaves the registry (marked
-//! gone, its mappings dropped) when the module unloads.
+//! gone, its mappings dropped) when the module unloads, or earlier when a test removes it
+//! (`RUVM_IOCTL_TEST_SIM_GPU`, which can also bring it back under the same id).
 //!
-//! Locking: the translation's mutex is a leaf, taken under a PMM's lock (storage being mapped)
+//! Locking: the list of simulated GPUs is held across a removal or a return (the crate's lock
+//! order, level 3); the translation's mutex is a leaf, taken under a PMM's lock (storage being mapped)
 //! and under nothing else; bytes are moved after it is released.
 
 use kernel::{
@@ -29,7 +31,7 @@ use kernel::{
 
 use crate::{
     audit::Counted,
-    bind::{dma::DmaDevice, dma::DmaTable, pages::ChunkList, ratelimit},
+    bind::{dma::DmaDevice, dma::DmaTable, global::global, pages::ChunkList, ratelimit},
     gpu::{self, Engine, GpuDev, GpuInfo},
     uapi,
 };
@@ -197,23 +199,32 @@ impl Drop for SimRecords {
     }
 }
 
-/// One simulated GPU: its registry entry (unregistered first on drop, while the device is
-/// still there), then its faux device.
+/// One simulated GPU: its registry entry while it is there (unregistered first on drop, while
+/// the device is still there), then its faux device.
 struct SimGpu {
-    dev: Arc<GpuDev>,
+    info: GpuInfo,
+    id: u32,
+    dma: DmaDevice,
+    dev: Option<Arc<GpuDev>>,
     _faux: faux::Registration,
 }
 
 impl Drop for SimGpu {
     fn drop(&mut self) {
-        gpu::unregister(&self.dev);
+        if let Some(dev) = self.dev.take() {
+            gpu::unregister(&dev);
+        }
     }
 }
 
-/// The simulated GPUs of `sim_gpus`, removed on drop.
-pub(crate) struct SimGpus {
-    _gpus: KVec<SimGpu>,
+global! {
+    /// Every simulated GPU, there or removed (`RUVM_IOCTL_TEST_SIM_GPU`); held across a removal
+    /// or a return.
+    static SIMS: Mutex<KVec<SimGpu>> = KVec::new();
 }
+
+/// The simulated GPUs of `sim_gpus`, removed on drop.
+pub(crate) struct SimGpus;
 
 impl SimGpus {
     /// Creates and registers `count` simulated GPUs; `EINVAL` (with an error line) above
@@ -223,8 +234,12 @@ impl SimGpus {
             pr_err!("sim_gpus={count}: at most {MAX_SIM_GPUS}\n");
             return Err(EINVAL);
         }
+        SIMS.init();
+        // From here on, a failure drops what was made (`Drop`).
+        let me = Self;
+        let mut sims = SIMS.lock().ok_or(ENODEV)?;
         // CAST: at most `MAX_SIM_GPUS`.
-        let mut gpus = KVec::with_capacity(count as usize, GFP_KERNEL)?;
+        sims.reserve(count as usize, GFP_KERNEL)?;
         for index in 0..count {
             let name = CString::try_from_fmt(fmt!("ruvm-sim{index}"))?;
             let faux = faux::Registration::new(&name, None)?;
@@ -240,10 +255,58 @@ impl SimGpus {
                 dma_mask_bits: SIM_DMA_BITS,
                 page_sizes: gpu::TEST_PAGE_SIZES,
             };
-            let dev = gpu::register(info, dma, Some(Engine::Sim))?;
+            let dev = gpu::register(info, dma.clone(), Some(Engine::Sim))?;
             pr_info!("simulated GPU {} ({name:?})\n", dev.id);
-            gpus.push(SimGpu { dev, _faux: faux }, GFP_KERNEL)?;
+            let sim = SimGpu {
+                info,
+                id: dev.id,
+                dma,
+                dev: Some(dev),
+                _faux: faux,
+            };
+            sims.push(sim, GFP_KERNEL)?;
         }
-        Ok(Self { _gpus: gpus })
+        drop(sims);
+        Ok(me)
     }
+}
+
+impl Drop for SimGpus {
+    fn drop(&mut self) {
+        let gone = SIMS
+            .lock()
+            .map(|mut s| core::mem::replace(&mut *s, KVec::new()));
+        // Unregistered (and their faux devices removed) outside the list's lock.
+        drop(gone);
+    }
+}
+
+/// Removes simulated GPU `id` as an unbind would (`EINVAL` not a simulated GPU, `ENODEV`
+/// removed already).
+pub(crate) fn remove(id: u32) -> Result {
+    let mut sims = SIMS.lock().ok_or(ENODEV)?;
+    let sim = sims.iter_mut().find(|s| s.id == id).ok_or(EINVAL)?;
+    let dev = sim.dev.take().ok_or(ENODEV)?;
+    gpu::unregister(&dev);
+    pr_info!("simulated GPU {id} removed\n");
+    Ok(())
+}
+
+/// Brings removed simulated GPU `id` back under its id (`EINVAL` not a simulated GPU,
+/// `EEXIST` there).
+pub(crate) fn add(id: u32) -> Result {
+    let mut sims = SIMS.lock().ok_or(ENODEV)?;
+    let sim = sims.iter_mut().find(|s| s.id == id).ok_or(EINVAL)?;
+    if sim.dev.is_some() {
+        return Err(EEXIST);
+    }
+    let dev = gpu::register(sim.info, sim.dma.clone(), Some(Engine::Sim))?;
+    if dev.id != id {
+        // The registry keeps a device's id across removals: not reached.
+        gpu::unregister(&dev);
+        return Err(EINVAL);
+    }
+    sim.dev = Some(dev);
+    pr_info!("simulated GPU {id} back\n");
+    Ok(())
 }

@@ -986,6 +986,38 @@ struct ruvm_test_ce_raw {
 	__u64 reserved[2];
 };
 
+/* What RUVM_IOCTL_TEST_SIM_GPU does. */
+enum ruvm_sim_gpu_op {
+	/* Remove the simulated GPU, as an unbind removes a test GPU. */
+	RUVM_SIM_GPU_REMOVE = 1,
+	/* Bring a removed simulated GPU back, under the same id. */
+	RUVM_SIM_GPU_ADD = 2,
+};
+
+/**
+ * struct ruvm_test_sim_gpu - remove a simulated GPU, or bring it back (RUVM_IOCTL_TEST_SIM_GPU)
+ *
+ * Test-only, gated like RUVM_IOCTL_TEST_PLANT. Simulated GPUs sit on the faux bus, which user
+ * space cannot unbind; this removes one the way an unbind removes a test GPU (marked gone: its
+ * GPU virtual mappings, page tables, DMA tables and vidmem storage dropped; its mems stay, free
+ * to free), or brings a removed one back under the same id with empty vidmem and page tables.
+ * Errors: EINVAL an unknown @op, non-zero @flags/@pad/@reserved, @gpu not a simulated GPU;
+ * ENODEV removing one that is removed already; EEXIST adding one that is there.
+ *
+ * @gpu:      (in) the simulated GPU's id
+ * @op:       (in) enum ruvm_sim_gpu_op
+ * @flags:    (in) must be 0
+ * @pad:      (in) must be 0
+ * @reserved: (in) must be 0
+ */
+struct ruvm_test_sim_gpu {
+	__u32 gpu;
+	__u32 op;
+	__u32 flags;
+	__u32 pad;
+	__u64 reserved[2];
+};
+
 /* What RUVM_IOCTL_TEST_PLANT makes the module do. */
 enum ruvm_plant {
 	/* Hit a WARN_ON in the module: proves the test runner fails on kernel warnings. */
@@ -1046,6 +1078,7 @@ enum {
 	RUVM_IOCTL_TEST_LEAK = _IOWR(RUVM_IOCTL_MAGIC, 0x81, struct ruvm_test_leak),
 	RUVM_IOCTL_TEST_CE_RAW = _IOWR(RUVM_IOCTL_MAGIC, 0x82, struct ruvm_test_ce_raw),
 	RUVM_IOCTL_TEST_PT_WRITE = _IOWR(RUVM_IOCTL_MAGIC, 0x83, struct ruvm_test_pt_write),
+	RUVM_IOCTL_TEST_SIM_GPU = _IOWR(RUVM_IOCTL_MAGIC, 0x84, struct ruvm_test_sim_gpu),
 };
 
 #endif /* _UAPI_LINUX_RUVM_H */

@@ -116,4 +116,6 @@ commands! {
     TEST_CE_RAW: ruvm_test_ce_raw = RUVM_IOCTL_TEST_CE_RAW;
     /// Test-only: overwrite a page-table entry.
     TEST_PT_WRITE: ruvm_test_pt_write = RUVM_IOCTL_TEST_PT_WRITE;
+    /// Test-only: remove a simulated GPU, or bring it back.
+    TEST_SIM_GPU: ruvm_test_sim_gpu = RUVM_IOCTL_TEST_SIM_GPU;
 }

@@ -77,6 +77,7 @@ ioctl_args!(
     uapi::ruvm_gpu_pt_walk,
     uapi::ruvm_test_pt_write,
     uapi::ruvm_mem_gpu_user,
+    uapi::ruvm_test_sim_gpu,
 );
 
 /// The `enum ruvm_va_space_flags` of a VA space: the caller's user VA space, or the kernel's.
@@ -453,6 +454,20 @@ impl Ruvm {
         };
         self.call(cmd::GPU_PT_WALK, &mut a)?;
         Ok(a)
+    }
+
+    /// `RUVM_IOCTL_TEST_SIM_GPU`: remove simulated GPU `gpu` (`add` false) or bring it back.
+    pub fn test_sim_gpu(&self, gpu: u32, add: bool) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_test_sim_gpu {
+            gpu,
+            op: if add {
+                uapi::ruvm_sim_gpu_op_RUVM_SIM_GPU_ADD
+            } else {
+                uapi::ruvm_sim_gpu_op_RUVM_SIM_GPU_REMOVE
+            },
+            ..Default::default()
+        };
+        self.call(cmd::TEST_SIM_GPU, &mut a)
     }
 
     /// `RUVM_IOCTL_TEST_PT_WRITE`: overwrite the leaf entry of `va`; returns the old one.

@@ -209,6 +209,18 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
     row!(&d, p, t, cmd::TEST_CE_RAW, raw, known: 0, zero: [reserved]);
     row!(&d, p, t, cmd::TEST_PT_WRITE, uapi::ruvm_test_pt_write::default(),
         known: user, zero: [reserved]);
+    // Adding a simulated GPU that is there: EEXIST if a bad field were let through.
+    let sim = uapi::ruvm_test_sim_gpu {
+        gpu: d
+            .gpus()
+            .ctx("GPU_LIST")?
+            .iter()
+            .find(|g| super::gpu::sim(g))
+            .map_or(0, |g| g.id),
+        op: uapi::ruvm_sim_gpu_op_RUVM_SIM_GPU_ADD,
+        ..Default::default()
+    };
+    row!(&d, p, t, cmd::TEST_SIM_GPU, sim, known: 0, zero: [pad, reserved]);
     Ok(())
 }
 

@@ -57,6 +57,10 @@ pub fn cases() -> Vec<Case> {
             run: gpu_va_unmap_walk_and_pt_write_errnos,
         },
         Case {
+            name: "gpu_va_gpu_removed_while_mapped",
+            run: gpu_va_gpu_removed_while_mapped,
+        },
+        Case {
             name: "gpu_va_user_map_rules",
             run: gpu_va_user_map_rules,
         },
@@ -817,6 +821,166 @@ fn gpu_va_unmap_walk_and_pt_write_errnos() -> TestResult {
         },
     )?;
     d.mem_free(a.handle).ctx("free")?;
+    check_no_page_tables(&d, "after")
+}
+
+/// Brings a removed simulated GPU back when dropped (so a failed case leaves it there).
+struct BringBack<'a>(&'a Ruvm, u32);
+
+impl Drop for BringBack<'_> {
+    fn drop(&mut self) {
+        // EEXIST: back already.
+        let _ = self.0.test_sim_gpu(self.1, true);
+    }
+}
+
+/// uvm_mem's rule for a GPU that goes while mems are mapped on it: its virtual mappings and
+/// page tables go with it, the mems stay usable on the other GPUs and free to free. The
+/// simulated GPU is removed as an unbind would (`TEST_SIM_GPU`), then brought back.
+fn gpu_va_gpu_removed_while_mapped() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus = mmu_gpus(&d)?;
+    let Some(victim) = gpus.last().map(|g| g.id) else {
+        return Err(Stop::Skip("no GPU with an MMU".into()));
+    };
+    match d.test_sim_gpu(u32::MAX, true) {
+        Err(Errno::ENOSYS) => return Err(Stop::Skip("needs enable_test_ioctls=1".into())),
+        r => expect_errno(r, Errno::EINVAL, "TEST_SIM_GPU of no GPU")?,
+    }
+    expect_errno(
+        d.test_sim_gpu(victim, true),
+        Errno::EEXIST,
+        "adding a GPU that is there",
+    )?;
+    for g in d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .iter()
+        .filter(|g| present(g) && !has_mmu(g))
+    {
+        expect_errno(
+            d.test_sim_gpu(g.id, false),
+            Errno::EINVAL,
+            "removing a GPU that is not simulated",
+        )?;
+    }
+    let mut bad = uapi::ruvm_test_sim_gpu {
+        gpu: victim,
+        op: 3,
+        ..Default::default()
+    };
+    expect_errno(d.call(cmd::TEST_SIM_GPU, &mut bad), Errno::EINVAL, "op 3")?;
+    let other = gpus.first().map(|g| g.id).filter(|&g| g != victim);
+    let size = 256 * K;
+    let (a, va) = mapped_source(&d, victim, size, 64 * K, 11)?;
+    d.map_gpu_user(a, victim, USER_VA, false)
+        .ctx("MAP_GPU_USER")?;
+    if let Some(o) = other {
+        d.mem_gpu_kernel(true, a, o)
+            .ctx("MAP_GPU_KERNEL on the other GPU")?;
+    }
+    let vid = if gpus.last().is_some_and(|g| g.vidmem_size > 0) {
+        let v = d
+            .vidmem_alloc(victim, 2 * M, 64 * K, 0)
+            .ctx("vidmem alloc")?;
+        d.mem_gpu_kernel(true, v.handle, victim)
+            .ctx("MAP_GPU_KERNEL of vidmem")?;
+        Some(v.handle)
+    } else {
+        None
+    };
+    let before = live(&d)?;
+    check!(before[PT_TABLES] > 0, "no page table before the removal");
+    d.test_sim_gpu(victim, false).ctx("TEST_SIM_GPU remove")?;
+    let _back = BringBack(&d, victim);
+    expect_errno(
+        d.test_sim_gpu(victim, false),
+        Errno::ENODEV,
+        "removing a removed GPU",
+    )?;
+    let gone = d.gpus().ctx("GPU_LIST")?;
+    check!(
+        gone.iter().any(|g| g.id == victim && !present(g)),
+        "GPU {victim} still listed as present"
+    );
+    expect_errno(
+        d.gpu_va(a, victim, false),
+        Errno::ENODEV,
+        "GPU_VA on a gone GPU",
+    )?;
+    let q = d.mem_query(a).ctx("MEM_QUERY")?;
+    check!(
+        q.mapped & u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_USER) == 0,
+        "the user mapping on the gone GPU is still reported (mapped {:#x})",
+        q.mapped
+    );
+    check!(
+        q.mapped_gpus & (1 << victim) == 0,
+        "the gone GPU is still in mapped_gpus {:#x}",
+        q.mapped_gpus
+    );
+    match other {
+        Some(o) => {
+            // Still mapped at the same VA on the other GPU, the data intact through it.
+            check!(
+                q.mapped & u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_KERNEL) != 0,
+                "the kernel mapping on GPU {o} went with GPU {victim}"
+            );
+            let (va_o, _) = d.gpu_va(a, o, false).ctx("GPU_VA on the other GPU")?;
+            check!(va_o == va, "VA {va_o:#x} on GPU {o}, was {va:#x}");
+            let b = d
+                .mem_alloc(size, 64 * K, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)
+                .ctx("alloc")?;
+            d.mem_gpu_kernel(true, b.handle, o).ctx("MAP_GPU_KERNEL")?;
+            let (vb, _) = d.gpu_va(b.handle, o, false).ctx("GPU_VA")?;
+            d.ce_copy_va(o, vb, va, size, false)
+                .ctx("CE_COPY_VA on the other GPU")?;
+            let bad = mismatches(&d, b.handle, size, 11)?;
+            check!(bad == 0, "{bad} bytes wrong after the copy on GPU {o}");
+            d.mem_free(b.handle).ctx("free")?;
+        }
+        None => check!(
+            q.mapped & u64::from(uapi::ruvm_mapped_RUVM_MAPPED_GPU_KERNEL) == 0,
+            "a kernel mapping is reported with its only GPU gone (mapped {:#x})",
+            q.mapped
+        ),
+    }
+    let bad = mismatches(&d, a, size, 11)?;
+    check!(bad == 0, "{bad} bytes of the mem changed by the removal");
+    if let Some(v) = vid {
+        expect_errno(
+            d.mem_gpu_kernel(true, v, victim),
+            Errno::ENODEV,
+            "mapping vidmem of a gone GPU",
+        )?;
+        d.mem_free(v).ctx("free of vidmem of a gone GPU")?;
+    }
+    d.mem_free(a).ctx("free")?;
+    check_no_page_tables(&d, "after the removal and the frees")?;
+    // Back under the same id, with an MMU and empty tables, and usable.
+    d.test_sim_gpu(victim, true).ctx("TEST_SIM_GPU add")?;
+    let back = d.gpus().ctx("GPU_LIST")?;
+    check!(
+        back.iter().any(|g| g.id == victim && has_mmu(g)),
+        "GPU {victim} not back with an MMU"
+    );
+    let (c, vc) = mapped_source(&d, victim, 2 * M, 2 * M, 12)?;
+    let e = d
+        .mem_alloc(2 * M, 2 * M, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)
+        .ctx("alloc")?;
+    d.mem_gpu_kernel(true, e.handle, victim)
+        .ctx("MAP_GPU_KERNEL")?;
+    let (ve, _) = d.gpu_va(e.handle, victim, false).ctx("GPU_VA")?;
+    d.ce_copy_va(victim, ve, vc, 2 * M, false)
+        .ctx("CE_COPY_VA on the GPU brought back")?;
+    let bad = mismatches(&d, e.handle, 2 * M, 12)?;
+    check!(
+        bad == 0,
+        "{bad} bytes wrong after a copy on the GPU brought back"
+    );
+    for h in [c, e.handle] {
+        d.mem_free(h).ctx("free")?;
+    }
     check_no_page_tables(&d, "after")
 }
 
