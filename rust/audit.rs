@@ -73,6 +73,12 @@ pub(crate) enum Class {
     PtBytes,
     /// Mems holding an offset of the GPU kernel VA window.
     GpuKernelVas,
+    /// Memory pools.
+    Pools,
+    /// Chunks cached by pools.
+    PoolChunks,
+    /// Their bytes.
+    PoolBytes,
 }
 
 /// The names used in reports and by ruvmctl, by class index.
@@ -101,6 +107,12 @@ const NAMES: [&str; CLASSES] = [
     "pt_tables",
     "pt_bytes",
     "gpu_kernel_vas",
+    "pools",
+    "pool_chunks",
+    "pool_bytes",
+    "class_27",
+    "class_28",
+    "class_29",
 ];
 
 impl Class {
@@ -123,6 +135,9 @@ impl Class {
             Class::PtTables => uapi::ruvm_audit_class_RUVM_AUDIT_PT_TABLES,
             Class::PtBytes => uapi::ruvm_audit_class_RUVM_AUDIT_PT_BYTES,
             Class::GpuKernelVas => uapi::ruvm_audit_class_RUVM_AUDIT_GPU_KERNEL_VAS,
+            Class::Pools => uapi::ruvm_audit_class_RUVM_AUDIT_POOLS,
+            Class::PoolChunks => uapi::ruvm_audit_class_RUVM_AUDIT_POOL_CHUNKS,
+            Class::PoolBytes => uapi::ruvm_audit_class_RUVM_AUDIT_POOL_BYTES,
         };
         i as usize
     }

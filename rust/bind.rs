@@ -17,6 +17,7 @@ pub(crate) mod meminfo;
 pub(crate) mod pages;
 pub(crate) mod param;
 pub(crate) mod ratelimit;
+pub(crate) mod shrinker;
 pub(crate) mod upin;
 pub(crate) mod vma;
 pub(crate) mod vmap;

@@ -33,7 +33,7 @@ use crate::{
     audit::{self, Class, Counted},
     bind::{fops, ratelimit, vma},
     gpu::mmu::{self, Mmu},
-    mem::{quota::Quota, Handle, Mem, Origin},
+    mem::{pool::Pool, quota::Quota, Handle, Mem, Origin},
     uapi,
 };
 
@@ -42,6 +42,7 @@ mod audit_ioctls;
 mod bench_ioctls;
 mod gpu_ioctls;
 mod mem_ioctls;
+mod pool_ioctls;
 mod test_ioctls;
 
 /// What the module's parameters say about files (set once at module init).
@@ -97,14 +98,27 @@ struct Entry {
     _handle: Counted,
 }
 
-/// The tables of a file's mems, and its user VA spaces. Field order is teardown order: the
-/// mems (and their GPU user mappings) go before the spaces.
+/// The tables of a file's mems, its user VA spaces and its pools. Field order is teardown
+/// order: the mems (and their GPU user mappings) go before the spaces, and before the pools
+/// their chunks go back to.
 struct FileInner {
     /// Every mem of the file, by handle.
     mems: RBTree<Handle, Entry>,
     /// The handle of the mem at each mmap offset.
     offsets: RBTree<u64, Handle>,
     spaces: UserSpaces,
+    pools: FilePools,
+}
+
+/// A file's pools, by handle; each is closed (its cache given back) on drop.
+struct FilePools(RBTree<u64, Arc<Pool>>);
+
+impl Drop for FilePools {
+    fn drop(&mut self) {
+        for pool in self.0.values() {
+            pool.close();
+        }
+    }
 }
 
 /// A file's user VA space on every GPU it mapped a mem on (`RUVM_IOCTL_MEM_MAP_GPU_USER`):
@@ -137,6 +151,7 @@ impl MiscDevice for RuvmFile {
                         id: mmu::new_space_id(),
                         mmus: KVec::new(),
                     },
+                    pools: FilePools(RBTree::new()),
                 }),
                 quota,
                 opener: Origin::here("open"),
@@ -174,6 +189,12 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL => me.mem_map_gpu_kernel(user, false)?,
             uapi::RUVM_IOCTL_MEM_MAP_GPU_USER => me.mem_map_gpu_user(user)?,
             uapi::RUVM_IOCTL_MEM_UNMAP_GPU_USER => me.mem_unmap_gpu_user(user)?,
+            uapi::RUVM_IOCTL_POOL_CREATE => me.pool_create(user)?,
+            uapi::RUVM_IOCTL_POOL_DESTROY => me.pool_destroy(user)?,
+            uapi::RUVM_IOCTL_POOL_GET => me.pool_get(user)?,
+            uapi::RUVM_IOCTL_POOL_SET => me.pool_set(user)?,
+            uapi::RUVM_IOCTL_POOL_TRIM => me.pool_trim(user)?,
+            uapi::RUVM_IOCTL_POOL_SET_ACCESS => me.pool_set_access(user)?,
             uapi::RUVM_IOCTL_MEM_GPU_VA => me.mem_gpu_va(user)?,
             uapi::RUVM_IOCTL_CE_COPY_VA => me.ce_copy_va(user)?,
             uapi::RUVM_IOCTL_GPU_PT_WALK => me.gpu_pt_walk(user)?,

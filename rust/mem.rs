@@ -53,6 +53,7 @@ pub(crate) mod offsets;
 pub(crate) mod pattern;
 pub(crate) mod plant;
 pub(crate) mod policy;
+pub(crate) mod pool;
 pub(crate) mod quota;
 pub(crate) mod registry;
 pub(crate) mod storage;
@@ -68,8 +69,15 @@ pub(crate) fn init() -> Result {
     plant::init();
     offsets::init()?;
     gpu_va::init()?;
-    crate::gpu::set_removal_hook(registry::drop_gpu_tables);
+    pool::init();
+    crate::gpu::set_removal_hook(drop_gpu);
     Ok(())
+}
+
+/// GPU `id` is going: every mem's tables of it, then every pool's, are dropped.
+fn drop_gpu(id: u32) {
+    registry::drop_gpu_tables(id);
+    pool::drop_gpu(id);
 }
 
 /// Lets go of the mem layer's module-wide state at unload, planted leaks first; returns how
@@ -142,6 +150,8 @@ pub(crate) struct AllocRequest {
     pub(crate) fallback: bool,
     /// Largest physical size one mem may have.
     pub(crate) max_bytes: u64,
+    /// The pool to take the chunks from (sysmem).
+    pub(crate) pool: Option<Arc<pool::Pool>>,
 }
 
 impl AllocRequest {
@@ -178,7 +188,8 @@ pub(crate) enum Life {
 /// # Invariants
 ///
 /// When `life` is [`Life::Freed`], `kmap`, `user_va` and `kva` are `None` and `gpus`,
-/// `gpu_user` and `gpu_kernel` are empty. `kva` is `Some` exactly while `gpu_kernel` is not
+/// `gpu_user` and `gpu_kernel` are empty. `pool_tables` is empty unless the mem is of a pool
+/// and freed. `kva` is `Some` exactly while `gpu_kernel` is not
 /// empty, `user_va` exactly while `gpu_user` is not. Every GPU in `gpu_kernel` or `gpu_user`
 /// of a sysmem mem is in `gpus` (a GPU mapping needs the DMA table).
 pub(crate) struct MemState {
@@ -197,6 +208,9 @@ pub(crate) struct MemState {
     /// The DMA address table of each GPU the mem is mapped on, by GPU id. An `Arc`, so that a
     /// copy in flight keeps its table while another thread unmaps.
     gpus: KVec<(u32, Arc<GpuTable>)>,
+    /// A freed pool mem's tables for the pool's GPUs, kept for the pool's cache: they go back
+    /// to the pool with the chunks.
+    pool_tables: KVec<(u32, Arc<GpuTable>)>,
 }
 
 impl MemState {
@@ -209,9 +223,16 @@ impl MemState {
     }
 }
 
+/// A pool mem's tie to its pool: the chunks (and kept tables) go back to it when the mem's
+/// core goes.
+struct PoolLease {
+    pool: Arc<pool::Pool>,
+    pages: Arc<crate::gpu::dma::Pages>,
+}
+
 /// The state of a mem that the audit's registry can see. It lives exactly as long as its
 /// [`Mem`]: the registry's reference is removed when the `Mem` goes.
-#[pin_data]
+#[pin_data(PinnedDrop)]
 pub(crate) struct MemCore {
     serial: u64,
     size: u64,
@@ -224,9 +245,33 @@ pub(crate) struct MemCore {
     #[pin]
     state: Mutex<MemState>,
     origin: Origin,
+    /// For a pool mem: where its chunks go back.
+    lease: Option<PoolLease>,
     _mems: Counted,
     _bytes: Counted,
     _usage: Usage,
+}
+
+#[pinned_drop]
+impl PinnedDrop for MemCore {
+    fn drop(self: Pin<&mut Self>) {
+        let this = self.project();
+        let Some(lease) = this.lease.take() else {
+            return;
+        };
+        // Every table left for the pool's GPUs goes back with the chunks (a mem dropped
+        // without being freed, at file close, still has them in `gpus`).
+        let tables = {
+            let mut st = this.state.lock();
+            let mut kept = core::mem::replace(&mut st.pool_tables, KVec::new());
+            for t in core::mem::replace(&mut st.gpus, KVec::new()) {
+                // A table that cannot be kept is dropped (unmapped).
+                let _ = kept.push(t, GFP_KERNEL);
+            }
+            kept
+        };
+        lease.pool.give_back(lease.pages, tables);
+    }
 }
 
 /// One mem, as its holders (a file's table, user VMAs) see it.
@@ -305,13 +350,31 @@ impl Mem {
                 numa: false,
             },
         };
-        let layout =
-            policy::layout(backing, req.size, req.page_size, page).map_err(policy_error)?;
+        let page_size = match &req.pool {
+            None => req.page_size,
+            // A pool's mems have its chunk size, and no fallback to smaller chunks.
+            Some(p) if req.gpu.is_none() && !req.fallback => match req.page_size {
+                0 => p.chunk_size(),
+                s if s == p.chunk_size() => s,
+                _ => return Err(EINVAL),
+            },
+            Some(_) => return Err(EINVAL),
+        };
+        let layout = policy::layout(backing, req.size, page_size, page).map_err(policy_error)?;
         if layout.physical_size > req.max_bytes {
             return Err(ENOSPC);
         }
         let charge = quota.charge(layout.physical_size)?;
-        let (layout, storage) = storage::alloc(req, layout)?;
+        let (layout, storage, taken) = match &req.pool {
+            None => {
+                let (layout, storage) = storage::alloc(req, layout)?;
+                (layout, storage, None)
+            }
+            Some(p) => {
+                let taken = storage::from_pool(p, req, &layout)?;
+                (layout, Storage::Sys(taken.pages.clone()), Some(taken))
+            }
+        };
         let bytes_class = match storage {
             Storage::Sys(_) => Class::SysmemBytes,
             Storage::Vid(_) => Class::VidmemBytes,
@@ -325,6 +388,13 @@ impl Mem {
             alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
         }
         let serial = SERIAL.fetch_add(1, Relaxed);
+        let lease = match (&req.pool, &taken) {
+            (Some(pool), Some(t)) => Some(PoolLease {
+                pool: pool.clone(),
+                pages: t.pages.clone(),
+            }),
+            _ => None,
+        };
         let core = Arc::pin_init(
             try_pin_init!(MemCore {
                 serial,
@@ -342,8 +412,10 @@ impl Mem {
                     gpu_kernel: KVec::new(),
                     kva: None,
                     gpus: KVec::new(),
+                    pool_tables: KVec::new(),
                 }),
                 origin,
+                lease,
                 _mems: Counted::new(Class::Mems, 1),
                 _bytes: Counted::new(bytes_class, layout.physical_size),
                 _usage: Usage::new(req.stats_backing(), layout.physical_size, req.size),
@@ -359,6 +431,10 @@ impl Mem {
         )?;
         // Registered last; on failure `mem` is dropped, and `Mem::drop` finds nothing to remove.
         registry::insert(serial, core)?;
+        if let (Some(pool), Some(taken)) = (&req.pool, taken) {
+            // On failure `mem` is dropped, and its chunks go back to the pool.
+            mem.map_pool_gpus(pool, taken.tables)?;
+        }
         Ok(mem)
     }
 
@@ -425,6 +501,18 @@ impl Mem {
     pub(crate) fn retire(&self) -> Retired {
         let mut st = self.state.lock();
         st.life = Life::Freed;
+        if let Some(lease) = &self.lease {
+            // The tables of the pool's GPUs stay, for the pool's cache.
+            let access = lease.pool.access();
+            for (id, t) in core::mem::replace(&mut st.gpus, KVec::new()) {
+                // A table with no room to go anywhere is dropped (unmapped) here.
+                let _ = if access & 1u64.checked_shl(id).unwrap_or(0) != 0 {
+                    st.pool_tables.push((id, t), GFP_KERNEL)
+                } else {
+                    st.gpus.push((id, t), GFP_KERNEL)
+                };
+            }
+        }
         // INVARIANT: a freed mem keeps no mapping, no VA offset and no table.
         Retired {
             _kmap: st.kmap.take(),

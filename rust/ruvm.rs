@@ -169,6 +169,8 @@ impl Drop for Layers {
 #[pin_data(PinnedDrop)]
 struct RuvmModule {
     _layers: Layers,
+    /// The pools' caches, given back under memory pressure.
+    _shrinker: bind::shrinker::Shrinker,
     #[pin]
     _miscdev: MiscDeviceRegistration<file::RuvmFile>,
     /// Before the edu driver, so that it leaves the host GPUs alone.
@@ -182,6 +184,8 @@ struct RuvmModule {
     _audit: debugfs::File<audit::LiveView>,
     #[pin]
     _page_tables: debugfs::File<gpu::mmu::TablesView>,
+    #[pin]
+    _pools: debugfs::File<mem::pool::PoolsView>,
     _debugfs: debugfs::Dir,
 }
 
@@ -207,6 +211,7 @@ impl kernel::InPlaceModule for RuvmModule {
             // First, before anything that can reach it is registered; a bad parameter fails the
             // load here (`config` is `Err` then).
             _layers: Layers::new(config?)?,
+            _shrinker: bind::shrinker::Shrinker::register::<mem::pool::PoolShrink>()?,
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
             _host: gpu::host::HostGpus::new(&config?.host)?,
             _sim: gpu::sim::SimGpus::new(*module_parameters::sim_gpus.value())?,
@@ -214,6 +219,7 @@ impl kernel::InPlaceModule for RuvmModule {
             _stats <- dir.read_only_file(c"stats", audit::stats::StatsView),
             _audit <- dir.read_only_file(c"audit", audit::LiveView),
             _page_tables <- dir.read_only_file(c"page_tables", gpu::mmu::TablesView),
+            _pools <- dir.read_only_file(c"pools", mem::pool::PoolsView),
             _debugfs: dir,
         })
     }

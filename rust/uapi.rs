@@ -66,4 +66,10 @@ plain_old_data!(
     ruvm_test_pt_write,
     ruvm_mem_gpu_user,
     ruvm_test_sim_gpu,
+    ruvm_pool_create,
+    ruvm_pool_handle,
+    ruvm_pool_info,
+    ruvm_pool_set,
+    ruvm_pool_trim,
+    ruvm_pool_access,
 );

@@ -182,7 +182,7 @@ host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --
 # Simulated GPUs only (no edu devices): the GPU suite on faux devices, with the test ioctls on
 # for the engine's fault test.
 sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
-	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_")
+	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_")
 guest_suite "fast kernel, host GPU" fast "${host[@]}"
 # On the debug kernel, the cases a host GPU changes (the rest ran there with edu GPUs above).
 guest_suite "debug kernel, host GPU" debug VM_MODARGS="host_gpus=0000:00:03.0" \

@@ -68,6 +68,14 @@ impl<B: GlobalLockBackend + 'static> Global<B> {
     pub(crate) fn lock(&'static self) -> Option<GlobalGuard<B>> {
         (self.state.load(Acquire) == READY).then(|| self.lock.lock())
     }
+
+    /// Locks it if it is free, else (or if it was never initialised) `None`.
+    pub(crate) fn try_lock(&'static self) -> Option<GlobalGuard<B>> {
+        if self.state.load(Acquire) != READY {
+            return None;
+        }
+        self.lock.try_lock()
+    }
 }
 
 /// Declares a module-wide mutex: `global! { pub(crate) static NAME: Mutex<T> = value; }`.

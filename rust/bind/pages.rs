@@ -174,6 +174,50 @@ impl<T: Send + Sync> ChunkList<T> {
             GFP_KERNEL,
         )
     }
+
+    /// A list of `chunks`, all of order `order` (`EINVAL` if one is not, or there are none;
+    /// the chunks are freed on any failure).
+    pub(crate) fn from_chunks(order: u32, chunks: KVVec<Chunk>, tag: T) -> Result<Arc<Self>> {
+        if chunks.is_empty() || chunks.iter().any(|c| c.order != order) {
+            return Err(EINVAL);
+        }
+        let mut heads = Heads {
+            v: KVVec::with_capacity(chunks.len(), GFP_KERNEL_ACCOUNT)?,
+            order,
+        };
+        for chunk in chunks {
+            // Room was reserved: this does not allocate.
+            heads.v.push(chunk.page, GFP_KERNEL_ACCOUNT)?;
+            // INVARIANT: the block is now owned by `heads`.
+            core::mem::forget(chunk);
+        }
+        Arc::pin_init(
+            try_pin_init!(Self {
+                heads,
+                _tag: tag,
+                bytes <- new_mutex!(()),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    /// Takes the chunks out of the last reference to a list, which is left empty; `None` (and
+    /// the reference dropped, with the chunks if it was the last) while anything else still
+    /// holds the list, or when there is no memory for the result.
+    pub(crate) fn take_chunks(list: Arc<Self>) -> Option<KVVec<Chunk>> {
+        let mut unique = Arc::into_unique_or_drop(list)?;
+        let heads = unique.as_mut().project().heads;
+        let mut out = KVVec::with_capacity(heads.v.len(), GFP_KERNEL).ok()?;
+        let order = heads.order;
+        for page in core::mem::replace(&mut heads.v, KVVec::new()) {
+            // INVARIANT: the block was owned by the list, which no longer has it.
+            let chunk = Chunk { page, order };
+            // Room was reserved: this does not allocate, and a chunk it could not keep would
+            // be freed.
+            let _ = out.push(chunk, GFP_KERNEL);
+        }
+        Some(out)
+    }
 }
 
 impl<T> ChunkList<T> {

@@ -117,6 +117,15 @@ spec! {
     ruvm_gpu_pt_walk { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
     ruvm_test_pt_write { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
     ruvm_test_sim_gpu { flags: 0, zero: [pad, reserved] }
+    ruvm_pool_create { flags: 0, zero: [pad, reserved] }
+    ruvm_pool_handle { flags: 0, zero: [pad, reserved] }
+    ruvm_pool_info { flags: 0, zero: [pad, reserved] }
+    ruvm_pool_set { flags: 0, zero: [reserved] }
+    ruvm_pool_trim { flags: 0, zero: [pad, reserved] }
+    ruvm_pool_access {
+        flags: uapi::ruvm_pool_access_flags_RUVM_POOL_ACCESS_REVOKE,
+        zero: [reserved]
+    }
     ruvm_mem_gpu_user {
         flags: uapi::ruvm_gpu_user_flags_RUVM_GPU_USER_READ_ONLY,
         zero: [reserved]

@@ -21,6 +21,10 @@ impl RuvmFile {
             uapi::ruvm_backing_RUVM_BACKING_VIDMEM => Some(crate::gpu::get(args.gpu)?),
             _ => return Err(EINVAL),
         };
+        let pool = match args.pool {
+            0 => None,
+            h => Some(self.pool(h)?),
+        };
         let req = AllocRequest {
             gpu,
             size: args.size,
@@ -28,6 +32,7 @@ impl RuvmFile {
             zero: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO != 0,
             fallback: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK != 0,
             max_bytes: max_alloc_bytes(),
+            pool,
         };
         let mem = Mem::alloc(&req, &self.quota, Origin::here("MEM_ALLOC"))?;
         let layout = mem.layout();

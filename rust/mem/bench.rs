@@ -76,6 +76,7 @@ pub(crate) fn run(op: &Op, iterations: u64, quota: &Arc<Quota>, max_bytes: u64) 
                     zero: *zero,
                     fallback: false,
                     max_bytes,
+                    pool: None,
                 };
                 let mem = Mem::alloc(&req, quota, Origin::here("BENCH"))?;
                 drop(mem.retire());

@@ -18,6 +18,7 @@ use crate::{
 
 use super::{
     gpu_va::{GpuMapping, KernelVa, UserVa},
+    pool::Pool,
     storage::Storage,
     storage::VidPages,
     Mem, MemCore, MemState,
@@ -94,11 +95,19 @@ impl MemCore {
             .position(|(g, _)| *g == id)
             .and_then(|at| st.gpus.remove(at).ok())
             .map(|(_, t)| t);
+        // A freed pool mem's table kept for the pool goes too (the GPU is going, or the mem
+        // is unmapped from it).
+        let kept = st
+            .pool_tables
+            .iter()
+            .position(|(g, _)| *g == id)
+            .and_then(|at| st.pool_tables.remove(at).ok())
+            .map(|(_, t)| t);
         GpuTeardown {
             _user: user,
             _kernel: kernel,
             _kva: kva,
-            _table: table,
+            _table: table.or(kept),
         }
     }
 }
@@ -145,6 +154,32 @@ impl Mem {
         let mut st = self.state.lock();
         st.mappable()?;
         table_for(&mut st, &access, gpu.id, pages).map(|_| ())
+    }
+
+    /// Maps a new pool mem for every GPU of `pool`'s access set: with the tables the pool kept
+    /// for its chunks (`kept`), else new ones. A GPU of the set that is gone is skipped (its
+    /// removal takes it out of the set).
+    pub(crate) fn map_pool_gpus(
+        &self,
+        pool: &Pool,
+        mut kept: KVec<(u32, Arc<GpuTable>)>,
+    ) -> Result {
+        let access = pool.access();
+        for id in 0..u64::BITS {
+            if access & (1u64 << id) == 0 {
+                continue;
+            }
+            if let Some(at) = kept.iter().position(|(g, _)| *g == id) {
+                let t = kept.remove(at).map_err(|_| EINVAL)?;
+                self.state.lock().gpus.push(t, GFP_KERNEL)?;
+                continue;
+            }
+            match crate::gpu::get(id) {
+                Ok(gpu) => self.map_gpu(&gpu)?,
+                Err(_) => continue,
+            }
+        }
+        Ok(())
     }
 
     /// Drops the mem's DMA address table for GPU `id`, unmapping it, and its mapping in the

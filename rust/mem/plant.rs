@@ -63,6 +63,7 @@ pub(crate) fn plant(kind: &LeakKind, lost: bool, max_bytes: u64) -> Result {
                 zero: false,
                 fallback: false,
                 max_bytes,
+                pool: None,
             };
             let quota = Arc::new(Quota::new(u64::MAX), GFP_KERNEL)?;
             let mem = Mem::alloc(&req, &quota, Origin::here("TEST_LEAK"))?;

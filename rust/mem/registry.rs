@@ -75,13 +75,14 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
             bump(Class::KernelMaps, u64::from(st.kmap.is_some()));
             bump(Class::Handles, u64::from(st.life == Life::Owned));
             bump(Class::GpuKernelVas, u64::from(st.kva.is_some()));
-            for (_, table) in st.gpus.iter() {
+            for (_, table) in Iterator::chain(st.gpus.iter(), st.pool_tables.iter()) {
                 let n = table.count() as u64;
                 bump(Class::DmaMappings, n);
                 bump(Class::DmaBytes, n * core.layout.chunk_size);
             }
         }
     }
+    super::pool::walk(&mut bump)?;
     // Vidmem storage: counted per root chunk, and DMA-mapped (one 2 MiB mapping each).
     let (roots, mapped) = crate::gpu::walk_vidmem()?;
     bump(Class::VidmemRoots, roots);

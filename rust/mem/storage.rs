@@ -16,7 +16,9 @@ use crate::{
 
 use super::{
     policy::{self, Layout},
-    policy_error, AllocRequest,
+    policy_error,
+    pool::{Pool, Taken},
+    AllocRequest,
 };
 
 /// What holds a mem's bytes.
@@ -113,6 +115,28 @@ fn alloc_vidmem(gpu: &Arc<GpuDev>, layout: &Layout) -> Result<VidPages> {
         chunks,
         _audit: Counted::new(Class::VidmemChunks, n),
     })
+}
+
+/// Takes the chunks of `layout` from `pool` (sysmem), zeroing the reused ones when `req`
+/// asks for zeroed memory (new ones are allocated zeroed).
+pub(super) fn from_pool(pool: &Pool, req: &AllocRequest, layout: &Layout) -> Result<Taken> {
+    let count = usize::try_from(layout.chunk_count)?;
+    let taken = pool.take(count, req.zero, || {
+        if kernel::current!().signal_pending() {
+            Err(ERESTARTSYS)
+        } else {
+            Ok(())
+        }
+    })?;
+    if req.zero && taken.reused > 0 {
+        let len = taken.reused * taken.pages.chunk_len();
+        let zeroed = taken.pages.bytes().zero(0, len);
+        if let Err(e) = zeroed {
+            pool.give_back(taken.pages, taken.tables);
+            return Err(e);
+        }
+    }
+    Ok(taken)
 }
 
 /// Allocates the chunks for `layout`, halving the chunk size on `ENOMEM` when the request

@@ -20,7 +20,7 @@
 #include <linux/types.h>
 
 /* Bumped on any incompatible change; compatible additions add feature bits instead. */
-#define RUVM_ABI_VERSION 1
+#define RUVM_ABI_VERSION 2
 
 #define RUVM_IOCTL_MAGIC 0xD7
 
@@ -85,10 +85,15 @@ struct ruvm_info {
  * GPU_PT_WALK.
  */
 #define RUVM_FEATURE_GPU_VA (1ULL << 8)
+/*
+ * Memory pools (CUDA's cudaMemPool_t): POOL_CREATE, POOL_DESTROY, POOL_GET, POOL_SET,
+ * POOL_TRIM, POOL_SET_ACCESS, and ruvm_mem_alloc.pool.
+ */
+#define RUVM_FEATURE_POOLS (1ULL << 9)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
-	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA)
+	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -135,6 +140,10 @@ enum ruvm_alloc_flags {
  * @mmap_offset: (out) the offset to mmap the mem at (length: the physical size)
  * @gpu:         (in)  RUVM_BACKING_VIDMEM: the GPU whose memory backs the mem; else 0
  * @pad:         (in)  must be 0
+ * @pool:        (in)  a pool of the calling file (RUVM_IOCTL_POOL_CREATE) to take the chunks
+ *                     from, or 0; @backing and @gpu must be the pool's, @page_size 0 or its
+ *                     chunk size, and RUVM_ALLOC_FALLBACK is refused (a pool's chunks have one
+ *                     size)
  * @reserved:    (in)  must be 0
  */
 struct ruvm_mem_alloc {
@@ -148,7 +157,8 @@ struct ruvm_mem_alloc {
 	__u64 mmap_offset;
 	__u32 gpu;
 	__u32 pad;
-	__u64 reserved[3];
+	__u64 pool;
+	__u64 reserved[2];
 };
 
 /**
@@ -305,7 +315,10 @@ enum ruvm_audit_class {
 	RUVM_AUDIT_PT_TABLES = 21,	/* GPU page tables and directories (all GPUs) */
 	RUVM_AUDIT_PT_BYTES = 22,	/* the memory they take */
 	RUVM_AUDIT_GPU_KERNEL_VAS = 23,	/* mems holding an offset of the GPU kernel VA window */
-	RUVM_AUDIT_CLASSES = 24,
+	RUVM_AUDIT_POOLS = 24,		/* memory pools */
+	RUVM_AUDIT_POOL_CHUNKS = 25,	/* chunks cached by pools (free, kept for reuse) */
+	RUVM_AUDIT_POOL_BYTES = 26,	/* their bytes */
+	RUVM_AUDIT_CLASSES = 30,
 };
 
 /* ruvm_audit.flags */
@@ -986,6 +999,170 @@ struct ruvm_test_ce_raw {
 	__u64 reserved[2];
 };
 
+/*
+ * Memory pools: chunks kept for reuse, already zeroed and DMA-mapped, with CUDA's pool
+ * semantics (Documentation/ruvm.rst, "Memory pools"). A pool belongs to the file that made it.
+ */
+
+/**
+ * struct ruvm_pool_create - make a pool (RUVM_IOCTL_POOL_CREATE)
+ *
+ * @page_size:         (in)  the chunk size of every mem of the pool, 0 for the default; the
+ *                           same rules as ruvm_mem_alloc.page_size for @backing
+ * @backing:           (in)  enum ruvm_backing
+ * @gpu:               (in)  RUVM_BACKING_VIDMEM: the GPU whose memory it holds; else 0
+ * @release_threshold: (in)  bytes the pool may keep reserved before a free gives memory back
+ *                           (CUDA's cudaMemPoolAttrReleaseThreshold; ~0: never)
+ * @handle:            (out) the pool's handle, never 0
+ * @chunk_size:        (out) its chunk size
+ * @flags:             (in)  must be 0
+ * @pad:               (in)  must be 0
+ * @reserved:          (in)  must be 0
+ */
+struct ruvm_pool_create {
+	__u64 page_size;
+	__u32 backing;
+	__u32 gpu;
+	__u64 release_threshold;
+	__u64 handle;
+	__u64 chunk_size;
+	__u32 flags;
+	__u32 pad;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_pool_handle - name a pool (RUVM_IOCTL_POOL_DESTROY)
+ * @handle:   (in) the pool's handle
+ * @flags:    (in) must be 0
+ * @pad:      (in) must be 0
+ * @reserved: (in) must be 0
+ */
+struct ruvm_pool_handle {
+	__u64 handle;
+	__u32 flags;
+	__u32 pad;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_pool_info - a pool's attributes (RUVM_IOCTL_POOL_GET)
+ *
+ * CUDA's attributes, in bytes: reserved = held by the pool (in use + cached), used = held by
+ * mems of the pool (a freed mem's chunks count until they are back: a user mapping may keep
+ * them), each with its high watermark since creation or the last reset.
+ *
+ * @handle:            (in)  the pool's handle
+ * @flags:             (in)  must be 0
+ * @backing:           (out) enum ruvm_backing
+ * @release_threshold: (out) cudaMemPoolAttrReleaseThreshold
+ * @reserved_current:  (out) cudaMemPoolAttrReservedMemCurrent
+ * @reserved_high:     (out) cudaMemPoolAttrReservedMemHigh
+ * @used_current:      (out) cudaMemPoolAttrUsedMemCurrent
+ * @used_high:         (out) cudaMemPoolAttrUsedMemHigh
+ * @hits:              (out) chunks handed out from the cache
+ * @misses:            (out) chunks allocated because the cache had none
+ * @cached_chunks:     (out) chunks in the cache now ((reserved - used) / chunk_size)
+ * @chunk_size:        (out) the pool's chunk size
+ * @access:            (out) bit n set: the pool's mems are DMA-mapped for GPU n
+ * @gpu:               (out) RUVM_BACKING_VIDMEM: the pool's GPU
+ * @pad:               (in)  must be 0
+ * @reserved:          (in)  must be 0
+ */
+struct ruvm_pool_info {
+	__u64 handle;
+	__u32 flags;
+	__u32 backing;
+	__u64 release_threshold;
+	__u64 reserved_current;
+	__u64 reserved_high;
+	__u64 used_current;
+	__u64 used_high;
+	__u64 hits;
+	__u64 misses;
+	__u64 cached_chunks;
+	__u64 chunk_size;
+	__u64 access;
+	__u32 gpu;
+	__u32 pad;
+	__u64 reserved[2];
+};
+
+/* ruvm_pool_set.attr: the attributes RUVM_IOCTL_POOL_SET changes. */
+enum ruvm_pool_attr {
+	/* Any value; a lower one gives back what the cache holds above it at once. */
+	RUVM_POOL_ATTR_RELEASE_THRESHOLD = 1,
+	/* Only 0, which resets the watermark to the current value (as in CUDA). */
+	RUVM_POOL_ATTR_RESERVED_HIGH = 2,
+	RUVM_POOL_ATTR_USED_HIGH = 3,
+};
+
+/**
+ * struct ruvm_pool_set - change an attribute of a pool (RUVM_IOCTL_POOL_SET)
+ * @handle:   (in) the pool's handle
+ * @attr:     (in) enum ruvm_pool_attr
+ * @flags:    (in) must be 0
+ * @value:    (in) the new value
+ * @reserved: (in) must be 0
+ */
+struct ruvm_pool_set {
+	__u64 handle;
+	__u32 attr;
+	__u32 flags;
+	__u64 value;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_pool_trim - give back cached memory (RUVM_IOCTL_POOL_TRIM)
+ *
+ * cudaMemPoolTrimTo: cached chunks are released until at most @min_bytes_to_keep stay
+ * reserved; memory in use is never released.
+ *
+ * @handle:            (in)  the pool's handle
+ * @min_bytes_to_keep: (in)  reserved bytes the pool may keep
+ * @released:          (out) bytes given back
+ * @flags:             (in)  must be 0
+ * @pad:               (in)  must be 0
+ * @reserved:          (in)  must be 0
+ */
+struct ruvm_pool_trim {
+	__u64 handle;
+	__u64 min_bytes_to_keep;
+	__u64 released;
+	__u32 flags;
+	__u32 pad;
+	__u64 reserved[2];
+};
+
+/* ruvm_pool_access.flags */
+enum ruvm_pool_access_flags {
+	/* Take the GPU out of the access set (without: put it in). */
+	RUVM_POOL_ACCESS_REVOKE = 1 << 0,
+};
+
+/**
+ * struct ruvm_pool_access - which GPUs a pool's chunks stay DMA-mapped for
+ *                           (RUVM_IOCTL_POOL_SET_ACCESS)
+ *
+ * cudaMemPoolSetAccess for a sysmem pool: a mem allocated from the pool is DMA-mapped for
+ * every GPU of the set as it is made (as by RUVM_IOCTL_MEM_MAP_GPU), and its chunks keep those
+ * mappings while cached, so a mem that reuses them is mapped without a new mapping. Granting
+ * changes the mems allocated from then on; revoking drops the cached chunks' mappings for the
+ * GPU at once (the pool's live mems keep theirs until freed).
+ *
+ * @handle:   (in) the pool's handle
+ * @gpu:      (in) the GPU's id
+ * @flags:    (in) enum ruvm_pool_access_flags
+ * @reserved: (in) must be 0
+ */
+struct ruvm_pool_access {
+	__u64 handle;
+	__u32 gpu;
+	__u32 flags;
+	__u64 reserved[2];
+};
+
 /* What RUVM_IOCTL_TEST_SIM_GPU does. */
 enum ruvm_sim_gpu_op {
 	/* Remove the simulated GPU, as an unbind removes a test GPU. */
@@ -1069,6 +1246,12 @@ enum {
 	RUVM_IOCTL_GPU_PT_WALK = _IOWR(RUVM_IOCTL_MAGIC, 0x2e, struct ruvm_gpu_pt_walk),
 	RUVM_IOCTL_MEM_MAP_GPU_USER = _IOWR(RUVM_IOCTL_MAGIC, 0x2f, struct ruvm_mem_gpu_user),
 	RUVM_IOCTL_MEM_UNMAP_GPU_USER = _IOWR(RUVM_IOCTL_MAGIC, 0x30, struct ruvm_mem_gpu),
+	RUVM_IOCTL_POOL_CREATE = _IOWR(RUVM_IOCTL_MAGIC, 0x31, struct ruvm_pool_create),
+	RUVM_IOCTL_POOL_DESTROY = _IOWR(RUVM_IOCTL_MAGIC, 0x32, struct ruvm_pool_handle),
+	RUVM_IOCTL_POOL_GET = _IOWR(RUVM_IOCTL_MAGIC, 0x33, struct ruvm_pool_info),
+	RUVM_IOCTL_POOL_SET = _IOWR(RUVM_IOCTL_MAGIC, 0x34, struct ruvm_pool_set),
+	RUVM_IOCTL_POOL_TRIM = _IOWR(RUVM_IOCTL_MAGIC, 0x35, struct ruvm_pool_trim),
+	RUVM_IOCTL_POOL_SET_ACCESS = _IOWR(RUVM_IOCTL_MAGIC, 0x36, struct ruvm_pool_access),
 	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =

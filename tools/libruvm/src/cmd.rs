@@ -88,6 +88,18 @@ commands! {
     MEM_MAP_GPU_USER: ruvm_mem_gpu_user = RUVM_IOCTL_MEM_MAP_GPU_USER;
     /// Remove a mem's GPU user mapping.
     MEM_UNMAP_GPU_USER: ruvm_mem_gpu = RUVM_IOCTL_MEM_UNMAP_GPU_USER;
+    /// Make a memory pool.
+    POOL_CREATE: ruvm_pool_create = RUVM_IOCTL_POOL_CREATE;
+    /// Destroy a memory pool.
+    POOL_DESTROY: ruvm_pool_handle = RUVM_IOCTL_POOL_DESTROY;
+    /// A pool's attributes.
+    POOL_GET: ruvm_pool_info = RUVM_IOCTL_POOL_GET;
+    /// Change a pool's attribute.
+    POOL_SET: ruvm_pool_set = RUVM_IOCTL_POOL_SET;
+    /// Give back a pool's cached memory.
+    POOL_TRIM: ruvm_pool_trim = RUVM_IOCTL_POOL_TRIM;
+    /// Which GPUs a pool's chunks stay DMA-mapped for.
+    POOL_SET_ACCESS: ruvm_pool_access = RUVM_IOCTL_POOL_SET_ACCESS;
     /// Where a GPU sees a mem in its kernel VA space.
     MEM_GPU_VA: ruvm_mem_gpu_va = RUVM_IOCTL_MEM_GPU_VA;
     /// Copy with a GPU's copy engine through GPU virtual addresses.

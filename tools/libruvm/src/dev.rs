@@ -78,6 +78,12 @@ ioctl_args!(
     uapi::ruvm_test_pt_write,
     uapi::ruvm_mem_gpu_user,
     uapi::ruvm_test_sim_gpu,
+    uapi::ruvm_pool_create,
+    uapi::ruvm_pool_handle,
+    uapi::ruvm_pool_info,
+    uapi::ruvm_pool_set,
+    uapi::ruvm_pool_trim,
+    uapi::ruvm_pool_access,
 );
 
 /// The `enum ruvm_va_space_flags` of a VA space: the caller's user VA space, or the kernel's.
@@ -176,6 +182,92 @@ impl Ruvm {
         };
         self.call(cmd::MEM_ALLOC, &mut a)?;
         Ok(a)
+    }
+
+    /// `RUVM_IOCTL_MEM_ALLOC` of sysmem from pool `pool`.
+    pub fn pool_alloc(
+        &self,
+        pool: u64,
+        size: u64,
+        flags: u32,
+    ) -> Result<uapi::ruvm_mem_alloc, Errno> {
+        let mut a = uapi::ruvm_mem_alloc {
+            size,
+            flags,
+            pool,
+            backing: uapi::ruvm_backing_RUVM_BACKING_SYSMEM,
+            ..Default::default()
+        };
+        self.call(cmd::MEM_ALLOC, &mut a)?;
+        Ok(a)
+    }
+
+    /// `RUVM_IOCTL_POOL_CREATE` of a sysmem pool: its handle and chunk size.
+    pub fn pool_create(&self, page_size: u64, release_threshold: u64) -> Result<(u64, u64), Errno> {
+        let mut a = uapi::ruvm_pool_create {
+            page_size,
+            release_threshold,
+            backing: uapi::ruvm_backing_RUVM_BACKING_SYSMEM,
+            ..Default::default()
+        };
+        self.call(cmd::POOL_CREATE, &mut a)?;
+        Ok((a.handle, a.chunk_size))
+    }
+
+    /// `RUVM_IOCTL_POOL_DESTROY`.
+    pub fn pool_destroy(&self, pool: u64) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_pool_handle {
+            handle: pool,
+            ..Default::default()
+        };
+        self.call(cmd::POOL_DESTROY, &mut a)
+    }
+
+    /// `RUVM_IOCTL_POOL_GET`.
+    pub fn pool_get(&self, pool: u64) -> Result<uapi::ruvm_pool_info, Errno> {
+        let mut a = uapi::ruvm_pool_info {
+            handle: pool,
+            ..Default::default()
+        };
+        self.call(cmd::POOL_GET, &mut a)?;
+        Ok(a)
+    }
+
+    /// `RUVM_IOCTL_POOL_SET` of `attr` (`enum ruvm_pool_attr`).
+    pub fn pool_set(&self, pool: u64, attr: u32, value: u64) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_pool_set {
+            handle: pool,
+            attr,
+            value,
+            ..Default::default()
+        };
+        self.call(cmd::POOL_SET, &mut a)
+    }
+
+    /// `RUVM_IOCTL_POOL_TRIM`: the bytes given back.
+    pub fn pool_trim(&self, pool: u64, min_bytes_to_keep: u64) -> Result<u64, Errno> {
+        let mut a = uapi::ruvm_pool_trim {
+            handle: pool,
+            min_bytes_to_keep,
+            ..Default::default()
+        };
+        self.call(cmd::POOL_TRIM, &mut a)?;
+        Ok(a.released)
+    }
+
+    /// `RUVM_IOCTL_POOL_SET_ACCESS`: grant GPU `gpu` (or revoke it).
+    pub fn pool_access(&self, pool: u64, gpu: u32, grant: bool) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_pool_access {
+            handle: pool,
+            gpu,
+            flags: if grant {
+                0
+            } else {
+                uapi::ruvm_pool_access_flags_RUVM_POOL_ACCESS_REVOKE
+            },
+            ..Default::default()
+        };
+        self.call(cmd::POOL_SET_ACCESS, &mut a)
     }
 
     /// `RUVM_IOCTL_MEM_ALLOC` of vidmem on `gpu`.

@@ -74,6 +74,70 @@ pub enum GpuAction {
     },
 }
 
+/// A size, or `max` for ~0 (a threshold that never gives memory back).
+fn parse_threshold(s: &str) -> Result<u64, String> {
+    if s == "max" {
+        Ok(u64::MAX)
+    } else {
+        parse_size(s)
+    }
+}
+
+/// `ruvmctl pool ...`.
+#[derive(Subcommand)]
+pub enum PoolAction {
+    /// Make a sysmem pool (RUVM_IOCTL_POOL_CREATE); prints its handle and attributes.
+    Create {
+        /// Chunk size of its mems (default: the page size); a power of two up to 2M.
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        page_size: u64,
+        /// Bytes the pool may keep reserved before a free gives memory back (`max`: never).
+        #[arg(long, default_value = "0", value_parser = parse_threshold)]
+        threshold: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Destroy a pool (RUVM_IOCTL_POOL_DESTROY); EBUSY while a mem of it is alive.
+    Destroy { pool: u64 },
+    /// A pool's attributes (RUVM_IOCTL_POOL_GET).
+    Get {
+        pool: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Change the release threshold, or reset a high watermark (RUVM_IOCTL_POOL_SET).
+    Set {
+        pool: u64,
+        /// The new release threshold (`max`: never give back).
+        #[arg(long, value_parser = parse_threshold, group = "what")]
+        threshold: Option<u64>,
+        /// Reset the reserved high watermark to the current value.
+        #[arg(long, group = "what")]
+        reset_reserved_high: bool,
+        /// Reset the used high watermark to the current value.
+        #[arg(long, group = "what")]
+        reset_used_high: bool,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Give back cached memory until at most KEEP bytes stay reserved (RUVM_IOCTL_POOL_TRIM).
+    Trim {
+        pool: u64,
+        #[arg(value_parser = parse_size, default_value = "0")]
+        keep: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Keep the pool's chunks DMA-mapped for a GPU, or with --revoke stop
+    /// (RUVM_IOCTL_POOL_SET_ACCESS).
+    Access {
+        pool: u64,
+        gpu: u32,
+        #[arg(long)]
+        revoke: bool,
+    },
+}
+
 #[derive(Subcommand)]
 pub enum Cmd {
     /// Show the loaded module's version, ABI, features and live mems (RUVM_IOCTL_INFO).
@@ -96,8 +160,18 @@ pub enum Cmd {
         /// Fall back to smaller chunks if large ones cannot be had.
         #[arg(long)]
         fallback: bool,
+        /// Take the chunks from this pool of the file (`pool create`); the chunk size is the
+        /// pool's.
+        #[arg(long, value_name = "POOL")]
+        pool: Option<u64>,
         #[command(flatten)]
         json: Json,
+    },
+    /// Memory pools (RUVM_IOCTL_POOL_*): cached chunks, still zeroed and DMA-mapped, with
+    /// CUDA's pool attributes. A pool belongs to the file: use --fd across commands.
+    Pool {
+        #[command(subcommand)]
+        action: PoolAction,
     },
     /// Free a mem (RUVM_IOCTL_MEM_FREE).
     Free { handle: u64 },

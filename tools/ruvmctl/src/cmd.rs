@@ -11,6 +11,7 @@ pub mod gpu;
 pub mod gpu_va;
 pub mod info;
 pub mod mem;
+pub mod pool;
 pub mod test;
 
 /// Opens the device, or takes the descriptor `--fd` names.

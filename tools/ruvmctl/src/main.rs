@@ -28,7 +28,7 @@ mod pattern;
 mod selftest;
 mod units;
 
-use cli::{Cli, Cmd, GpuAction};
+use cli::{Cli, Cmd, GpuAction, PoolAction};
 use output::{emit, Done};
 
 /// Runs one command.
@@ -43,6 +43,7 @@ fn run(cli: Cli) -> Result<()> {
             vidmem,
             zero,
             fallback,
+            pool,
             json,
         } => {
             let spec = cmd::mem::AllocSpec {
@@ -51,10 +52,46 @@ fn run(cli: Cli) -> Result<()> {
                 vidmem,
                 zero,
                 fallback,
+                pool,
                 own_fd: fd.is_none() && !json.json,
             };
             emit(&cmd::mem::alloc(&d()?, &spec)?, json.json)
         }
+        Cmd::Pool { action } => match action {
+            PoolAction::Create {
+                page_size,
+                threshold,
+                json,
+            } => emit(
+                &cmd::pool::create(&d()?, page_size, threshold, fd.is_none() && !json.json)?,
+                json.json,
+            ),
+            PoolAction::Destroy { pool } => emit(&cmd::pool::destroy(&d()?, pool)?, false),
+            PoolAction::Get { pool, json } => emit(&cmd::pool::get(&d()?, pool)?, json.json),
+            PoolAction::Set {
+                pool,
+                threshold,
+                reset_reserved_high,
+                reset_used_high,
+                json,
+            } => {
+                let what = match (threshold, reset_reserved_high, reset_used_high) {
+                    (Some(t), _, _) => cmd::pool::Setting::Threshold(t),
+                    (None, true, _) => cmd::pool::Setting::ResetReservedHigh,
+                    (None, false, true) => cmd::pool::Setting::ResetUsedHigh,
+                    (None, false, false) => bail!(
+                        "pool set: name what to change (--threshold, --reset-reserved-high or --reset-used-high)"
+                    ),
+                };
+                emit(&cmd::pool::set(&d()?, pool, what)?, json.json)
+            }
+            PoolAction::Trim { pool, keep, json } => {
+                emit(&cmd::pool::trim(&d()?, pool, keep)?, json.json)
+            }
+            PoolAction::Access { pool, gpu, revoke } => {
+                emit(&cmd::pool::access(&d()?, pool, gpu, revoke)?, false)
+            }
+        },
         Cmd::Free { handle } => emit(
             &cmd::mem::handle_cmd(&d()?, ioctl::MEM_FREE, handle)?,
             false,

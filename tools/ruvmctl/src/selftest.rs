@@ -20,6 +20,7 @@ mod gpu_va;
 mod hardening;
 pub(crate) mod harness;
 mod mem;
+mod pools;
 mod vidmem;
 
 /// Every case, in the order they run.
@@ -32,6 +33,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(gpu::cases());
     v.extend(gpu_va::cases());
     v.extend(vidmem::cases());
+    v.extend(pools::cases());
     v.extend(bench::cases());
     v.extend(hardening::cases());
     v.extend(faults::cases());

@@ -39,6 +39,33 @@ pub struct Stats {
     vidmem: Backing,
     live: BTreeMap<String, u64>,
     leak_checker: u32,
+    /// Every pool of every process (`/sys/kernel/debug/ruvm/pools`, root), each line's
+    /// fields by name; `None` if it could not be read.
+    pools: Option<Vec<BTreeMap<String, u64>>>,
+}
+
+/// Where the module lists every pool.
+const POOLS_DEBUGFS: &str = "/sys/kernel/debug/ruvm/pools";
+
+/// The lines of [`POOLS_DEBUGFS`], each `name=value ...`, by name.
+fn read_pools() -> Option<Vec<BTreeMap<String, u64>>> {
+    let text = std::fs::read_to_string(POOLS_DEBUGFS).ok()?;
+    Some(
+        text.lines()
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|kv| kv.split_once('='))
+                    .filter_map(|(k, v)| {
+                        let n = match v.strip_prefix("0x") {
+                            Some(h) => u64::from_str_radix(h, 16).ok()?,
+                            None => v.parse().ok()?,
+                        };
+                        Some((k.to_owned(), n))
+                    })
+                    .collect()
+            })
+            .collect(),
+    )
 }
 
 fn backing(d: &Ruvm, which: u32, name: &'static str, reset: bool) -> Result<Backing> {
@@ -79,6 +106,7 @@ pub fn stats(d: &Ruvm, reset: bool) -> Result<Stats> {
             .map(|(i, n)| (names::audit_class(classes.as_deref(), i), *n))
             .collect(),
         leak_checker: a.level,
+        pools: read_pools(),
     })
 }
 
@@ -112,8 +140,34 @@ impl Report for Stats {
             .filter(|(_, n)| **n != 0)
             .map(|(k, n)| format!("{k}={n}"))
             .collect();
+        let pools = match &self.pools {
+            None => "pools: (read as root: /sys/kernel/debug/ruvm/pools)".to_owned(),
+            Some(p) if p.is_empty() => "pools: none".to_owned(),
+            Some(p) => {
+                let f = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+                let rows = p.iter().map(|m| {
+                    let cached = f(m, "cached_chunks") * f(m, "chunk");
+                    [
+                        f(m, "pool").to_string(),
+                        f(m, "pid").to_string(),
+                        f(m, "reserved").to_string(),
+                        f(m, "used").to_string(),
+                        cached.to_string(),
+                        f(m, "hits").to_string(),
+                        f(m, "misses").to_string(),
+                    ]
+                });
+                format!(
+                    "pools (reserved = used + cached: memory a pool holds for reuse):\n{}",
+                    table(
+                        &["pool", "pid", "reserved", "used", "cached", "hits", "misses"],
+                        rows
+                    )
+                )
+            }
+        };
         format!(
-            "{usage}\naudit (leak_checker={}): {}",
+            "{usage}\n{pools}\naudit (leak_checker={}): {}",
             self.leak_checker,
             if live.is_empty() {
                 "nothing live".to_owned()

@@ -133,6 +133,8 @@ pub struct AllocSpec {
     pub vidmem: Option<u32>,
     pub zero: bool,
     pub fallback: bool,
+    /// The pool to take the chunks from.
+    pub pool: Option<u64>,
     /// The descriptor is this command's own: the mem goes when ruvmctl exits.
     pub own_fd: bool,
 }
@@ -150,6 +152,9 @@ pub fn alloc(d: &Ruvm, s: &AllocSpec) -> Result<Mem> {
         if let Some(gpu) = s.vidmem {
             a.backing = uapi::ruvm_backing_RUVM_BACKING_VIDMEM;
             a.gpu = gpu;
+        }
+        if let Some(pool) = s.pool {
+            a.pool = pool;
         }
     });
     call(d, cmd::MEM_ALLOC, &mut a)?;

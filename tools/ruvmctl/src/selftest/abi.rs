@@ -157,6 +157,34 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
     ] {
         row!(&d, p, e, c, uapi::ruvm_mem_gpu::default(), known: 0, zero: [reserved]);
     }
+    // Pools: every template is a call that would succeed (or fail otherwise than EINVAL) if
+    // a bad field were let through.
+    let (pool, _) = d.pool_create(0, 0).ctx("POOL_CREATE")?;
+    row!(&d, p, e, cmd::POOL_CREATE, uapi::ruvm_pool_create::default(),
+        known: 0, zero: [pad, reserved]);
+    let handle = uapi::ruvm_pool_handle {
+        handle: pool,
+        ..Default::default()
+    };
+    row!(&d, p, e, cmd::POOL_GET, uapi::ruvm_pool_info {
+        handle: pool,
+        ..Default::default()
+    }, known: 0, zero: [pad, reserved]);
+    row!(&d, p, e, cmd::POOL_SET, uapi::ruvm_pool_set {
+        handle: pool,
+        attr: uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RELEASE_THRESHOLD,
+        ..Default::default()
+    }, known: 0, zero: [reserved]);
+    row!(&d, p, e, cmd::POOL_TRIM, uapi::ruvm_pool_trim {
+        handle: pool,
+        ..Default::default()
+    }, known: 0, zero: [pad, reserved]);
+    row!(&d, p, e, cmd::POOL_SET_ACCESS, uapi::ruvm_pool_access {
+        handle: pool,
+        gpu: 63,
+        ..Default::default()
+    }, known: uapi::ruvm_pool_access_flags_RUVM_POOL_ACCESS_REVOKE, zero: [reserved]);
+    row!(&d, p, e, cmd::POOL_DESTROY, handle, known: 0, zero: [pad, reserved]);
     let user = uapi::ruvm_va_space_flags_RUVM_VA_USER;
     row!(&d, p, e, cmd::MEM_MAP_GPU_USER, uapi::ruvm_mem_gpu_user::default(),
         known: uapi::ruvm_gpu_user_flags_RUVM_GPU_USER_READ_ONLY, zero: [reserved]);

@@ -563,7 +563,7 @@ fn mem_alloc_bad_inputs() -> TestResult {
             &format!("unknown flag bit {bit}"),
         )?;
     }
-    for i in 0..3 {
+    for i in 0..uapi::ruvm_mem_alloc::default().reserved.len() {
         let mut a = uapi::ruvm_mem_alloc {
             size: 4096,
             ..Default::default()

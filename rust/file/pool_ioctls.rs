@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The pool ioctls: make and destroy a file's pools, read and set their attributes, trim
+//! them, and set which GPUs their chunks stay DMA-mapped for.
+
+use kernel::{prelude::*, sync::Arc, uaccess::UserSlice};
+
+use crate::{
+    bind::errno,
+    gpu,
+    mem::pool::{self, Pool},
+    uapi,
+};
+
+use super::{args, RuvmFile};
+
+impl RuvmFile {
+    /// The file's pool `handle`, or `ENOENT`.
+    pub(super) fn pool(&self, handle: u64) -> Result<Arc<Pool>> {
+        self.inner
+            .lock()
+            .pools
+            .0
+            .get(&handle)
+            .cloned()
+            .ok_or(ENOENT)
+    }
+
+    /// `RUVM_IOCTL_POOL_CREATE`.
+    pub(super) fn pool_create(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_pool_create>(user)?;
+        match args.backing {
+            uapi::ruvm_backing_RUVM_BACKING_SYSMEM if args.gpu == 0 => {}
+            uapi::ruvm_backing_RUVM_BACKING_VIDMEM => return Err(errno::eopnotsupp()),
+            _ => return Err(EINVAL),
+        }
+        let pool = pool::create(args.page_size, args.release_threshold)?;
+        args.handle = pool.id();
+        args.chunk_size = pool.chunk_size();
+        let inserted =
+            self.inner
+                .lock()
+                .pools
+                .0
+                .try_create_and_insert(pool.id(), pool.clone(), GFP_KERNEL);
+        if let Err(e) = inserted {
+            pool.close();
+            return Err(e);
+        }
+        if let Err(e) = writer.write(&args) {
+            // The caller cannot learn the handle: the pool goes again.
+            self.inner.lock().pools.0.remove(&pool.id());
+            pool.close();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_POOL_DESTROY`: `EBUSY` while a mem of the pool holds its chunks.
+    pub(super) fn pool_destroy(&self, user: UserSlice) -> Result {
+        let args = args::read::<uapi::ruvm_pool_handle>(user)?;
+        let mut inner = self.inner.lock();
+        let pool = inner.pools.0.get(&args.handle).cloned().ok_or(ENOENT)?;
+        pool.destroy()?;
+        inner.pools.0.remove(&args.handle);
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_POOL_GET`.
+    pub(super) fn pool_get(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_pool_info>(user)?;
+        let pool = self.pool(args.handle)?;
+        let a = pool.attrs();
+        args.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
+        args.gpu = 0;
+        args.release_threshold = a.release_threshold;
+        args.reserved_current = a.reserved;
+        args.reserved_high = a.reserved_high;
+        args.used_current = a.used;
+        args.used_high = a.used_high;
+        args.hits = a.hits;
+        args.misses = a.misses;
+        args.cached_chunks = a.cached_chunks;
+        args.chunk_size = pool.chunk_size();
+        args.access = a.access;
+        writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_POOL_SET`.
+    pub(super) fn pool_set(&self, user: UserSlice) -> Result {
+        let args = args::read::<uapi::ruvm_pool_set>(user)?;
+        let pool = self.pool(args.handle)?;
+        match (args.attr, args.value) {
+            (uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RELEASE_THRESHOLD, v) => pool.set_threshold(v),
+            (uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RESERVED_HIGH, 0) => pool.reset_high(true),
+            (uapi::ruvm_pool_attr_RUVM_POOL_ATTR_USED_HIGH, 0) => pool.reset_high(false),
+            _ => return Err(EINVAL),
+        }
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_POOL_TRIM`.
+    pub(super) fn pool_trim(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_pool_trim>(user)?;
+        let pool = self.pool(args.handle)?;
+        args.released = pool.trim(args.min_bytes_to_keep);
+        writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_POOL_SET_ACCESS`: a GPU granted must be there (`ENODEV`); any GPU id may be
+    /// revoked.
+    pub(super) fn pool_set_access(&self, user: UserSlice) -> Result {
+        let args = args::read::<uapi::ruvm_pool_access>(user)?;
+        let pool = self.pool(args.handle)?;
+        let revoke = args.flags & uapi::ruvm_pool_access_flags_RUVM_POOL_ACCESS_REVOKE != 0;
+        if args.gpu >= uapi::RUVM_MAX_GPUS {
+            return Err(ENODEV);
+        }
+        if !revoke {
+            gpu::get(args.gpu)?;
+        }
+        pool.set_access(args.gpu, !revoke)
+    }
+}

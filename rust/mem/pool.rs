@@ -1,0 +1,673 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Memory pools: CUDA's `cudaMemPool_t` for ruvm's sysmem mems. A pool keeps the chunks of its
+//! freed mems for reuse, still DMA-mapped for the GPUs of its access set, and gives them back
+//! above its release threshold, on a trim, and under memory pressure (the shrinker).
+//!
+//! # What the cache holds
+//!
+//! A freed mem's chunks come back as they were: one list (in order), with the DMA tables of
+//! the pool's GPUs still mapping it. An allocation of the same number of chunks takes such a
+//! list whole (no page allocation, no DMA mapping); any other takes lists apart into chunks
+//! (their tables unmapped), uses as many as it needs, and caches the rest as a list of its
+//! own. So chunks are reused whatever the sizes, and a steady alloc/free of one size reuses
+//! the mappings too.
+//!
+//! # Accounting (CUDA's attributes)
+//!
+//! `used` is the bytes of the chunks lent to mems: from the allocation until the chunks are
+//! back, which is when the mem's last holder (its handle, a user VMA) lets go. `reserved` is
+//! `used` plus the cached bytes. The high watermarks follow both and are reset to the
+//! current values. Hits and misses count chunks.
+//!
+//! # Stale data
+//!
+//! A pool belongs to one file and its chunks serve that file's mems only; what a pool gives
+//! back goes to the page allocator, as a freed mem's chunks do. A reused chunk is zeroed when
+//! the mem asks for zeroed memory (`RUVM_ALLOC_ZERO`); otherwise it holds what an earlier mem
+//! of the same file left.
+//!
+//! # Locking
+//!
+//! A pool's mutex (the crate's lock order: under the pool registry, above the leaves) is held
+//! for its bookkeeping only: chunks are allocated, zeroed and freed, and tables made and
+//! dropped, outside it. The shrinker only tries the locks (reclaim may run under them).
+
+use kernel::{
+    new_mutex,
+    prelude::*,
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc, Mutex,
+    },
+};
+
+use crate::{
+    audit::{Class, Counted},
+    bind::{
+        global::global,
+        pages::{Chunk, ChunkFlags, ChunkList},
+        shrinker::Shrink,
+    },
+    gpu::dma::{GpuTable, Pages},
+};
+
+use super::policy::{self, Backing};
+
+/// What one cache entry holds: a freed mem's chunks, and their DMA tables for the pool's
+/// GPUs. Dropped: the tables go (unmapped), then the chunks.
+struct Entry {
+    tables: KVec<(u32, Arc<GpuTable>)>,
+    pages: Arc<Pages>,
+    _chunks: Counted,
+    _bytes: Counted,
+}
+
+impl Entry {
+    fn new(pages: Arc<Pages>, tables: KVec<(u32, Arc<GpuTable>)>) -> Self {
+        let n = pages.chunk_count() as u64;
+        let bytes = pages.len() as u64;
+        Self {
+            tables,
+            pages,
+            _chunks: Counted::new(Class::PoolChunks, n),
+            _bytes: Counted::new(Class::PoolBytes, bytes),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.pages.len() as u64
+    }
+}
+
+/// A pool's attributes (`RUVM_IOCTL_POOL_GET`).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Attrs {
+    pub(crate) release_threshold: u64,
+    pub(crate) reserved: u64,
+    pub(crate) reserved_high: u64,
+    pub(crate) used: u64,
+    pub(crate) used_high: u64,
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+    pub(crate) cached_chunks: u64,
+    pub(crate) access: u64,
+}
+
+/// A pool's state, under its lock.
+struct PoolState {
+    /// Oldest first.
+    cache: KVec<Entry>,
+    /// Bytes of the cache's entries.
+    cached: u64,
+    /// Bytes taken out of the cache by an allocation still being made.
+    inflight: u64,
+    used: u64,
+    used_high: u64,
+    reserved_high: u64,
+    threshold: u64,
+    hits: u64,
+    misses: u64,
+    /// Destroyed, or its file closed: chunks that come back are freed.
+    closed: bool,
+}
+
+impl PoolState {
+    fn reserved(&self) -> u64 {
+        self.used + self.cached + self.inflight
+    }
+
+    fn note_highs(&mut self) {
+        self.used_high = self.used_high.max(self.used);
+        self.reserved_high = self.reserved_high.max(self.reserved());
+    }
+
+    fn take_entry(&mut self, i: usize) -> Option<Entry> {
+        let e = self.cache.remove(i).ok()?;
+        self.cached -= e.bytes();
+        Some(e)
+    }
+
+    /// Caches `e` as the newest entry; what could not be cached is returned, to be dropped
+    /// once the lock is released.
+    fn cache(&mut self, e: Entry) -> Option<Entry> {
+        if self.cache.reserve(1, GFP_KERNEL).is_err() {
+            return Some(e);
+        }
+        self.cached += e.bytes();
+        // Room was reserved: this does not allocate.
+        let _ = self.cache.push(e, GFP_KERNEL);
+        None
+    }
+
+    /// Takes cache entries out, oldest first, until at most `keep` bytes stay reserved or the
+    /// cache is empty: what to drop once the lock is released, and its bytes.
+    fn release_to(&mut self, keep: u64) -> (Released, u64) {
+        let mut out = KVec::new();
+        let mut bytes = 0;
+        while self.reserved() > keep {
+            let Some(e) = self.take_entry(0) else {
+                break;
+            };
+            bytes += e.bytes();
+            // With no room to defer its drop, the entry is dropped here, under the lock (rare).
+            let _ = out.push(e, GFP_NOWAIT);
+        }
+        (Released { _entries: out }, bytes)
+    }
+}
+
+/// Cache entries taken out to be dropped (their tables unmapped, their chunks freed) once the
+/// pool's lock is released.
+#[must_use = "drop it after releasing the pool's lock"]
+struct Released {
+    _entries: KVec<Entry>,
+}
+
+/// A memory pool of sysmem chunks of one size, owned by a file.
+#[pin_data]
+pub(crate) struct Pool {
+    id: u64,
+    /// The process that made it (for the debugfs view).
+    pid: i32,
+    order: u32,
+    chunk_size: u64,
+    /// The GPUs the pool's mems are DMA-mapped for, as a bit mask by id.
+    access: Atomic<u64>,
+    #[pin]
+    state: Mutex<PoolState>,
+    _audit: Counted,
+}
+
+/// What an allocation takes from a pool.
+pub(crate) struct Taken {
+    pub(crate) pages: Arc<Pages>,
+    /// Tables of the pool's GPUs that still map `pages` (from the cache).
+    pub(crate) tables: KVec<(u32, Arc<GpuTable>)>,
+    /// The chunks from the cache come first: how many.
+    pub(crate) reused: usize,
+}
+
+global! {
+    /// Every live pool (for the shrinker, GPU removal and the audit's walk).
+    static POOLS: Mutex<KVec<Arc<Pool>>> = KVec::new();
+}
+
+/// Makes the pool registry usable (module init).
+pub(crate) fn init() {
+    POOLS.init();
+}
+
+/// A new sysmem pool with chunks of `page_size` bytes (uvm_mem's rules; 0 for the default)
+/// and release threshold `threshold`.
+pub(crate) fn create(page_size: u64, threshold: u64) -> Result<Arc<Pool>> {
+    let page = kernel::page::PAGE_SIZE as u64;
+    let layout =
+        policy::layout(Backing::Sysmem, 1, page_size, page).map_err(super::policy_error)?;
+    Pool::new(
+        policy::chunk_order(layout.chunk_size, page),
+        layout.chunk_size,
+        threshold,
+    )
+}
+
+/// A new pool handle, never 0 and never reused while the module is loaded.
+fn new_id() -> u64 {
+    static NEXT: Atomic<u64> = Atomic::new(1);
+    NEXT.fetch_add(1, Relaxed)
+}
+
+/// Moves the chunks of `v` to the end of `out`; a chunk `out` has no room for is freed.
+fn append(out: &mut KVVec<Chunk>, v: KVVec<Chunk>) {
+    for c in v {
+        // A chunk that cannot be kept is freed (dropped with the error).
+        let _ = out.push(c, GFP_KERNEL);
+    }
+}
+
+impl Pool {
+    /// A pool of chunks of `2^order` pages, registered module-wide.
+    pub(crate) fn new(order: u32, chunk_size: u64, threshold: u64) -> Result<Arc<Pool>> {
+        let pool = Arc::pin_init(
+            try_pin_init!(Pool {
+                id: new_id(),
+                pid: kernel::current!().tgid_nr_ns(None),
+                order,
+                chunk_size,
+                access: Atomic::new(0),
+                state <- new_mutex!(PoolState {
+                    cache: KVec::new(),
+                    cached: 0,
+                    inflight: 0,
+                    used: 0,
+                    used_high: 0,
+                    reserved_high: 0,
+                    threshold,
+                    hits: 0,
+                    misses: 0,
+                    closed: false,
+                }),
+                _audit: Counted::new(Class::Pools, 1),
+            }),
+            GFP_KERNEL,
+        )?;
+        POOLS.lock().ok_or(ENODEV)?.push(pool.clone(), GFP_KERNEL)?;
+        Ok(pool)
+    }
+
+    /// The pool's handle.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Bytes per chunk.
+    pub(crate) fn chunk_size(&self) -> u64 {
+        self.chunk_size
+    }
+
+    /// The access set, as a bit mask by GPU id.
+    pub(crate) fn access(&self) -> u64 {
+        self.access.load(Relaxed)
+    }
+
+    /// The attributes now.
+    pub(crate) fn attrs(&self) -> Attrs {
+        let st = self.state.lock();
+        Attrs {
+            release_threshold: st.threshold,
+            reserved: st.reserved(),
+            reserved_high: st.reserved_high,
+            used: st.used,
+            used_high: st.used_high,
+            hits: st.hits,
+            misses: st.misses,
+            cached_chunks: st.cached / self.chunk_size,
+            access: self.access(),
+        }
+    }
+
+    /// Takes `count` chunks for a mem: a cached list of exactly `count` chunks whole (with its
+    /// tables), else cached chunks first and new ones (zeroed with `zero`) for the rest.
+    /// `stop` is asked before each new chunk. On failure the pool holds what it held (but for
+    /// tables dropped to take lists apart), its attributes unchanged.
+    pub(crate) fn take(
+        &self,
+        count: usize,
+        zero: bool,
+        mut stop: impl FnMut() -> Result,
+    ) -> Result<Taken> {
+        let bytes = (count as u64)
+            .checked_mul(self.chunk_size)
+            .ok_or(EOVERFLOW)?;
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(ENOENT);
+        }
+        // An exact fit, newest first: taken whole, tables and all.
+        let fit = st
+            .cache
+            .iter()
+            .rposition(|e| e.pages.chunk_count() == count);
+        if let Some(e) = fit.and_then(|i| st.take_entry(i)) {
+            st.used += bytes;
+            st.hits += count as u64;
+            st.note_highs();
+            drop(st);
+            let Entry { tables, pages, .. } = e;
+            return Ok(Taken {
+                pages,
+                tables,
+                reused: count,
+            });
+        }
+        // Else the newest lists, taken apart, until there are chunks enough.
+        let mut n = 0;
+        let mut have = 0;
+        for e in st.cache.iter().rev() {
+            if have >= count {
+                break;
+            }
+            have += e.pages.chunk_count();
+            n += 1;
+        }
+        let mut lists = KVec::with_capacity(n, GFP_KERNEL)?;
+        let mut held = 0;
+        for _ in 0..n {
+            let Some(e) = st.cache.len().checked_sub(1).and_then(|i| st.take_entry(i)) else {
+                break;
+            };
+            held += e.bytes();
+            // Room was reserved: this does not allocate.
+            let _ = lists.push(e, GFP_KERNEL);
+        }
+        st.inflight += held;
+        drop(st);
+        // The chunks left over (or, on failure, the cached ones) are cached again.
+        let (r, extra) = match self.assemble(lists, count, zero, &mut stop) {
+            Ok((taken, spare)) => (Ok(taken), spare),
+            Err((e, back)) => (Err(e), back),
+        };
+        let extra = self.cache_list(extra);
+        let mut st = self.state.lock();
+        st.inflight -= held;
+        let refused = match extra {
+            Some(e) if !st.closed => st.cache(e),
+            e => e,
+        };
+        if let Ok(taken) = &r {
+            st.used += bytes;
+            st.hits += taken.reused as u64;
+            st.misses += (count - taken.reused) as u64;
+            st.note_highs();
+        }
+        drop(st);
+        drop(refused);
+        r
+    }
+
+    /// A list of `count` chunks from the chunks of `lists` and new ones, and the chunks left
+    /// over; on failure, the cached chunks to cache again.
+    #[allow(clippy::type_complexity)]
+    fn assemble(
+        &self,
+        lists: KVec<Entry>,
+        count: usize,
+        zero: bool,
+        stop: &mut impl FnMut() -> Result,
+    ) -> core::result::Result<(Taken, KVVec<Chunk>), (Error, KVVec<Chunk>)> {
+        let mut chunks: KVVec<Chunk> = KVVec::new();
+        for e in lists {
+            let Entry { tables, pages, .. } = e;
+            // Unmapped first: then nothing else holds the list.
+            drop(tables);
+            if let Some(taken) = ChunkList::take_chunks(pages) {
+                append(&mut chunks, taken);
+            }
+        }
+        let mut spare = KVVec::new();
+        while chunks.len() > count {
+            if let Some(c) = chunks.pop() {
+                let _ = spare.push(c, GFP_KERNEL);
+            }
+        }
+        let reused = chunks.len();
+        let flags = ChunkFlags {
+            zero,
+            fail_fast: false,
+        };
+        let mut fresh = || -> Result {
+            chunks.reserve(count - reused, GFP_KERNEL)?;
+            while chunks.len() < count {
+                stop()?;
+                chunks.push(Chunk::alloc(self.order, flags)?, GFP_KERNEL)?;
+            }
+            Ok(())
+        };
+        if let Err(e) = fresh() {
+            // The new chunks are freed; the cached ones go back.
+            chunks.truncate(reused);
+            append(&mut chunks, spare);
+            return Err((e, chunks));
+        }
+        let n = count as u64;
+        match ChunkList::from_chunks(
+            self.order,
+            chunks,
+            Counted::new(Class::SysmemChunks(self.order), n),
+        ) {
+            Ok(pages) => Ok((
+                Taken {
+                    pages,
+                    tables: KVec::new(),
+                    reused,
+                },
+                spare,
+            )),
+            // The chunks were freed with the failure.
+            Err(e) => Err((e, spare)),
+        }
+    }
+
+    /// `chunks` as a cache entry (without tables); `None` if there are none, or no memory
+    /// (then they are freed).
+    fn cache_list(&self, chunks: KVVec<Chunk>) -> Option<Entry> {
+        if chunks.is_empty() {
+            return None;
+        }
+        let n = chunks.len() as u64;
+        let pages = ChunkList::from_chunks(
+            self.order,
+            chunks,
+            Counted::new(Class::SysmemChunks(self.order), n),
+        )
+        .ok()?;
+        Some(Entry::new(pages, KVec::new()))
+    }
+
+    /// A mem's chunks come back (its last holder let go), with its tables for the pool's
+    /// GPUs: cached, then whatever the cache holds above the release threshold is given back.
+    pub(crate) fn give_back(&self, pages: Arc<Pages>, tables: KVec<(u32, Arc<GpuTable>)>) {
+        let bytes = pages.len() as u64;
+        let access = self.access();
+        let mut kept = KVec::new();
+        let mut gone = KVec::new();
+        for (id, t) in tables {
+            let keep = access & 1u64.checked_shl(id).unwrap_or(0) != 0;
+            let v = if keep { &mut kept } else { &mut gone };
+            // A table that cannot be kept is dropped (unmapped).
+            let _ = v.push((id, t), GFP_KERNEL);
+        }
+        drop(gone);
+        let entry = Entry::new(pages, kept);
+        let mut st = self.state.lock();
+        st.used = st.used.saturating_sub(bytes);
+        let refused = if st.closed {
+            Some(entry)
+        } else {
+            st.cache(entry)
+        };
+        let keep = st.threshold;
+        let (released, _) = st.release_to(keep);
+        drop(st);
+        drop(refused);
+        drop(released);
+    }
+
+    /// `cudaMemPoolTrimTo`: gives back cached chunks until at most `keep` bytes stay
+    /// reserved; how many bytes went.
+    pub(crate) fn trim(&self, keep: u64) -> u64 {
+        let (released, bytes) = self.state.lock().release_to(keep);
+        drop(released);
+        bytes
+    }
+
+    /// Sets the release threshold, giving back at once what the cache holds above it.
+    pub(crate) fn set_threshold(&self, threshold: u64) {
+        let mut st = self.state.lock();
+        st.threshold = threshold;
+        let (released, _) = st.release_to(threshold);
+        drop(st);
+        drop(released);
+    }
+
+    /// Resets the reserved (`reserved`) or used high watermark to the current value.
+    pub(crate) fn reset_high(&self, reserved: bool) {
+        let mut st = self.state.lock();
+        if reserved {
+            st.reserved_high = st.reserved();
+        } else {
+            st.used_high = st.used;
+        }
+    }
+
+    /// Puts GPU `id` in the access set, or takes it out (dropping the cached tables of it).
+    pub(crate) fn set_access(&self, id: u32, on: bool) -> Result {
+        let bit = 1u64.checked_shl(id).ok_or(EINVAL)?;
+        let mut cur = self.access.load(Relaxed);
+        loop {
+            let new = if on { cur | bit } else { cur & !bit };
+            match self.access.cmpxchg(cur, new, Relaxed) {
+                Ok(_) => break,
+                Err(seen) => cur = seen,
+            }
+        }
+        if !on {
+            self.drop_tables(id);
+        }
+        Ok(())
+    }
+
+    /// Drops the cached tables of GPU `id`.
+    fn drop_tables(&self, id: u32) {
+        let mut gone = KVec::new();
+        let mut st = self.state.lock();
+        for e in st.cache.iter_mut() {
+            while let Some(i) = e.tables.iter().position(|(g, _)| *g == id) {
+                if let Ok(t) = e.tables.remove(i) {
+                    // With no room to defer its drop, it is dropped here, under the lock (rare).
+                    let _ = gone.push(t, GFP_KERNEL);
+                }
+            }
+        }
+        drop(st);
+        drop(gone);
+    }
+
+    /// Destroys the pool, unless a chunk of it is lent to a mem (`EBUSY`): as [`Pool::close`].
+    pub(crate) fn destroy(self: &Arc<Self>) -> Result {
+        let st = self.state.lock();
+        if st.used > 0 || st.inflight > 0 {
+            return Err(EBUSY);
+        }
+        self.close_locked(st);
+        Ok(())
+    }
+
+    /// Closes the pool (destroyed, or its file closed): the cache is given back now, chunks
+    /// that come back later are freed; it leaves the registry.
+    pub(crate) fn close(self: &Arc<Self>) {
+        let st = self.state.lock();
+        self.close_locked(st);
+    }
+
+    fn close_locked(self: &Arc<Self>, mut st: kernel::sync::MutexGuard<'_, PoolState>) {
+        st.closed = true;
+        let (released, _) = st.release_to(0);
+        drop(st);
+        drop(released);
+        if let Some(mut pools) = POOLS.lock() {
+            if let Some(i) = pools.iter().position(|p| Arc::ptr_eq(p, self)) {
+                let _ = pools.remove(i);
+            }
+        }
+    }
+
+    /// Gives back up to `pages` pages of cache, oldest first, if its lock is free: how many
+    /// pages went (the shrinker's scan).
+    fn shrink(&self, pages: u64) -> u64 {
+        let page = kernel::page::PAGE_SIZE as u64;
+        let Some(mut st) = self.state.try_lock() else {
+            return 0;
+        };
+        let keep = st.reserved().saturating_sub(pages.saturating_mul(page));
+        let (released, bytes) = st.release_to(keep);
+        drop(st);
+        drop(released);
+        bytes / page
+    }
+
+    /// Cached pages (the shrinker's count), if its lock is free.
+    fn cached_pages(&self) -> u64 {
+        self.state
+            .try_lock()
+            .map_or(0, |st| st.cached / kernel::page::PAGE_SIZE as u64)
+    }
+}
+
+/// GPU `id` is going: it leaves every pool's access set, and the cached tables of it are
+/// dropped (before the GPU's removal waits for its tables).
+pub(crate) fn drop_gpu(id: u32) {
+    if let Some(pools) = POOLS.lock() {
+        for pool in pools.iter() {
+            let _ = pool.set_access(id, false);
+        }
+    }
+}
+
+/// The pools' cache under memory pressure (registered by the module as its shrinker).
+pub(crate) struct PoolShrink;
+
+impl Shrink for PoolShrink {
+    /// Cached pages of every pool whose lock is free.
+    fn count() -> u64 {
+        POOLS
+            .try_lock()
+            .map_or(0, |pools| pools.iter().map(|p| p.cached_pages()).sum())
+    }
+
+    /// Gives back up to `pages` cached pages, oldest lists first, from the pools whose locks
+    /// are free: how many went.
+    fn scan(pages: u64) -> u64 {
+        let Some(pools) = POOLS.try_lock() else {
+            return 0;
+        };
+        let mut freed = 0;
+        for pool in pools.iter() {
+            if freed >= pages {
+                break;
+            }
+            freed += pool.shrink(pages - freed);
+        }
+        freed
+    }
+}
+
+/// Counts every pool and what its cache holds into `bump` (the audit's walk).
+pub(crate) fn walk(mut bump: impl FnMut(Class, u64)) -> Result {
+    let pools = POOLS.lock().ok_or(ENODEV)?;
+    for pool in pools.iter() {
+        bump(Class::Pools, 1);
+        let st = pool.state.lock();
+        for e in st.cache.iter() {
+            let n = e.pages.chunk_count() as u64;
+            bump(Class::PoolChunks, n);
+            bump(Class::PoolBytes, e.bytes());
+            bump(Class::SysmemChunks(e.pages.order()), n);
+            for (_, t) in e.tables.iter() {
+                bump(Class::DmaMappings, t.count() as u64);
+                bump(Class::DmaBytes, t.count() as u64 * pool.chunk_size);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `/sys/kernel/debug/ruvm/pools`: one line per pool, its attributes in bytes (so that memory
+/// a pool holds is seen at a glance, with the process it belongs to).
+pub(crate) struct PoolsView;
+
+impl kernel::debugfs::Writer for PoolsView {
+    fn write(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let Some(pools) = POOLS.lock() else {
+            return Ok(());
+        };
+        for p in pools.iter() {
+            let a = p.attrs();
+            writeln!(
+                f,
+                "pool={} pid={} chunk={} reserved={} used={} cached_chunks={} hits={} misses={} threshold={} access={:#x}",
+                p.id,
+                p.pid,
+                p.chunk_size,
+                a.reserved,
+                a.used,
+                a.cached_chunks,
+                a.hits,
+                a.misses,
+                a.release_threshold,
+                a.access
+            )?;
+        }
+        Ok(())
+    }
+}

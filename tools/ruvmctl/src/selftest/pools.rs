@@ -1,0 +1,577 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Memory pools: CUDA's attribute arithmetic step by step, reuse that is real (the same DMA
+//! addresses come back) and never stale (zeroed when asked), chunks kept DMA-mapped for the
+//! pool's GPUs, trims, destroy and close, and the errnos.
+
+use nix::errno::Errno;
+
+use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use libruvm::{cmd, uapi, Ruvm, UserMap};
+
+const K: u64 = 1024;
+const POOLS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_POOLS as usize;
+const POOL_CHUNKS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_POOL_CHUNKS as usize;
+const POOL_BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_POOL_BYTES as usize;
+const DMA_MAPPINGS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize;
+const ZERO: u32 = uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO;
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "pool_attributes_follow_cuda",
+            run: pool_attributes_follow_cuda,
+        },
+        Case {
+            name: "pool_reuse_is_real_and_never_stale",
+            run: pool_reuse_is_real_and_never_stale,
+        },
+        Case {
+            name: "pool_chunks_stay_mapped_for_its_gpus",
+            run: pool_chunks_stay_mapped_for_its_gpus,
+        },
+        Case {
+            name: "pool_bad_inputs",
+            run: pool_bad_inputs,
+        },
+        Case {
+            name: "pool_close_gives_everything_back",
+            run: pool_close_gives_everything_back,
+        },
+    ]
+}
+
+/// The audit's live counters.
+fn live(d: &Ruvm) -> Result<Vec<u64>, Stop> {
+    Ok(d.audit(false).ctx("AUDIT")?.live.to_vec())
+}
+
+/// The attributes a step should leave, compared field by field.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+struct Want {
+    reserved: u64,
+    reserved_high: u64,
+    used: u64,
+    used_high: u64,
+    hits: u64,
+    misses: u64,
+    cached_chunks: u64,
+}
+
+fn attrs(d: &Ruvm, pool: u64) -> Result<Want, Stop> {
+    let a = d.pool_get(pool).ctx("POOL_GET")?;
+    check!(
+        a.reserved_current == a.used_current + a.cached_chunks * a.chunk_size,
+        "reserved {} is not used {} + {} cached chunks",
+        a.reserved_current,
+        a.used_current,
+        a.cached_chunks
+    );
+    Ok(Want {
+        reserved: a.reserved_current,
+        reserved_high: a.reserved_high,
+        used: a.used_current,
+        used_high: a.used_high,
+        hits: a.hits,
+        misses: a.misses,
+        cached_chunks: a.cached_chunks,
+    })
+}
+
+fn expect(d: &Ruvm, pool: u64, step: &str, want: Want) -> TestResult {
+    let got = attrs(d, pool)?;
+    check!(
+        got == want,
+        "after {step}:\n# got  {got:?}\n# want {want:?}"
+    );
+    Ok(())
+}
+
+fn pool_attributes_follow_cuda() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let (p, chunk) = d.pool_create(64 * K, 0).ctx("POOL_CREATE")?;
+    check!(chunk == 64 * K, "chunk size {chunk}");
+    let mut w = Want {
+        reserved: 0,
+        reserved_high: 0,
+        used: 0,
+        used_high: 0,
+        hits: 0,
+        misses: 0,
+        cached_chunks: 0,
+    };
+    expect(&d, p, "create", w)?;
+    // Threshold 0 (CUDA's default): a free gives everything back.
+    let a = d.pool_alloc(p, 3 * 64 * K - 5, 0).ctx("alloc")?;
+    check!(a.chunk_size == 64 * K && a.chunk_count == 3, "layout {a:?}");
+    w = Want {
+        reserved: 192 * K,
+        reserved_high: 192 * K,
+        used: 192 * K,
+        used_high: 192 * K,
+        misses: 3,
+        ..w
+    };
+    expect(&d, p, "alloc of 3 chunks", w)?;
+    d.mem_free(a.handle).ctx("free")?;
+    w = Want {
+        reserved: 0,
+        used: 0,
+        ..w
+    };
+    expect(&d, p, "free with threshold 0", w)?;
+    // Threshold ~0: everything stays.
+    d.pool_set(
+        p,
+        uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RELEASE_THRESHOLD,
+        u64::MAX,
+    )
+    .ctx("POOL_SET threshold")?;
+    let a = d.pool_alloc(p, 192 * K, 0).ctx("alloc")?;
+    d.mem_free(a.handle).ctx("free")?;
+    w = Want {
+        reserved: 192 * K,
+        misses: 6,
+        cached_chunks: 3,
+        ..w
+    };
+    expect(&d, p, "alloc + free, threshold ~0", w)?;
+    // One chunk from the cached three; then four: two cached and two new.
+    let b = d.pool_alloc(p, 64 * K, 0).ctx("alloc")?;
+    w = Want {
+        used: 64 * K,
+        hits: 1,
+        cached_chunks: 2,
+        ..w
+    };
+    expect(&d, p, "alloc of 1 chunk from the cache", w)?;
+    let c = d.pool_alloc(p, 256 * K, 0).ctx("alloc")?;
+    w = Want {
+        reserved: 320 * K,
+        reserved_high: 320 * K,
+        used: 320 * K,
+        used_high: 320 * K,
+        hits: 3,
+        misses: 8,
+        cached_chunks: 0,
+    };
+    expect(&d, p, "alloc of 4 chunks, 2 cached", w)?;
+    // Highs: only 0 is accepted, which resets them to the current values.
+    d.mem_free(b.handle).ctx("free")?;
+    w = Want {
+        used: 256 * K,
+        cached_chunks: 1,
+        ..w
+    };
+    expect(&d, p, "free of 1 chunk", w)?;
+    for attr in [
+        uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RESERVED_HIGH,
+        uapi::ruvm_pool_attr_RUVM_POOL_ATTR_USED_HIGH,
+    ] {
+        expect_errno(d.pool_set(p, attr, 5), Errno::EINVAL, "a high set to 5")?;
+    }
+    d.pool_set(p, uapi::ruvm_pool_attr_RUVM_POOL_ATTR_USED_HIGH, 0)
+        .ctx("reset used high")?;
+    w = Want {
+        used_high: 256 * K,
+        ..w
+    };
+    expect(&d, p, "reset of the used high", w)?;
+    d.mem_free(c.handle).ctx("free")?;
+    d.pool_set(p, uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RESERVED_HIGH, 0)
+        .ctx("reset reserved high")?;
+    w = Want {
+        used: 0,
+        cached_chunks: 5,
+        ..w
+    };
+    expect(&d, p, "free of 4 chunks, reserved high reset", w)?;
+    // Trim: never below what is in use, at most the bytes asked to keep.
+    let keep = d.mem_alloc(4 * K, 0, 0).ctx("alloc")?;
+    let released = d.pool_trim(p, 100 * K).ctx("POOL_TRIM")?;
+    let got = attrs(&d, p)?;
+    check!(
+        got.reserved <= 100 * K && released == 320 * K - got.reserved && got.used == 0,
+        "trim to 100K released {released}: {got:?}"
+    );
+    check!(
+        got.reserved_high == 320 * K,
+        "the reserved high moved on a trim: {got:?}"
+    );
+    d.mem_free(keep.handle).ctx("free")?;
+    // A lower threshold gives back what is above it at once.
+    d.pool_set(p, uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RELEASE_THRESHOLD, 0)
+        .ctx("threshold 0")?;
+    let got = attrs(&d, p)?;
+    check!(
+        got.reserved == 0 && got.cached_chunks == 0,
+        "threshold 0 left {got:?}"
+    );
+    let info = d.pool_get(p).ctx("POOL_GET")?;
+    check!(
+        info.release_threshold == 0
+            && info.backing == uapi::ruvm_backing_RUVM_BACKING_SYSMEM
+            && info.chunk_size == 64 * K,
+        "POOL_GET: {info:?}"
+    );
+    // Destroy: EBUSY while a mem holds its chunks.
+    let m = d.pool_alloc(p, 4 * K, 0).ctx("alloc")?;
+    expect_errno(d.pool_destroy(p), Errno::EBUSY, "destroy with a live mem")?;
+    d.mem_free(m.handle).ctx("free")?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    expect_errno(d.pool_get(p), Errno::ENOENT, "POOL_GET after destroy")?;
+    expect_errno(
+        d.pool_alloc(p, 4 * K, 0),
+        Errno::ENOENT,
+        "alloc from a destroyed pool",
+    )?;
+    let l = live(&d)?;
+    check!(
+        l[POOLS] == 0 && l[POOL_CHUNKS] == 0 && l[POOL_BYTES] == 0,
+        "audit after destroy: pools={} pool_chunks={} pool_bytes={}",
+        l[POOLS],
+        l[POOL_CHUNKS],
+        l[POOL_BYTES]
+    );
+    Ok(())
+}
+
+/// Fills `h` with the pattern of `seed` (through the kernel mapping).
+fn fill(d: &Ruvm, h: u64, len: u64, seed: u64) -> TestResult {
+    d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
+    d.mem_fill(
+        false,
+        uapi::ruvm_mem_fill {
+            handle: h,
+            length: len,
+            seed,
+            ..Default::default()
+        },
+    )
+    .ctx("MEM_FILL")?;
+    Ok(())
+}
+
+/// Bytes of `[0, len)` of `h` that differ from the pattern of `seed` (0: all zero).
+fn mismatches(d: &Ruvm, h: u64, len: u64, seed: u64) -> Result<u64, Stop> {
+    d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
+    let v = d
+        .mem_fill(
+            true,
+            uapi::ruvm_mem_fill {
+                handle: h,
+                length: len,
+                seed,
+                ..Default::default()
+            },
+        )
+        .ctx("MEM_VERIFY")?;
+    Ok(v.mismatches)
+}
+
+/// Bytes of `h` that are not zero, read through a user mapping (the other path from the
+/// kernel's fill).
+fn nonzero_bytes(d: &Ruvm, h: u64) -> Result<usize, Stop> {
+    let q = d.mem_query(h).ctx("MEM_QUERY")?;
+    let map = UserMap::of_mem(d, &q).ctx("mmap")?;
+    Ok((0..map.len()).filter(|&i| map.read(i) != 0).count())
+}
+
+/// A present simulated GPU, or a skip.
+fn sim_gpu(d: &Ruvm) -> Result<u32, Stop> {
+    d.gpus()
+        .ctx("GPU_LIST")?
+        .iter()
+        .find(|g| {
+            g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
+                && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM
+        })
+        .map(|g| g.id)
+        .ok_or_else(|| Stop::Skip("no simulated GPU (sim_gpus=N)".into()))
+}
+
+fn pool_reuse_is_real_and_never_stale() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let g = sim_gpu(&d)?;
+    let len = 4 * 16 * K;
+    let (p, _) = d.pool_create(16 * K, u64::MAX).ctx("POOL_CREATE")?;
+    let a = d.pool_alloc(p, len, 0).ctx("alloc")?;
+    fill(&d, a.handle, len, 21)?;
+    d.mem_gpu(true, a.handle, g).ctx("MAP_GPU")?;
+    let addrs_a = d.dma_addrs(a.handle, g, 0, 4).ctx("DMA_ADDRS")?;
+    d.mem_free(a.handle).ctx("free")?;
+    // Not zeroed: the same chunks, with the bytes the file's own mem left.
+    let b = d.pool_alloc(p, len, 0).ctx("alloc")?;
+    d.mem_gpu(true, b.handle, g).ctx("MAP_GPU")?;
+    let addrs_b = d.dma_addrs(b.handle, g, 0, 4).ctx("DMA_ADDRS")?;
+    let mut sa = addrs_a.clone();
+    let mut sb = addrs_b.clone();
+    sa.sort_unstable();
+    sb.sort_unstable();
+    check!(
+        sa == sb,
+        "the reused mem's chunks are not the freed ones: {addrs_a:x?} then {addrs_b:x?}"
+    );
+    let kept = mismatches(&d, b.handle, len, 21)?;
+    check!(
+        kept == 0,
+        "a reused chunk lost {kept} bytes of what the file left"
+    );
+    d.mem_free(b.handle).ctx("free")?;
+    // Zeroed: the same chunks again, all zero.
+    let c = d.pool_alloc(p, len, ZERO).ctx("alloc zeroed")?;
+    let at = attrs(&d, p)?;
+    check!(
+        at.hits == 8 && at.misses == 4,
+        "not reused: hits {} misses {}",
+        at.hits,
+        at.misses
+    );
+    let nonzero = nonzero_bytes(&d, c.handle)?;
+    check!(
+        nonzero == 0,
+        "{nonzero} bytes not zero in a zeroed mem of reused chunks"
+    );
+    fill(&d, c.handle, len, 22)?;
+    d.mem_free(c.handle).ctx("free")?;
+    // Another file never sees them: its pool handle is unknown here, and its mems come from
+    // elsewhere (zeroed when asked).
+    let other = Ruvm::open().ctx("open")?;
+    expect_errno(
+        other.pool_alloc(p, len, 0),
+        Errno::ENOENT,
+        "another file's pool",
+    )?;
+    let o = other.mem_alloc(len, 16 * K, ZERO).ctx("alloc")?;
+    let nonzero = nonzero_bytes(&other, o.handle)?;
+    check!(
+        nonzero == 0,
+        "another file's zeroed mem: {nonzero} bytes not zero"
+    );
+    other.mem_free(o.handle).ctx("free")?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")
+}
+
+fn pool_chunks_stay_mapped_for_its_gpus() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let g = sim_gpu(&d)?;
+    let len = 2 * 64 * K;
+    let (p, _) = d.pool_create(64 * K, u64::MAX).ctx("POOL_CREATE")?;
+    d.pool_access(p, g, true).ctx("POOL_SET_ACCESS")?;
+    check!(
+        d.pool_get(p).ctx("POOL_GET")?.access == 1 << g,
+        "access set"
+    );
+    // Mapped for the GPU as it is made: the engine copies with no MEM_MAP_GPU.
+    let src = d.pool_alloc(p, len, 0).ctx("alloc")?;
+    fill(&d, src.handle, len, 31)?;
+    let dst = d.pool_alloc(p, len, ZERO).ctx("alloc")?;
+    let q = d.mem_query(dst.handle).ctx("MEM_QUERY")?;
+    check!(
+        q.mapped_gpus == 1 << g,
+        "a pool mem is not DMA-mapped for the pool's GPU (mapped_gpus {:#x})",
+        q.mapped_gpus
+    );
+    d.ce_copy(g, dst.handle, 0, src.handle, 0, len)
+        .ctx("CE_COPY with no MEM_MAP_GPU")?;
+    let bad = mismatches(&d, dst.handle, len, 31)?;
+    check!(bad == 0, "{bad} bytes wrong after the copy");
+    let dst_addrs = d.dma_addrs(dst.handle, g, 0, 2).ctx("DMA_ADDRS")?;
+    d.mem_free(src.handle).ctx("free")?;
+    d.mem_free(dst.handle).ctx("free")?;
+    // Cached with their mappings: the audit still counts them; a mem of the same size gets
+    // the same addresses without a new mapping.
+    let before = live(&d)?;
+    check!(
+        before[DMA_MAPPINGS] >= 4 && before[POOL_CHUNKS] == 4,
+        "cached: dma_mappings {} pool_chunks {}",
+        before[DMA_MAPPINGS],
+        before[POOL_CHUNKS]
+    );
+    let again = d.pool_alloc(p, len, 0).ctx("alloc")?;
+    let addrs_again = d.dma_addrs(again.handle, g, 0, 2).ctx("DMA_ADDRS")?;
+    let after = live(&d)?;
+    check!(
+        after[DMA_MAPPINGS] == before[DMA_MAPPINGS],
+        "a mem from the cache made new mappings ({} -> {})",
+        before[DMA_MAPPINGS],
+        after[DMA_MAPPINGS]
+    );
+    // The newest list of the right size is reused: the last freed mem's, in order.
+    check!(
+        addrs_again == dst_addrs,
+        "not the last freed mem's mappings: {dst_addrs:x?} then {addrs_again:x?}"
+    );
+    d.mem_free(again.handle).ctx("free")?;
+    // Revoked: the cached chunks lose the GPU's mappings at once.
+    d.pool_access(p, g, false).ctx("revoke")?;
+    let revoked = live(&d)?;
+    check!(
+        revoked[DMA_MAPPINGS] + 4 == before[DMA_MAPPINGS],
+        "revoking left dma_mappings {} (was {})",
+        revoked[DMA_MAPPINGS],
+        before[DMA_MAPPINGS]
+    );
+    let q = {
+        let m = d.pool_alloc(p, len, 0).ctx("alloc")?;
+        let q = d.mem_query(m.handle).ctx("MEM_QUERY")?;
+        d.mem_free(m.handle).ctx("free")?;
+        q
+    };
+    check!(
+        q.mapped_gpus == 0,
+        "a mem of a pool with no GPU is mapped ({:#x})",
+        q.mapped_gpus
+    );
+    // The GPU going (a simulated GPU removed, when the test ioctls are on) takes it out of
+    // the set and drops the cached mappings.
+    d.pool_access(p, g, true).ctx("grant")?;
+    let m = d.pool_alloc(p, len, 0).ctx("alloc")?;
+    d.mem_free(m.handle).ctx("free")?;
+    match d.test_sim_gpu(g, false) {
+        Err(Errno::ENOSYS) => {}
+        r => {
+            r.ctx("TEST_SIM_GPU remove")?;
+            let info = d.pool_get(p).ctx("POOL_GET");
+            let back = d.test_sim_gpu(g, true);
+            let info = info?;
+            back.ctx("TEST_SIM_GPU add")?;
+            check!(info.access == 0, "a removed GPU is still in the access set");
+            let l = live(&d)?;
+            check!(
+                l[DMA_MAPPINGS] + 4 == before[DMA_MAPPINGS],
+                "the removed GPU's cached mappings stayed (dma_mappings {})",
+                l[DMA_MAPPINGS]
+            );
+        }
+    }
+    d.pool_destroy(p).ctx("POOL_DESTROY")
+}
+
+fn pool_bad_inputs() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let mut c = uapi::ruvm_pool_create {
+        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+        ..Default::default()
+    };
+    expect_errno(
+        d.call(cmd::POOL_CREATE, &mut c),
+        Errno::EOPNOTSUPP,
+        "a vidmem pool",
+    )?;
+    c.backing = 7;
+    expect_errno(d.call(cmd::POOL_CREATE, &mut c), Errno::EINVAL, "backing 7")?;
+    c.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
+    c.gpu = 1;
+    expect_errno(
+        d.call(cmd::POOL_CREATE, &mut c),
+        Errno::EINVAL,
+        "a GPU for a sysmem pool",
+    )?;
+    for size in [3 * K, 4 * M_, 8 * K + 1] {
+        expect_errno(
+            d.pool_create(size, 0),
+            Errno::EINVAL,
+            &format!("page size {size}"),
+        )?;
+    }
+    let (p, chunk) = d.pool_create(0, u64::MAX).ctx("POOL_CREATE default")?;
+    check!(chunk == 4 * K, "default chunk size {chunk}");
+    // Allocations that do not fit the pool.
+    let mut a = uapi::ruvm_mem_alloc {
+        size: 8 * K,
+        pool: p,
+        page_size: 8 * K,
+        ..Default::default()
+    };
+    expect_errno(
+        d.call(cmd::MEM_ALLOC, &mut a),
+        Errno::EINVAL,
+        "another chunk size",
+    )?;
+    a.page_size = 0;
+    a.flags = uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
+    expect_errno(d.call(cmd::MEM_ALLOC, &mut a), Errno::EINVAL, "a fallback")?;
+    a.flags = 0;
+    a.pool = 0xdead_beef;
+    expect_errno(
+        d.call(cmd::MEM_ALLOC, &mut a),
+        Errno::ENOENT,
+        "no such pool",
+    )?;
+    a.pool = p;
+    a.size = 0;
+    expect_errno(d.call(cmd::MEM_ALLOC, &mut a), Errno::EINVAL, "size 0")?;
+    // Commands on unknown pools, and bad attributes.
+    expect_errno(
+        d.pool_get(0xdead_beef),
+        Errno::ENOENT,
+        "POOL_GET of no pool",
+    )?;
+    expect_errno(
+        d.pool_destroy(0xdead_beef),
+        Errno::ENOENT,
+        "POOL_DESTROY of no pool",
+    )?;
+    expect_errno(
+        d.pool_trim(0xdead_beef, 0),
+        Errno::ENOENT,
+        "POOL_TRIM of no pool",
+    )?;
+    for attr in [0, 4, 99] {
+        expect_errno(
+            d.pool_set(p, attr, 0),
+            Errno::EINVAL,
+            &format!("attribute {attr}"),
+        )?;
+    }
+    expect_errno(d.pool_access(p, 31, true), Errno::ENODEV, "grant GPU 31")?;
+    expect_errno(d.pool_access(p, 64, false), Errno::ENODEV, "revoke GPU 64")?;
+    d.pool_access(p, 31, false)
+        .ctx("revoke a GPU not in the set")?;
+    // Another file's pool is not this file's.
+    let other = Ruvm::open().ctx("open")?;
+    expect_errno(other.pool_get(p), Errno::ENOENT, "another file's pool")?;
+    expect_errno(
+        other.pool_destroy(p),
+        Errno::ENOENT,
+        "destroy another file's",
+    )?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    expect_errno(d.pool_destroy(p), Errno::ENOENT, "destroy twice")
+}
+
+const M_: u64 = 1024 * K;
+
+fn pool_close_gives_everything_back() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let before = live(&d)?;
+    {
+        let f = Ruvm::open().ctx("open")?;
+        let (p, _) = f.pool_create(64 * K, u64::MAX).ctx("POOL_CREATE")?;
+        if let Ok(g) = sim_gpu(&f) {
+            f.pool_access(p, g, true).ctx("POOL_SET_ACCESS")?;
+        }
+        let a = f.pool_alloc(p, 256 * K, 0).ctx("alloc")?;
+        let b = f.pool_alloc(p, 128 * K, ZERO).ctx("alloc")?;
+        f.mem_free(a.handle).ctx("free")?;
+        let _live = b;
+        let (q, _) = f.pool_create(4 * K, u64::MAX).ctx("POOL_CREATE")?;
+        let c = f.pool_alloc(q, 8 * K, 0).ctx("alloc")?;
+        f.mem_free(c.handle).ctx("free")?;
+        let l = live(&f)?;
+        check!(
+            l[POOLS] == before[POOLS] + 2 && l[POOL_CHUNKS] == before[POOL_CHUNKS] + 6,
+            "pools {} pool_chunks {}",
+            l[POOLS],
+            l[POOL_CHUNKS]
+        );
+        // Closed with a live mem and cached chunks in both pools.
+    }
+    let after = live(&d)?;
+    check!(
+        after == before,
+        "closing a file with pools changed the audit:\n# before {before:?}\n# after  {after:?}"
+    );
+    Ok(())
+}
