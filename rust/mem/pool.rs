@@ -139,29 +139,6 @@ impl PoolState {
         let _ = self.cache.push(e, GFP_KERNEL);
         None
     }
-
-    /// Takes cache entries out, oldest first, until at most `keep` bytes stay reserved or the
-    /// cache is empty: what to drop once the lock is released, and its bytes.
-    fn release_to(&mut self, keep: u64) -> (Released, u64) {
-        let mut out = KVec::new();
-        let mut bytes = 0;
-        while self.reserved() > keep {
-            let Some(e) = self.take_entry(0) else {
-                break;
-            };
-            bytes += e.bytes();
-            // With no room to defer its drop, the entry is dropped here, under the lock (rare).
-            let _ = out.push(e, GFP_NOWAIT);
-        }
-        (Released { _entries: out }, bytes)
-    }
-}
-
-/// Cache entries taken out to be dropped (their tables unmapped, their chunks freed) once the
-/// pool's lock is released.
-#[must_use = "drop it after releasing the pool's lock"]
-struct Released {
-    _entries: KVec<Entry>,
 }
 
 /// A memory pool of sysmem chunks of one size, owned by a file.
@@ -174,6 +151,9 @@ pub(crate) struct Pool {
     chunk_size: u64,
     /// The GPUs the pool's mems are DMA-mapped for, as a bit mask by id.
     access: Atomic<u64>,
+    /// The cached bytes as of the last change, for the shrinker's count (which must not wait
+    /// for the lock).
+    cached: Atomic<u64>,
     #[pin]
     state: Mutex<PoolState>,
     _audit: Counted,
@@ -235,6 +215,7 @@ impl Pool {
                 order,
                 chunk_size,
                 access: Atomic::new(0),
+                cached: Atomic::new(0),
                 state <- new_mutex!(PoolState {
                     cache: KVec::new(),
                     cached: 0,
@@ -312,6 +293,7 @@ impl Pool {
             st.used += bytes;
             st.hits += count as u64;
             st.note_highs();
+            self.publish(&st);
             drop(st);
             let Entry { tables, pages, .. } = e;
             return Ok(Taken {
@@ -341,6 +323,7 @@ impl Pool {
             let _ = lists.push(e, GFP_KERNEL);
         }
         st.inflight += held;
+        self.publish(&st);
         drop(st);
         // The chunks left over (or, on failure, the cached ones) are cached again.
         let (r, extra) = match self.assemble(lists, count, zero, &mut stop) {
@@ -360,6 +343,7 @@ impl Pool {
             st.misses += (count - taken.reused) as u64;
             st.note_highs();
         }
+        self.publish(&st);
         drop(st);
         drop(refused);
         r
@@ -466,28 +450,56 @@ impl Pool {
         } else {
             st.cache(entry)
         };
-        let keep = st.threshold;
-        let (released, _) = st.release_to(keep);
+        self.publish(&st);
         drop(st);
         drop(refused);
-        drop(released);
+        self.release(None, false);
+    }
+
+    /// Notes the cached bytes for the shrinker's count.
+    fn publish(&self, st: &PoolState) {
+        self.cached.store(st.cached, Relaxed);
+    }
+
+    /// Gives back cache lists, oldest first, one at a time (each dropped with the lock
+    /// released, so nothing is allocated to defer it), until at most `keep` bytes stay
+    /// reserved (`None`: the release threshold) or the cache is empty; with `try_only`, stops
+    /// when the lock is taken. How many bytes went.
+    fn release(&self, keep: Option<u64>, try_only: bool) -> u64 {
+        let mut bytes = 0;
+        loop {
+            let st = if try_only {
+                self.state.try_lock()
+            } else {
+                Some(self.state.lock())
+            };
+            let Some(mut st) = st else {
+                return bytes;
+            };
+            let keep = keep.unwrap_or(st.threshold);
+            if st.reserved() <= keep {
+                return bytes;
+            }
+            let Some(e) = st.take_entry(0) else {
+                return bytes;
+            };
+            self.publish(&st);
+            drop(st);
+            bytes += e.bytes();
+            drop(e);
+        }
     }
 
     /// `cudaMemPoolTrimTo`: gives back cached chunks until at most `keep` bytes stay
     /// reserved; how many bytes went.
     pub(crate) fn trim(&self, keep: u64) -> u64 {
-        let (released, bytes) = self.state.lock().release_to(keep);
-        drop(released);
-        bytes
+        self.release(Some(keep), false)
     }
 
     /// Sets the release threshold, giving back at once what the cache holds above it.
     pub(crate) fn set_threshold(&self, threshold: u64) {
-        let mut st = self.state.lock();
-        st.threshold = threshold;
-        let (released, _) = st.release_to(threshold);
-        drop(st);
-        drop(released);
+        self.state.lock().threshold = threshold;
+        self.release(None, false);
     }
 
     /// Resets the reserved (`reserved`) or used high watermark to the current value.
@@ -552,9 +564,8 @@ impl Pool {
 
     fn close_locked(self: &Arc<Self>, mut st: kernel::sync::MutexGuard<'_, PoolState>) {
         st.closed = true;
-        let (released, _) = st.release_to(0);
         drop(st);
-        drop(released);
+        self.release(Some(0), false);
         if let Some(mut pools) = POOLS.lock() {
             if let Some(i) = pools.iter().position(|p| Arc::ptr_eq(p, self)) {
                 let _ = pools.remove(i);
@@ -562,25 +573,21 @@ impl Pool {
         }
     }
 
-    /// Gives back up to `pages` pages of cache, oldest first, if its lock is free: how many
-    /// pages went (the shrinker's scan).
+    /// Gives back cache lists, oldest first, until `pages` pages went or the lock is taken
+    /// elsewhere: how many pages went (the shrinker's scan).
     fn shrink(&self, pages: u64) -> u64 {
         let page = kernel::page::PAGE_SIZE as u64;
-        let Some(mut st) = self.state.try_lock() else {
+        let Some(st) = self.state.try_lock() else {
             return 0;
         };
         let keep = st.reserved().saturating_sub(pages.saturating_mul(page));
-        let (released, bytes) = st.release_to(keep);
         drop(st);
-        drop(released);
-        bytes / page
+        self.release(Some(keep), true) / page
     }
 
-    /// Cached pages (the shrinker's count), if its lock is free.
+    /// Cached pages as of the last change (the shrinker's count).
     fn cached_pages(&self) -> u64 {
-        self.state
-            .try_lock()
-            .map_or(0, |st| st.cached / kernel::page::PAGE_SIZE as u64)
+        self.cached.load(Relaxed) / kernel::page::PAGE_SIZE as u64
     }
 }
 

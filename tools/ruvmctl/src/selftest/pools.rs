@@ -38,6 +38,10 @@ pub fn cases() -> Vec<Case> {
             name: "pool_close_gives_everything_back",
             run: pool_close_gives_everything_back,
         },
+        Case {
+            name: "pool_shrinks_under_memory_pressure",
+            run: pool_shrinks_under_memory_pressure,
+        },
     ]
 }
 
@@ -574,4 +578,96 @@ fn pool_close_gives_everything_back() -> TestResult {
         "closing a file with pools changed the audit:\n# before {before:?}\n# after  {after:?}"
     );
     Ok(())
+}
+
+/// A field of /proc/meminfo, in bytes.
+fn meminfo(field: &str) -> Result<u64, Stop> {
+    let text = std::fs::read_to_string("/proc/meminfo").ctx("/proc/meminfo")?;
+    text.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(field)?.strip_prefix(':')?;
+            rest.trim().trim_end_matches(" kB").parse::<u64>().ok()
+        })
+        .map(|kib| kib * K)
+        .ok_or_else(|| Stop::Fail(format!("/proc/meminfo has no {field}")))
+}
+
+/// A pool holding a third of the guest's available memory in its cache, then another process
+/// touching more anonymous memory than is available without it: the shrinker gives the cache
+/// back and the process is not killed.
+fn pool_shrinks_under_memory_pressure() -> TestResult {
+    const CHUNK: u64 = 2 * M_;
+    let d = Ruvm::open().ctx("open")?;
+    let (p, _) = d.pool_create(CHUNK, u64::MAX).ctx("POOL_CREATE")?;
+    // With a GPU, the cached lists keep DMA tables, which the shrinker drops in reclaim.
+    if let Ok(g) = sim_gpu(&d) {
+        d.pool_access(p, g, true).ctx("POOL_SET_ACCESS")?;
+    }
+    let cached = (meminfo("MemAvailable")? / 3) & !(CHUNK - 1);
+    let mut mems = Vec::new();
+    let mut held = 0;
+    while held < cached {
+        match d.pool_alloc(p, 16 * CHUNK, 0) {
+            Ok(a) => {
+                held += 16 * CHUNK;
+                mems.push(a.handle);
+            }
+            Err(e) => return Err(Stop::Fail(format!("filling the pool: {e}"))),
+        }
+    }
+    for h in mems {
+        d.mem_free(h).ctx("free")?;
+    }
+    let before = attrs(&d, p)?;
+    check!(
+        before.reserved == held && before.used == 0,
+        "the pool does not hold what was freed: {before:?}"
+    );
+    // More than is available without the cache: half of it must come back.
+    let want = meminfo("MemAvailable")? + held / 2;
+    let status = super::harness::in_child(|| {
+        use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
+        let Some(len) = std::num::NonZeroUsize::new(want as usize) else {
+            return 2;
+        };
+        // SAFETY: a fresh private anonymous mapping, written through its own pointer only.
+        let Ok(ptr) = (unsafe {
+            mmap_anonymous(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE,
+            )
+        }) else {
+            return 3;
+        };
+        let base = ptr.as_ptr().cast::<u8>();
+        for off in (0..want as usize).step_by(4096) {
+            // SAFETY: inside the mapping just made.
+            unsafe { base.add(off).write_volatile(1) };
+        }
+        0
+    })?;
+    let after = attrs(&d, p)?;
+    check!(
+        matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+        "the process touching {} MiB ended {status:?} (pool reserved {} MiB before, {} MiB after)",
+        want >> 20,
+        before.reserved >> 20,
+        after.reserved >> 20
+    );
+    check!(
+        after.reserved + held / 2 <= before.reserved && after.used == 0,
+        "the shrinker gave back too little: {} MiB reserved before, {} MiB after",
+        before.reserved >> 20,
+        after.reserved >> 20
+    );
+    let l = live(&d)?;
+    check!(
+        l[POOL_BYTES] == after.reserved,
+        "pool_bytes {} but the pool reserves {}",
+        l[POOL_BYTES],
+        after.reserved
+    );
+    d.pool_destroy(p).ctx("POOL_DESTROY")
 }
