@@ -28,7 +28,7 @@ pub struct Spec {
 }
 
 /// The groups of cases, in the order they run.
-pub const GROUPS: [&str; 8] = ["g1", "g2", "g3", "g4", "g5", "copy", "mem", "va"];
+pub const GROUPS: [&str; 9] = ["g1", "g2", "g3", "g4", "g5", "copy", "mem", "va", "pool"];
 
 /// One case: ruvm's way and the baseline's, sample by sample (nanoseconds, or bytes for the
 /// memory cases), pairs in the order measured.

@@ -208,7 +208,7 @@ pub fn run_all(d: &Ruvm, spec: &Spec, groups: &[String], out: &mut dyn FnMut(Cas
         edu,
     };
     type Group = fn(&Ctx, &mut dyn FnMut(Case)) -> Result<()>;
-    let all: [Group; 8] = [g1, g2, g3, g4, g5, copies, memory, va];
+    let all: [Group; 9] = [g1, g2, g3, g4, g5, copies, memory, va, pool];
     for (name, run) in super::GROUPS.iter().zip(all) {
         if groups.is_empty() || groups.iter().any(|g| g == name) {
             run(&c, out)?;
@@ -458,6 +458,94 @@ fn va(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
         out(case);
         c.d.mem_free(h)?;
     }
+    Ok(())
+}
+
+/// Memory pools: a pool hit against a fresh allocation DMA-mapped for the same GPU, and a trim
+/// against freeing the same mems without a pool.
+fn pool(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
+    // Pool hit: alloc + free of a 64 KiB mem mapped for a GPU, one 64 KiB chunk.
+    let (p, _) = c.d.pool_create(64 * K, u64::MAX)?;
+    c.d.pool_access(p, c.big, true)?;
+    let warm = c.d.pool_alloc(p, 64 * K, 0)?;
+    c.d.mem_free(warm.handle)?;
+    let mut case = c.case(
+        "pool.hit.64K".into(),
+        &format!(
+            "64K sysmem alloc + free from a pool mapped for {} (a cache hit)",
+            c.big_name
+        ),
+        "alloc + MEM_MAP_GPU + free of the same, no pool",
+        "ns",
+    );
+    case.size = 64 * K;
+    let n = 256;
+    (case.ruvm, case.base) = pairs(
+        c.spec.reps,
+        &mut || {
+            per_op(n, &mut || {
+                let a = c.d.pool_alloc(p, 64 * K, 0)?;
+                c.d.mem_free(a.handle)?;
+                Ok(())
+            })
+        },
+        &mut || {
+            per_op(n, &mut || {
+                let a = c.d.mem_alloc(64 * K, 64 * K, 0)?;
+                c.d.mem_gpu(true, a.handle, c.big)?;
+                c.d.mem_free(a.handle)?;
+                Ok(())
+            })
+        },
+    )?;
+    out(case);
+    c.d.pool_destroy(p)?;
+    // Trim: 1 GiB of cached 2 MiB chunks given back at once, against freeing the mems that
+    // held them (no pool).
+    let size = c.spec.max_size;
+    let per_mem = (16 * M).min(size);
+    let count = (size / per_mem).max(1);
+    let (p, _) = c.d.pool_create(2 * M, u64::MAX)?;
+    let mut case = c.case(
+        format!("pool.trim.{}", size_name(size)),
+        &format!(
+            "POOL_TRIM of {} cached in 2M chunks ({count} mems freed into the pool)",
+            size_name(size)
+        ),
+        "MEM_FREE of the same mems, no pool",
+        "ns",
+    );
+    case.size = size;
+    (case.ruvm, case.base) = pairs(
+        c.spec.reps,
+        &mut || {
+            let mut mems = Vec::new();
+            for _ in 0..count {
+                mems.push(c.d.pool_alloc(p, per_mem, 0)?.handle);
+            }
+            for h in mems {
+                c.d.mem_free(h)?;
+            }
+            time(&mut || {
+                c.d.pool_trim(p, 0)?;
+                Ok(())
+            })
+        },
+        &mut || {
+            let mut mems = Vec::new();
+            for _ in 0..count {
+                mems.push(c.d.mem_alloc(per_mem, 2 * M, 0)?.handle);
+            }
+            time(&mut || {
+                for h in &mems {
+                    c.d.mem_free(*h)?;
+                }
+                Ok(())
+            })
+        },
+    )?;
+    out(case);
+    c.d.pool_destroy(p)?;
     Ok(())
 }
 

@@ -217,6 +217,16 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
             rows.push(ratio_row("GPU VA", c, t));
         }
     }
+    // Memory pools: a hit at least 10x the rate of a fresh mapped allocation; a trim no
+    // dearer than the frees it replaces.
+    if let Some(c) = get("pool.hit.64K") {
+        let mut r = ratio_row("Pools", c, Target::AtMost(0.1));
+        r.target = "<= 0.1 (rate >= 10x)".into();
+        rows.push(r);
+    }
+    for c in with_prefix("pool.trim.") {
+        rows.push(ratio_row("Pools", c, Target::AtMost(1.0)));
+    }
     // Copies: throughput, the inverse of the time ratio.
     for (id, t) in [
         ("copy.mem", Target::AtMost(1.0 / 0.9)),
