@@ -169,9 +169,53 @@ ruvmctl pt-dump "$s1" "$src"
 step "freed with mappings alive, in uvm_mem's order; no page table is left"
 ruvmctl --fd 3 free 1
 ruvmctl --fd 3 free 2
-exec 3>&-
 ruvmctl stats | grep '^audit'
 cat /sys/kernel/debug/ruvm/page_tables
+
+# The handle of a new mem or pool, from its JSON.
+handle() { grep -m1 '"handle"' | tr -dc 0-9; }
+
+step "memory pools (CUDA's cudaMemPool_t): a pool of 64K chunks that keeps everything (threshold max), its mems DMA-mapped for GPU $s0"
+p=$(ruvmctl --fd 3 pool create --page-size 64K --threshold max --json | handle)
+ruvmctl --fd 3 pool access "$p" "$s0"
+ruvmctl --fd 3 pool get "$p"
+
+step "it warms up: the first mem's chunks are new (misses); freed, they stay cached, mapped"
+m=$(ruvmctl --fd 3 alloc 256K --pool "$p" --json | handle)
+ruvmctl --fd 3 query "$m"
+ruvmctl --fd 3 free "$m"
+ruvmctl --fd 3 pool get "$p"
+
+step "the next mem of the same size is a hit: the same chunks, already mapped for the GPU, zeroed as asked"
+m=$(ruvmctl --fd 3 alloc 256K --pool "$p" --zero --json | handle)
+ruvmctl --fd 3 query "$m"
+ruvmctl --fd 3 mmap-verify "$m" --byte 0
+ruvmctl --fd 3 pool get "$p"
+ruvmctl --fd 3 free "$m"
+
+step "ruvmctl stats: what every pool reserves, against what its mems use (memory a pool holds is never a mystery)"
+ruvmctl stats | sed -n '/^pools/,$p'
+
+step "trim to 0 (cudaMemPoolTrimTo): the cache is given back"
+ruvmctl --fd 3 pool trim "$p" 0
+ruvmctl --fd 3 pool destroy "$p"
+
+step "memory pressure: a pool caches 192M; a tmpfs then takes more than the guest has without it: the shrinker gives the cache back"
+q=$(ruvmctl --fd 3 pool create --page-size 2M --threshold max --json | handle)
+m=$(ruvmctl --fd 3 alloc 192M --pool "$q" --json | handle)
+ruvmctl --fd 3 free "$m"
+ruvmctl --fd 3 pool get "$q" | grep -E 'reserved|cached'
+mkdir -p /mnt/fill
+mount -t tmpfs -o size=100% fill /mnt/fill
+avail=$(awk '/MemAvailable/ {print int($2 / 1024)}' /proc/meminfo)
+echo "MemAvailable ${avail} MiB; writing $((avail + 96)) MiB to tmpfs"
+dd if=/dev/zero of=/mnt/fill/f bs=1M count=$((avail + 96)) 2>&1 | tail -n 1
+ruvmctl --fd 3 pool get "$q" | grep -E 'reserved|cached'
+rm /mnt/fill/f
+umount /mnt/fill
+ruvmctl --fd 3 pool destroy "$q"
+exec 3>&-
+ruvmctl stats | grep '^audit'
 mark=$(ruvmctl audit --mark)
 ruvmctl unload
 ruvmctl audit --since "$mark" --require-unload

@@ -52,7 +52,7 @@ impl Report for PoolInfo {
                 .join(", ")
         };
         let mut s = fields([
-            ("pool", self.handle.to_string()),
+            ("pool", format!("{} (sysmem)", self.handle)),
             ("chunk size", show_size(self.chunk_size)),
             ("release threshold", threshold(self.release_threshold)),
             (
