@@ -87,6 +87,7 @@ pub(crate) fn exit() -> usize {
     registry::drain();
     offsets::exit();
     gpu_va::exit();
+    pool::exit();
     planted
 }
 
@@ -188,8 +189,9 @@ pub(crate) enum Life {
 /// # Invariants
 ///
 /// When `life` is [`Life::Freed`], `kmap`, `user_va` and `kva` are `None` and `gpus`,
-/// `gpu_user` and `gpu_kernel` are empty. `pool_tables` is empty unless the mem is of a pool
-/// and freed. `kva` is `Some` exactly while `gpu_kernel` is not
+/// `gpu_user` and `gpu_kernel` are empty. A pool mem's lease holds tables only for GPUs of
+/// the pool's access set: those the pool kept for its chunks until the mem takes them (at
+/// allocation), those the mem gave up when freed. `kva` is `Some` exactly while `gpu_kernel` is not
 /// empty, `user_va` exactly while `gpu_user` is not. Every GPU in `gpu_kernel` or `gpu_user`
 /// of a sysmem mem is in `gpus` (a GPU mapping needs the DMA table).
 pub(crate) struct MemState {
@@ -208,9 +210,8 @@ pub(crate) struct MemState {
     /// The DMA address table of each GPU the mem is mapped on, by GPU id. An `Arc`, so that a
     /// copy in flight keeps its table while another thread unmaps.
     gpus: KVec<(u32, Arc<GpuTable>)>,
-    /// A freed pool mem's tables for the pool's GPUs, kept for the pool's cache: they go back
-    /// to the pool with the chunks.
-    pool_tables: KVec<(u32, Arc<GpuTable>)>,
+    /// For a pool mem: its tie to the pool, where the chunks go back.
+    lease: Option<PoolLease>,
 }
 
 impl MemState {
@@ -223,11 +224,22 @@ impl MemState {
     }
 }
 
-/// A pool mem's tie to its pool: the chunks (and kept tables) go back to it when the mem's
-/// core goes.
+/// A pool mem's tie to its pool: when it is dropped (with the mem's core, or on a failed
+/// allocation) the chunks and the tables it holds go back to the pool.
 struct PoolLease {
     pool: Arc<pool::Pool>,
-    pages: Arc<crate::gpu::dma::Pages>,
+    pages: Option<Arc<crate::gpu::dma::Pages>>,
+    /// Tables of the pool's GPUs mapping `pages`, not (or no longer) the mem's.
+    tables: KVec<(u32, Arc<GpuTable>)>,
+}
+
+impl Drop for PoolLease {
+    fn drop(&mut self) {
+        if let Some(pages) = self.pages.take() {
+            let tables = core::mem::replace(&mut self.tables, KVec::new());
+            self.pool.give_back(pages, tables);
+        }
+    }
 }
 
 /// The state of a mem that the audit's registry can see. It lives exactly as long as its
@@ -245,8 +257,6 @@ pub(crate) struct MemCore {
     #[pin]
     state: Mutex<MemState>,
     origin: Origin,
-    /// For a pool mem: where its chunks go back.
-    lease: Option<PoolLease>,
     _mems: Counted,
     _bytes: Counted,
     _usage: Usage,
@@ -255,22 +265,21 @@ pub(crate) struct MemCore {
 #[pinned_drop]
 impl PinnedDrop for MemCore {
     fn drop(self: Pin<&mut Self>) {
-        let this = self.project();
-        let Some(lease) = this.lease.take() else {
-            return;
-        };
-        // Every table left for the pool's GPUs goes back with the chunks (a mem dropped
-        // without being freed, at file close, still has them in `gpus`).
-        let tables = {
-            let mut st = this.state.lock();
-            let mut kept = core::mem::replace(&mut st.pool_tables, KVec::new());
-            for t in core::mem::replace(&mut st.gpus, KVec::new()) {
-                // A table that cannot be kept is dropped (unmapped).
-                let _ = kept.push(t, GFP_KERNEL);
+        // Every table left goes back with the chunks (a mem dropped without being freed, at
+        // file close, still has them in `gpus`); the pool keeps those of its GPUs.
+        let lease = {
+            let mut st = self.state.lock();
+            let mut lease = st.lease.take();
+            if let Some(l) = lease.as_mut() {
+                for t in core::mem::replace(&mut st.gpus, KVec::new()) {
+                    // A table that cannot be kept is dropped (unmapped).
+                    let _ = l.tables.push(t, GFP_KERNEL);
+                }
             }
-            kept
+            lease
         };
-        lease.pool.give_back(lease.pages, tables);
+        // Given back with the lock released.
+        drop(lease);
     }
 }
 
@@ -365,14 +374,21 @@ impl Mem {
             return Err(ENOSPC);
         }
         let charge = quota.charge(layout.physical_size)?;
-        let (layout, storage, taken) = match &req.pool {
+        let (layout, storage, lease) = match &req.pool {
             None => {
                 let (layout, storage) = storage::alloc(req, layout)?;
                 (layout, storage, None)
             }
             Some(p) => {
+                // From here a failure drops the lease, which gives everything back.
                 let taken = storage::from_pool(p, req, &layout)?;
-                (layout, Storage::Sys(taken.pages.clone()), Some(taken))
+                let storage = Storage::Sys(taken.pages.clone());
+                let lease = PoolLease {
+                    pool: p.clone(),
+                    pages: Some(taken.pages),
+                    tables: taken.tables,
+                };
+                (layout, storage, Some(lease))
             }
         };
         let bytes_class = match storage {
@@ -388,13 +404,6 @@ impl Mem {
             alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
         }
         let serial = SERIAL.fetch_add(1, Relaxed);
-        let lease = match (&req.pool, &taken) {
-            (Some(pool), Some(t)) => Some(PoolLease {
-                pool: pool.clone(),
-                pages: t.pages.clone(),
-            }),
-            _ => None,
-        };
         let core = Arc::pin_init(
             try_pin_init!(MemCore {
                 serial,
@@ -412,10 +421,9 @@ impl Mem {
                     gpu_kernel: KVec::new(),
                     kva: None,
                     gpus: KVec::new(),
-                    pool_tables: KVec::new(),
+                    lease,
                 }),
                 origin,
-                lease,
                 _mems: Counted::new(Class::Mems, 1),
                 _bytes: Counted::new(bytes_class, layout.physical_size),
                 _usage: Usage::new(req.stats_backing(), layout.physical_size, req.size),
@@ -431,10 +439,8 @@ impl Mem {
         )?;
         // Registered last; on failure `mem` is dropped, and `Mem::drop` finds nothing to remove.
         registry::insert(serial, core)?;
-        if let (Some(pool), Some(taken)) = (&req.pool, taken) {
-            // On failure `mem` is dropped, and its chunks go back to the pool.
-            mem.map_pool_gpus(pool, taken.tables)?;
-        }
+        // On failure `mem` is dropped, and its chunks go back to the pool.
+        mem.map_pool_gpus()?;
         Ok(mem)
     }
 
@@ -501,15 +507,14 @@ impl Mem {
     pub(crate) fn retire(&self) -> Retired {
         let mut st = self.state.lock();
         st.life = Life::Freed;
-        if let Some(lease) = &self.lease {
+        if let Some(access) = st.lease.as_ref().map(|l| l.pool.access()) {
             // The tables of the pool's GPUs stay, for the pool's cache.
-            let access = lease.pool.access();
             for (id, t) in core::mem::replace(&mut st.gpus, KVec::new()) {
+                let kept = access & 1u64.checked_shl(id).unwrap_or(0) != 0;
                 // A table with no room to go anywhere is dropped (unmapped) here.
-                let _ = if access & 1u64.checked_shl(id).unwrap_or(0) != 0 {
-                    st.pool_tables.push((id, t), GFP_KERNEL)
-                } else {
-                    st.gpus.push((id, t), GFP_KERNEL)
+                let _ = match st.lease.as_mut() {
+                    Some(l) if kept => l.tables.push((id, t), GFP_KERNEL),
+                    _ => st.gpus.push((id, t), GFP_KERNEL),
                 };
             }
         }

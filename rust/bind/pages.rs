@@ -23,7 +23,7 @@ use kernel::{
     bindings, new_mutex,
     page::{BorrowedPage, PAGE_SIZE},
     prelude::*,
-    sync::{lock::mutex::MutexGuard, Arc, Mutex},
+    sync::{lock::mutex::MutexGuard, Arc, Mutex, UniqueArc},
 };
 
 /// How a chunk is allocated.
@@ -175,48 +175,36 @@ impl<T: Send + Sync> ChunkList<T> {
         )
     }
 
-    /// A list of `chunks`, all of order `order` (`EINVAL` if one is not, or there are none;
-    /// the chunks are freed on any failure).
-    pub(crate) fn from_chunks(order: u32, chunks: KVVec<Chunk>, tag: T) -> Result<Arc<Self>> {
-        if chunks.is_empty() || chunks.iter().any(|c| c.order != order) {
-            return Err(EINVAL);
-        }
-        let mut heads = Heads {
-            v: KVVec::with_capacity(chunks.len(), GFP_KERNEL_ACCOUNT)?,
-            order,
-        };
-        for chunk in chunks {
-            // Room was reserved: this does not allocate.
-            heads.v.push(chunk.page, GFP_KERNEL_ACCOUNT)?;
-            // INVARIANT: the block is now owned by `heads`.
-            core::mem::forget(chunk);
-        }
-        Arc::pin_init(
-            try_pin_init!(Self {
-                heads,
-                _tag: tag,
-                bytes <- new_mutex!(()),
-            }),
-            GFP_KERNEL,
-        )
+    /// Room for a list of up to `n` chunks, allocated now, so that making the list
+    /// ([`ListSlot::finish`]) allocates nothing.
+    pub(crate) fn slot(n: usize) -> Result<ListSlot<T>> {
+        Ok(ListSlot {
+            heads: KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?,
+            arc: Some(UniqueArc::new_uninit(GFP_KERNEL)?),
+            order: None,
+        })
     }
 
-    /// Takes the chunks out of the last reference to a list, which is left empty; `None` (and
-    /// the reference dropped, with the chunks if it was the last) while anything else still
-    /// holds the list, or when there is no memory for the result.
-    pub(crate) fn take_chunks(list: Arc<Self>) -> Option<KVVec<Chunk>> {
-        let mut unique = Arc::into_unique_or_drop(list)?;
+    /// Takes the chunks out of the last reference to a list (which is left empty) and adds
+    /// them to `out`, which must have room for them: `false` (and the reference dropped, with
+    /// the chunks if it was the last) while anything else still holds the list, or when `out`
+    /// has no room.
+    pub(crate) fn take_chunks(list: Arc<Self>, out: &mut KVVec<Chunk>) -> bool {
+        let Some(mut unique) = Arc::into_unique_or_drop(list) else {
+            return false;
+        };
         let heads = unique.as_mut().project().heads;
-        let mut out = KVVec::with_capacity(heads.v.len(), GFP_KERNEL).ok()?;
+        if out.capacity() - out.len() < heads.v.len() {
+            return false;
+        }
         let order = heads.order;
         for page in core::mem::replace(&mut heads.v, KVVec::new()) {
             // INVARIANT: the block was owned by the list, which no longer has it.
             let chunk = Chunk { page, order };
-            // Room was reserved: this does not allocate, and a chunk it could not keep would
-            // be freed.
+            // Room was checked: this does not allocate.
             let _ = out.push(chunk, GFP_KERNEL);
         }
-        Some(out)
+        true
     }
 }
 
@@ -285,6 +273,72 @@ impl<T> ChunkList<T> {
     /// The lock [`Bytes`] holds, for the kernel mapping of the same pages.
     pub(crate) fn bytes_lock(&self) -> MutexGuard<'_, ()> {
         self.bytes.lock()
+    }
+}
+
+/// Room for a [`ChunkList`], allocated beforehand: chunks are pushed into it and the list is
+/// made without allocating (a pool's failure paths must not lose chunks to a failed
+/// allocation).
+pub(crate) struct ListSlot<T> {
+    /// The first pages of the chunks pushed so far, owned by the slot until the list is made
+    /// (freed if it never is).
+    heads: KVVec<NonNull<bindings::page>>,
+    arc: Option<UniqueArc<core::mem::MaybeUninit<ChunkList<T>>>>,
+    order: Option<u32>,
+}
+
+impl<T: Send + Sync> ListSlot<T> {
+    /// Adds `chunk`; gives it back if the slot is full or the chunk is of another order than
+    /// the first.
+    pub(crate) fn push(&mut self, chunk: Chunk) -> core::result::Result<(), Chunk> {
+        if self.heads.len() == self.heads.capacity() || self.order.is_some_and(|o| o != chunk.order)
+        {
+            return Err(chunk);
+        }
+        self.order = Some(chunk.order);
+        // Room was checked: this does not allocate.
+        if self.heads.push(chunk.page, GFP_KERNEL).is_err() {
+            return Err(chunk);
+        }
+        // INVARIANT: the block is now owned by `heads` (the list's, once made).
+        core::mem::forget(chunk);
+        Ok(())
+    }
+
+    /// How many chunks it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// The list of the chunks pushed, tagged `tag`; `None` (nothing lost: the slot is
+    /// dropped, freeing its chunks, only if it is empty) when no chunk was pushed.
+    pub(crate) fn finish(mut self, tag: T) -> Option<Arc<ChunkList<T>>> {
+        let order = self.order?;
+        let arc = self.arc.take()?;
+        let heads = Heads {
+            v: core::mem::replace(&mut self.heads, KVVec::new()),
+            order,
+        };
+        let init = try_pin_init!(ChunkList {
+            heads,
+            _tag: tag,
+            bytes <- new_mutex!(()),
+        });
+        // The initialiser cannot fail (a mutex's initialisation cannot); were it to, the
+        // chunks would be freed with it.
+        arc.pin_init_with(init).ok().map(Into::into)
+    }
+}
+
+impl<T> Drop for ListSlot<T> {
+    fn drop(&mut self) {
+        // Chunks pushed into a slot that was never finished are freed.
+        if let Some(order) = self.order {
+            for page in core::mem::replace(&mut self.heads, KVVec::new()) {
+                // INVARIANT: owned by the slot, freed once here.
+                drop(Chunk { page, order });
+            }
+        }
     }
 }
 

@@ -67,7 +67,27 @@ unsafe extern "C" fn scan<S: Shrink>(
     match S::scan(u64::try_from(want).unwrap_or(u64::MAX)) {
         // `SHRINK_STOP` (`~0UL`): no progress now (a lock was taken), do not insist.
         0 => !0,
-        n => ffi::c_ulong::try_from(n).unwrap_or(ffi::c_ulong::MAX - 2),
+        n => {
+            let n = ffi::c_ulong::try_from(n).unwrap_or(ffi::c_ulong::MAX - 2);
+            account_reclaimed(n);
+            n
+        }
+    }
+}
+
+/// What the C `mm_account_reclaimed_pages` (a static inline) does: pages freed outside LRU
+/// reclaim count as the reclaiming task's progress, so that a direct reclaim that got its
+/// memory from us does not conclude it made none (and invoke the OOM killer).
+fn account_reclaimed(pages: ffi::c_ulong) {
+    let task = kernel::task::Task::current_raw();
+    // SAFETY: `task` is the current task, alive for the call; `reclaim_state` is set by the
+    // reclaim path this callback runs under (or NULL outside reclaim), points at that path's
+    // stack object for its whole duration, and is written by the current task only.
+    unsafe {
+        let rs = (*task).reclaim_state;
+        if !rs.is_null() {
+            (*rs).reclaimed = (*rs).reclaimed.saturating_add(pages);
+        }
     }
 }
 

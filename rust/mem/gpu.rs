@@ -18,7 +18,6 @@ use crate::{
 
 use super::{
     gpu_va::{GpuMapping, KernelVa, UserVa},
-    pool::Pool,
     storage::Storage,
     storage::VidPages,
     Mem, MemCore, MemState,
@@ -97,12 +96,13 @@ impl MemCore {
             .map(|(_, t)| t);
         // A freed pool mem's table kept for the pool goes too (the GPU is going, or the mem
         // is unmapped from it).
-        let kept = st
-            .pool_tables
-            .iter()
-            .position(|(g, _)| *g == id)
-            .and_then(|at| st.pool_tables.remove(at).ok())
-            .map(|(_, t)| t);
+        let kept = st.lease.as_mut().and_then(|l| {
+            l.tables
+                .iter()
+                .position(|(g, _)| *g == id)
+                .and_then(|at| l.tables.remove(at).ok())
+                .map(|(_, t)| t)
+        });
         GpuTeardown {
             _user: user,
             _kernel: kernel,
@@ -156,22 +156,30 @@ impl Mem {
         table_for(&mut st, &access, gpu.id, pages).map(|_| ())
     }
 
-    /// Maps a new pool mem for every GPU of `pool`'s access set: with the tables the pool kept
-    /// for its chunks (`kept`), else new ones. A GPU of the set that is gone is skipped (its
-    /// removal takes it out of the set).
-    pub(crate) fn map_pool_gpus(
-        &self,
-        pool: &Pool,
-        mut kept: KVec<(u32, Arc<GpuTable>)>,
-    ) -> Result {
-        let access = pool.access();
+    /// Maps a new pool mem for every GPU of its pool's access set: with the tables the pool
+    /// kept for its chunks (held by its lease), else new ones. A GPU of the set that is gone is
+    /// skipped (its removal takes it out of the set). Nothing for a mem of no pool.
+    pub(crate) fn map_pool_gpus(&self) -> Result {
+        let access = {
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            let Some(lease) = st.lease.as_mut() else {
+                return Ok(());
+            };
+            let access = lease.pool.access();
+            // Room first: a failure leaves the tables with the lease, to go back to the pool.
+            st.gpus.reserve(lease.tables.len(), GFP_KERNEL)?;
+            for (id, t) in core::mem::replace(&mut lease.tables, KVec::new()) {
+                if access & 1u64.checked_shl(id).unwrap_or(0) != 0 {
+                    // Room was reserved: this does not allocate.
+                    let _ = st.gpus.push((id, t), GFP_KERNEL);
+                }
+                // Else revoked since it was cached: dropped (unmapped).
+            }
+            access
+        };
         for id in 0..u64::BITS {
             if access & (1u64 << id) == 0 {
-                continue;
-            }
-            if let Some(at) = kept.iter().position(|(g, _)| *g == id) {
-                let t = kept.remove(at).map_err(|_| EINVAL)?;
-                self.state.lock().gpus.push(t, GFP_KERNEL)?;
                 continue;
             }
             match crate::gpu::get(id) {

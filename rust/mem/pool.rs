@@ -46,7 +46,7 @@ use crate::{
     audit::{Class, Counted},
     bind::{
         global::global,
-        pages::{Chunk, ChunkFlags, ChunkList},
+        pages::{Chunk, ChunkFlags, ChunkList, ListSlot},
         shrinker::Shrink,
     },
     gpu::dma::{GpuTable, Pages},
@@ -178,6 +178,13 @@ pub(crate) fn init() {
     POOLS.init();
 }
 
+/// Lets go of the registry's memory at unload (every pool was closed with its file).
+pub(crate) fn exit() {
+    if let Some(mut pools) = POOLS.lock() {
+        drop(core::mem::replace(&mut *pools, KVec::new()));
+    }
+}
+
 /// A new sysmem pool with chunks of `page_size` bytes (uvm_mem's rules; 0 for the default)
 /// and release threshold `threshold`.
 pub(crate) fn create(page_size: u64, threshold: u64) -> Result<Arc<Pool>> {
@@ -191,18 +198,13 @@ pub(crate) fn create(page_size: u64, threshold: u64) -> Result<Arc<Pool>> {
     )
 }
 
+/// The cached bytes of every pool, as last published (the shrinker's count).
+static CACHED: Atomic<u64> = Atomic::new(0);
+
 /// A new pool handle, never 0 and never reused while the module is loaded.
 fn new_id() -> u64 {
     static NEXT: Atomic<u64> = Atomic::new(1);
     NEXT.fetch_add(1, Relaxed)
-}
-
-/// Moves the chunks of `v` to the end of `out`; a chunk `out` has no room for is freed.
-fn append(out: &mut KVVec<Chunk>, v: KVVec<Chunk>) {
-    for c in v {
-        // A chunk that cannot be kept is freed (dropped with the error).
-        let _ = out.push(c, GFP_KERNEL);
-    }
 }
 
 impl Pool {
@@ -312,6 +314,11 @@ impl Pool {
             have += e.pages.chunk_count();
             n += 1;
         }
+        // Everything the rest needs is allocated now, before the cache changes: a failure
+        // from here on never loses a cached chunk to a failed allocation.
+        let mut list = ChunkList::slot(count)?;
+        let mut back = ChunkList::slot(have)?;
+        let mut chunks: KVVec<Chunk> = KVVec::with_capacity(count.max(have), GFP_KERNEL)?;
         let mut lists = KVec::with_capacity(n, GFP_KERNEL)?;
         let mut held = 0;
         for _ in 0..n {
@@ -325,107 +332,82 @@ impl Pool {
         st.inflight += held;
         self.publish(&st);
         drop(st);
-        // The chunks left over (or, on failure, the cached ones) are cached again.
-        let (r, extra) = match self.assemble(lists, count, zero, &mut stop) {
-            Ok((taken, spare)) => (Ok(taken), spare),
-            Err((e, back)) => (Err(e), back),
-        };
-        let extra = self.cache_list(extra);
-        let mut st = self.state.lock();
-        st.inflight -= held;
-        let refused = match extra {
-            Some(e) if !st.closed => st.cache(e),
-            e => e,
-        };
-        if let Ok(taken) = &r {
-            st.used += bytes;
-            st.hits += taken.reused as u64;
-            st.misses += (count - taken.reused) as u64;
-            st.note_highs();
-        }
-        self.publish(&st);
-        drop(st);
-        drop(refused);
-        r
-    }
-
-    /// A list of `count` chunks from the chunks of `lists` and new ones, and the chunks left
-    /// over; on failure, the cached chunks to cache again.
-    #[allow(clippy::type_complexity)]
-    fn assemble(
-        &self,
-        lists: KVec<Entry>,
-        count: usize,
-        zero: bool,
-        stop: &mut impl FnMut() -> Result,
-    ) -> core::result::Result<(Taken, KVVec<Chunk>), (Error, KVVec<Chunk>)> {
-        let mut chunks: KVVec<Chunk> = KVVec::new();
         for e in lists {
             let Entry { tables, pages, .. } = e;
-            // Unmapped first: then nothing else holds the list.
+            // Unmapped first: then nothing else holds the list. A list still held elsewhere
+            // (a copy in flight) is not reused: its last holder frees it.
             drop(tables);
-            if let Some(taken) = ChunkList::take_chunks(pages) {
-                append(&mut chunks, taken);
-            }
+            ChunkList::take_chunks(pages, &mut chunks);
         }
-        let mut spare = KVVec::new();
-        while chunks.len() > count {
-            if let Some(c) = chunks.pop() {
-                let _ = spare.push(c, GFP_KERNEL);
-            }
-        }
-        let reused = chunks.len();
+        let apart = chunks.len();
+        let reused = apart.min(count);
         let flags = ChunkFlags {
             zero,
             fail_fast: false,
         };
-        let mut fresh = || -> Result {
-            chunks.reserve(count - reused, GFP_KERNEL)?;
-            while chunks.len() < count {
-                stop()?;
-                chunks.push(Chunk::alloc(self.order, flags)?, GFP_KERNEL)?;
+        let mut failed = None;
+        while chunks.len() < count {
+            if let Err(e) = stop().and_then(|()| {
+                let c = Chunk::alloc(self.order, flags)?;
+                // Room was reserved: this does not allocate.
+                let _ = chunks.push(c, GFP_KERNEL);
+                Ok(())
+            }) {
+                failed = Some(e);
+                break;
             }
-            Ok(())
+        }
+        if failed.is_none() {
+            while chunks.len() > count {
+                if let Some(c) = chunks.pop() {
+                    // Room for every chunk taken apart: cannot be refused.
+                    let _ = back.push(c);
+                }
+            }
+            for c in chunks.drain_all() {
+                let _ = list.push(c);
+            }
+        } else {
+            // The new chunks are freed; the cached ones go back, as one list.
+            chunks.truncate(apart);
+            for c in chunks.drain_all() {
+                let _ = back.push(c);
+            }
+        }
+        let order = self.order;
+        let count_of = |slot: &ListSlot<Counted>| slot.len() as u64;
+        let spare_tag = Counted::new(Class::SysmemChunks(order), count_of(&back));
+        let spare = back.finish(spare_tag).map(|p| Entry::new(p, KVec::new()));
+        let made = match failed {
+            Some(e) => Err(e),
+            None => {
+                let tag = Counted::new(Class::SysmemChunks(order), count as u64);
+                list.finish(tag).ok_or(EINVAL)
+            }
         };
-        if let Err(e) = fresh() {
-            // The new chunks are freed; the cached ones go back.
-            chunks.truncate(reused);
-            append(&mut chunks, spare);
-            return Err((e, chunks));
-        }
-        let n = count as u64;
-        match ChunkList::from_chunks(
-            self.order,
-            chunks,
-            Counted::new(Class::SysmemChunks(self.order), n),
-        ) {
-            Ok(pages) => Ok((
-                Taken {
-                    pages,
-                    tables: KVec::new(),
-                    reused,
-                },
-                spare,
-            )),
-            // The chunks were freed with the failure.
-            Err(e) => Err((e, spare)),
-        }
-    }
-
-    /// `chunks` as a cache entry (without tables); `None` if there are none, or no memory
-    /// (then they are freed).
-    fn cache_list(&self, chunks: KVVec<Chunk>) -> Option<Entry> {
-        if chunks.is_empty() {
-            return None;
-        }
-        let n = chunks.len() as u64;
-        let pages = ChunkList::from_chunks(
-            self.order,
-            chunks,
-            Counted::new(Class::SysmemChunks(self.order), n),
-        )
-        .ok()?;
-        Some(Entry::new(pages, KVec::new()))
+        let mut st = self.state.lock();
+        st.inflight -= held;
+        // The cache had room for the lists taken out of it: caching one back does not
+        // allocate.
+        let refused = match spare {
+            Some(e) if !st.closed => st.cache(e),
+            e => e,
+        };
+        let r = made.map(|pages| {
+            st.used += bytes;
+            st.hits += reused as u64;
+            st.misses += (count - reused) as u64;
+            st.note_highs();
+            Taken {
+                pages,
+                tables: KVec::new(),
+                reused,
+            }
+        });
+        self.publish(&st);
+        drop(st);
+        drop(refused);
+        r
     }
 
     /// A mem's chunks come back (its last holder let go), with its tables for the pool's
@@ -453,29 +435,23 @@ impl Pool {
         self.publish(&st);
         drop(st);
         drop(refused);
-        self.release(None, false);
+        self.release(None);
     }
 
-    /// Notes the cached bytes for the shrinker's count.
+    /// Notes the cached bytes for the shrinker's count, the pool's and every pool's.
     fn publish(&self, st: &PoolState) {
-        self.cached.store(st.cached, Relaxed);
+        let old = self.cached.xchg(st.cached, Relaxed);
+        // Modulo 2^64: a decrease wraps back.
+        CACHED.fetch_add(st.cached.wrapping_sub(old), Relaxed);
     }
 
     /// Gives back cache lists, oldest first, one at a time (each dropped with the lock
     /// released, so nothing is allocated to defer it), until at most `keep` bytes stay
-    /// reserved (`None`: the release threshold) or the cache is empty; with `try_only`, stops
-    /// when the lock is taken. How many bytes went.
-    fn release(&self, keep: Option<u64>, try_only: bool) -> u64 {
+    /// reserved (`None`: the release threshold) or the cache is empty. How many bytes went.
+    fn release(&self, keep: Option<u64>) -> u64 {
         let mut bytes = 0;
         loop {
-            let st = if try_only {
-                self.state.try_lock()
-            } else {
-                Some(self.state.lock())
-            };
-            let Some(mut st) = st else {
-                return bytes;
-            };
+            let mut st = self.state.lock();
             let keep = keep.unwrap_or(st.threshold);
             if st.reserved() <= keep {
                 return bytes;
@@ -493,13 +469,13 @@ impl Pool {
     /// `cudaMemPoolTrimTo`: gives back cached chunks until at most `keep` bytes stay
     /// reserved; how many bytes went.
     pub(crate) fn trim(&self, keep: u64) -> u64 {
-        self.release(Some(keep), false)
+        self.release(Some(keep))
     }
 
     /// Sets the release threshold, giving back at once what the cache holds above it.
     pub(crate) fn set_threshold(&self, threshold: u64) {
         self.state.lock().threshold = threshold;
-        self.release(None, false);
+        self.release(None);
     }
 
     /// Resets the reserved (`reserved`) or used high watermark to the current value.
@@ -565,7 +541,7 @@ impl Pool {
     fn close_locked(self: &Arc<Self>, mut st: kernel::sync::MutexGuard<'_, PoolState>) {
         st.closed = true;
         drop(st);
-        self.release(Some(0), false);
+        self.release(Some(0));
         if let Some(mut pools) = POOLS.lock() {
             if let Some(i) = pools.iter().position(|p| Arc::ptr_eq(p, self)) {
                 let _ = pools.remove(i);
@@ -573,21 +549,12 @@ impl Pool {
         }
     }
 
-    /// Gives back cache lists, oldest first, until `pages` pages went or the lock is taken
-    /// elsewhere: how many pages went (the shrinker's scan).
-    fn shrink(&self, pages: u64) -> u64 {
-        let page = kernel::page::PAGE_SIZE as u64;
-        let Some(st) = self.state.try_lock() else {
-            return 0;
-        };
-        let keep = st.reserved().saturating_sub(pages.saturating_mul(page));
-        drop(st);
-        self.release(Some(keep), true) / page
-    }
-
-    /// Cached pages as of the last change (the shrinker's count).
-    fn cached_pages(&self) -> u64 {
-        self.cached.load(Relaxed) / kernel::page::PAGE_SIZE as u64
+    /// Takes the oldest cache list out, if the lock is free (the shrinker's scan).
+    fn take_oldest(&self) -> Option<Entry> {
+        let mut st = self.state.try_lock()?;
+        let e = st.take_entry(0)?;
+        self.publish(&st);
+        Some(e)
     }
 }
 
@@ -605,25 +572,30 @@ pub(crate) fn drop_gpu(id: u32) {
 pub(crate) struct PoolShrink;
 
 impl Shrink for PoolShrink {
-    /// Cached pages of every pool whose lock is free.
+    /// Cached pages of every pool, as last published (no lock).
     fn count() -> u64 {
-        POOLS
-            .try_lock()
-            .map_or(0, |pools| pools.iter().map(|p| p.cached_pages()).sum())
+        CACHED.load(Relaxed) / kernel::page::PAGE_SIZE as u64
     }
 
-    /// Gives back up to `pages` cached pages, oldest lists first, from the pools whose locks
-    /// are free: how many went.
+    /// Gives back cached lists, the oldest of the first pool with any, until `pages` pages
+    /// went: how many did. Each list is taken out under the registry's and its pool's locks
+    /// (only tried: another reclaimer may hold them) and dropped with both released, so that
+    /// concurrent reclaimers are held up by bookkeeping only.
     fn scan(pages: u64) -> u64 {
-        let Some(pools) = POOLS.try_lock() else {
-            return 0;
-        };
+        let page = kernel::page::PAGE_SIZE as u64;
         let mut freed = 0;
-        for pool in pools.iter() {
-            if freed >= pages {
+        while freed < pages {
+            let entry = {
+                let Some(pools) = POOLS.try_lock() else {
+                    break;
+                };
+                pools.iter().find_map(|p| p.take_oldest())
+            };
+            let Some(e) = entry else {
                 break;
-            }
-            freed += pool.shrink(pages - freed);
+            };
+            freed += e.bytes() / page;
+            drop(e);
         }
         freed
     }

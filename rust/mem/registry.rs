@@ -75,7 +75,8 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
             bump(Class::KernelMaps, u64::from(st.kmap.is_some()));
             bump(Class::Handles, u64::from(st.life == Life::Owned));
             bump(Class::GpuKernelVas, u64::from(st.kva.is_some()));
-            for (_, table) in Iterator::chain(st.gpus.iter(), st.pool_tables.iter()) {
+            let leased = st.lease.as_ref().map(|l| &l.tables[..]).unwrap_or(&[]);
+            for (_, table) in Iterator::chain(st.gpus.iter(), leased.iter()) {
                 let n = table.count() as u64;
                 bump(Class::DmaMappings, n);
                 bump(Class::DmaBytes, n * core.layout.chunk_size);

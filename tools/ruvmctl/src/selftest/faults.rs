@@ -105,12 +105,27 @@ impl Drop for Injector {
 }
 
 /// What must not change when a call fails: the audit's counters, the PMMs, the GPUs' mapped
-/// bytes.
+/// bytes, every pool's attributes (but its hit and miss counts).
 #[derive(Debug, PartialEq, Eq)]
 struct Snapshot {
     live: Vec<u64>,
     pmms: Vec<(u32, u64, [u64; 3], u64)>,
     mapped: Vec<(u32, u64)>,
+    pools: Vec<String>,
+}
+
+/// Every pool's line of `/sys/kernel/debug/ruvm/pools`, without its hit and miss counts.
+fn pool_lines() -> Vec<String> {
+    fs::read_to_string("/sys/kernel/debug/ruvm/pools")
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .filter(|f| !f.starts_with("hits=") && !f.starts_with("misses="))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
 }
 
 fn snapshot(d: &Ruvm) -> Result<Snapshot, Stop> {
@@ -128,7 +143,12 @@ fn snapshot(d: &Ruvm) -> Result<Snapshot, Stop> {
             pmms.push((g.id, s.free, s.allocated, s.roots_stored));
         }
     }
-    Ok(Snapshot { live, pmms, mapped })
+    Ok(Snapshot {
+        live,
+        pmms,
+        mapped,
+        pools: pool_lines(),
+    })
 }
 
 /// What undoes a call that succeeded.
@@ -303,12 +323,64 @@ fn fault_sweep_ioctls() -> TestResult {
         }
         None => None,
     };
+    // Pools: made, allocated from with an empty cache (mapped for a GPU), with an exact hit,
+    // and with a cached list taken apart; access granted.
+    let (cold, warm, apart) = (
+        d.pool_create(64 << 10, 0).ctx("POOL_CREATE")?.0,
+        d.pool_create(64 << 10, u64::MAX).ctx("POOL_CREATE")?.0,
+        d.pool_create(16 << 10, u64::MAX).ctx("POOL_CREATE")?.0,
+    );
+    if let Some(g) = mmu_gpu.or(present.first()) {
+        d.pool_access(cold, g.id, true).ctx("POOL_SET_ACCESS")?;
+        d.pool_access(warm, g.id, true).ctx("POOL_SET_ACCESS")?;
+    }
+    for (pool, size) in [(warm, 256u64 << 10), (apart, 64 << 10)] {
+        let a = d.pool_alloc(pool, size, 0).ctx("alloc")?;
+        free(a.handle)?;
+    }
+    scenarios.push(Scenario {
+        name: "pool create".into(),
+        op: Box::new(move || {
+            let (p, _) = d.pool_create(0, 0)?;
+            Ok(undo(move || d.pool_destroy(p).ctx("destroy")))
+        }),
+    });
+    for (name, pool, size, flags) in [
+        ("pool alloc, nothing cached", cold, 128u64 << 10, 0),
+        (
+            "pool alloc, a cached list whole, zeroed",
+            warm,
+            256 << 10,
+            uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO,
+        ),
+        ("pool alloc, a cached list taken apart", apart, 16 << 10, 0),
+    ] {
+        scenarios.push(Scenario {
+            name: name.into(),
+            op: Box::new(move || {
+                let a = d.pool_alloc(pool, size, flags)?;
+                Ok(undo(move || free(a.handle)))
+            }),
+        });
+    }
+    if let Some(g) = present.first().map(|g| g.id) {
+        scenarios.push(Scenario {
+            name: format!("pool access for GPU {g}"),
+            op: Box::new(move || {
+                d.pool_access(apart, g, true)?;
+                Ok(undo(move || d.pool_access(apart, g, false).ctx("revoke")))
+            }),
+        });
+    }
     let mut report = Vec::new();
     for s in &mut scenarios {
         let n = sweep(d, &inj, s)?;
         report.push(format!("{}: {n}", s.name));
     }
     drop(scenarios);
+    for p in [cold, warm, apart] {
+        d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    }
     for h in [
         Some(m),
         pair.map(|p| p.0),
