@@ -38,6 +38,8 @@ struct World {
     freed: Mutex<std::collections::BTreeSet<u64>>,
     /// User mappings.
     maps: Mutex<Vec<MapRec>>,
+    /// Pool handles made (of any of the worker's files).
+    pools: Mutex<Vec<u64>>,
     /// GPU ids present at start, and which of them are simulated (fast engines).
     gpus: Vec<u32>,
     sims: Vec<u32>,
@@ -218,6 +220,7 @@ pub fn worker(seed: u64, threads: usize, max_size: u64, shared: &'static Shared)
         handles: Mutex::new(Vec::new()),
         freed: Mutex::new(std::collections::BTreeSet::new()),
         maps: Mutex::new(Vec::new()),
+        pools: Mutex::new(Vec::new()),
         gpus,
         sims,
         proc_mem: std::fs::OpenOptions::new()
@@ -267,7 +270,7 @@ fn one(w: &World, rng: &mut Rng) {
         return;
     };
     let d = &*file;
-    match rng.below(28) {
+    match rng.below(30) {
         0..=2 => alloc(w, d, rng),
         3 => {
             let h = w.handle(rng);
@@ -370,6 +373,7 @@ fn one(w: &World, rng: &mut Rng) {
         22 => race(w, d, rng),
         21 => files(w, rng),
         23..=25 => gpu_va(w, d, rng),
+        28..=29 => pools(w, d, rng),
         _ => {
             // Vidmem, which has its own rules and allocator.
             let size = rng.pick(&SIZES).min(w.max_size);
@@ -500,6 +504,78 @@ fn gpu_va(w: &World, d: &Ruvm, rng: &mut Rng) {
                 r,
                 &[EFAULT, EINVAL, ENODEV, EOPNOTSUPP, EPERM, EINTR],
             );
+        }
+    }
+}
+
+/// Memory pools: made, allocated from, read (its attributes must add up), set, trimmed,
+/// granted GPUs and destroyed, with handles of this file, of other files and of none.
+fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
+    let pool = w
+        .pools
+        .lock()
+        .ok()
+        .and_then(|p| (!p.is_empty()).then(|| p[rng.below(p.len() as u64) as usize]))
+        .unwrap_or(rng.pick(&[0, 1, u64::MAX]));
+    match rng.below(7) {
+        0 => {
+            let page = rng.pick(&[0, 4096, 65536, 2 << 20, 3 << 10, 4 << 20]);
+            let threshold = rng.pick(&[0, 65536, 1 << 20, u64::MAX]);
+            if let Some((h, _)) = w.check("POOL_CREATE", d.pool_create(page, threshold), &[EINVAL])
+            {
+                if let Ok(mut p) = w.pools.lock() {
+                    p.push(h);
+                }
+            }
+        }
+        1 => {
+            if d.info().is_ok_and(|i| i.live_bytes > w.budget) {
+                return;
+            }
+            let size = rng.pick(&SIZES).min(w.max_size);
+            let flags = rng.pick(&[0, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO, 2]);
+            let r = d.pool_alloc(pool, size, flags);
+            if let Some(a) = w.check(
+                "MEM_ALLOC (pool)",
+                r,
+                &[ENOENT, EINVAL, EOVERFLOW, ENOSPC, EINTR],
+            ) {
+                if let Ok(mut hs) = w.handles.lock() {
+                    hs.push(a.handle);
+                }
+            }
+        }
+        2 => {
+            if let Some(a) = w.check("POOL_GET", d.pool_get(pool), &[ENOENT]) {
+                if a.reserved_current != a.used_current + a.cached_chunks * a.chunk_size
+                    || a.reserved_high < a.reserved_current
+                    || a.used_high < a.used_current
+                {
+                    w.problem(format!("POOL_GET: attributes that do not add up: {a:?}"));
+                }
+            }
+        }
+        3 => {
+            let attr = rng.pick(&[0, 1, 2, 3, 4]);
+            let value = rng.pick(&[0, 4096, 1 << 20, u64::MAX]);
+            w.check("POOL_SET", d.pool_set(pool, attr, value), &[ENOENT, EINVAL]);
+        }
+        4 => {
+            let keep = rng.pick(&[0, 65536, 1 << 20, u64::MAX]);
+            w.check("POOL_TRIM", d.pool_trim(pool, keep), &[ENOENT]);
+        }
+        5 => {
+            let r = d.pool_access(pool, w.gpu(rng), rng.below(3) != 0);
+            w.check("POOL_SET_ACCESS", r, &[ENOENT, ENODEV]);
+        }
+        _ => {
+            if w.check("POOL_DESTROY", d.pool_destroy(pool), &[ENOENT, EBUSY])
+                .is_some()
+            {
+                if let Ok(mut p) = w.pools.lock() {
+                    p.retain(|x| *x != pool);
+                }
+            }
         }
     }
 }

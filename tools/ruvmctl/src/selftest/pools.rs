@@ -218,8 +218,26 @@ fn pool_attributes_follow_cuda() -> TestResult {
             && info.chunk_size == 64 * K,
         "POOL_GET: {info:?}"
     );
-    // Destroy: EBUSY while a mem holds its chunks.
+    // Trim to 0 with a mem alive and chunks cached: reserved = used.
+    d.pool_set(
+        p,
+        uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RELEASE_THRESHOLD,
+        u64::MAX,
+    )
+    .ctx("threshold ~0")?;
+    let cached = d.pool_alloc(p, 128 * K, 0).ctx("alloc")?;
     let m = d.pool_alloc(p, 4 * K, 0).ctx("alloc")?;
+    d.mem_free(cached.handle).ctx("free")?;
+    let released = d.pool_trim(p, 0).ctx("POOL_TRIM 0")?;
+    let got = attrs(&d, p)?;
+    check!(
+        got.reserved == got.used
+            && got.used == 64 * K
+            && got.cached_chunks == 0
+            && released == 128 * K,
+        "trim to 0 with a mem alive released {released}: {got:?}"
+    );
+    // Destroy: EBUSY while a mem holds its chunks.
     expect_errno(d.pool_destroy(p), Errno::EBUSY, "destroy with a live mem")?;
     d.mem_free(m.handle).ctx("free")?;
     d.pool_destroy(p).ctx("POOL_DESTROY")?;
