@@ -858,9 +858,16 @@ mod tests {
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_query>(), 104);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_fill>(), 72);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_copy>(), 64);
-        assert_eq!(std::mem::size_of::<uapi::ruvm_audit>(), 432);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_audit>(), 528);
         assert_eq!(std::mem::size_of::<uapi::ruvm_stats>(), 128);
-        assert_eq!(std::mem::size_of::<uapi::ruvm_unload_state>(), 200);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_unload_state>(), 248);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_pool_create>(), 64);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_pool_handle>(), 32);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_pool_info>(), 120);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_pool_set>(), 40);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_pool_trim>(), 48);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_pool_access>(), 32);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_test_sim_gpu>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_register_unload_state>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_leak>(), 48);
         assert_eq!(std::mem::size_of::<uapi::ruvm_gpu_info>(), 56);
