@@ -231,13 +231,18 @@ struct PoolLease {
     pages: Option<Arc<crate::gpu::dma::Pages>>,
     /// Tables of the pool's GPUs mapping `pages`, not (or no longer) the mem's.
     tables: KVec<(u32, Arc<GpuTable>)>,
+    /// How many chunks came from the pool's cache, and whether the mem was made (else,
+    /// dropped, the pool's allocation is undone).
+    reused: usize,
+    made: bool,
 }
 
 impl Drop for PoolLease {
     fn drop(&mut self) {
         if let Some(pages) = self.pages.take() {
             let tables = core::mem::replace(&mut self.tables, KVec::new());
-            self.pool.give_back(pages, tables);
+            let undo = (!self.made).then_some(self.reused);
+            self.pool.give_back(pages, tables, undo);
         }
     }
 }
@@ -361,13 +366,25 @@ impl Mem {
         };
         let page_size = match &req.pool {
             None => req.page_size,
-            // A pool's mems have its chunk size, and no fallback to smaller chunks.
-            Some(p) if req.gpu.is_none() && !req.fallback => match req.page_size {
-                0 => p.chunk_size(),
-                s if s == p.chunk_size() => s,
-                _ => return Err(EINVAL),
-            },
-            Some(_) => return Err(EINVAL),
+            // A pool's mems have its backing (the same GPU binding for vidmem) and chunk size,
+            // and no fallback to smaller chunks.
+            Some(p) => {
+                let same = match (&req.gpu, p.vid_gpu()) {
+                    (None, None) => true,
+                    // The pool's GPU, bound again since: its memory went with the old binding.
+                    (Some(g), Some(pg)) if g.id == pg.id && !Arc::ptr_eq(g, pg) => {
+                        return Err(ENODEV)
+                    }
+                    (Some(g), Some(pg)) => Arc::ptr_eq(g, pg),
+                    _ => false,
+                };
+                match req.page_size {
+                    _ if !same || req.fallback => return Err(EINVAL),
+                    0 => p.chunk_size(),
+                    s if s == p.chunk_size() => s,
+                    _ => return Err(EINVAL),
+                }
+            }
         };
         let layout = policy::layout(backing, req.size, page_size, page).map_err(policy_error)?;
         if layout.physical_size > req.max_bytes {
@@ -379,6 +396,12 @@ impl Mem {
                 let (layout, storage) = storage::alloc(req, layout)?;
                 (layout, storage, None)
             }
+            Some(p) if p.vid_gpu().is_some() => {
+                // The vidmem pages give their chunks back to the pool when they drop.
+                let gpu = req.gpu.as_ref().ok_or(EINVAL)?;
+                let pages = storage::from_vid_pool(p, gpu, &layout)?;
+                (layout, Storage::Vid(pages), None)
+            }
             Some(p) => {
                 // From here a failure drops the lease, which gives everything back.
                 let taken = storage::from_pool(p, req, &layout)?;
@@ -387,6 +410,8 @@ impl Mem {
                     pool: p.clone(),
                     pages: Some(taken.pages),
                     tables: taken.tables,
+                    reused: taken.reused,
+                    made: false,
                 };
                 (layout, storage, Some(lease))
             }
@@ -439,9 +464,22 @@ impl Mem {
         )?;
         // Registered last; on failure `mem` is dropped, and `Mem::drop` finds nothing to remove.
         registry::insert(serial, core)?;
-        // On failure `mem` is dropped, and its chunks go back to the pool.
+        // On failure `mem` is dropped, and its chunks go back to the pool, which undoes the
+        // allocation.
         mem.map_pool_gpus()?;
         Ok(mem)
+    }
+
+    /// The caller got the mem (its handle was written back): from now on a pool mem's chunks
+    /// go back to the pool as a freed mem's. Until then, dropping the mem undoes the pool's
+    /// allocation.
+    pub(crate) fn commit(&self) {
+        if let Some(l) = self.state.lock().lease.as_mut() {
+            l.made = true;
+        }
+        if let Storage::Vid(v) = &self.storage {
+            v.made();
+        }
     }
 
     /// Where the mem is mapped with `mmap`.

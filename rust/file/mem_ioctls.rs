@@ -39,6 +39,8 @@ impl RuvmFile {
         args.chunk_size = layout.chunk_size;
         args.chunk_count = layout.chunk_count;
         args.mmap_offset = mem.mmap_offset();
+        // Kept to commit it once the caller knows the handle.
+        let made = mem.clone();
         let handle = self.insert(mem)?;
         args.handle = handle.0;
         if let Err(e) = writer.write(&args) {
@@ -48,6 +50,7 @@ impl RuvmFile {
             }
             return Err(e);
         }
+        made.commit();
         Ok(())
     }
 

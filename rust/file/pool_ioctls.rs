@@ -6,7 +6,6 @@
 use kernel::{prelude::*, sync::Arc, uaccess::UserSlice};
 
 use crate::{
-    bind::errno,
     gpu,
     mem::pool::{self, Pool},
     uapi,
@@ -29,12 +28,15 @@ impl RuvmFile {
     /// `RUVM_IOCTL_POOL_CREATE`.
     pub(super) fn pool_create(&self, user: UserSlice) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_pool_create>(user)?;
-        match args.backing {
-            uapi::ruvm_backing_RUVM_BACKING_SYSMEM if args.gpu == 0 => {}
-            uapi::ruvm_backing_RUVM_BACKING_VIDMEM => return Err(errno::eopnotsupp()),
+        let pool = match args.backing {
+            uapi::ruvm_backing_RUVM_BACKING_SYSMEM if args.gpu == 0 => {
+                pool::create(args.page_size, args.release_threshold)?
+            }
+            uapi::ruvm_backing_RUVM_BACKING_VIDMEM => {
+                pool::create_vid(gpu::get(args.gpu)?, args.page_size, args.release_threshold)?
+            }
             _ => return Err(EINVAL),
-        }
-        let pool = pool::create(args.page_size, args.release_threshold)?;
+        };
         args.handle = pool.id();
         args.chunk_size = pool.chunk_size();
         let inserted =
@@ -71,8 +73,10 @@ impl RuvmFile {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_pool_info>(user)?;
         let pool = self.pool(args.handle)?;
         let a = pool.attrs();
-        args.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
-        args.gpu = 0;
+        (args.backing, args.gpu) = match pool.vid_gpu() {
+            None => (uapi::ruvm_backing_RUVM_BACKING_SYSMEM, 0),
+            Some(g) => (uapi::ruvm_backing_RUVM_BACKING_VIDMEM, g.id),
+        };
         args.release_threshold = a.release_threshold;
         args.reserved_current = a.reserved;
         args.reserved_high = a.reserved_high;
@@ -115,6 +119,10 @@ impl RuvmFile {
         let revoke = args.flags & uapi::ruvm_pool_access_flags_RUVM_POOL_ACCESS_REVOKE != 0;
         if args.gpu >= uapi::RUVM_MAX_GPUS {
             return Err(ENODEV);
+        }
+        if pool.vid_gpu().is_some() {
+            // Vidmem is reached by its own GPU only (no peer access).
+            return Err(EINVAL);
         }
         if !revoke {
             gpu::get(args.gpu)?;

@@ -49,7 +49,11 @@ use crate::{
         pages::{Chunk, ChunkFlags, ChunkList, ListSlot},
         shrinker::Shrink,
     },
-    gpu::dma::{GpuTable, Pages},
+    gpu::{
+        dma::{GpuTable, Pages},
+        pmm::VidChunk,
+        GpuDev,
+    },
 };
 
 use super::policy::{self, Backing};
@@ -108,8 +112,40 @@ struct PoolState {
     threshold: u64,
     hits: u64,
     misses: u64,
+    /// A vidmem pool's cached chunks (a flat free list; its room is kept at least the pool's
+    /// reserved chunks, so that chunks coming back never need an allocation).
+    vcache: KVVec<CachedVid>,
     /// Destroyed, or its file closed: chunks that come back are freed.
     closed: bool,
+    /// A vidmem pool whose GPU went: chunks that come back are freed, none are handed out.
+    dead: bool,
+}
+
+/// A vidmem chunk in a pool's cache, counted.
+struct CachedVid {
+    chunk: VidChunk,
+    _chunks: Counted,
+    _bytes: Counted,
+}
+
+impl CachedVid {
+    fn new(chunk: VidChunk, bytes: u64) -> Self {
+        Self {
+            chunk,
+            _chunks: Counted::new(Class::PoolChunks, 1),
+            _bytes: Counted::new(Class::PoolBytes, bytes),
+        }
+    }
+}
+
+/// What one give-back takes out of a cache: a sysmem list or a vidmem chunk.
+#[allow(
+    dead_code,
+    reason = "held only to be dropped, with the pool's lock released"
+)]
+enum Unit {
+    Sys(Entry),
+    Vid(CachedVid),
 }
 
 impl PoolState {
@@ -147,7 +183,9 @@ pub(crate) struct Pool {
     id: u64,
     /// The process that made it (for the debugfs view).
     pid: i32,
+    /// Sysmem chunks of `2^order` pages (`vid` is `None`), or vidmem chunks of that GPU.
     order: u32,
+    vid: Option<Arc<GpuDev>>,
     chunk_size: u64,
     /// The GPUs the pool's mems are DMA-mapped for, as a bit mask by id.
     access: Atomic<u64>,
@@ -193,9 +231,24 @@ pub(crate) fn create(page_size: u64, threshold: u64) -> Result<Arc<Pool>> {
         policy::layout(Backing::Sysmem, 1, page_size, page).map_err(super::policy_error)?;
     Pool::new(
         policy::chunk_order(layout.chunk_size, page),
+        None,
         layout.chunk_size,
         threshold,
     )
+}
+
+/// A new pool of `gpu`'s vidmem, chunks of `page_size` bytes (uvm_mem's vidmem rules; 0 for
+/// the default). `ENXIO` if the GPU has no vidmem.
+pub(crate) fn create_vid(gpu: Arc<GpuDev>, page_size: u64, threshold: u64) -> Result<Arc<Pool>> {
+    gpu.access()?.pmm().map_err(|_| ENXIO)?;
+    let page = kernel::page::PAGE_SIZE as u64;
+    let backing = Backing::Vidmem {
+        gpu_page_sizes: gpu.page_sizes,
+        numa: false,
+    };
+    // The default for a mem of one chunk's worth: the rules' size-independent choice.
+    let layout = policy::layout(backing, 1, page_size, page).map_err(super::policy_error)?;
+    Pool::new(0, Some(gpu), layout.chunk_size, threshold)
 }
 
 /// The cached bytes of every pool, as last published (the shrinker's count).
@@ -208,13 +261,20 @@ fn new_id() -> u64 {
 }
 
 impl Pool {
-    /// A pool of chunks of `2^order` pages, registered module-wide.
-    pub(crate) fn new(order: u32, chunk_size: u64, threshold: u64) -> Result<Arc<Pool>> {
+    /// A pool of sysmem chunks of `2^order` pages, or (with `vid`) of that GPU's vidmem chunks
+    /// of `chunk_size` bytes, registered module-wide.
+    pub(crate) fn new(
+        order: u32,
+        vid: Option<Arc<GpuDev>>,
+        chunk_size: u64,
+        threshold: u64,
+    ) -> Result<Arc<Pool>> {
         let pool = Arc::pin_init(
             try_pin_init!(Pool {
                 id: new_id(),
                 pid: kernel::current!().tgid_nr_ns(None),
                 order,
+                vid,
                 chunk_size,
                 access: Atomic::new(0),
                 cached: Atomic::new(0),
@@ -228,7 +288,9 @@ impl Pool {
                     threshold,
                     hits: 0,
                     misses: 0,
+                    vcache: KVVec::new(),
                     closed: false,
+                    dead: false,
                 }),
                 _audit: Counted::new(Class::Pools, 1),
             }),
@@ -246,6 +308,11 @@ impl Pool {
     /// Bytes per chunk.
     pub(crate) fn chunk_size(&self) -> u64 {
         self.chunk_size
+    }
+
+    /// The GPU of a vidmem pool.
+    pub(crate) fn vid_gpu(&self) -> Option<&Arc<GpuDev>> {
+        self.vid.as_ref()
     }
 
     /// The access set, as a bit mask by GPU id.
@@ -410,10 +477,155 @@ impl Pool {
         r
     }
 
+    /// Takes `count` vidmem chunks for a mem of the pool's GPU: cached ones first (zeroed
+    /// again: vidmem is always zeroed), then new ones from the PMM (zeroed as they are handed
+    /// out). `stop` is asked before each new chunk. `ENODEV` once the GPU went. On failure
+    /// the pool is as it was.
+    pub(crate) fn take_vid(
+        &self,
+        count: usize,
+        mut stop: impl FnMut() -> Result,
+    ) -> Result<(KVVec<VidChunk>, usize)> {
+        let gpu = self.vid.as_ref().ok_or(EINVAL)?;
+        let chunk = self.chunk_size;
+        let bytes = (count as u64).checked_mul(chunk).ok_or(EOVERFLOW)?;
+        let mut out = KVVec::with_capacity(count, GFP_KERNEL)?;
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(ENOENT);
+        }
+        if st.dead {
+            return Err(ENODEV);
+        }
+        // Room for every chunk of the pool once this mem's are back.
+        let total = usize::try_from(st.reserved() / chunk)?
+            .checked_add(count)
+            .ok_or(EOVERFLOW)?;
+        let more = total.saturating_sub(st.vcache.len());
+        st.vcache.reserve(more, GFP_KERNEL)?;
+        let reused = count.min(st.vcache.len());
+        for _ in 0..reused {
+            if let Some(v) = st.vcache.pop() {
+                // Room was reserved: this does not allocate.
+                let _ = out.push(v.chunk, GFP_KERNEL);
+            }
+        }
+        st.cached -= reused as u64 * chunk;
+        st.inflight += reused as u64 * chunk;
+        drop(st);
+        let r = (|| -> Result {
+            // Held across the allocation: the GPU cannot be removed meanwhile.
+            let access = gpu.access()?;
+            let pmm = access.pmm().map_err(|_| ENXIO)?;
+            for c in out.iter().take(reused) {
+                let (pages, at) = pmm.storage_of(c.phys())?;
+                let len = usize::try_from(chunk)?;
+                let zeroed = pages.bytes().zero(at, len);
+                zeroed?;
+            }
+            while out.len() < count {
+                stop()?;
+                let c = pmm.alloc(chunk, true)?;
+                // Room was reserved: this does not allocate.
+                let _ = out.push(c, GFP_KERNEL);
+            }
+            Ok(())
+        })();
+        let mut st = self.state.lock();
+        st.inflight -= reused as u64 * chunk;
+        if let Err(e) = r {
+            // The new chunks go back to the PMM; the cached ones to the cache.
+            out.truncate(reused);
+            for c in out.drain_all() {
+                // Room was reserved: this does not allocate (a chunk refused is freed).
+                let _ = st.vcache.push(CachedVid::new(c, chunk), GFP_KERNEL);
+                st.cached += chunk;
+            }
+            return Err(e);
+        }
+        st.used += bytes;
+        st.hits += reused as u64;
+        st.misses += (count - reused) as u64;
+        st.note_highs();
+        drop(st);
+        Ok((out, reused))
+    }
+
+    /// A vidmem mem's chunks come back: cached (into the room kept for them), then what the
+    /// cache holds above the release threshold is given back. Freed at once if the pool is
+    /// closed or its GPU went.
+    ///
+    /// With `undo`, the chunks come from an allocation that failed after taking them, of
+    /// which the first `undo` were cached: those are cached again, the new ones freed, and the
+    /// hit and miss counts put back, so that the pool is as before the allocation.
+    pub(crate) fn give_back_vid(&self, mut chunks: KVVec<VidChunk>, undo: Option<usize>) {
+        let chunk = self.chunk_size;
+        let mut st = self.state.lock();
+        st.used = st.used.saturating_sub(chunks.len() as u64 * chunk);
+        let mut refused = KVVec::new();
+        if let Some(reused) = undo {
+            st.hits = st.hits.saturating_sub(reused as u64);
+            st.misses = st
+                .misses
+                .saturating_sub(chunks.len().saturating_sub(reused) as u64);
+            // The new chunks go back to the PMM (outside the lock).
+            while chunks.len() > reused {
+                if let Some(c) = chunks.pop() {
+                    let _ = refused.push(c, GFP_NOWAIT);
+                }
+            }
+        }
+        if st.closed || st.dead {
+            for c in chunks {
+                let _ = refused.push(c, GFP_NOWAIT);
+            }
+        } else {
+            for c in chunks {
+                // Room is kept (a chunk refused, not reached, is freed).
+                if st.vcache.push(CachedVid::new(c, chunk), GFP_KERNEL).is_ok() {
+                    st.cached += chunk;
+                }
+            }
+        }
+        drop(st);
+        drop(refused);
+        self.release(None);
+    }
+
+    /// The vidmem pool's GPU went: its cached chunks go back to the PMM now (before the
+    /// PMM's storage does), and chunks coming back later are freed.
+    fn kill(&self) {
+        self.state.lock().dead = true;
+        self.release(Some(0));
+    }
+
     /// A mem's chunks come back (its last holder let go), with its tables for the pool's
     /// GPUs: cached, then whatever the cache holds above the release threshold is given back.
-    pub(crate) fn give_back(&self, pages: Arc<Pages>, tables: KVec<(u32, Arc<GpuTable>)>) {
+    ///
+    /// With `undo`, the list comes from an allocation that failed after taking it, of which
+    /// the first `undo` chunks were cached: the hit and miss counts are put back, and a list
+    /// of new chunks only is freed rather than cached (one of cached and new chunks is cached
+    /// whole: splitting it would need memory).
+    pub(crate) fn give_back(
+        &self,
+        pages: Arc<Pages>,
+        tables: KVec<(u32, Arc<GpuTable>)>,
+        undo: Option<usize>,
+    ) {
         let bytes = pages.len() as u64;
+        if let Some(reused) = undo {
+            let n = pages.chunk_count();
+            let mut st = self.state.lock();
+            st.hits = st.hits.saturating_sub(reused as u64);
+            st.misses = st.misses.saturating_sub(n.saturating_sub(reused) as u64);
+            if reused == 0 {
+                st.used = st.used.saturating_sub(bytes);
+                drop(st);
+                drop(tables);
+                drop(pages);
+                return;
+            }
+        }
         let access = self.access();
         let mut kept = KVec::new();
         let mut gone = KVec::new();
@@ -440,6 +652,10 @@ impl Pool {
 
     /// Notes the cached bytes for the shrinker's count, the pool's and every pool's.
     fn publish(&self, st: &PoolState) {
+        if self.vid.is_some() {
+            // Vidmem is not the system's memory: not the shrinker's.
+            return;
+        }
         let old = self.cached.xchg(st.cached, Relaxed);
         // Modulo 2^64: a decrease wraps back.
         CACHED.fetch_add(st.cached.wrapping_sub(old), Relaxed);
@@ -456,14 +672,25 @@ impl Pool {
             if st.reserved() <= keep {
                 return bytes;
             }
-            let Some(e) = st.take_entry(0) else {
+            let Some((unit, b)) = self.take_unit(&mut st) else {
                 return bytes;
             };
             self.publish(&st);
             drop(st);
-            bytes += e.bytes();
-            drop(e);
+            bytes += b;
+            drop(unit);
         }
+    }
+
+    /// The oldest sysmem list, or a vidmem chunk, out of the cache, and its bytes.
+    fn take_unit(&self, st: &mut PoolState) -> Option<(Unit, u64)> {
+        if let Some(v) = st.vcache.pop() {
+            st.cached -= self.chunk_size;
+            return Some((Unit::Vid(v), self.chunk_size));
+        }
+        let e = st.take_entry(0)?;
+        let b = e.bytes();
+        Some((Unit::Sys(e), b))
     }
 
     /// `cudaMemPoolTrimTo`: gives back cached chunks until at most `keep` bytes stay
@@ -551,6 +778,9 @@ impl Pool {
 
     /// Takes the oldest cache list out, if the lock is free (the shrinker's scan).
     fn take_oldest(&self) -> Option<Entry> {
+        if self.vid.is_some() {
+            return None;
+        }
         let mut st = self.state.try_lock()?;
         let e = st.take_entry(0)?;
         self.publish(&st);
@@ -564,6 +794,9 @@ pub(crate) fn drop_gpu(id: u32) {
     if let Some(pools) = POOLS.lock() {
         for pool in pools.iter() {
             let _ = pool.set_access(id, false);
+            if pool.vid.as_ref().is_some_and(|g| g.id == id) {
+                pool.kill();
+            }
         }
     }
 }
@@ -607,6 +840,8 @@ pub(crate) fn walk(mut bump: impl FnMut(Class, u64)) -> Result {
     for pool in pools.iter() {
         bump(Class::Pools, 1);
         let st = pool.state.lock();
+        bump(Class::PoolChunks, st.vcache.len() as u64);
+        bump(Class::PoolBytes, st.vcache.len() as u64 * pool.chunk_size);
         for e in st.cache.iter() {
             let n = e.pages.chunk_count() as u64;
             bump(Class::PoolChunks, n);

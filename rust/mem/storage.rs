@@ -3,7 +3,14 @@
 //! What holds a mem's bytes: sysmem chunks from the page allocator, or vidmem chunks from its
 //! GPU's PMM; and the allocation paths (uvm_mem's fallback to smaller chunks included).
 
-use kernel::{page::PAGE_SIZE, prelude::*, sync::Arc};
+use kernel::{
+    page::PAGE_SIZE,
+    prelude::*,
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc,
+    },
+};
 
 use crate::{
     audit::{Class, Counted},
@@ -47,15 +54,36 @@ impl Storage {
     }
 }
 
-/// The chunks of a vidmem mem, in order, from its GPU's PMM.
+/// The chunks of a vidmem mem, in order, from its GPU's PMM (or its pool, which gets them
+/// back when this drops).
 pub(crate) struct VidPages {
     /// The GPU whose memory it is (as it was bound when the mem was made).
     gpu: Arc<GpuDev>,
     chunks: KVVec<VidChunk>,
+    pool: Option<Arc<Pool>>,
+    /// From a pool: how many of the chunks came from its cache (the first ones), and whether
+    /// the mem was made (else, dropped, the pool's allocation is undone).
+    reused: usize,
+    made: Atomic<bool>,
     _audit: Counted,
 }
 
+impl Drop for VidPages {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            let undo = (!self.made.load(Relaxed)).then_some(self.reused);
+            pool.give_back_vid(core::mem::replace(&mut self.chunks, KVVec::new()), undo);
+        }
+    }
+}
+
 impl VidPages {
+    /// The mem these chunks are for was made: from now on they go back to their pool as a
+    /// freed mem's.
+    pub(super) fn made(&self) {
+        self.made.store(true, Relaxed);
+    }
+
     /// How many chunks.
     pub(super) fn chunk_count(&self) -> usize {
         self.chunks.len()
@@ -113,6 +141,34 @@ fn alloc_vidmem(gpu: &Arc<GpuDev>, layout: &Layout) -> Result<VidPages> {
     Ok(VidPages {
         gpu: gpu.clone(),
         chunks,
+        pool: None,
+        reused: 0,
+        made: Atomic::new(true),
+        _audit: Counted::new(Class::VidmemChunks, n),
+    })
+}
+
+/// Takes every chunk of a vidmem mem of `layout` from `pool` (of the mem's GPU, `gpu`).
+pub(super) fn from_vid_pool(
+    pool: &Arc<Pool>,
+    gpu: &Arc<GpuDev>,
+    layout: &Layout,
+) -> Result<VidPages> {
+    let count = usize::try_from(layout.chunk_count)?;
+    let (chunks, reused) = pool.take_vid(count, || {
+        if kernel::current!().signal_pending() {
+            Err(ERESTARTSYS)
+        } else {
+            Ok(())
+        }
+    })?;
+    let n = chunks.len() as u64;
+    Ok(VidPages {
+        gpu: gpu.clone(),
+        chunks,
+        pool: Some(pool.clone()),
+        reused,
+        made: Atomic::new(false),
         _audit: Counted::new(Class::VidmemChunks, n),
     })
 }
@@ -132,7 +188,7 @@ pub(super) fn from_pool(pool: &Pool, req: &AllocRequest, layout: &Layout) -> Res
         let len = taken.reused * taken.pages.chunk_len();
         let zeroed = taken.pages.bytes().zero(0, len);
         if let Err(e) = zeroed {
-            pool.give_back(taken.pages, taken.tables);
+            pool.give_back(taken.pages, taken.tables, Some(taken.reused));
             return Err(e);
         }
     }

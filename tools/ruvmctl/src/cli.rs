@@ -86,8 +86,13 @@ fn parse_threshold(s: &str) -> Result<u64, String> {
 /// `ruvmctl pool ...`.
 #[derive(Subcommand)]
 pub enum PoolAction {
-    /// Make a sysmem pool (RUVM_IOCTL_POOL_CREATE); prints its handle and attributes.
+    /// Make a pool of sysmem, or with --vidmem of a GPU's memory (RUVM_IOCTL_POOL_CREATE);
+    /// prints its handle and attributes. Allocate from a vidmem pool with
+    /// `alloc --pool P --vidmem GPU`.
     Create {
+        /// Cache this GPU's memory (vidmem) instead of sysmem.
+        #[arg(long, value_name = "GPU")]
+        vidmem: Option<u32>,
         /// Chunk size of its mems (default: the page size); a power of two up to 2M.
         #[arg(long, default_value = "0", value_parser = parse_size)]
         page_size: u64,

@@ -59,11 +59,18 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Pool { action } => match action {
             PoolAction::Create {
+                vidmem,
                 page_size,
                 threshold,
                 json,
             } => emit(
-                &cmd::pool::create(&d()?, page_size, threshold, fd.is_none() && !json.json)?,
+                &cmd::pool::create(
+                    &d()?,
+                    vidmem,
+                    page_size,
+                    threshold,
+                    fd.is_none() && !json.json,
+                )?,
                 json.json,
             ),
             PoolAction::Destroy { pool } => emit(&cmd::pool::destroy(&d()?, pool)?, false),

@@ -16,6 +16,8 @@ use crate::units::show_size;
 #[derive(Serialize)]
 pub struct PoolInfo {
     pub handle: u64,
+    /// `sysmem`, or `vidmem of GPU N`.
+    pub backing: String,
     pub chunk_size: u64,
     pub release_threshold: u64,
     pub reserved: u64,
@@ -52,7 +54,7 @@ impl Report for PoolInfo {
                 .join(", ")
         };
         let mut s = fields([
-            ("pool", format!("{} (sysmem)", self.handle)),
+            ("pool", format!("{} ({})", self.handle, self.backing)),
             ("chunk size", show_size(self.chunk_size)),
             ("release threshold", threshold(self.release_threshold)),
             (
@@ -96,6 +98,11 @@ pub fn get(d: &Ruvm, handle: u64) -> Result<PoolInfo> {
     call(d, cmd::POOL_GET, &mut a)?;
     Ok(PoolInfo {
         handle,
+        backing: if a.backing == uapi::ruvm_backing_RUVM_BACKING_VIDMEM {
+            format!("vidmem of GPU {}", a.gpu)
+        } else {
+            "sysmem".into()
+        },
         chunk_size: a.chunk_size,
         release_threshold: a.release_threshold,
         reserved: a.reserved_current,
@@ -111,11 +118,21 @@ pub fn get(d: &Ruvm, handle: u64) -> Result<PoolInfo> {
 }
 
 /// `pool create` (`RUVM_IOCTL_POOL_CREATE`): the new pool's attributes.
-pub fn create(d: &Ruvm, page_size: u64, release_threshold: u64, own_fd: bool) -> Result<PoolInfo> {
+pub fn create(
+    d: &Ruvm,
+    vidmem: Option<u32>,
+    page_size: u64,
+    release_threshold: u64,
+    own_fd: bool,
+) -> Result<PoolInfo> {
     let mut a = arg(|a: &mut uapi::ruvm_pool_create| {
         a.page_size = page_size;
         a.release_threshold = release_threshold;
         a.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
+        if let Some(g) = vidmem {
+            a.backing = uapi::ruvm_backing_RUVM_BACKING_VIDMEM;
+            a.gpu = g;
+        }
     });
     call(d, cmd::POOL_CREATE, &mut a)?;
     let mut info = get(d, a.handle)?;

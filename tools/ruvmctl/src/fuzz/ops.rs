@@ -521,8 +521,26 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
         0 => {
             let page = rng.pick(&[0, 4096, 65536, 2 << 20, 3 << 10, 4 << 20]);
             let threshold = rng.pick(&[0, 65536, 1 << 20, u64::MAX]);
-            if let Some((h, _)) = w.check("POOL_CREATE", d.pool_create(page, threshold), &[EINVAL])
-            {
+            let made = if rng.one_in(3) {
+                // Vidmem of some GPU (with or without vidmem, or none).
+                let mut c = uapi::ruvm_pool_create {
+                    backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+                    gpu: w.gpu(rng),
+                    page_size: page,
+                    release_threshold: threshold,
+                    ..Default::default()
+                };
+                w.check(
+                    "POOL_CREATE (vidmem)",
+                    d.call(cmd::POOL_CREATE, &mut c),
+                    &[EINVAL, ENODEV, ENXIO],
+                )
+                .map(|()| c.handle)
+            } else {
+                w.check("POOL_CREATE", d.pool_create(page, threshold), &[EINVAL])
+                    .map(|(h, _)| h)
+            };
+            if let Some(h) = made {
                 if let Ok(mut p) = w.pools.lock() {
                     p.push(h);
                 }
@@ -534,11 +552,23 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
             }
             let size = rng.pick(&SIZES).min(w.max_size);
             let flags = rng.pick(&[0, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO, 2]);
-            let r = d.pool_alloc(pool, size, flags);
+            let r = if rng.one_in(3) {
+                let mut a = uapi::ruvm_mem_alloc {
+                    size,
+                    flags,
+                    backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+                    gpu: w.gpu(rng),
+                    pool,
+                    ..Default::default()
+                };
+                d.call(cmd::MEM_ALLOC, &mut a).map(|()| a)
+            } else {
+                d.pool_alloc(pool, size, flags)
+            };
             if let Some(a) = w.check(
                 "MEM_ALLOC (pool)",
                 r,
-                &[ENOENT, EINVAL, EOVERFLOW, ENOSPC, EINTR],
+                &[ENOENT, EINVAL, EOVERFLOW, ENOSPC, EINTR, ENODEV, ENOMEM],
             ) {
                 if let Ok(mut hs) = w.handles.lock() {
                     hs.push(a.handle);
@@ -566,7 +596,7 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
         }
         5 => {
             let r = d.pool_access(pool, w.gpu(rng), rng.below(3) != 0);
-            w.check("POOL_SET_ACCESS", r, &[ENOENT, ENODEV]);
+            w.check("POOL_SET_ACCESS", r, &[ENOENT, ENODEV, EINVAL]);
         }
         _ => {
             if w.check("POOL_DESTROY", d.pool_destroy(pool), &[ENOENT, EBUSY])

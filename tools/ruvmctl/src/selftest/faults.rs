@@ -363,6 +363,43 @@ fn fault_sweep_ioctls() -> TestResult {
             }),
         });
     }
+    // A vidmem pool: one chunk cached (its threshold), then allocations that hit it and go
+    // past it; the free that undoes one gives the pool back its one chunk.
+    let vid_pool = match present.iter().find(|g| g.vidmem_size > 0) {
+        Some(g) => {
+            let id = g.id;
+            let mut c = uapi::ruvm_pool_create {
+                backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+                gpu: id,
+                page_size: 64 << 10,
+                release_threshold: 64 << 10,
+                ..Default::default()
+            };
+            d.call(libruvm::cmd::POOL_CREATE, &mut c)
+                .ctx("POOL_CREATE vidmem")?;
+            let vp = c.handle;
+            let valloc = move |size: u64| {
+                let mut a = uapi::ruvm_mem_alloc {
+                    size,
+                    backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+                    gpu: id,
+                    pool: vp,
+                    ..Default::default()
+                };
+                d.call(libruvm::cmd::MEM_ALLOC, &mut a).map(|()| a.handle)
+            };
+            free(valloc(64 << 10).ctx("alloc vidmem")?)?;
+            scenarios.push(Scenario {
+                name: format!("vidmem pool alloc on GPU {id}, one chunk cached"),
+                op: Box::new(move || {
+                    let h = valloc(192 << 10)?;
+                    Ok(undo(move || free(h)))
+                }),
+            });
+            Some(vp)
+        }
+        None => None,
+    };
     if let Some(g) = present.first().map(|g| g.id) {
         scenarios.push(Scenario {
             name: format!("pool access for GPU {g}"),
@@ -378,7 +415,10 @@ fn fault_sweep_ioctls() -> TestResult {
         report.push(format!("{}: {n}", s.name));
     }
     drop(scenarios);
-    for p in [cold, warm, apart] {
+    for p in [Some(cold), Some(warm), Some(apart), vid_pool]
+        .into_iter()
+        .flatten()
+    {
         d.pool_destroy(p).ctx("POOL_DESTROY")?;
     }
     for h in [

@@ -42,6 +42,10 @@ pub fn cases() -> Vec<Case> {
             name: "pool_shrinks_under_memory_pressure",
             run: pool_shrinks_under_memory_pressure,
         },
+        Case {
+            name: "pool_of_vidmem",
+            run: pool_of_vidmem,
+        },
     ]
 }
 
@@ -474,13 +478,15 @@ fn pool_bad_inputs() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let mut c = uapi::ruvm_pool_create {
         backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+        gpu: 31,
         ..Default::default()
     };
     expect_errno(
         d.call(cmd::POOL_CREATE, &mut c),
-        Errno::EOPNOTSUPP,
-        "a vidmem pool",
+        Errno::ENODEV,
+        "a vidmem pool of no GPU",
     )?;
+    c.gpu = 0;
     c.backing = 7;
     expect_errno(d.call(cmd::POOL_CREATE, &mut c), Errno::EINVAL, "backing 7")?;
     c.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
@@ -688,4 +694,167 @@ fn pool_shrinks_under_memory_pressure() -> TestResult {
         after.reserved
     );
     d.pool_destroy(p).ctx("POOL_DESTROY")
+}
+
+/// Creates a vidmem pool of `gpu` (chunks of `page_size`): its handle.
+fn vid_pool(d: &Ruvm, gpu: u32, page_size: u64, threshold: u64) -> Result<u64, Errno> {
+    let mut c = uapi::ruvm_pool_create {
+        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+        gpu,
+        page_size,
+        release_threshold: threshold,
+        ..Default::default()
+    };
+    d.call(cmd::POOL_CREATE, &mut c)?;
+    Ok(c.handle)
+}
+
+/// Allocates `size` of vidmem of `gpu` from `pool`.
+fn vid_alloc(d: &Ruvm, pool: u64, gpu: u32, size: u64) -> Result<uapi::ruvm_mem_alloc, Errno> {
+    let mut a = uapi::ruvm_mem_alloc {
+        size,
+        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+        gpu,
+        pool,
+        ..Default::default()
+    };
+    d.call(cmd::MEM_ALLOC, &mut a)?;
+    Ok(a)
+}
+
+/// A vidmem pool on a simulated GPU with vidmem: chunks from the PMM, reused (the same GPU
+/// addresses), zeroed again on reuse (read back by the engine), a PMM as at start after a trim,
+/// and a pool that survives its GPU's removal but hands out nothing more.
+fn pool_of_vidmem() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let g = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .find(|g| {
+            g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
+                && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM
+                && g.vidmem_size > 0
+        })
+        .map(|g| g.id)
+        .ok_or_else(|| Stop::Skip("no simulated GPU with vidmem".into()))?;
+    let free_at_start = d.pmm_stats(g).ctx("PMM_STATS")?.free;
+    let p = vid_pool(&d, g, 64 * K, u64::MAX).ctx("POOL_CREATE vidmem")?;
+    let info = d.pool_get(p).ctx("POOL_GET")?;
+    check!(
+        info.backing == uapi::ruvm_backing_RUVM_BACKING_VIDMEM
+            && info.gpu == g
+            && info.chunk_size == 64 * K,
+        "POOL_GET of a vidmem pool: {info:?}"
+    );
+    expect_errno(
+        d.pool_access(p, g, true),
+        Errno::EINVAL,
+        "access on a vidmem pool",
+    )?;
+    expect_errno(
+        d.pool_alloc(p, 64 * K, 0),
+        Errno::EINVAL,
+        "sysmem from a vidmem pool",
+    )?;
+    let len = 256 * K;
+    // The engine writes a pattern into the first mem through a mapped sysmem source.
+    let src = d.mem_alloc(len, 0, 0).ctx("alloc")?.handle;
+    fill(&d, src, len, 41)?;
+    d.mem_gpu(true, src, g).ctx("MAP_GPU")?;
+    let a = vid_alloc(&d, p, g, len).ctx("alloc from the pool")?;
+    let mut phys_a = Vec::new();
+    for c in 0..4 {
+        phys_a.push(
+            d.gpu_phys(a.handle, g, c * 64 * K, 64 * K)
+                .ctx("GPU_PHYS")?
+                .0,
+        );
+    }
+    d.ce_copy(g, a.handle, 0, src, 0, len)
+        .ctx("CE_COPY into vidmem")?;
+    d.mem_free(a.handle).ctx("free")?;
+    let w = attrs(&d, p)?;
+    check!(
+        w.reserved == len && w.used == 0 && w.cached_chunks == 4 && w.misses == 4,
+        "after a free: {w:?}"
+    );
+    // Reused: the same chunks come back (in the opposite order: the newest first), zeroed.
+    let b = vid_alloc(&d, p, g, len).ctx("alloc from the pool again")?;
+    let w = attrs(&d, p)?;
+    check!(
+        w.hits == 4 && w.misses == 4 && w.cached_chunks == 0,
+        "not reused: {w:?}"
+    );
+    let mut phys_b = Vec::new();
+    for c in 0..4 {
+        phys_b.push(
+            d.gpu_phys(b.handle, g, c * 64 * K, 64 * K)
+                .ctx("GPU_PHYS")?
+                .0,
+        );
+    }
+    let (mut sa, mut sb) = (phys_a.clone(), phys_b.clone());
+    sa.sort_unstable();
+    sb.sort_unstable();
+    check!(
+        sa == sb,
+        "the freed chunks did not come back: {phys_a:x?} then {phys_b:x?}"
+    );
+    let dst = d.mem_alloc(len, 0, ZERO).ctx("alloc")?.handle;
+    fill(&d, dst, len, 42)?;
+    d.mem_gpu(true, dst, g).ctx("MAP_GPU")?;
+    d.ce_copy(g, dst, 0, b.handle, 0, len)
+        .ctx("CE_COPY out of vidmem")?;
+    let nonzero = nonzero_bytes(&d, dst)?;
+    check!(
+        nonzero == 0,
+        "{nonzero} bytes not zero in vidmem reused from a pool"
+    );
+    d.mem_free(b.handle).ctx("free")?;
+    // Trimmed: the PMM is as at start.
+    check!(
+        d.pool_trim(p, 0).ctx("POOL_TRIM")? == len,
+        "trim of the vidmem pool"
+    );
+    let free = d.pmm_stats(g).ctx("PMM_STATS")?.free;
+    check!(
+        free == free_at_start,
+        "PMM free {free} after the trim, {free_at_start} at start"
+    );
+    // The GPU removed (when the test ioctls are on): the cache goes with it, the pool stays
+    // and hands out nothing more, even once the GPU is back.
+    let m = vid_alloc(&d, p, g, len).ctx("alloc")?;
+    d.mem_free(m.handle).ctx("free")?;
+    match d.test_sim_gpu(g, false) {
+        Err(Errno::ENOSYS) => {}
+        r => {
+            r.ctx("TEST_SIM_GPU remove")?;
+            let gone = attrs(&d, p);
+            let back = d.test_sim_gpu(g, true);
+            let gone = gone?;
+            back.ctx("TEST_SIM_GPU add")?;
+            check!(
+                gone.reserved == 0 && gone.cached_chunks == 0,
+                "the removed GPU's chunks are still cached: {gone:?}"
+            );
+            expect_errno(
+                vid_alloc(&d, p, g, len),
+                Errno::ENODEV,
+                "alloc from a pool of a GPU bound again",
+            )?;
+        }
+    }
+    for h in [src, dst] {
+        d.mem_free(h).ctx("free")?;
+    }
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    let l = live(&d)?;
+    check!(
+        l[POOL_CHUNKS] == 0 && l[POOL_BYTES] == 0,
+        "pool_chunks {} pool_bytes {} after destroy",
+        l[POOL_CHUNKS],
+        l[POOL_BYTES]
+    );
+    Ok(())
 }
