@@ -21,6 +21,7 @@ mod hardening;
 pub(crate) mod harness;
 mod mem;
 mod pools;
+mod shared;
 mod vidmem;
 
 /// Every case, in the order they run.

@@ -10,6 +10,7 @@ use nix::{
 };
 
 use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use super::shared::{fill, live, mismatches};
 use libruvm::{cmd, uapi, Ruvm};
 
 const K: u64 = 1024;
@@ -99,11 +100,6 @@ fn mmu_gpus(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>, Stop> {
     Ok(v)
 }
 
-/// The audit's live counts.
-fn live(d: &Ruvm) -> Result<Vec<u64>, Stop> {
-    Ok(d.audit(false).ctx("AUDIT")?.live.to_vec())
-}
-
 /// No page table, no kernel VA offset anywhere.
 fn check_no_page_tables(d: &Ruvm, when: &str) -> TestResult {
     let l = live(d)?;
@@ -115,38 +111,6 @@ fn check_no_page_tables(d: &Ruvm, when: &str) -> TestResult {
         l[KVAS]
     );
     Ok(())
-}
-
-fn fill(d: &Ruvm, h: u64, len: u64, seed: u64) -> TestResult {
-    d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
-    d.mem_fill(
-        false,
-        uapi::ruvm_mem_fill {
-            handle: h,
-            length: len,
-            seed,
-            ..Default::default()
-        },
-    )
-    .ctx("MEM_FILL")?;
-    Ok(())
-}
-
-/// Bytes of `[0, len)` that differ from the pattern of `seed`.
-fn mismatches(d: &Ruvm, h: u64, len: u64, seed: u64) -> Result<u64, Stop> {
-    d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
-    let v = d
-        .mem_fill(
-            true,
-            uapi::ruvm_mem_fill {
-                handle: h,
-                length: len,
-                seed,
-                ..Default::default()
-            },
-        )
-        .ctx("MEM_VERIFY")?;
-    Ok(v.mismatches)
 }
 
 /// The GPU page size uvm_mem maps a mem's chunks with.

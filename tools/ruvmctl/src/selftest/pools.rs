@@ -7,6 +7,7 @@
 use nix::errno::Errno;
 
 use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::shared::{fill, live, mismatches};
 use libruvm::{cmd, uapi, Ruvm, UserMap};
 
 const K: u64 = 1024;
@@ -47,11 +48,6 @@ pub fn cases() -> Vec<Case> {
             run: pool_of_vidmem,
         },
     ]
-}
-
-/// The audit's live counters.
-fn live(d: &Ruvm) -> Result<Vec<u64>, Stop> {
-    Ok(d.audit(false).ctx("AUDIT")?.live.to_vec())
 }
 
 /// The attributes a step should leave, compared field by field.
@@ -260,39 +256,6 @@ fn pool_attributes_follow_cuda() -> TestResult {
         l[POOL_BYTES]
     );
     Ok(())
-}
-
-/// Fills `h` with the pattern of `seed` (through the kernel mapping).
-fn fill(d: &Ruvm, h: u64, len: u64, seed: u64) -> TestResult {
-    d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
-    d.mem_fill(
-        false,
-        uapi::ruvm_mem_fill {
-            handle: h,
-            length: len,
-            seed,
-            ..Default::default()
-        },
-    )
-    .ctx("MEM_FILL")?;
-    Ok(())
-}
-
-/// Bytes of `[0, len)` of `h` that differ from the pattern of `seed` (0: all zero).
-fn mismatches(d: &Ruvm, h: u64, len: u64, seed: u64) -> Result<u64, Stop> {
-    d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
-    let v = d
-        .mem_fill(
-            true,
-            uapi::ruvm_mem_fill {
-                handle: h,
-                length: len,
-                seed,
-                ..Default::default()
-            },
-        )
-        .ctx("MEM_VERIFY")?;
-    Ok(v.mismatches)
 }
 
 /// Bytes of `h` that are not zero, read through a user mapping (the other path from the
