@@ -25,7 +25,8 @@
 //! 4. a GPU's users mutex (`gpu.rs`), held only to count access guards; a guard itself holds
 //!    nothing, and a GPU's removal waits for the guards with no other lock held but 3 (no
 //!    guard holder takes it);
-//! 5. the mem registry (`mem/registry.rs`);
+//! 5. the mem registry (`mem/registry.rs`), or the pool registry (`mem/pool.rs`; never both),
+//!    then a pool's mutex (its bookkeeping only; the shrinker only tries these two);
 //! 6. a mem's state mutex (`mem.rs`);
 //! 7. a simulated GPU's MMU mutex (`gpu/mmu.rs`): its page tables, written under it;
 //! 8. the GPU registry (`gpu.rs`): PMMs and MMUs are visited after it is released;

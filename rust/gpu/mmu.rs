@@ -228,22 +228,29 @@ struct Tables<'a> {
     map: &'a mut RBTree<u64, Table>,
 }
 
-impl TableReader for Tables<'_> {
-    fn read(&mut self, aperture: Aperture, addr: u64) -> Option<u64> {
+impl Tables<'_> {
+    /// The table holding the `n` words from `addr` on in `aperture`, and `addr`'s offset in
+    /// it; `None` unless they are all in one table of this MMU's aperture.
+    fn words(&self, aperture: Aperture, addr: u64, n: usize) -> Option<(&Table, usize)> {
         if aperture != self.mmu.table_aperture() {
             return None;
         }
         let (t, offset) = table_at(self.map, addr)?;
+        let end = n.checked_mul(8)?.checked_add(offset)?;
+        (end <= TABLE_BYTES as usize).then_some((t, offset))
+    }
+}
+
+impl TableReader for Tables<'_> {
+    fn read(&mut self, aperture: Aperture, addr: u64) -> Option<u64> {
+        let (t, offset) = self.words(aperture, addr, 1)?;
         t.read(offset)
     }
 }
 
 impl TableMem for Tables<'_> {
     fn write(&mut self, aperture: Aperture, addr: u64, value: u64) -> Result<(), TreeError> {
-        if aperture != self.mmu.table_aperture() {
-            return Err(TreeError::Unreadable);
-        }
-        let (t, offset) = table_at(self.map, addr).ok_or(TreeError::Unreadable)?;
+        let (t, offset) = self.words(aperture, addr, 1).ok_or(TreeError::Unreadable)?;
         t.write(offset, value).map_err(|_| TreeError::Unreadable)
     }
 
@@ -253,13 +260,9 @@ impl TableMem for Tables<'_> {
         addr: u64,
         out: &mut [u64],
     ) -> Result<(), TreeError> {
-        if aperture != self.mmu.table_aperture() {
-            return Err(TreeError::Unreadable);
-        }
-        let (t, offset) = table_at(self.map, addr).ok_or(TreeError::Unreadable)?;
-        if offset + out.len() * 8 > TABLE_BYTES as usize {
-            return Err(TreeError::Unreadable);
-        }
+        let (t, offset) = self
+            .words(aperture, addr, out.len())
+            .ok_or(TreeError::Unreadable)?;
         t.read_words(offset, out).map_err(|_| TreeError::Unreadable)
     }
 
@@ -269,13 +272,9 @@ impl TableMem for Tables<'_> {
         addr: u64,
         words: &[u64],
     ) -> Result<(), TreeError> {
-        if aperture != self.mmu.table_aperture() {
-            return Err(TreeError::Unreadable);
-        }
-        let (t, offset) = table_at(self.map, addr).ok_or(TreeError::Unreadable)?;
-        if offset + words.len() * 8 > TABLE_BYTES as usize {
-            return Err(TreeError::Unreadable);
-        }
+        let (t, offset) = self
+            .words(aperture, addr, words.len())
+            .ok_or(TreeError::Unreadable)?;
         t.write_words(offset, words)
             .map_err(|_| TreeError::Unreadable)
     }

@@ -160,7 +160,8 @@ impl Mem {
     /// kept for its chunks (held by its lease), else new ones. A GPU of the set that is gone is
     /// skipped (its removal takes it out of the set). Nothing for a mem of no pool.
     pub(crate) fn map_pool_gpus(&self) -> Result {
-        let access = {
+        // The GPUs of the set with no kept table: mapped now.
+        let missing = {
             let mut guard = self.state.lock();
             let st = &mut *guard;
             let Some(lease) = st.lease.as_mut() else {
@@ -176,10 +177,14 @@ impl Mem {
                 }
                 // Else revoked since it was cached: dropped (unmapped).
             }
-            access
+            let kept = st
+                .gpus
+                .iter()
+                .fold(0u64, |m, (id, _)| m | 1u64.checked_shl(*id).unwrap_or(0));
+            access & !kept
         };
         for id in 0..u64::BITS {
-            if access & (1u64 << id) == 0 {
+            if missing & (1u64 << id) == 0 {
                 continue;
             }
             match crate::gpu::get(id) {

@@ -46,7 +46,7 @@ use crate::{
     audit::{Class, Counted},
     bind::{
         global::global,
-        pages::{Chunk, ChunkFlags, ChunkList, ListSlot},
+        pages::{Chunk, ChunkFlags, ChunkList},
         shrinker::Shrink,
     },
     gpu::{
@@ -442,8 +442,7 @@ impl Pool {
             }
         }
         let order = self.order;
-        let count_of = |slot: &ListSlot<Counted>| slot.len() as u64;
-        let spare_tag = Counted::new(Class::SysmemChunks(order), count_of(&back));
+        let spare_tag = Counted::new(Class::SysmemChunks(order), back.len() as u64);
         let spare = back.finish(spare_tag).map(|p| Entry::new(p, KVec::new()));
         let made = match failed {
             Some(e) => Err(e),

@@ -109,6 +109,16 @@ impl VidPages {
     }
 }
 
+/// `ERESTARTSYS` if a signal is pending: asked before each chunk of a large allocation, which
+/// a signal stops (the syscall restarts, or fails with `EINTR`) with nothing left behind.
+fn stop_on_signal() -> Result {
+    if kernel::current!().signal_pending() {
+        Err(ERESTARTSYS)
+    } else {
+        Ok(())
+    }
+}
+
 /// Allocates the storage `req` asks for, shaped by `layout` (which a sysmem fallback may
 /// shrink: the layout it settled on is returned).
 pub(super) fn alloc(req: &AllocRequest, layout: Layout) -> Result<(Layout, Storage)> {
@@ -131,9 +141,7 @@ fn alloc_vidmem(gpu: &Arc<GpuDev>, layout: &Layout) -> Result<VidPages> {
     let access = gpu.access()?;
     let pmm = access.pmm().map_err(|_| ENOMEM)?;
     for _ in 0..count {
-        if kernel::current!().signal_pending() {
-            return Err(ERESTARTSYS);
-        }
+        stop_on_signal()?;
         chunks.push(pmm.alloc(layout.chunk_size, true)?, GFP_KERNEL)?;
     }
     drop(access);
@@ -155,13 +163,7 @@ pub(super) fn from_vid_pool(
     layout: &Layout,
 ) -> Result<VidPages> {
     let count = usize::try_from(layout.chunk_count)?;
-    let (chunks, reused) = pool.take_vid(count, || {
-        if kernel::current!().signal_pending() {
-            Err(ERESTARTSYS)
-        } else {
-            Ok(())
-        }
-    })?;
+    let (chunks, reused) = pool.take_vid(count, stop_on_signal)?;
     let n = chunks.len() as u64;
     Ok(VidPages {
         gpu: gpu.clone(),
@@ -177,13 +179,7 @@ pub(super) fn from_vid_pool(
 /// asks for zeroed memory (new ones are allocated zeroed).
 pub(super) fn from_pool(pool: &Pool, req: &AllocRequest, layout: &Layout) -> Result<Taken> {
     let count = usize::try_from(layout.chunk_count)?;
-    let taken = pool.take(count, req.zero, || {
-        if kernel::current!().signal_pending() {
-            Err(ERESTARTSYS)
-        } else {
-            Ok(())
-        }
-    })?;
+    let taken = pool.take(count, req.zero, stop_on_signal)?;
     if req.zero && taken.reused > 0 {
         let len = taken.reused * taken.pages.chunk_len();
         let zeroed = taken.pages.bytes().zero(0, len);
@@ -224,11 +220,5 @@ fn try_alloc_chunks(layout: &Layout, zero: bool, fail_fast: bool) -> Result<Arc<
 /// `EINTR`), with nothing left behind.
 pub(super) fn sys_pages(order: u32, count: usize, flags: ChunkFlags) -> Result<Arc<Pages>> {
     let audit = Counted::new(Class::SysmemChunks(order), count as u64);
-    ChunkList::alloc(order, count, flags, audit, || {
-        if kernel::current!().signal_pending() {
-            Err(ERESTARTSYS)
-        } else {
-            Ok(())
-        }
-    })
+    ChunkList::alloc(order, count, flags, audit, stop_on_signal)
 }

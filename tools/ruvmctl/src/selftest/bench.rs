@@ -9,10 +9,7 @@ use nix::{
     unistd::{setuid, Uid},
 };
 
-use super::{
-    harness::{check, child_checks, expect_errno, Case, Context, TestResult},
-    Stop,
-};
+use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 
 pub fn cases() -> Vec<Case> {
     vec![
