@@ -150,8 +150,9 @@ enum Mapping {
 /// Every chunk of a [`ChunkList`] DMA-mapped (bidirectional) for one device, unmapped on drop.
 ///
 /// Behind an IOMMU the whole table is one IOVA range: one allocation of address space, the
-/// chunks linked into it, one IOTLB sync, and no per-chunk address to keep. Otherwise each
-/// chunk is mapped on its own and its address kept. Either way each chunk has one DMA address
+/// chunks linked into it (chunks that are neighbours in memory as one run), one IOTLB sync,
+/// and no per-chunk address to keep. Otherwise each chunk is mapped on its own and its address
+/// kept. Either way each chunk has one DMA address
 /// ([`Self::addr`]), which is what the ABI reports.
 ///
 /// The caller keeps the device bound while it makes and drops a table (the GPU layer's access
@@ -229,18 +230,31 @@ impl<T> DmaTable<T> {
         if end > limit {
             return Err(window_error(state.addr, end, limit));
         }
-        for i in 0..count {
-            let page = self.pages.chunk_page(i).ok_or(EINVAL)?;
-            // SAFETY: the range is ours, `i * len` is inside it and not linked yet; the chunk's
-            // `len` bytes are contiguous and kept alive by `self.pages`.
+        let mut i = 0;
+        while i < count {
+            // Chunks that follow each other in memory are linked as one run.
+            let phys = page_phys(self.pages.chunk_page(i).ok_or(EINVAL)?);
+            let mut run = 1;
+            while i + run < count
+                && self
+                    .pages
+                    .chunk_page(i + run)
+                    .is_some_and(|p| page_phys(p) == phys + (run * len) as u64)
+            {
+                run += 1;
+            }
+            // SAFETY: the range is ours, `[i * len, (i + run) * len)` is inside it and not
+            // linked yet; the run's bytes are contiguous (checked above) and kept alive by
+            // `self.pages`.
             let r = unsafe {
-                bindings::dma_iova_link(raw, state, page_phys(page), i * len, len, BIDIRECTIONAL, 0)
+                bindings::dma_iova_link(raw, state, phys, i * len, run * len, BIDIRECTIONAL, 0)
             };
             if r != 0 {
                 return Err(ENOMEM);
             }
-            // INVARIANT: one more chunk linked, in order.
-            *linked += len;
+            // INVARIANT: `run` more chunks linked, in order.
+            *linked += run * len;
+            i += run;
         }
         // SAFETY: the whole range is linked.
         let r = unsafe { bindings::dma_iova_sync(raw, state, 0, *linked) };

@@ -5,9 +5,16 @@
 //!
 //! C header: [`include/linux/gfp.h`](srctree/include/linux/gfp.h)
 //!
-//! The 7.2 `kernel::page::Page` covers order-0 pages only. A [`Chunk`] is one high-order
-//! allocation made with `__GFP_COMP` (so that each of its pages can be mapped on its own, as
-//! `vm_insert_page` requires), freed with `__free_pages` of the same order.
+//! The 7.2 `kernel::page::Page` covers order-0 pages only. A [`Chunk`] of order
+//! [`SPLIT_BELOW`] or more is one high-order allocation made with `__GFP_COMP` (so that each of
+//! its pages can be mapped on its own, as `vm_insert_page` requires), freed with `__free_pages`
+//! of the same order. A smaller chunk is `2^order` order-0 pages, each with its own reference
+//! (`split_page`), freed one by one: a list of them is cut from the largest blocks the page
+//! allocator has at hand (up to [`BLOCK_ORDER`], taken only when it has them without reclaim),
+//! so that 1 GiB of 4 KiB chunks is 512 allocations rather than 262,144, and chunks that are
+//! neighbours in memory are neighbours in the list (a DMA table links them as one range).
+//! Charging the memory cgroup works as for any allocation (`split_page` splits the charge),
+//! which the kernel's bulk allocator does not do.
 //!
 //! A [`ChunkList`] holds one pointer per chunk (its first page), so a list of one-page chunks is
 //! itself the page array `vm_map_ram` takes. It never changes once made, so whatever maps its
@@ -40,12 +47,88 @@ const fn gfp_bit(bit: u32) -> bindings::gfp_t {
     1 << bit
 }
 
+/// Chunks of a smaller order are order-0 pages cut from a block (see the module's docs); from
+/// this order up (64 KiB) a chunk is one compound page.
+pub(crate) const SPLIT_BELOW: u32 = 4;
+
+/// The largest block a list of small chunks is cut from (2 MiB, the page allocator's pageblock).
+pub(crate) const BLOCK_ORDER: u32 = 9;
+
+/// The flags of a chunk's allocation.
+fn chunk_gfp(order: u32, flags: ChunkFlags) -> bindings::gfp_t {
+    let mut gfp = bindings::GFP_KERNEL
+        | gfp_bit(bindings::___GFP_ACCOUNT_BIT)
+        | gfp_bit(bindings::___GFP_NOMEMALLOC_BIT)
+        | bindings::__GFP_NOWARN;
+    gfp |= if flags.fail_fast {
+        gfp_bit(bindings::___GFP_NORETRY_BIT)
+    } else {
+        gfp_bit(bindings::___GFP_RETRY_MAYFAIL_BIT)
+    };
+    if order >= SPLIT_BELOW {
+        gfp |= gfp_bit(bindings::___GFP_COMP_BIT);
+    }
+    if flags.zero {
+        gfp |= bindings::__GFP_ZERO;
+    }
+    gfp
+}
+
+/// The flags of a block that small chunks are cut from: taken only if free now (no reclaim,
+/// no compaction, not even kswapd woken), the chunk's own order being the fallback.
+fn block_gfp(zero: bool) -> bindings::gfp_t {
+    let reclaim =
+        gfp_bit(bindings::___GFP_DIRECT_RECLAIM_BIT) | gfp_bit(bindings::___GFP_KSWAPD_RECLAIM_BIT);
+    let mut gfp = (bindings::GFP_KERNEL & !reclaim)
+        | gfp_bit(bindings::___GFP_ACCOUNT_BIT)
+        | gfp_bit(bindings::___GFP_NOMEMALLOC_BIT)
+        | gfp_bit(bindings::___GFP_NORETRY_BIT)
+        | bindings::__GFP_NOWARN;
+    if zero {
+        gfp |= bindings::__GFP_ZERO;
+    }
+    gfp
+}
+
+/// Allocates `2^order` pages with `gfp`; below [`SPLIT_BELOW`] (and `gfp` without `__GFP_COMP`)
+/// they are split into order-0 pages. `None` when the page allocator has none.
+fn alloc_block(gfp: bindings::gfp_t, order: u32) -> Option<NonNull<bindings::page>> {
+    // SAFETY: `alloc_pages` accepts any flags and any order up to `MAX_PAGE_ORDER`, which the
+    // callers stay within.
+    let page = NonNull::new(unsafe { bindings::alloc_pages(gfp, order) })?;
+    if order > 0 && gfp & gfp_bit(bindings::___GFP_COMP_BIT) == 0 {
+        // SAFETY: a fresh, non-compound block of `2^order` pages that we own.
+        unsafe { bindings::split_page(page.as_ptr(), order) };
+    }
+    Some(page)
+}
+
+/// Frees a chunk of `2^order` pages headed by `page`.
+///
+/// # Safety
+///
+/// `page` heads a chunk of that order as [`Chunk`]'s invariant describes, owned by the caller,
+/// which gives it up.
+unsafe fn free_chunk(page: NonNull<bindings::page>, order: u32) {
+    if order >= SPLIT_BELOW {
+        // SAFETY: a compound block of this order, ours to free (the function's contract).
+        unsafe { bindings::__free_pages(page.as_ptr(), order) };
+        return;
+    }
+    for i in 0..1usize << order {
+        // SAFETY: the chunk's pages are contiguous order-0 pages with a reference each, ours
+        // to free (the function's contract); `i` is inside the chunk.
+        unsafe { bindings::__free_pages(page.as_ptr().add(i), 0) };
+    }
+}
+
 /// One chunk: `2^order` contiguous pages.
 ///
 /// # Invariants
 ///
-/// `page` is the first page of a block of `2^order` pages returned by `alloc_pages(.., order)`
-/// (a compound page when `order > 0`), owned by this object and freed by its `Drop`.
+/// `page` is the first page of `2^order` contiguous pages owned by this object and freed by its
+/// `Drop`: below [`SPLIT_BELOW`], order-0 pages with a reference each (`split_page`), otherwise
+/// one compound block from `alloc_pages(.., order)`.
 pub(crate) struct Chunk {
     page: NonNull<bindings::page>,
     order: u32,
@@ -64,25 +147,9 @@ impl Chunk {
         if order > bindings::MAX_PAGE_ORDER {
             return Err(EINVAL);
         }
-        let mut gfp = bindings::GFP_KERNEL
-            | gfp_bit(bindings::___GFP_ACCOUNT_BIT)
-            | gfp_bit(bindings::___GFP_NOMEMALLOC_BIT)
-            | bindings::__GFP_NOWARN;
-        gfp |= if flags.fail_fast {
-            gfp_bit(bindings::___GFP_NORETRY_BIT)
-        } else {
-            gfp_bit(bindings::___GFP_RETRY_MAYFAIL_BIT)
-        };
-        if order > 0 {
-            gfp |= gfp_bit(bindings::___GFP_COMP_BIT);
-        }
-        if flags.zero {
-            gfp |= bindings::__GFP_ZERO;
-        }
-        // SAFETY: `alloc_pages` accepts any flags and any order up to `MAX_PAGE_ORDER`.
-        let page = unsafe { bindings::alloc_pages(gfp, order) };
-        let page = NonNull::new(page).ok_or(ENOMEM)?;
-        // INVARIANT: `page` heads a fresh block of `2^order` pages that we now own.
+        let page = alloc_block(chunk_gfp(order, flags), order).ok_or(ENOMEM)?;
+        // INVARIANT: `page` heads a fresh block of `2^order` pages that we now own, split
+        // below `SPLIT_BELOW` (`chunk_gfp` asks for a compound page from there up).
         Ok(Self { page, order })
     }
 
@@ -94,8 +161,8 @@ impl Chunk {
 
 impl Drop for Chunk {
     fn drop(&mut self) {
-        // SAFETY: by the type invariant we own the block, allocated with this order.
-        unsafe { bindings::__free_pages(self.page.as_ptr(), self.order) };
+        // SAFETY: by the type invariant we own the chunk, of this order.
+        unsafe { free_chunk(self.page, self.order) };
     }
 }
 
@@ -103,18 +170,42 @@ impl Drop for Chunk {
 ///
 /// # Invariants
 ///
-/// Every pointer heads a block of `2^order` pages from `alloc_pages(.., order)` (a compound
-/// page when `order > 0`), owned by this object.
+/// Every pointer heads a chunk of `2^order` pages as [`Chunk`]'s invariant describes, owned by
+/// this object.
 struct Heads {
     v: KVVec<NonNull<bindings::page>>,
     order: u32,
 }
 
+impl Heads {
+    /// Adds the chunks of a block of `2^block` order-0 pages (split) headed by `first`, which
+    /// it takes; the list's order is below [`SPLIT_BELOW`] and at most `block`, and it has room
+    /// for them.
+    fn push_block(&mut self, first: NonNull<bindings::page>, block: u32) -> Result {
+        let order = self.order;
+        let mut lost = false;
+        for j in 0..1usize << (block - order) {
+            // SAFETY: `j << order` is inside the block, whose `struct page`s are contiguous.
+            let head = unsafe { first.add(j << order) };
+            // INVARIANT: the chunk's pages are split order-0 pages, owned by the list now.
+            if self.v.push_within_capacity(head).is_err() {
+                // SAFETY: a chunk of the block that did not make it into the list: ours.
+                unsafe { free_chunk(head, order) };
+                lost = true;
+            }
+        }
+        if lost {
+            return Err(ENOMEM);
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Heads {
     fn drop(&mut self) {
         for p in self.v.iter() {
-            // SAFETY: by the type invariant we own the block, allocated with this order.
-            unsafe { bindings::__free_pages(p.as_ptr(), self.order) };
+            // SAFETY: by the type invariant we own the chunk, of this order.
+            unsafe { free_chunk(*p, self.order) };
         }
     }
 }
@@ -157,8 +248,27 @@ impl<T: Send + Sync> ChunkList<T> {
             v: KVVec::with_capacity(count, GFP_KERNEL_ACCOUNT)?,
             order,
         };
-        for _ in 0..count {
+        // Small chunks are cut from the largest block that fits what is left, while the page
+        // allocator has such blocks at hand; `cap` drops below an order it had none of.
+        let mut cap = if order < SPLIT_BELOW {
+            BLOCK_ORDER
+        } else {
+            order
+        };
+        while heads.v.len() < count {
             stop()?;
+            let left = count - heads.v.len();
+            // The largest power of two at most `left` (which is not 0), as a shift.
+            let fit = (usize::BITS - 1).saturating_sub(left.leading_zeros());
+            let block = cap.min(order.saturating_add(fit));
+            if block > order {
+                let Some(first) = alloc_block(block_gfp(flags.zero), block) else {
+                    cap = block - 1;
+                    continue;
+                };
+                heads.push_block(first, block)?;
+                continue;
+            }
             let chunk = Chunk::alloc(order, flags)?;
             // Room was reserved: this does not allocate.
             heads.v.push(chunk.page, GFP_KERNEL_ACCOUNT)?;

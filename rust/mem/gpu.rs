@@ -294,7 +294,7 @@ impl Mem {
         };
         let chunk = self.layout.chunk_size;
         let len = self.layout.physical_size;
-        if self.size != len || va % chunk != 0 {
+        if self.size != len || va.checked_rem(chunk) != Some(0) {
             return Err(EINVAL);
         }
         if va.checked_add(len).is_none_or(|end| end > VA_END) {

@@ -331,7 +331,7 @@ impl Pool {
             used_high: st.used_high,
             hits: st.hits,
             misses: st.misses,
-            cached_chunks: st.cached / self.chunk_size,
+            cached_chunks: st.cached.checked_div(self.chunk_size).unwrap_or(0),
             access: self.access(),
         }
     }
