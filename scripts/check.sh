@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: GPL-2.0
-# make check: every test of ruvm. Host tests, the guest runner's own failure modes, then the
-# guest suites on the fast and the debug kernel. Ends with "N passed, N failed[, N skipped]" and
-# exits 1 on any failure. Logs are in build/check/.
+# make check: every test of ruvm. Host tests, then the guest runs (the runner's own failure modes,
+# the guest suites on the fast, debug and stock kernels, the fuzzer, a tiny bench), several at
+# once. Ends with "N passed, N failed[, N skipped]" and exits 1 on any failure. Logs are in
+# build/check/.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(dirname "$here")
@@ -110,8 +111,58 @@ for crate in ruvmctl libruvm; do
 	fi
 done
 step "host: libruvm's example builds" bash -c "cd '$top/tools/libruvm' && cargo build --release --locked --examples"
-# --- the guest runner's own failure modes -----------------------------------------------------
-# Each runs a guest that does something wrong on purpose; the runner must report it.
+# --- guest runs, several at once ----------------------------------------------------------------
+# Every guest run below is a job. A guest keeps about one host core busy at most (one vCPU runs
+# the test, the other mostly idles; the fast kernel's guests wait on timers much of the time), so
+# CHECK_JOBS (default 3) of them run at once: on 2 cores the runs take about half as long as one
+# after the other. Each job's lines are printed, and its counts added, in the order it was
+# queued (the longest first, so that none is left to run alone at the end).
+jobs_dir=$logs/jobs
+mkdir -p "$jobs_dir"
+njobs=0 printed=0
+
+# Prints the jobs that are done, in order, up to the first one still running.
+flush_jobs() {
+	local p f s
+	while [ $printed -lt $njobs ] && [ -e "$jobs_dir/$printed.counts" ]; do
+		cat "$jobs_dir/$printed.out"
+		if read -r p f s < "$jobs_dir/$printed.counts" && [ -n "$s" ]; then
+			pass=$((pass + p)) fail=$((fail + f)) skip=$((skip + s))
+		else
+			failed "job $printed (see $jobs_dir/$printed.out) did not report its counts"
+		fi
+		printed=$((printed + 1))
+	done
+}
+
+# job FUNCTION ARGS...: runs FUNCTION ARGS in the background once fewer than CHECK_JOBS run.
+job() {
+	while [ "$(jobs -rp | wc -l)" -ge "${CHECK_JOBS:-3}" ]; do
+		wait -n
+		flush_jobs
+	done
+	local n=$njobs
+	njobs=$((njobs + 1))
+	(
+		pass=0 fail=0 skip=0
+		"$@" > "$jobs_dir/$n.out" 2>&1
+		echo "$pass $fail $skip" > "$jobs_dir/$n.counts.tmp"
+		mv "$jobs_dir/$n.counts.tmp" "$jobs_dir/$n.counts"
+	) &
+}
+
+# Waits for every job and prints what is left.
+wait_jobs() {
+	while [ "$(jobs -rp | wc -l)" -gt 0 ]; do
+		wait -n
+		flush_jobs
+	done
+	wait
+	flush_jobs
+}
+
+# The guest runner's own failure modes: each runs a guest that does something wrong on purpose;
+# the runner must report it.
 runner_check() {
 	local name=$1 want_rc=$2 want_text=$3 out rc
 	shift 3
@@ -126,19 +177,20 @@ runner_check() {
 		failed "$name ($((SECONDS - t)) s; log: $out)" "$out"
 	fi
 }
-runner_check "runner: the command's exit status comes back" 7 "" CMD='exit 7'
-runner_check "runner: a failing selftest fails the run" 1 "not ok .* planted_failure" \
-	CMD='ruvmctl selftest --plant-failure --filter planted_failure'
-runner_check "runner: a kernel WARN fails the run although the command passed" 3 "WARNING:" \
-	VM_MODARGS=enable_test_ioctls=1 CMD='ruvmctl test-plant warn'
-# A busy loop: under a skip-idle clock (VM_ICOUNT) a sleeping guest is not stuck.
-runner_check "runner: a hung guest fails the run" 124 "did not finish" VM_TIMEOUT=20 \
-	CMD='while :; do :; done'
-runner_check "runner: a failed insmod fails the run" 125 "insmod" VM_MODARGS=max_alloc_mib=banana CMD=true
+runner_checks() {
+	runner_check "runner: the command's exit status comes back" 7 "" CMD='exit 7'
+	runner_check "runner: a failing selftest fails the run" 1 "not ok .* planted_failure" \
+		CMD='ruvmctl selftest --plant-failure --filter planted_failure'
+	runner_check "runner: a kernel WARN fails the run although the command passed" 3 "WARNING:" \
+		VM_MODARGS=enable_test_ioctls=1 CMD='ruvmctl test-plant warn'
+	# A busy loop: under a skip-idle clock (VM_ICOUNT) a sleeping guest is not stuck.
+	runner_check "runner: a hung guest fails the run" 124 "did not finish" VM_TIMEOUT=20 \
+		CMD='while :; do :; done'
+	runner_check "runner: a failed insmod fails the run" 125 "insmod" VM_MODARGS=max_alloc_mib=banana CMD=true
+}
 
-# --- the guest suites ---------------------------------------------------------------------------
-# KTAP results count one by one; a run whose kernel reported a problem adds a failure.
-# 768 MiB guests: small enough that "allocate more than the machine has" fits under the
+# The guest suites: KTAP results count one by one; a run whose kernel reported a problem adds a
+# failure. 768 MiB guests: small enough that "allocate more than the machine has" fits under the
 # default per-mem limit (1 GiB), so that test runs.
 guest_suite() {
 	local name=$1 flavour=$2 out rc t=$SECONDS
@@ -163,56 +215,25 @@ guest_suite() {
 	*) failed "guest ($name): the run failed (runner exit $rc)" "$out" ;;
 	esac
 }
-guest_suite "fast kernel" fast CMD=/selftests/run_all.sh
-# The per-file limit, with a limit small enough to reach.
-guest_suite "fast kernel, max_file_mib=16" fast VM_MODARGS=max_file_mib=16 CMD='ruvmctl selftest --filter mem_size_limits --filter info_limits'
-# Allocating more than the guest has needs a per-mem limit above its memory (the derived default
-# is half of it).
-guest_suite "fast kernel, max_alloc_mib=1024" fast VM_MODARGS='max_alloc_mib=1024 max_file_mib=4096' CMD='ruvmctl selftest --filter mem_beyond_memory --filter info_limits'
-# 16 MiB of vidmem per GPU (not 64): the PMM's every-chunk checks cost a quarter as much under
-# KASAN, and every vidmem case still fills, splits and merges root chunks.
-guest_suite "debug kernel" debug VM_MODARGS="vidmem_mib=16" CMD=/selftests/run_all.sh
-# The audit's own tests: the counters against the real objects, and planted leaks of every class
-# reported exactly (test ioctls on, per-object reports on). kmemleak's part runs on debug.
-# kmemleak's report of the mem leaked for good is expected there, and only there.
-plant=(VM_MODARGS="enable_test_ioctls=1 leak_checker=2" CMD="ruvmctl selftest --filter audit_ --filter gpu_iommu"
-	VM_EXPECT_KMSG="kmemleak: [0-9]+ new suspected memory leaks")
-# A host GPU: the first edu device named by host_gpus, DMA-mapped for but never bound.
-host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --filter vidmem_")
-# Simulated GPUs only (no edu devices): the GPU suite on faux devices, with the test ioctls on
-# for the engine's fault test.
-sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
-	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_")
-guest_suite "fast kernel, host GPU" fast "${host[@]}"
-# On the debug kernel, the cases a host GPU changes (the rest ran there with edu GPUs above).
-guest_suite "debug kernel, host GPU" debug VM_MODARGS="host_gpus=0000:00:03.0" \
-	CMD="ruvmctl selftest --filter gpu_host --filter gpu_list --filter gpu_dma --filter vidmem_chunk --filter vidmem_mappings"
-guest_suite "fast kernel, simulated GPUs" fast "${sim[@]}"
+
 # Debian's unmodified stock kernel with the ruvm.ko its own toolchain built.
-if [ $stock_ok = 1 ]; then
+stock_suite() {
+	if [ $stock_ok != 1 ]; then
+		failed "guest (Debian's stock kernel): not run, its module did not build"
+		return
+	fi
 	# make deb's package in a throwaway trixie chroot: dependencies, a DKMS signing key, install
 	# (DKMS builds for the stock kernel), purge, nothing left. The module it built and signed is
 	# the one a host gets, so the guest runs it (the same source, toolchain and flags as
 	# build/stock's, which is used only if the package failed).
-	ko=$top/build/stock/rust/ruvm.ko name="Debian's stock kernel"
+	local ko=$top/build/stock/rust/ruvm.ko name="Debian's stock kernel"
 	if step "DKMS: make deb's package installs, builds and signs ruvm.ko for the stock kernel, purges clean" \
 		"$here/deb-test.sh"; then
 		ko=$top/build/deb/ruvm.ko name="Debian's stock kernel, the DKMS-built module"
 	fi
 	# edu GPUs and simulated GPUs in one run: every suite, the C ABI test, the reload.
 	guest_suite "$name" stock RUVM_KO="$ko" VM_MODARGS="sim_gpus=2" CMD=/selftests/run_all.sh
-else
-	failed "guest (Debian's stock kernel): not run, its module did not build"
-fi
-# On the debug kernel with 16 MiB of vidmem per GPU, as its main run (exhausting 64 MiB twice
-# there takes 40 s and finds nothing 16 MiB does not).
-guest_suite "debug kernel, simulated GPUs" debug "${sim[@]}" VM_MODARGS="sim_gpus=2 enable_test_ioctls=1 vidmem_mib=16"
-guest_suite "fast kernel, planted leaks" fast "${plant[@]}"
-guest_suite "debug kernel, planted leaks" debug "${plant[@]}"
-# Every failable allocation of a module load failing in turn (debug kernel: kmemleak), with one
-# GPU of each kind: a second of the same kind fails the same sites again.
-guest_suite "debug kernel, module load fault sweep" debug VM_GPUS=1 VM_MODARGS="sim_gpus=1" \
-	CMD="RUVM_FAULT_SWEEP_LOAD=1 ruvmctl selftest --filter fault_sweep_module_load"
+}
 
 # The fuzzer: one counted result, its summary line shown. A new seed each run, printed.
 fuzz_run() {
@@ -227,12 +248,6 @@ fuzz_run() {
 		failed "guest ($name): runner exit $rc ($((SECONDS - t)) s; log: $out)" "$out"
 	fi
 }
-# 100,000 operations on the fast kernel; then the debug kernel's checkers (KASAN, lockdep,
-# kmemleak, DMA-API debug) under a bounded run: it does about 250 operations a second there.
-fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
-	CMD="ruvmctl fuzz --ops 100000 --duration 300 --unbind --kill"
-fuzz_run "debug kernel, fuzzer" debug VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
-	CMD="ruvmctl fuzz --ops 100000 --duration 60 --unbind --kill --max-size 256K"
 
 # make bench in a tiny configuration: proves it still runs and writes its files (it reports
 # and never asserts a goal, so a slow machine cannot fail it).
@@ -241,6 +256,52 @@ bench_check() {
 		for f in results.json table.json scaling.svg; do [ -s "$logs/bench/$f" ] || return 1; done &&
 		grep -q '</svg>' "$logs/bench/scaling.svg"
 }
-step "guest (fast kernel): make bench runs (tiny configuration)" bench_check
+
+# The audit's own tests: the counters against the real objects, and planted leaks of every class
+# reported exactly (test ioctls on, per-object reports on). kmemleak's part runs on debug.
+# kmemleak's report of the mem leaked for good is expected there, and only there.
+plant=(VM_MODARGS="enable_test_ioctls=1 leak_checker=2" CMD="ruvmctl selftest --filter audit_ --filter gpu_iommu"
+	VM_EXPECT_KMSG="kmemleak: [0-9]+ new suspected memory leaks")
+# A host GPU: the first edu device named by host_gpus, DMA-mapped for but never bound.
+host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --filter vidmem_")
+# Simulated GPUs only (no edu devices): the GPU suite on faux devices, with the test ioctls on
+# for the engine's fault test.
+sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
+	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_")
+
+# The stock kernel's package test and suite (the longest job: DKMS builds in a chroot).
+job stock_suite
+# Every failable allocation of a module load failing in turn (debug kernel: kmemleak), with one
+# GPU of each kind: a second of the same kind fails the same sites again.
+job guest_suite "debug kernel, module load fault sweep" debug VM_GPUS=1 VM_MODARGS="sim_gpus=1" \
+	CMD="RUVM_FAULT_SWEEP_LOAD=1 ruvmctl selftest --filter fault_sweep_module_load"
+# 16 MiB of vidmem per GPU (not 64): the PMM's every-chunk checks cost a quarter as much under
+# KASAN, and every vidmem case still fills, splits and merges root chunks.
+job guest_suite "debug kernel" debug VM_MODARGS="vidmem_mib=16" CMD=/selftests/run_all.sh
+# On the debug kernel with 16 MiB of vidmem per GPU, as its main run (exhausting 64 MiB twice
+# there takes 40 s and finds nothing 16 MiB does not).
+job guest_suite "debug kernel, simulated GPUs" debug "${sim[@]}" VM_MODARGS="sim_gpus=2 enable_test_ioctls=1 vidmem_mib=16"
+# 100,000 operations on the fast kernel; then the debug kernel's checkers (KASAN, lockdep,
+# kmemleak, DMA-API debug) under a bounded run: it does about 250 operations a second there.
+job fuzz_run "debug kernel, fuzzer" debug VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
+	CMD="ruvmctl fuzz --ops 100000 --duration 60 --unbind --kill --max-size 256K"
+job guest_suite "debug kernel, planted leaks" debug "${plant[@]}"
+job guest_suite "fast kernel" fast CMD=/selftests/run_all.sh
+# On the debug kernel, the cases a host GPU changes (the rest ran there with edu GPUs above).
+job guest_suite "debug kernel, host GPU" debug VM_MODARGS="host_gpus=0000:00:03.0" \
+	CMD="ruvmctl selftest --filter gpu_host --filter gpu_list --filter gpu_dma --filter vidmem_chunk --filter vidmem_mappings"
+job guest_suite "fast kernel, host GPU" fast "${host[@]}"
+job runner_checks
+job step "guest (fast kernel): make bench runs (tiny configuration)" bench_check
+job fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
+	CMD="ruvmctl fuzz --ops 100000 --duration 300 --unbind --kill"
+job guest_suite "fast kernel, planted leaks" fast "${plant[@]}"
+job guest_suite "fast kernel, simulated GPUs" fast "${sim[@]}"
+# The per-file limit, with a limit small enough to reach.
+job guest_suite "fast kernel, max_file_mib=16" fast VM_MODARGS=max_file_mib=16 CMD='ruvmctl selftest --filter mem_size_limits --filter info_limits'
+# Allocating more than the guest has needs a per-mem limit above its memory (the derived default
+# is half of it).
+job guest_suite "fast kernel, max_alloc_mib=1024" fast VM_MODARGS='max_alloc_mib=1024 max_file_mib=4096' CMD='ruvmctl selftest --filter mem_beyond_memory --filter info_limits'
+wait_jobs
 
 finish
