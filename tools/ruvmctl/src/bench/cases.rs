@@ -500,6 +500,57 @@ fn pool(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
     )?;
     out(case);
     c.d.pool_destroy(p)?;
+    // What a hit cannot skip: the ioctl itself (one that fails at once: MEM_FREE of a handle
+    // that is no mem's), against the cheapest system call; and the mem object, made and freed
+    // in the kernel (RUVM_BENCH_MEM of one 64 KiB chunk) against its chunk alone.
+    let mut case = c.case(
+        "pool.ioctl_floor".into(),
+        "an ioctl that fails at once (MEM_FREE of no mem's handle)",
+        "getppid()",
+        "ns",
+    );
+    (case.ruvm, case.base) = pairs(
+        c.spec.reps,
+        &mut || {
+            per_op(n, &mut || {
+                // ENOENT is the point.
+                let _ = c.d.mem_free(u64::MAX);
+                Ok(())
+            })
+        },
+        &mut || {
+            per_op(n, &mut || {
+                std::hint::black_box(nix::unistd::getppid());
+                Ok(())
+            })
+        },
+    )?;
+    out(case);
+    let bench = |op| uapi::ruvm_bench {
+        op,
+        order: 4,
+        count: 1,
+        iterations: n,
+        ..Default::default()
+    };
+    let mut case = c.case(
+        "pool.mem_object".into(),
+        "a 64K mem of one chunk made and freed in the kernel, no ioctl (RUVM_BENCH_MEM)",
+        "its chunk alone: alloc_pages(order 4) + free, in the kernel",
+        "ns",
+    );
+    (case.ruvm, case.base) = pairs(
+        c.spec.reps,
+        &mut || {
+            let b = bench(uapi::ruvm_bench_op_RUVM_BENCH_MEM);
+            Ok(c.d.bench(b).context("RUVM_IOCTL_BENCH")? as f64 / n as f64)
+        },
+        &mut || {
+            let b = bench(uapi::ruvm_bench_op_RUVM_BENCH_PAGES);
+            Ok(c.d.bench(b).context("RUVM_IOCTL_BENCH")? as f64 / n as f64)
+        },
+    )?;
+    out(case);
     // Trim: 1 GiB of cached 2 MiB chunks given back at once, against freeing the mems that
     // held them (no pool).
     let size = c.spec.max_size;

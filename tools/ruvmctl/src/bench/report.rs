@@ -227,6 +227,11 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
     for c in with_prefix("pool.trim.") {
         rows.push(ratio_row("Pools", c, Target::AtMost(1.0)));
     }
+    for id in ["pool.ioctl_floor", "pool.mem_object"] {
+        if let Some(c) = get(id) {
+            rows.push(ratio_row("Pools", c, Target::Info));
+        }
+    }
     // Copies: throughput, the inverse of the time ratio.
     for (id, t) in [
         ("copy.mem", Target::AtMost(1.0 / 0.9)),
