@@ -466,7 +466,9 @@ impl Mem {
         registry::insert(serial, core)?;
         // On failure `mem` is dropped, and its chunks go back to the pool, which undoes the
         // allocation.
-        mem.map_pool_gpus()?;
+        if req.pool.is_some() {
+            mem.map_pool_gpus()?;
+        }
         Ok(mem)
     }
 

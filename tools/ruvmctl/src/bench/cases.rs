@@ -367,6 +367,75 @@ fn g2(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
         per_op(n, anon)
     })?;
     out(case);
+    g2_steps(c, n, out)
+}
+
+/// G2's user path step by step (ruvm's five, then the baseline's three), each against the
+/// whole baseline path: where the time goes.
+fn g2_steps(c: &Ctx, n: u64, out: &mut dyn FnMut(Case)) -> Result<()> {
+    const STEPS: [&str; 8] = [
+        "alloc zeroed",
+        "mmap",
+        "touch (fault)",
+        "munmap",
+        "free",
+        "anon mmap",
+        "anon touch (fault)",
+        "anon munmap",
+    ];
+    let run = || -> Result<[f64; 8]> {
+        let mut t = [0f64; 8];
+        let mut lap = |i: usize, start: &mut std::time::Instant| {
+            let now = std::time::Instant::now();
+            t[i] += now.duration_since(*start).as_nanos() as f64;
+            *start = now;
+        };
+        for _ in 0..n {
+            let mut at = std::time::Instant::now();
+            let a = c.d.mem_alloc(4 * K, 0, ZERO)?;
+            lap(0, &mut at);
+            let q = uapi::ruvm_mem_query {
+                physical_size: 4 * K,
+                mmap_offset: a.mmap_offset,
+                ..Default::default()
+            };
+            let m = UserMap::of_mem(c.d, &q)?;
+            lap(1, &mut at);
+            m.write(0, 1);
+            lap(2, &mut at);
+            drop(m);
+            lap(3, &mut at);
+            c.d.mem_free(a.handle)?;
+            lap(4, &mut at);
+            let b = Anon::new(4 * K, false)?;
+            lap(5, &mut at);
+            b.touch();
+            lap(6, &mut at);
+            drop(b);
+            lap(7, &mut at);
+        }
+        Ok(t.map(|v| v / n as f64))
+    };
+    run()?;
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); STEPS.len()];
+    let mut base = Vec::new();
+    for _ in 0..c.spec.reps {
+        let t = run()?;
+        for (s, v) in samples.iter_mut().zip(t) {
+            s.push(v);
+        }
+        base.push(t[5] + t[6] + t[7]);
+    }
+    for (name, s) in STEPS.iter().zip(samples) {
+        let mut case = c.case(
+            format!("g2.step.{}", name.replace([' ', '(', ')'], "_")),
+            &format!("{name} of the 4K user path"),
+            "the whole baseline path (anon mmap + touch + munmap)",
+            "ns",
+        );
+        (case.ruvm, case.base) = (s, base.clone());
+        out(case);
+    }
     Ok(())
 }
 

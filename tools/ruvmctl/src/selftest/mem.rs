@@ -141,6 +141,16 @@ fn live(d: &Ruvm) -> Result<(u64, u64), Stop> {
     Ok((i.live_mems, i.live_bytes))
 }
 
+/// Fails unless the file's live mems and bytes are back to `before`.
+fn nothing_left(d: &Ruvm, before: (u64, u64)) -> TestResult {
+    let now = live(d)?;
+    check!(
+        now == before,
+        "something left behind: {now:?}, wanted {before:?}"
+    );
+    Ok(())
+}
+
 /// Fill arguments for the pattern over `[offset, offset + length)`.
 fn pattern_args(handle: u64, offset: u64, length: u64, seed: u64) -> uapi::ruvm_mem_fill {
     uapi::ruvm_mem_fill {
@@ -1122,12 +1132,7 @@ fn mem_fallback_under_fragmentation() -> TestResult {
         .ctx("fill")?;
     kernel_verify(&d, pattern_args(a.handle, 0, 5 * M, 3), "verify")?;
     d.mem_free(a.handle).ctx("free")?;
-    check!(
-        live(&d)? == before,
-        "something left behind: {:?}",
-        live(&d)?
-    );
-    Ok(())
+    nothing_left(&d, before)
 }
 
 /// Small chunks (below 64 KiB) are cut from larger blocks only while the page allocator has
@@ -1179,12 +1184,7 @@ fn mem_small_chunks_without_free_blocks() -> TestResult {
         drop(m);
         d.mem_free(a.handle).ctx("free")?;
     }
-    check!(
-        live(&d)? == before,
-        "something left behind: {:?}",
-        live(&d)?
-    );
-    Ok(())
+    nothing_left(&d, before)
 }
 
 /// A cgroup2 group of its own with a memory limit, removed on drop.
