@@ -80,7 +80,7 @@ step "build: Debian's stock kernel's Rust build files (trixie chroot, crate hash
 		module_clean stock && stock_ok=1
 [ $stock_ok = 1 ] && step "host: ruvmctl and libruvm build clippy-clean with rustc 1.85 (the MSRV)" \
 	"$here/stock.sh" run bash -c 'for c in ruvmctl libruvm; do
-		(cd /ruvm/tools/$c && CARGO_TARGET_DIR=/ruvm/build/msrv cargo clippy --release --locked \
+		(cd /ruvm/tools/$c && CARGO_TARGET_DIR=/cargo-target/msrv cargo clippy --release --locked \
 			--all-targets -- -D warnings) || exit 1; done'
 
 for f in fast debug; do
@@ -92,13 +92,17 @@ step "host: uapi header is valid C with the documented layout (selftests build)"
 ksrc=$("$here/kernel.sh" source)
 step "host: module source is rustfmt-clean" \
 	bash -c "find '$top/rust' -name '*.rs' -print0 | xargs -0 /usr/bin/rustfmt --check --edition 2021 --config-path '$ksrc/.rustfmt.toml'"
-# The userspace crates: formatting, lints, and cargo test (each test counts).
+# The userspace crates: formatting, lints, and cargo test (each test counts). Their lint and test
+# builds go to a target directory in the cache (nothing of them runs in a guest), so that a
+# fresh clone compiles only the two crates themselves, not their dependencies again; cargo
+# locks it, and rebuilds whatever another checkout left different.
 for crate in ruvmctl libruvm; do
 	step "host: $crate is rustfmt-clean" bash -c "cd '$top/tools/$crate' && cargo fmt --check"
 	step "host: $crate is clippy-clean" \
+		env CARGO_TARGET_DIR="$RUVM_CACHE/cargo/$crate" \
 		bash -c "cd '$top/tools/$crate' && cargo clippy --release --locked --all-targets -- -D warnings"
 	log=$(logname "host: cargo test ($crate)")
-	(cd "$top/tools/$crate" && cargo test --release --locked) > "$log" 2>&1
+	(cd "$top/tools/$crate" && CARGO_TARGET_DIR="$RUVM_CACHE/cargo/$crate" cargo test --release --locked) > "$log" 2>&1
 	rc=$?
 	n_ok=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\1/p' "$log" | paste -sd+ | bc)
 	n_bad=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\2/p' "$log" | paste -sd+ | bc)

@@ -69,17 +69,19 @@ make_chroot() {
 }
 
 # Run a command in the chroot, in a private mount namespace (nothing stays mounted): the
-# project at /ruvm, the pristine kernel source at /src (read-only), the stock build at /kbuild.
+# project at /ruvm, the pristine kernel source at /src (read-only), the stock build at /kbuild,
+# and a cargo target directory kept in the cache at /cargo-target.
 in_chroot() {
-	local dir src kb
+	local dir src kb ct
 	dir=$(make_chroot)
 	src=$("$here/kernel.sh" source)
 	kb=$(kbuild_dir)
-	mkdir -p "$kb"
+	ct=$RUVM_CACHE/stock/cargo-target
+	mkdir -p "$kb" "$ct" "$dir/cargo-target"
 	unshare --mount --propagation private -- bash -c '
 		set -e
-		d=$1 top=$2 src=$3 kb=$4
-		shift 4
+		d=$1 top=$2 src=$3 kb=$4 ct=$5
+		shift 5
 		mount --rbind /dev "$d/dev"
 		mount -t proc proc "$d/proc"
 		mount -t tmpfs tmpfs "$d/tmp"
@@ -87,13 +89,14 @@ in_chroot() {
 		mount --bind "$src" "$d/src"
 		mount -o remount,bind,ro "$d/src"
 		mount --bind "$kb" "$d/kbuild"
+		mount --bind "$ct" "$d/cargo-target"
 		cp /etc/resolv.conf "$d/etc/resolv.conf" 2>/dev/null || true
 		# The host'"'"'s trusted certificates (cargo in the chroot fetches crates through the
 		# same network as the host).
 		[ ! -f /etc/ssl/certs/ca-certificates.crt ] ||
 			mount --bind /etc/ssl/certs/ca-certificates.crt "$d/etc/ssl/certs/ca-certificates.crt"
 		exec chroot "$d" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
-			LANG=C.UTF-8 "$@"' bash "$dir" "$top" "$src" "$kb" "$@"
+			LANG=C.UTF-8 "$@"' bash "$dir" "$top" "$src" "$kb" "$ct" "$@"
 }
 
 # Run a command in a throwaway copy of the chroot (an overlay whose upper layer is deleted
