@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: GPL-2.0
-# make check: every test of ruvm. Host tests, then the guest runs (the runner's own failure modes,
-# the guest suites on the fast, debug and stock kernels, the fuzzer, a tiny bench), several at
-# once. Ends with "N passed, N failed[, N skipped]" and exits 1 on any failure. Logs are in
+# make check: every test of ruvm. The builds every test needs, then the rest as jobs, several
+# at once: the host checks, and the guest runs (the runner's own failure modes, the guest suites
+# on the fast, debug and stock kernels, the fuzzer, a tiny bench). Ends with "N passed, N failed[, N skipped]" and exits 1 on any failure. Logs are in
 # build/check/.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -83,38 +83,43 @@ step "build: Debian's stock kernel's Rust build files (trixie chroot, crate hash
 		(cd /ruvm/tools/$c && CARGO_TARGET_DIR=/cargo-target/msrv cargo clippy --release --locked \
 			--all-targets -- -D warnings) || exit 1; done'
 
-for f in fast debug; do
-	step "host: the kernel crate's struct layouts match C ($f kernel)" "$here/layout-check.sh" "$f"
-done
 step "host: uapi header is valid C with the documented layout (selftests build)" \
 	"$here/selftests.sh" "$top/build/selftests/ruvm_abi_test" || finish
 
-ksrc=$("$here/kernel.sh" source)
-step "host: module source is rustfmt-clean" \
-	bash -c "find '$top/rust' -name '*.rs' -print0 | xargs -0 /usr/bin/rustfmt --check --edition 2021 --config-path '$ksrc/.rustfmt.toml'"
-# The userspace crates: formatting, lints, and cargo test (each test counts). Their lint and test
-# builds go to a target directory in the cache (nothing of them runs in a guest), so that a
-# fresh clone compiles only the two crates themselves, not their dependencies again; cargo
-# locks it, and rebuilds whatever another checkout left different.
-for crate in ruvmctl libruvm; do
-	step "host: $crate is rustfmt-clean" bash -c "cd '$top/tools/$crate' && cargo fmt --check"
-	step "host: $crate is clippy-clean" \
-		env CARGO_TARGET_DIR="$RUVM_CACHE/cargo/$crate" \
-		bash -c "cd '$top/tools/$crate' && cargo clippy --release --locked --all-targets -- -D warnings"
-	log=$(logname "host: cargo test ($crate)")
-	(cd "$top/tools/$crate" && CARGO_TARGET_DIR="$RUVM_CACHE/cargo/$crate" cargo test --release --locked) > "$log" 2>&1
-	rc=$?
-	n_ok=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\1/p' "$log" | paste -sd+ | bc)
-	n_bad=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\2/p' "$log" | paste -sd+ | bc)
-	pass=$((pass + ${n_ok:-0}))
-	fail=$((fail + ${n_bad:-0}))
-	if [ $rc -eq 0 ] && [ "${n_ok:-0}" -gt 0 ]; then
-		printf 'ok    host: cargo test, %s (%s tests)\n' "$crate" "$n_ok"
-	else
-		failed "host: cargo test, $crate (exit $rc, ${n_bad:-?} failed)" "$log"
-	fi
-done
-step "host: libruvm's example builds" bash -c "cd '$top/tools/libruvm' && cargo build --release --locked --examples"
+# The host checks that nothing else waits for (layouts, formatting, lints, cargo test): run as
+# the first job, beside the guest runs.
+host_checks() {
+	for f in fast debug; do
+		step "host: the kernel crate's struct layouts match C ($f kernel)" "$here/layout-check.sh" "$f"
+	done
+
+	ksrc=$("$here/kernel.sh" source)
+	step "host: module source is rustfmt-clean" \
+		bash -c "find '$top/rust' -name '*.rs' -print0 | xargs -0 /usr/bin/rustfmt --check --edition 2021 --config-path '$ksrc/.rustfmt.toml'"
+	# The userspace crates: formatting, lints, and cargo test (each test counts). Their lint and test
+	# builds go to a target directory in the cache (nothing of them runs in a guest), so that a
+	# fresh clone compiles only the two crates themselves, not their dependencies again; cargo
+	# locks it, and rebuilds whatever another checkout left different.
+	for crate in ruvmctl libruvm; do
+		step "host: $crate is rustfmt-clean" bash -c "cd '$top/tools/$crate' && cargo fmt --check"
+		step "host: $crate is clippy-clean" \
+			env CARGO_TARGET_DIR="$RUVM_CACHE/cargo/$crate" \
+			bash -c "cd '$top/tools/$crate' && cargo clippy --release --locked --all-targets -- -D warnings"
+		log=$(logname "host: cargo test ($crate)")
+		(cd "$top/tools/$crate" && CARGO_TARGET_DIR="$RUVM_CACHE/cargo/$crate" cargo test --release --locked) > "$log" 2>&1
+		rc=$?
+		n_ok=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\1/p' "$log" | paste -sd+ | bc)
+		n_bad=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\2/p' "$log" | paste -sd+ | bc)
+		pass=$((pass + ${n_ok:-0}))
+		fail=$((fail + ${n_bad:-0}))
+		if [ $rc -eq 0 ] && [ "${n_ok:-0}" -gt 0 ]; then
+			printf 'ok    host: cargo test, %s (%s tests)\n' "$crate" "$n_ok"
+		else
+			failed "host: cargo test, $crate (exit $rc, ${n_bad:-?} failed)" "$log"
+		fi
+	done
+	step "host: libruvm's example builds" bash -c "cd '$top/tools/libruvm' && cargo build --release --locked --examples"
+}
 # --- guest runs, several at once ----------------------------------------------------------------
 # Every guest run below is a job. A guest keeps about one host core busy at most (one vCPU runs
 # the test, the other mostly idles; the fast kernel's guests wait on timers much of the time), so
@@ -273,6 +278,7 @@ host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --
 sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
 	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_")
 
+job host_checks
 # The stock kernel's package test and suite (the longest job: DKMS builds in a chroot).
 job stock_suite
 # Every failable allocation of a module load failing in turn (debug kernel: kmemleak), with one
