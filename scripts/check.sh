@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: GPL-2.0
-# make check: every test of ruvm. The builds every test needs, then the rest as jobs (CHECK_JOBS
-# at once, default 1): the host checks, and the guest runs (the runner's own failure modes, the guest suites
-# on the fast, debug and stock kernels, the fuzzer, a tiny bench). Ends with "N passed, N failed[, N skipped]" and exits 1 on any failure. Logs are in
-# build/check/.
+# make check: every test of ruvm. The builds every test needs, then the rest as jobs
+# (CHECK_JOBS at once, default 1): the host checks, and the guest runs (the runner's own failure
+# modes, the guest suites on the fast, debug and stock kernels, the fuzzer, a tiny bench). Ends
+# with "N passed, N failed[, N skipped]" and exits 1 on any failure. Logs are in build/check/.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(dirname "$here")
