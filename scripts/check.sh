@@ -311,6 +311,11 @@ job fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 en
 	CMD="ruvmctl fuzz --ops 100000 --duration 300 --unbind --kill"
 job guest_suite "fast kernel, planted leaks" fast "${plant[@]}"
 job guest_suite "fast kernel, simulated GPUs" fast "${sim[@]}"
+# Each way of zeroing chunks forced (the default picks the faster at load): zeroed mems over
+# dirty pages, the cgroup charge, pools' fresh and reused chunks.
+zeroing_cmd="ruvmctl selftest --filter mem_zero --filter mem_charged --filter pool_reuse"
+job guest_suite "fast kernel, zeroing=1 (page allocator)" fast VM_MODARGS=zeroing=1 CMD="$zeroing_cmd"
+job guest_suite "fast kernel, zeroing=2 (memset)" fast VM_MODARGS=zeroing=2 CMD="$zeroing_cmd"
 # The per-file limit, with a limit small enough to reach.
 job guest_suite "fast kernel, max_file_mib=16" fast VM_MODARGS=max_file_mib=16 CMD='ruvmctl selftest --filter mem_size_limits --filter info_limits'
 # Allocating more than the guest has needs a per-mem limit above its memory (the derived default

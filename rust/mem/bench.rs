@@ -11,7 +11,7 @@ use kernel::{
 };
 
 use crate::bind::{
-    pages::{Chunk, ChunkFlags},
+    pages::{Chunk, ChunkFlags, Zeroing},
     vmap::PageArray,
 };
 
@@ -19,7 +19,8 @@ use super::{cpu::KernelMapping, quota::Quota, AllocRequest, Mem, Origin};
 
 /// What to time.
 pub(crate) enum Op {
-    /// The page allocator alone: `count` chunks of `order`, then each freed.
+    /// The page allocator alone: `count` chunks of `order` (zeroed with `__GFP_ZERO`), then each
+    /// freed.
     Pages {
         order: u32,
         count: usize,
@@ -63,7 +64,9 @@ pub(crate) fn run(op: &Op, iterations: u64, quota: &Arc<Quota>, max_bytes: u64) 
                     fail_fast: false,
                 };
                 for _ in 0..*count {
-                    list.push(Chunk::alloc(*order, flags)?, GFP_KERNEL)?;
+                    // Zeroed by the page allocator (`__GFP_ZERO`), whichever way ruvm zeroes.
+                    let chunk = Chunk::alloc_zeroed_by(*order, flags, Zeroing::PageAllocator)?;
+                    list.push(chunk, GFP_KERNEL)?;
                 }
                 list.clear();
             }

@@ -431,9 +431,10 @@ struct ruvm_register_unload_state {
 /* What RUVM_IOCTL_BENCH times. */
 enum ruvm_bench_op {
 	/*
-	 * The kernel's page allocator alone: `count` blocks of 2^order pages (zeroed if `zero`)
-	 * from alloc_pages with the flags ruvm's chunks use, then each freed: the floor under a
-	 * sysmem mem of `count` chunks of that order.
+	 * The kernel's page allocator alone: `count` blocks of 2^order pages from alloc_pages
+	 * with the flags ruvm's chunks use (and __GFP_ZERO if `zero`, however ruvm zeroes: see
+	 * the `zeroing` module parameter), then each freed: the floor under a sysmem mem of
+	 * `count` chunks of that order.
 	 */
 	RUVM_BENCH_PAGES = 1,
 	/*

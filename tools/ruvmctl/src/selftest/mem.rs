@@ -37,6 +37,10 @@ pub fn cases() -> Vec<Case> {
             run: mem_zeroed_reads_zero_both_ways,
         },
         Case {
+            name: "mem_zeroed_over_dirty_pages",
+            run: mem_zeroed_over_dirty_pages,
+        },
+        Case {
             name: "mem_kernel_writes_user_reads",
             run: mem_kernel_writes_user_reads,
         },
@@ -385,6 +389,36 @@ fn mem_zeroed_reads_zero_both_ways() -> TestResult {
         );
         drop(map);
         d.mem_free(a.handle).ctx("free")?;
+    }
+    Ok(())
+}
+
+/// Zeroed mems made right after mems of the same size were filled and freed (the page
+/// allocator hands the freed pages out again first): every byte reads zero, through the kernel
+/// and through `mmap`, whichever way the module zeroes (`zeroing`).
+fn mem_zeroed_over_dirty_pages() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    for ps in [4 * K, 64 * K, 2 * M] {
+        for round in 0..3 {
+            let dirty = d.mem_alloc(8 * M, ps, 0).ctx("alloc")?;
+            d.map_kernel(dirty.handle).ctx("map dirty")?;
+            d.mem_fill(false, byte_args(dirty.handle, 0, 8 * M, 0xa5))
+                .ctx("fill")?;
+            d.mem_free(dirty.handle).ctx("free dirty")?;
+            let a = d.mem_alloc(8 * M, ps, zero()).ctx("alloc zeroed")?;
+            d.map_kernel(a.handle).ctx("map")?;
+            let what = format!("chunks of {ps}, round {round}: the kernel sees zeros");
+            kernel_verify(&d, byte_args(a.handle, 0, 8 * M, 0), &what)?;
+            let q = d.mem_query(a.handle).ctx("query")?;
+            let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+            let nonzero = (0..map.len()).filter(|&i| map.read(i) != 0).count();
+            check!(
+                nonzero == 0,
+                "chunks of {ps}, round {round}: user sees {nonzero} non-zero bytes"
+            );
+            drop(map);
+            d.mem_free(a.handle).ctx("free")?;
+        }
     }
     Ok(())
 }
