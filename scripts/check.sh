@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: GPL-2.0
 # make check: every test of ruvm. The builds every test needs, then the rest as jobs
-# (CHECK_JOBS at once, default 1): the host checks, and the guest runs (the runner's own failure
+# (CHECK_JOBS at once, default 3): the host checks, and the guest runs (the runner's own failure
 # modes, the guest suites on the fast, debug and stock kernels, the fuzzer, a tiny bench). Ends
 # with "N passed, N failed[, N skipped]" and exits 1 on any failure. Logs are in build/check/.
 set -uo pipefail
@@ -9,6 +9,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(dirname "$here")
 . "$here/env.sh"
 
+CHECK_JOBS=${CHECK_JOBS:-3}
+if ! [[ "$CHECK_JOBS" =~ ^[1-9][0-9]?$ ]]; then
+	echo "make check: CHECK_JOBS must be a number from 1 to 99, not '$CHECK_JOBS'" >&2
+	exit 2
+fi
 logs=$top/build/check
 rm -rf "$logs"
 mkdir -p "$logs"
@@ -123,12 +128,11 @@ host_checks() {
 # --- guest runs, several at once ----------------------------------------------------------------
 # Every guest run below is a job. A guest keeps about one host core busy at most (one vCPU runs
 # the test, the other mostly idles; the fast kernel's guests wait on timers much of the time), so
-# CHECK_JOBS=3 runs three at once: on 2 cores a fresh-clone make check took 14 min 58 s instead
-# of 21-24. The default is 1 (one after the other): debug kernels booting side by side under
-# TCG hit a KASAN report in early boot (wild-memory-access in rcu_is_watching, ruvm not yet
-# loaded) in 5 of 18 boots three at a time, and in 1 of about 30 boots of make check with
-# CHECK_JOBS=3; one at a time it has not been seen. Each job's lines are printed, and its counts added, in the order it was
-# queued (the longest first, so that none is left to run alone at the end).
+# CHECK_JOBS=3 (the default) runs three at once: on 2 cores a fresh-clone make check took 14 min
+# 58 s instead of 19-24 one at a time (CHECK_JOBS=1). Guests boot without 5-level paging
+# (tools/vm/run.sh): with it, debug kernels booting side by side hit a KASAN report in early
+# boot. Each job's lines are printed, and its counts added, in the order it was queued (the
+# longest first, so that none is left to run alone at the end).
 jobs_dir=$logs/jobs
 mkdir -p "$jobs_dir"
 njobs=0 printed=0
@@ -149,7 +153,7 @@ flush_jobs() {
 
 # job FUNCTION ARGS...: runs FUNCTION ARGS in the background once fewer than CHECK_JOBS run.
 job() {
-	while [ "$(jobs -rp | wc -l)" -ge "${CHECK_JOBS:-1}" ]; do
+	while [ "$(jobs -rp | wc -l)" -ge "$CHECK_JOBS" ]; do
 		wait -n
 		flush_jobs
 	done
