@@ -8,13 +8,16 @@
 //! The 7.2 `kernel::page::Page` covers order-0 pages only. A [`Chunk`] of order
 //! [`SPLIT_BELOW`] or more is one high-order allocation made with `__GFP_COMP` (so that each of
 //! its pages can be mapped on its own, as `vm_insert_page` requires), freed with `__free_pages`
-//! of the same order. A smaller chunk is `2^order` order-0 pages, each with its own reference
-//! (`split_page`), freed one by one: a list of them is cut from the largest blocks the page
-//! allocator has at hand (up to [`BLOCK_ORDER`], taken only when it has them without reclaim),
-//! so that 1 GiB of 4 KiB chunks is 512 allocations rather than 262,144, and chunks that are
-//! neighbours in memory are neighbours in the list (a DMA table links them as one range).
-//! Charging the memory cgroup works as for any allocation (`split_page` splits the charge),
-//! which the kernel's bulk allocator does not do.
+//! of the same order. A smaller chunk on its own is `2^order` order-0 pages, each with its own
+//! reference (`split_page`), freed one by one (in batches). A [`ChunkList`] of small chunks is
+//! cut instead from the largest blocks the page allocator has at hand (up to [`BLOCK_ORDER`],
+//! taken only when it has them without reclaim), each block one compound allocation that the
+//! list frees whole: 1 GiB of 4 KiB chunks is 512 allocations and 512 frees rather than 262,144
+//! of each (freeing order-0 pages one by one cost as long as zeroing them with `memset`), and
+//! chunks that are neighbours in memory are neighbours in the list (a DMA table links them as
+//! one range). Such a list is never taken apart ([`ChunkList::take_chunks`] refuses it). The
+//! memory cgroup is charged as for any allocation, which the kernel's bulk allocator does not
+//! do.
 //!
 //! Zeroed chunks get their zeros one of two ways ([`Zeroing`], chosen once at load): from the
 //! page allocator (`__GFP_ZERO`, i.e. `clear_page`) or from the kernel's `memset` over each page
@@ -304,36 +307,44 @@ impl Drop for Chunk {
     }
 }
 
-/// The first pages of blocks of `2^order` pages, owned: each block is freed on drop.
+/// The first pages of the chunks of a list, owned: freed on drop.
 ///
 /// # Invariants
 ///
-/// Every pointer heads a chunk of `2^order` pages as [`Chunk`]'s invariant describes, owned by
-/// this object.
+/// Every pointer heads a chunk of `2^order` pages. The chunks from index `start` on that a
+/// `(start, block)` entry of `blocks` covers (`2^(block - order)` of them; the entries in
+/// increasing `start` order, never overlapping) are the pages, in order, of one compound
+/// block of `2^block` pages owned by this object, which frees it whole. Every other chunk is
+/// owned by this object as [`Chunk`]'s invariant describes.
 struct Heads {
     v: KVVec<NonNull<bindings::page>>,
     order: u32,
+    blocks: KVec<(usize, u32)>,
 }
 
 impl Heads {
-    /// Adds the chunks of a block of `2^block` order-0 pages (split) headed by `first`, which
-    /// it takes; the list's order is below [`SPLIT_BELOW`] and at most `block`, and it has room
-    /// for them.
+    /// Adds the chunks of a compound block of `2^block` pages headed by `first`, which it
+    /// takes (and frees on failure); the list's order is below `block`.
     fn push_block(&mut self, first: NonNull<bindings::page>, block: u32) -> Result {
         let order = self.order;
-        let mut lost = false;
-        for j in 0..1usize << (block - order) {
+        let n = 1usize << block.saturating_sub(order);
+        let start = self.v.len();
+        if self.v.capacity() - start < n
+            || self
+                .blocks
+                .push((start, block), GFP_KERNEL_ACCOUNT)
+                .is_err()
+        {
+            // SAFETY: the compound block we were given, of this order, ours to free.
+            unsafe { bindings::__free_pages(first.as_ptr(), block) };
+            return Err(ENOMEM);
+        }
+        for j in 0..n {
             // SAFETY: `j << order` is inside the block, whose `struct page`s are contiguous.
             let head = unsafe { first.add(j << order) };
-            // INVARIANT: the chunk's pages are split order-0 pages, owned by the list now.
-            if self.v.push_within_capacity(head).is_err() {
-                // SAFETY: a chunk of the block that did not make it into the list: ours.
-                unsafe { free_chunk(head, order) };
-                lost = true;
-            }
-        }
-        if lost {
-            return Err(ENOMEM);
+            // INVARIANT: the block's pages, in order, from `start`; room was checked above, so
+            // none is refused.
+            let _ = self.v.push_within_capacity(head);
         }
         Ok(())
     }
@@ -341,19 +352,30 @@ impl Heads {
 
 impl Drop for Heads {
     fn drop(&mut self) {
-        if self.order >= SPLIT_BELOW {
-            for p in self.v.iter() {
-                // SAFETY: by the type invariant we own the chunk, of this order.
-                unsafe { free_chunk(*p, self.order) };
-            }
-            return;
-        }
-        // Split pages: all of the list's in batches.
+        let order = self.order;
+        let mut blocks = self.blocks.iter().peekable();
         let mut batch = PageBatch::new();
-        for p in self.v.iter() {
-            // SAFETY: by the type invariant we own the chunk: split order-0 pages of this
-            // order's count, a reference each.
-            unsafe { batch.push_chunk(*p, self.order) };
+        let mut i = 0;
+        while let Some(p) = self.v.get(i) {
+            if let Some(&&(start, block)) = blocks.peek() {
+                if start == i {
+                    blocks.next();
+                    // SAFETY: by the type invariant the chunks from `i` are a compound block
+                    // of this order headed by `p`, which we own.
+                    unsafe { bindings::__free_pages(p.as_ptr(), block) };
+                    i += 1 << block.saturating_sub(order);
+                    continue;
+                }
+            }
+            if order >= SPLIT_BELOW {
+                // SAFETY: by the type invariant we own the chunk, of this order.
+                unsafe { free_chunk(*p, order) };
+            } else {
+                // SAFETY: by the type invariant we own the chunk: split order-0 pages of this
+                // order's count, a reference each.
+                unsafe { batch.push_chunk(*p, order) };
+            }
+            i += 1;
         }
     }
 }
@@ -395,6 +417,7 @@ impl<T: Send + Sync> ChunkList<T> {
         let mut heads = Heads {
             v: KVVec::with_capacity(count, GFP_KERNEL_ACCOUNT)?,
             order,
+            blocks: KVec::new(),
         };
         // Small chunks are cut from the largest block that fits what is left, while the page
         // allocator has such blocks at hand; `cap` drops below an order it had none of.
@@ -411,7 +434,8 @@ impl<T: Send + Sync> ChunkList<T> {
             let block = cap.min(order.saturating_add(fit));
             if block > order {
                 let zero = flags.zero.then(zeroing);
-                let Some(first) = alloc_block(block_gfp(), block, zero) else {
+                let gfp = block_gfp() | gfp_bit(bindings::___GFP_COMP_BIT);
+                let Some(first) = alloc_block(gfp, block, zero) else {
                     cap = block - 1;
                     continue;
                 };
@@ -446,14 +470,15 @@ impl<T: Send + Sync> ChunkList<T> {
 
     /// Takes the chunks out of the last reference to a list (which is left empty) and adds
     /// them to `out`, which must have room for them: `false` (and the reference dropped, with
-    /// the chunks if it was the last) while anything else still holds the list, or when `out`
-    /// has no room.
+    /// the chunks if it was the last) while anything else still holds the list, when `out`
+    /// has no room, or when the list's chunks were cut from blocks it frees whole (a list of
+    /// [`ChunkList::alloc`]'s; the pools' lists are made of chunks allocated one by one).
     pub(crate) fn take_chunks(list: Arc<Self>, out: &mut KVVec<Chunk>) -> bool {
         let Some(mut unique) = Arc::into_unique_or_drop(list) else {
             return false;
         };
         let heads = unique.as_mut().project().heads;
-        if out.capacity() - out.len() < heads.v.len() {
+        if out.capacity() - out.len() < heads.v.len() || !heads.blocks.is_empty() {
             return false;
         }
         let order = heads.order;
@@ -577,6 +602,7 @@ impl<T: Send + Sync> ListSlot<T> {
         let heads = Heads {
             v: core::mem::replace(&mut self.heads, KVVec::new()),
             order,
+            blocks: KVec::new(),
         };
         let init = try_pin_init!(ChunkList {
             heads,
