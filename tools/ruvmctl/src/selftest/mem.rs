@@ -378,18 +378,28 @@ fn mem_zeroed_reads_zero_both_ways() -> TestResult {
     for ps in [0, 64 * K, 2 * M] {
         let a = d.mem_alloc(3 * M + 5, ps, zero()).ctx("alloc zeroed")?;
         let phys = a.chunk_count * a.chunk_size;
-        d.map_kernel(a.handle).ctx("map")?;
-        kernel_verify(&d, byte_args(a.handle, 0, phys, 0), "kernel sees zeros")?;
-        let q = d.mem_query(a.handle).ctx("query")?;
-        let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
-        let nonzero = (0..map.len()).filter(|&i| map.read(i) != 0).count();
-        check!(
-            nonzero == 0,
-            "page size {ps}: user sees {nonzero} non-zero bytes in a zeroed mem"
-        );
-        drop(map);
+        reads_zero_both_ways(&d, a.handle, phys, &format!("page size {ps}"))?;
         d.mem_free(a.handle).ctx("free")?;
     }
+    Ok(())
+}
+
+/// Mem `handle`'s `len` bytes read zero through its kernel mapping (made here) and through
+/// `mmap`.
+fn reads_zero_both_ways(d: &Ruvm, handle: u64, len: u64, what: &str) -> TestResult {
+    d.map_kernel(handle).ctx("map")?;
+    kernel_verify(
+        d,
+        byte_args(handle, 0, len, 0),
+        &format!("{what}: kernel sees zeros"),
+    )?;
+    let q = d.mem_query(handle).ctx("query")?;
+    let map = UserMap::of_mem(d, &q).ctx("mmap")?;
+    let nonzero = (0..map.len()).filter(|&i| map.read(i) != 0).count();
+    check!(
+        nonzero == 0,
+        "{what}: user sees {nonzero} non-zero bytes in a zeroed mem"
+    );
     Ok(())
 }
 
@@ -406,17 +416,8 @@ fn mem_zeroed_over_dirty_pages() -> TestResult {
                 .ctx("fill")?;
             d.mem_free(dirty.handle).ctx("free dirty")?;
             let a = d.mem_alloc(8 * M, ps, zero()).ctx("alloc zeroed")?;
-            d.map_kernel(a.handle).ctx("map")?;
-            let what = format!("chunks of {ps}, round {round}: the kernel sees zeros");
-            kernel_verify(&d, byte_args(a.handle, 0, 8 * M, 0), &what)?;
-            let q = d.mem_query(a.handle).ctx("query")?;
-            let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
-            let nonzero = (0..map.len()).filter(|&i| map.read(i) != 0).count();
-            check!(
-                nonzero == 0,
-                "chunks of {ps}, round {round}: user sees {nonzero} non-zero bytes"
-            );
-            drop(map);
+            let what = format!("chunks of {ps}, round {round}");
+            reads_zero_both_ways(&d, a.handle, 8 * M, &what)?;
             d.mem_free(a.handle).ctx("free")?;
         }
     }
