@@ -152,8 +152,9 @@ fn choose_zeroing() -> Result {
                 } else {
                     Zeroing::PageAllocator
                 };
+                let kib = (kernel::page::PAGE_SIZE << ZEROING_TEST_ORDER) / 1024;
                 pr_info!(
-                    "zeroing by {how:?}: 64 KiB took {by_allocator} ns by the page allocator, {by_memset} ns by memset\n"
+                    "zeroing by {how:?}: {kib} KiB took {by_allocator} ns by the page allocator, {by_memset} ns by memset\n"
                 );
                 how
             }

@@ -128,8 +128,8 @@ host_checks() {
 # --- guest runs, several at once ----------------------------------------------------------------
 # Every guest run below is a job. A guest keeps about one host core busy at most (one vCPU runs
 # the test, the other mostly idles; the fast kernel's guests wait on timers much of the time), so
-# CHECK_JOBS=3 (the default) runs three at once: on 2 cores a fresh-clone make check took 14 min
-# 58 s instead of 19-24 one at a time (CHECK_JOBS=1). Guests boot without 5-level paging
+# CHECK_JOBS=3 (the default) runs three at once: on 2 cores a fresh-clone make check took 11-15
+# min instead of 19-24 one at a time (CHECK_JOBS=1). Guests boot without 5-level paging
 # (tools/vm/run.sh): with it, debug kernels booting side by side hit a KASAN report in early
 # boot. Each job's lines are printed, and its counts added, in the order it was queued (the
 # longest first, so that none is left to run alone at the end).

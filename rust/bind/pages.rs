@@ -9,7 +9,7 @@
 //! [`SPLIT_BELOW`] or more is one high-order allocation made with `__GFP_COMP` (so that each of
 //! its pages can be mapped on its own, as `vm_insert_page` requires), freed with `__free_pages`
 //! of the same order. A smaller chunk on its own is `2^order` order-0 pages, each with its own
-//! reference (`split_page`), freed one by one (in batches). A [`ChunkList`] of small chunks is
+//! reference (`split_page`), freed one by one. A [`ChunkList`] of small chunks is
 //! cut instead from the largest blocks the page allocator has at hand (up to [`BLOCK_ORDER`],
 //! taken only when it has them without reclaim), each block one compound allocation that the
 //! list frees whole: 1 GiB of 4 KiB chunks is 512 allocations and 512 frees rather than 262,144
@@ -171,68 +171,10 @@ unsafe fn free_chunk(page: NonNull<bindings::page>, order: u32) {
         unsafe { bindings::__free_pages(page.as_ptr(), order) };
         return;
     }
-    let mut batch = PageBatch::new();
-    // SAFETY: split order-0 pages with a reference each, ours to free (the function's
-    // contract).
-    unsafe { batch.push_chunk(page, order) };
-}
-
-/// Order-0 pages with one reference each, given back [`PageBatch::LEN`] at a time through
-/// `release_pages`, which takes the page allocator's per-CPU lock once a batch rather than
-/// once a page (freeing 1 GiB of 4 KiB pages one by one cost half as long as zeroing them).
-/// What it holds is given back when it drops.
-struct PageBatch {
-    pages: [*mut bindings::page; PageBatch::LEN],
-    len: usize,
-}
-
-impl PageBatch {
-    const LEN: usize = 64;
-
-    fn new() -> Self {
-        Self {
-            pages: [core::ptr::null_mut(); Self::LEN],
-            len: 0,
-        }
-    }
-
-    /// Adds the `2^order` pages from `first`.
-    ///
-    /// # Safety
-    ///
-    /// They are contiguous split order-0 pages with one reference each, owned by the caller,
-    /// which gives them up.
-    unsafe fn push_chunk(&mut self, first: NonNull<bindings::page>, order: u32) {
-        for i in 0..1usize << order {
-            if self.len == Self::LEN {
-                self.flush();
-            }
-            // Below `LEN` after the flush: always a slot.
-            if let Some(slot) = self.pages.get_mut(self.len) {
-                // SAFETY: `i` is inside the chunk, whose `struct page`s are contiguous.
-                *slot = unsafe { first.as_ptr().add(i) };
-                self.len += 1;
-            }
-        }
-    }
-
-    fn flush(&mut self) {
-        if self.len == 0 {
-            return;
-        }
-        let arg = bindings::release_pages_arg {
-            pages: self.pages.as_mut_ptr(),
-        };
-        // SAFETY: the first `len` entries are pages given to the batch (`push_chunk`'s
-        // contract), each put here once; `len` is at most `LEN` (fits a `c_int`).
-        unsafe { bindings::release_pages(arg, self.len as kernel::ffi::c_int) };
-        self.len = 0;
-    }
-}
-
-impl Drop for PageBatch {
-    fn drop(&mut self) {
-        self.flush();
+    for i in 0..1usize << order {
+        // SAFETY: the chunk's pages are contiguous order-0 pages with a reference each, ours
+        // to free (the function's contract); `i` is inside the chunk.
+        unsafe { bindings::__free_pages(page.as_ptr().add(i), 0) };
     }
 }
 
@@ -354,7 +296,6 @@ impl Drop for Heads {
     fn drop(&mut self) {
         let order = self.order;
         let mut blocks = self.blocks.iter().peekable();
-        let mut batch = PageBatch::new();
         let mut i = 0;
         while let Some(p) = self.v.get(i) {
             if let Some(&&(start, block)) = blocks.peek() {
@@ -367,14 +308,8 @@ impl Drop for Heads {
                     continue;
                 }
             }
-            if order >= SPLIT_BELOW {
-                // SAFETY: by the type invariant we own the chunk, of this order.
-                unsafe { free_chunk(*p, order) };
-            } else {
-                // SAFETY: by the type invariant we own the chunk: split order-0 pages of this
-                // order's count, a reference each.
-                unsafe { batch.push_chunk(*p, order) };
-            }
+            // SAFETY: by the type invariant we own the chunk, of this order.
+            unsafe { free_chunk(*p, order) };
             i += 1;
         }
     }
