@@ -79,6 +79,8 @@ pub(crate) enum Class {
     PoolChunks,
     /// Their bytes.
     PoolBytes,
+    /// Vidmem root storage kept for reuse after its root emptied (2 MiB each).
+    VidmemKept,
 }
 
 /// The names used in reports and by ruvmctl, by class index.
@@ -110,7 +112,7 @@ const NAMES: [&str; CLASSES] = [
     "pools",
     "pool_chunks",
     "pool_bytes",
-    "class_27",
+    "vidmem_kept",
     "class_28",
     "class_29",
 ];
@@ -138,6 +140,7 @@ impl Class {
             Class::Pools => uapi::ruvm_audit_class_RUVM_AUDIT_POOLS,
             Class::PoolChunks => uapi::ruvm_audit_class_RUVM_AUDIT_POOL_CHUNKS,
             Class::PoolBytes => uapi::ruvm_audit_class_RUVM_AUDIT_POOL_BYTES,
+            Class::VidmemKept => uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_KEPT,
         };
         i as usize
     }
@@ -162,6 +165,11 @@ pub(crate) fn sub(class: Class, n: u64) {
     if let Some(c) = LIVE.get(class.index()) {
         c.fetch_sub(n, Relaxed);
     }
+}
+
+/// The live count of one class.
+pub(crate) fn live_of(class: Class) -> u64 {
+    LIVE.get(class.index()).map_or(0, |c| c.load(Relaxed))
 }
 
 /// The live counts of every class.
@@ -189,6 +197,26 @@ impl Counted {
 impl Drop for Counted {
     fn drop(&mut self) {
         sub(self.class, self.n);
+    }
+}
+
+/// `n` of a class taken out of its count while this token lives: for a resource whose
+/// [`Counted`] token stays with it while another class counts it (kept vidmem storage).
+pub(crate) struct Uncounted {
+    class: Class,
+    n: u64,
+}
+
+impl Uncounted {
+    pub(crate) fn new(class: Class, n: u64) -> Self {
+        sub(class, n);
+        Self { class, n }
+    }
+}
+
+impl Drop for Uncounted {
+    fn drop(&mut self) {
+        add(self.class, self.n);
     }
 }
 

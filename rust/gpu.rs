@@ -29,7 +29,7 @@ use kernel::{
 };
 
 use crate::{
-    bind::{dma::DmaDevice, errno, global::global},
+    bind::{dma::DmaDevice, errno, global::global, shrinker::Shrink},
     uapi,
 };
 
@@ -291,6 +291,8 @@ impl kernel::fmt::Display for PciAddr {
 pub(crate) struct Config {
     /// Vidmem of each GPU, in bytes.
     pub(crate) vidmem: u64,
+    /// Bytes of root storage each GPU's PMM keeps for reuse.
+    pub(crate) vidmem_keep: u64,
     /// The host GPUs `host_gpus` names, which the edu driver leaves alone.
     pub(crate) host: [Option<PciAddr>; MAX_HOST_PARAM],
 }
@@ -299,6 +301,7 @@ impl Config {
     const fn none() -> Self {
         Self {
             vidmem: 0,
+            vidmem_keep: 0,
             host: [None; MAX_HOST_PARAM],
         }
     }
@@ -398,13 +401,14 @@ pub(crate) fn register(
             reg.gpus.len() - 1
         }
     };
-    let vidmem = reg.config.vidmem;
+    let (vidmem, keep) = (reg.config.vidmem, reg.config.vidmem_keep);
     let entry = reg.gpus.get_mut(index).ok_or(EINVAL)?;
     let id = entry.id;
     let pmm = match vidmem {
         0 => None,
         bytes => Some(pmm::Pmm::new(
             bytes,
+            keep,
             dma.clone(),
             limit,
             tracker.clone(),
@@ -527,9 +531,10 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
     Ok(out)
 }
 
-/// For the audit's walk: every present GPU's vidmem root chunks with storage, and the DMA
-/// mappings of that storage. The PMMs' locks are taken after the registry's is released.
-pub(crate) fn walk_vidmem() -> Result<(u64, u64)> {
+/// For the audit's walk: every present GPU's vidmem root chunks with storage, the DMA
+/// mappings of that storage, and the storages kept for reuse. The PMMs' locks are taken after
+/// the registry's is released.
+pub(crate) fn walk_vidmem() -> Result<(u64, u64, u64)> {
     let mut pmms = KVec::new();
     {
         let reg = GPUS.lock().ok_or(ENODEV)?;
@@ -542,7 +547,65 @@ pub(crate) fn walk_vidmem() -> Result<(u64, u64)> {
     Ok(pmms
         .iter()
         .map(|p| p.walk())
-        .fold((0, 0), |(a, b), (x, y)| (a + x, b + y)))
+        .fold((0, 0, 0), |(a, b, c), (x, y, z)| (a + x, b + y, c + z)))
+}
+
+/// The vidmem storage the PMMs keep for reuse, under memory pressure (registered by the module
+/// as a shrinker).
+pub(crate) struct VidmemShrink;
+
+/// Pages in one root's storage.
+const ROOT_PAGES: u64 = pmm::CHUNK_MAX / kernel::page::PAGE_SIZE as u64;
+
+impl Shrink for VidmemShrink {
+    /// Pages of kept storage, every GPU's (the audit's count: no lock).
+    fn count() -> u64 {
+        crate::audit::live_of(crate::audit::Class::VidmemKept) * ROOT_PAGES
+    }
+
+    /// Gives back kept storage, GPU by GPU, until `pages` pages went (whole roots): how many
+    /// did. The registry's and each PMM's locks are only tried (reclaim may run under them);
+    /// the storage is unmapped and freed under its PMM's lock, as all storage is.
+    fn scan(pages: u64) -> u64 {
+        let Some(reg) = GPUS.try_lock() else {
+            return 0;
+        };
+        let mut left = usize::try_from(pages.div_ceil(ROOT_PAGES)).unwrap_or(usize::MAX);
+        let mut freed = 0;
+        for pmm in reg
+            .gpus
+            .iter()
+            .filter_map(|e| e.dev.as_ref()?.res.pmm.as_ref())
+        {
+            if left == 0 {
+                break;
+            }
+            let n = pmm.shrink(left);
+            left -= n;
+            freed += n as u64 * ROOT_PAGES;
+        }
+        freed
+    }
+}
+
+/// Gives back the vidmem storage every PMM keeps for reuse (at unload, before the audit counts
+/// what is left). The PMMs' locks are taken after the registry's is released.
+pub(crate) fn release_kept() {
+    let mut pmms = KVec::new();
+    if let Some(reg) = GPUS.lock() {
+        for p in reg
+            .gpus
+            .iter()
+            .filter_map(|e| e.dev.as_ref()?.res.pmm.as_ref())
+        {
+            // Without room, the PMM left out keeps its storage until its GPU goes, right after
+            // the report (which then counts it).
+            let _ = pmms.push(p.clone(), GFP_KERNEL);
+        }
+    }
+    for p in pmms {
+        p.shrink_all();
+    }
 }
 
 /// Every present GPU's MMU, with its id. Taken under the registry's lock, which is released

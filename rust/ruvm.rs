@@ -29,7 +29,8 @@
 //!    then a pool's mutex (its bookkeeping only; the shrinker only tries these two);
 //! 6. a mem's state mutex (`mem.rs`);
 //! 7. a simulated GPU's MMU mutex (`gpu/mmu.rs`): its page tables, written under it;
-//! 8. the GPU registry (`gpu.rs`): PMMs and MMUs are visited after it is released;
+//! 8. the GPU registry (`gpu.rs`): PMMs and MMUs are visited after it is released, but by the
+//!    vidmem shrinker, which only tries it and, under it, each PMM's mutex;
 //! 9. a PMM's mutex (`gpu/pmm.rs`), then the buddy allocator's own;
 //! 10. leaves, under which nothing of ruvm is taken: a GPU's table tracker (`gpu/dma.rs`), a
 //!     simulated GPU's translation (`gpu/sim.rs`), an edu engine's busy mutex (`gpu/edu.rs`), a
@@ -75,6 +76,10 @@ module! {
         vidmem_mib: u64 {
             default: 64,
             description: "Vidmem of each GPU, in MiB: even (2 MiB root chunks), at most 65534; 0 none",
+        },
+        vidmem_keep_mib: u64 {
+            default: 8,
+            description: "Vidmem root storage each GPU keeps for reuse once its root chunk empties, in MiB: even, at most 65534; 0 gives it back at once",
         },
         sim_gpus: u32 {
             default: 0,
@@ -129,8 +134,14 @@ fn gpu_config() -> Result<gpu::Config> {
         pr_err!("vidmem size {vidmem} MiB: must be even and at most {MAX_VIDMEM_MIB}\n");
         return Err(EINVAL);
     }
+    let keep = *module_parameters::vidmem_keep_mib.value();
+    if keep % 2 != 0 || keep > MAX_VIDMEM_MIB {
+        pr_err!("vidmem_keep_mib {keep}: must be even and at most {MAX_VIDMEM_MIB}\n");
+        return Err(EINVAL);
+    }
     Ok(gpu::Config {
         vidmem: mib(vidmem),
+        vidmem_keep: mib(keep),
         host: gpu::host::parse_list(HOST_GPUS.value())?,
     })
 }
@@ -216,6 +227,8 @@ struct RuvmModule {
     _layers: Layers,
     /// The pools' caches, given back under memory pressure.
     _shrinker: bind::shrinker::Shrinker,
+    /// The vidmem storage the PMMs keep, given back under memory pressure.
+    _vidmem_shrinker: bind::shrinker::Shrinker,
     #[pin]
     _miscdev: MiscDeviceRegistration<file::RuvmFile>,
     /// Before the edu driver, so that it leaves the host GPUs alone.
@@ -256,7 +269,10 @@ impl kernel::InPlaceModule for RuvmModule {
             // First, before anything that can reach it is registered; a bad parameter fails the
             // load here (`config` is `Err` then).
             _layers: Layers::new(config?)?,
-            _shrinker: bind::shrinker::Shrinker::register::<mem::pool::PoolShrink>()?,
+            _shrinker: bind::shrinker::Shrinker::register::<mem::pool::PoolShrink>(c"ruvm-pools")?,
+            _vidmem_shrinker: bind::shrinker::Shrinker::register::<gpu::VidmemShrink>(
+                c"ruvm-vidmem"
+            )?,
             _miscdev <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"ruvm" }),
             _host: gpu::host::HostGpus::new(&config?.host)?,
             _sim: gpu::sim::SimGpus::new(*module_parameters::sim_gpus.value())?,
@@ -274,7 +290,9 @@ impl kernel::InPlaceModule for RuvmModule {
 impl PinnedDrop for RuvmModule {
     fn drop(self: Pin<&mut Self>) {
         // No file can be open here: each open file holds a module reference (`bind::fops`),
-        // and each user mapping holds its file. What is still counted has leaked.
+        // and each user mapping holds its file. The vidmem storage the PMMs keep for reuse goes
+        // first; what is still counted then has leaked.
+        gpu::release_kept();
         let live = audit::live();
         let leaked = audit::report_unload(&live);
         if leaked && audit::level() >= 2 {

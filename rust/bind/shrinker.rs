@@ -92,11 +92,16 @@ fn account_reclaimed(pages: ffi::c_ulong) {
 }
 
 impl Shrinker {
-    /// Registers a shrinker named `ruvm-pools` (shown in `/sys/kernel/debug/shrinker`) with
-    /// `S`'s callbacks.
-    pub(crate) fn register<S: Shrink>() -> Result<Self> {
-        // SAFETY: the format is a constant string with no conversion, so no argument follows.
-        let ptr = unsafe { bindings::shrinker_alloc(0, c"ruvm-pools".as_char_ptr()) };
+    /// Registers a shrinker named `name` (shown in `/sys/kernel/debug/shrinker`) with `S`'s
+    /// callbacks.
+    pub(crate) fn register<S: Shrink>(name: &'static CStr) -> Result<Self> {
+        // The name is a format: one with a conversion would read an argument that is not there.
+        if name.to_bytes().contains(&b'%') {
+            return Err(EINVAL);
+        }
+        // SAFETY: `name` is a NUL-terminated string without a conversion (checked above), so
+        // no argument follows; `shrinker_alloc` copies it.
+        let ptr = unsafe { bindings::shrinker_alloc(0, name.as_char_ptr()) };
         let ptr = NonNull::new(ptr).ok_or(ENOMEM)?;
         // SAFETY: the shrinker was just allocated and is not registered: these fields are its
         // owner's to set before `shrinker_register`.

@@ -17,7 +17,7 @@ use kernel::{
 };
 
 use crate::{
-    audit::{Class, Counted},
+    audit::{Class, Counted, Uncounted},
     bind::{
         dma::{DmaDevice, DmaTable},
         pages::ChunkList,
@@ -68,6 +68,18 @@ impl Tracker {
         }
     }
 
+    /// Takes `bytes` out of the mapped bytes until the returned token drops (see
+    /// [`GpuTable::unseen`]).
+    fn unsee(self: &Arc<Self>, count: u64, bytes: u64) -> Unseen {
+        self.bytes.fetch_sub(bytes, Relaxed);
+        Unseen {
+            _maps: Uncounted::new(Class::DmaMappings, count),
+            _bytes: Uncounted::new(Class::DmaBytes, bytes),
+            tracker: self.clone(),
+            bytes,
+        }
+    }
+
     /// Waits until the GPU has no table left (its removal, once no new one can be made).
     pub(crate) fn wait_empty(&self) {
         let mut n = self.tables.lock();
@@ -86,7 +98,7 @@ pub(crate) struct GpuTable {
     table: DmaTable<Counted>,
     _maps: Counted,
     _bytes: Counted,
-    _tracked: Tracked,
+    tracked: Tracked,
 }
 
 /// A table's place in its GPU's [`Tracker`], given back on drop.
@@ -98,6 +110,21 @@ struct Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         self.tracker.remove(self.bytes);
+    }
+}
+
+/// A table left out of the counts that show mappings while this lives: the audit's
+/// `dma_mappings` and `dma_bytes`, and its GPU's mapped bytes.
+pub(crate) struct Unseen {
+    _maps: Uncounted,
+    _bytes: Uncounted,
+    tracker: Arc<Tracker>,
+    bytes: u64,
+}
+
+impl Drop for Unseen {
+    fn drop(&mut self) {
+        self.tracker.bytes.fetch_add(self.bytes, Relaxed);
     }
 }
 
@@ -123,8 +150,16 @@ impl GpuTable {
             table,
             _maps: Counted::new(Class::DmaMappings, n),
             _bytes: Counted::new(Class::DmaBytes, bytes),
-            _tracked: Tracked { tracker, bytes },
+            tracked: Tracked { tracker, bytes },
         })
+    }
+
+    /// Leaves the table out of the audit's DMA classes and its GPU's mapped bytes until the
+    /// token drops: vidmem storage kept for reuse is no mem's and no root's, and is counted
+    /// apart (it stays mapped, and its GPU's removal still waits for it).
+    pub(crate) fn unseen(&self) -> Unseen {
+        let t = &self.tracked;
+        t.tracker.unsee(self.table.count() as u64, t.bytes)
     }
 
     /// How many chunks it maps (one DMA address each).

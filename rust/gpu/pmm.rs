@@ -18,6 +18,14 @@
 //! when it comes back, so no mem ever sees an earlier one's bytes, and new storage is not
 //! zeroed whole: a cold allocation of a 64 KiB chunk zeroes 64 KiB, not the root's 2 MiB.
 //!
+//! Storage a root gives up is kept for the next root that needs some, already mapped, up to
+//! `vidmem_keep_mib` per GPU: a cold allocation then costs no page allocation and no DMA
+//! mapping. Kept storage is counted as `vidmem_kept` alone (no root's, no mem's, no DMA
+//! mapping a mem made), and given back under memory pressure ([`Pmm::shrink`], the module's
+//! shrinker) and when the GPU goes. Only a mem that was made keeps its storage: the chunks of
+//! an allocation that failed put storage back where it came from (the kept list, or the page
+//! allocator), so a failed call leaves every count as it was.
+//!
 //! # Locking
 //!
 //! One mutex per PMM (`state`), taken under a GPU access guard (or by the GPU's removal) and
@@ -37,7 +45,7 @@ use kernel::{
 };
 
 use crate::{
-    audit::{Class, Counted},
+    audit::{Class, Counted, Uncounted},
     bind::{
         dma::DmaDevice,
         pages::{ChunkFlags, ChunkList},
@@ -45,7 +53,7 @@ use crate::{
 };
 
 use super::{
-    dma::{GpuTable, Pages, Tracker},
+    dma::{GpuTable, Pages, Tracker, Unseen},
     sim::SimIommu,
 };
 
@@ -86,11 +94,35 @@ struct Root {
     /// Chunks allocated from it that use its storage.
     stored: u32,
     store: Option<RootStore>,
+    /// Its storage came from the kept list (where a failed allocation puts it back).
+    reused: bool,
+}
+
+/// A root's storage kept for reuse: counted as `vidmem_kept` alone meanwhile. Field order is
+/// drop order: the storage's own counts are back before it goes.
+struct Kept {
+    _kept: Counted,
+    _root: Uncounted,
+    _unseen: Unseen,
+    store: RootStore,
+}
+
+impl Kept {
+    fn new(store: RootStore) -> Self {
+        Self {
+            _kept: Counted::new(Class::VidmemKept, 1),
+            _root: Uncounted::new(Class::VidmemRoots, 1),
+            _unseen: store.table.unseen(),
+            store,
+        }
+    }
 }
 
 /// The PMM's bookkeeping, under its lock.
 struct PmmState {
     roots: KVec<Root>,
+    /// Storage kept for reuse, at most its capacity (the bound, reserved at creation).
+    kept: KVec<Kept>,
     /// Chunks allocated now, per [`CHUNK_SIZES`].
     allocated: [u64; 3],
     /// The GPU is gone: storage dropped, nothing more is handed out.
@@ -130,14 +162,18 @@ pub(crate) struct VidChunk {
     phys: u64,
     size: u64,
     stored: bool,
+    /// Its mem was made: its root's storage may be kept when it goes.
+    keep: bool,
 }
 
 impl Pmm {
-    /// A PMM over `capacity` bytes of vidmem (a non-zero multiple of 2 MiB) for the GPU whose
-    /// DMA device is `dma`, whose highest DMA address is `limit`, whose DMA tables are
-    /// tracked by `tracker` and whose simulated engine (if any) is `sim`.
+    /// A PMM over `capacity` bytes of vidmem (a non-zero multiple of 2 MiB), keeping the
+    /// storage of up to `keep` bytes of roots for reuse, for the GPU whose DMA device is `dma`,
+    /// whose highest DMA address is `limit`, whose DMA tables are tracked by `tracker` and
+    /// whose simulated engine (if any) is `sim`.
     pub(super) fn new(
         capacity: u64,
+        keep: u64,
         dma: Arc<DmaDevice>,
         limit: u64,
         tracker: Arc<Tracker>,
@@ -151,6 +187,8 @@ impl Pmm {
         for _ in 0..count {
             roots.push(Root::default(), GFP_KERNEL)?;
         }
+        let keep = usize::try_from(keep / CHUNK_MAX)?;
+        let kept = KVec::with_capacity(keep, GFP_KERNEL)?;
         let buddy = GpuBuddy::new(GpuBuddyParams {
             base_offset: 0,
             size: capacity,
@@ -166,6 +204,7 @@ impl Pmm {
                 sim,
                 state <- new_mutex!(PmmState {
                     roots,
+                    kept,
                     allocated: [0; 3],
                     dead: false,
                 }),
@@ -185,7 +224,8 @@ impl Pmm {
     pub(crate) fn alloc(self: &Arc<Self>, size: u64, store: bool) -> Result<VidChunk> {
         let index = size_index(size).ok_or(EINVAL)?;
         let align = Alignment::new_checked(usize::try_from(size)?).ok_or(EINVAL)?;
-        let mut st = self.state.lock();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
         if st.dead {
             return Err(ENODEV);
         }
@@ -209,7 +249,12 @@ impl Pmm {
         };
         let root = st.roots.get_mut(root_index(phys)).ok_or(EINVAL)?;
         if store && root.store.is_none() {
-            root.store = Some(self.new_store()?);
+            let (new, reused) = match st.kept.pop() {
+                Some(k) => (k.store, true),
+                None => (self.new_store()?, false),
+            };
+            root.store = Some(new);
+            root.reused = reused;
         }
         root.chunks += 1;
         root.whole = size == CHUNK_MAX;
@@ -222,13 +267,14 @@ impl Pmm {
         if let Some(n) = st.allocated.get_mut(index) {
             *n += 1;
         }
-        drop(st);
+        drop(guard);
         let chunk = VidChunk {
             pmm: self.clone(),
             _blocks: blocks,
             phys,
             size,
             stored: store,
+            keep: false,
         };
         if let Some(pages) = pages {
             // Outside the lock: the chunk is no one else's yet, and its stored count keeps the
@@ -261,10 +307,12 @@ impl Pmm {
 
     /// Takes a chunk back (from [`VidChunk`]'s drop, before its block returns to the buddy,
     /// so no one else can be handed its range meanwhile): the counts, and the root's storage if
-    /// this was its last stored chunk (unmapped and freed under the lock). Its bytes stay until
-    /// the range is handed out again, zeroed then.
+    /// this was its last stored chunk: kept for reuse if the chunk's mem was made (or the
+    /// storage was kept before) and there is room, else unmapped and freed under the lock.
+    /// Its bytes stay until the range is handed out again, zeroed then.
     fn free(&self, chunk: &VidChunk) {
-        let mut st = self.state.lock();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
         if let Some(n) = size_index(chunk.size).and_then(|i| st.allocated.get_mut(i)) {
             *n -= 1;
         }
@@ -276,7 +324,13 @@ impl Pmm {
             if chunk.stored {
                 r.stored -= 1;
                 if r.stored == 0 {
-                    drop(r.store.take());
+                    let reused = core::mem::take(&mut r.reused);
+                    if let Some(store) = r.store.take() {
+                        if !st.dead && (chunk.keep || reused) {
+                            // Dropped (unmapped, freed) here if the list is full.
+                            let _ = st.kept.push_within_capacity(Kept::new(store));
+                        }
+                    }
                 }
             }
         }
@@ -310,6 +364,7 @@ impl Pmm {
     pub(crate) fn kill(&self) {
         let mut st = self.state.lock();
         st.dead = true;
+        st.kept.clear();
         for r in st.roots.iter_mut() {
             // Unmapped and freed here, under the lock (as storage is made under it).
             drop(r.store.take());
@@ -335,8 +390,26 @@ impl Pmm {
         s
     }
 
-    /// For the audit's walk: root chunks with storage, and their DMA mappings.
-    pub(crate) fn walk(&self) -> (u64, u64) {
+    /// Gives back up to `roots` kept storages (memory pressure), if the lock is free: how many
+    /// went. Each is unmapped and freed under the lock, like all storage.
+    pub(crate) fn shrink(&self, roots: usize) -> usize {
+        let Some(mut st) = self.state.try_lock() else {
+            return 0;
+        };
+        let n = roots.min(st.kept.len());
+        let left = st.kept.len() - n;
+        st.kept.truncate(left);
+        n
+    }
+
+    /// Gives back every kept storage (at unload), waiting for the lock.
+    pub(crate) fn shrink_all(&self) {
+        self.state.lock().kept.clear();
+    }
+
+    /// For the audit's walk: root chunks with storage, their DMA mappings, and the storages
+    /// kept for reuse (in neither).
+    pub(crate) fn walk(&self) -> (u64, u64, u64) {
         let st = self.state.lock();
         let stored = st.roots.iter().filter(|r| r.store.is_some()).count() as u64;
         let mapped = st
@@ -345,7 +418,7 @@ impl Pmm {
             .filter_map(|r| r.store.as_ref())
             .map(|s| s.table.count() as u64)
             .sum();
-        (stored, mapped)
+        (stored, mapped, st.kept.len() as u64)
     }
 
     /// The PMM_CHECK_LEAK test: hands out chunks of `size` (without storage) until `limit` of
@@ -371,6 +444,11 @@ impl Pmm {
 }
 
 impl VidChunk {
+    /// Its mem was made: when the chunk goes, its root's storage may be kept for reuse.
+    pub(crate) fn keep_storage(&mut self) {
+        self.keep = true;
+    }
+
     /// The chunk's vidmem (GPU physical) address.
     pub(crate) fn phys(&self) -> u64 {
         self.phys

@@ -84,9 +84,11 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
         }
     }
     super::pool::walk(&mut bump)?;
-    // Vidmem storage: counted per root chunk, and DMA-mapped (one 2 MiB mapping each).
-    let (roots, mapped) = crate::gpu::walk_vidmem()?;
+    // Vidmem storage: counted per root chunk, and DMA-mapped (one 2 MiB mapping each); kept
+    // storage only as such.
+    let (roots, mapped, kept) = crate::gpu::walk_vidmem()?;
     bump(Class::VidmemRoots, roots);
+    bump(Class::VidmemKept, kept);
     bump(Class::DmaMappings, mapped);
     bump(Class::DmaBytes, mapped * CHUNK_MAX);
     // Page tables: every one counted, the sysmem ones DMA-mapped (one page each).

@@ -61,8 +61,9 @@ pub(crate) struct VidPages {
     gpu: Arc<GpuDev>,
     chunks: KVVec<VidChunk>,
     pool: Option<Arc<Pool>>,
-    /// From a pool: how many of the chunks came from its cache (the first ones), and whether
-    /// the mem was made (else, dropped, the pool's allocation is undone).
+    /// From a pool: how many of the chunks came from its cache (the first ones). Whether the
+    /// mem was made: else, dropped, the pool's allocation is undone, or (without a pool) the
+    /// chunks' root storage is not kept for reuse.
     reused: usize,
     made: Atomic<bool>,
     _audit: Counted,
@@ -70,16 +71,21 @@ pub(crate) struct VidPages {
 
 impl Drop for VidPages {
     fn drop(&mut self) {
+        let made = self.made.load(Relaxed);
         if let Some(pool) = self.pool.take() {
-            let undo = (!self.made.load(Relaxed)).then_some(self.reused);
+            let undo = (!made).then_some(self.reused);
             pool.give_back_vid(core::mem::replace(&mut self.chunks, KVVec::new()), undo);
+        } else if made {
+            for c in self.chunks.iter_mut() {
+                c.keep_storage();
+            }
         }
     }
 }
 
 impl VidPages {
     /// The mem these chunks are for was made: from now on they go back to their pool as a
-    /// freed mem's.
+    /// freed mem's, or leave their root storage to be kept for reuse.
     pub(super) fn made(&self) {
         self.made.store(true, Relaxed);
     }
@@ -151,7 +157,7 @@ fn alloc_vidmem(gpu: &Arc<GpuDev>, layout: &Layout) -> Result<VidPages> {
         chunks,
         pool: None,
         reused: 0,
-        made: Atomic::new(true),
+        made: Atomic::new(false),
         _audit: Counted::new(Class::VidmemChunks, n),
     })
 }

@@ -318,6 +318,7 @@ enum ruvm_audit_class {
 	RUVM_AUDIT_POOLS = 24,		/* memory pools */
 	RUVM_AUDIT_POOL_CHUNKS = 25,	/* chunks cached by pools (free, kept for reuse) */
 	RUVM_AUDIT_POOL_BYTES = 26,	/* their bytes */
+	RUVM_AUDIT_VIDMEM_KEPT = 27,	/* root storage kept for reuse, its root empty (2 MiB each) */
 	RUVM_AUDIT_CLASSES = 30,
 };
 

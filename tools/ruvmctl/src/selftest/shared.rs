@@ -12,6 +12,33 @@ pub(super) fn live(d: &Ruvm) -> Result<Vec<u64>, Stop> {
     Ok(d.audit(false).ctx("AUDIT")?.live.to_vec())
 }
 
+/// The audit's class of vidmem storage kept for reuse.
+pub(super) const VIDMEM_KEPT: usize = uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_KEPT as usize;
+
+/// Gives back every vidmem storage the PMMs keep, through the kernel's shrinkers
+/// (`drop_caches` 2 runs every slab shrinker, ruvm's included), and checks none is left.
+/// Needs root.
+pub(super) fn drop_kept(d: &Ruvm) -> TestResult {
+    std::fs::write("/proc/sys/vm/drop_caches", "2")
+        .map_err(|e| Stop::Fail(format!("writing /proc/sys/vm/drop_caches: {e}")))?;
+    let left = live(d)?[VIDMEM_KEPT];
+    if left != 0 {
+        return Err(Stop::Fail(format!(
+            "the shrinker left {left} kept vidmem storages"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `a` and `b` agree on every class but `except`.
+pub(super) fn same_but(a: &[u64], b: &[u64], except: usize) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .enumerate()
+            .all(|(i, (x, y))| i == except || x == y)
+}
+
 /// The fill of `[0, len)` of mem `h` with the pattern of `seed`.
 fn pattern(h: u64, len: u64, seed: u64) -> uapi::ruvm_mem_fill {
     uapi::ruvm_mem_fill {
