@@ -3,9 +3,10 @@
 //! `ruvmctl fuzz`: several processes, each with several threads, issue random operations on
 //! `/dev/ruvm` with valid, boundary and malformed arguments (every ioctl; mmap, munmap, mremap,
 //! reads and writes of mappings; fork; close, dup and SCM_RIGHTS of files; SIGKILL of whole
-//! processes; GPU unbind and rebind; module unload attempts). The oracle checks every errno
-//! against the set `Documentation/ruvm.rst` gives for that call, and at the end that nothing is
-//! left: no mem alive, every audit counter zero.
+//! processes; GPU unbind and rebind; module unload attempts; the kernel's shrinkers). The
+//! oracle checks every errno against the set `Documentation/ruvm.rst` gives for that call, and
+//! at the end that nothing is left: no mem alive, every audit counter zero once the shrinkers
+//! gave back what is kept for reuse.
 //!
 //! Seeded and reproducible: the seed is printed, and each worker's stream of operations is a
 //! function of the seed and its slot; the interleaving of threads is the kernel's.
@@ -104,6 +105,7 @@ pub fn run(spec: &Spec) -> Result<u64> {
     let mut unbinds = 0u64;
     let mut attaches = 0u64;
     let mut unloads = 0u64;
+    let mut shrinks = 0u64;
     while shared.ops.load(Ordering::Relaxed) < spec.ops && start.elapsed() < spec.duration {
         std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
         if spec.kill && rng.one_in(4) {
@@ -127,6 +129,11 @@ pub fn run(spec: &Spec) -> Result<u64> {
         if rng.one_in(5) {
             ops::unload_attempt(shared);
             unloads += 1;
+        }
+        // The kernel's shrinkers, racing the workers: pools' caches and kept vidmem storage
+        // given back under their feet (root only).
+        if rng.one_in(5) && std::fs::write("/proc/sys/vm/drop_caches", "2").is_ok() {
+            shrinks += 1;
         }
     }
     shared.stop.store(1, Ordering::Relaxed);
@@ -177,7 +184,7 @@ pub fn run(spec: &Spec) -> Result<u64> {
         }
     }
     println!(
-        "fuzz: seed {}: {total} operations in {secs:.1} s ({:.0}/s), {kills} processes killed, {unbinds} unbinds ({attaches} attached as host GPUs meanwhile), {unloads} unload attempts, {problems} problems",
+        "fuzz: seed {}: {total} operations in {secs:.1} s ({:.0}/s), {kills} processes killed, {unbinds} unbinds ({attaches} attached as host GPUs meanwhile), {unloads} unload attempts, {shrinks} shrinker runs, {problems} problems",
         spec.seed,
         total as f64 / secs.max(1e-9)
     );
