@@ -122,7 +122,7 @@ impl Kept {
 struct PmmState {
     roots: KVec<Root>,
     /// Storage kept for reuse, at most its capacity (the bound, reserved at creation).
-    kept: KVec<Kept>,
+    kept: KVVec<Kept>,
     /// Chunks allocated now, per [`CHUNK_SIZES`].
     allocated: [u64; 3],
     /// The GPU is gone: storage dropped, nothing more is handed out.
@@ -187,8 +187,9 @@ impl Pmm {
         for _ in 0..count {
             roots.push(Root::default(), GFP_KERNEL)?;
         }
-        let keep = usize::try_from(keep / CHUNK_MAX)?;
-        let kept = KVec::with_capacity(keep, GFP_KERNEL)?;
+        // Never more than every root's storage.
+        let keep = usize::try_from(keep.min(capacity) / CHUNK_MAX)?;
+        let kept = KVVec::with_capacity(keep, GFP_KERNEL)?;
         let buddy = GpuBuddy::new(GpuBuddyParams {
             base_offset: 0,
             size: capacity,
