@@ -7,7 +7,7 @@
 use nix::errno::Errno;
 
 use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
-use super::shared::{fill, live, mismatches};
+use super::shared::{fill, live, meminfo, mismatches, touch_in_child};
 use libruvm::{cmd, uapi, Ruvm, UserMap};
 
 const K: u64 = 1024;
@@ -567,18 +567,6 @@ fn pool_close_gives_everything_back() -> TestResult {
     Ok(())
 }
 
-/// A field of /proc/meminfo, in bytes.
-fn meminfo(field: &str) -> Result<u64, Stop> {
-    let text = std::fs::read_to_string("/proc/meminfo").ctx("/proc/meminfo")?;
-    text.lines()
-        .find_map(|l| {
-            let rest = l.strip_prefix(field)?.strip_prefix(':')?;
-            rest.trim().trim_end_matches(" kB").parse::<u64>().ok()
-        })
-        .map(|kib| kib * K)
-        .ok_or_else(|| Stop::Fail(format!("/proc/meminfo has no {field}")))
-}
-
 /// A pool holding a third of the guest's available memory in its cache, then another process
 /// touching more anonymous memory than is available without it: the shrinker gives the cache
 /// back and the process is not killed.
@@ -612,29 +600,7 @@ fn pool_shrinks_under_memory_pressure() -> TestResult {
     );
     // More than is available without the cache: half of it must come back.
     let want = meminfo("MemAvailable")? + held / 2;
-    let status = super::harness::in_child(|| {
-        use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
-        let Some(len) = std::num::NonZeroUsize::new(want as usize) else {
-            return 2;
-        };
-        // SAFETY: a fresh private anonymous mapping, written through its own pointer only.
-        let Ok(ptr) = (unsafe {
-            mmap_anonymous(
-                None,
-                len,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_PRIVATE,
-            )
-        }) else {
-            return 3;
-        };
-        let base = ptr.as_ptr().cast::<u8>();
-        for off in (0..want as usize).step_by(4096) {
-            // SAFETY: inside the mapping just made.
-            unsafe { base.add(off).write_volatile(1) };
-        }
-        0
-    })?;
+    let status = touch_in_child(want)?;
     let after = attrs(&d, p)?;
     check!(
         matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),

@@ -39,6 +39,49 @@ pub(super) fn same_but(a: &[u64], b: &[u64], except: usize) -> bool {
             .all(|(i, (x, y))| i == except || x == y)
 }
 
+/// A field of /proc/meminfo, in bytes.
+pub(super) fn meminfo(field: &str) -> Result<u64, Stop> {
+    let text = std::fs::read_to_string("/proc/meminfo").ctx("/proc/meminfo")?;
+    text.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(field)?.strip_prefix(':')?;
+            rest.trim().trim_end_matches(" kB").parse::<u64>().ok()
+        })
+        .map(|kib| kib * 1024)
+        .ok_or_else(|| Stop::Fail(format!("/proc/meminfo has no {field}")))
+}
+
+/// Memory pressure: a child process writes every page of `bytes` of fresh anonymous memory,
+/// then exits 0 (if the OOM killer does not take it first). How it ended.
+pub(super) fn touch_in_child(bytes: u64) -> Result<nix::sys::wait::WaitStatus, Stop> {
+    super::harness::in_child(|| {
+        use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
+        let Some(len) = usize::try_from(bytes)
+            .ok()
+            .and_then(std::num::NonZeroUsize::new)
+        else {
+            return 2;
+        };
+        // SAFETY: a fresh private anonymous mapping, written through its own pointer only.
+        let Ok(ptr) = (unsafe {
+            mmap_anonymous(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE,
+            )
+        }) else {
+            return 3;
+        };
+        let base = ptr.as_ptr().cast::<u8>();
+        for off in (0..len.get()).step_by(4096) {
+            // SAFETY: inside the mapping just made.
+            unsafe { base.add(off).write_volatile(1) };
+        }
+        0
+    })
+}
+
 /// The fill of `[0, len)` of mem `h` with the pattern of `seed`.
 fn pattern(h: u64, len: u64, seed: u64) -> uapi::ruvm_mem_fill {
     uapi::ruvm_mem_fill {

@@ -9,7 +9,7 @@ use nix::unistd::{setuid, Uid};
 use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use libruvm::{pci_name, uapi, Ruvm, UserMap};
 
-use super::shared::{drop_kept, live, same_but, VIDMEM_KEPT};
+use super::shared::{drop_kept, live, meminfo, same_but, touch_in_child, VIDMEM_KEPT};
 use crate::pattern;
 
 const K: u64 = 1024;
@@ -34,6 +34,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "vidmem_storage_kept_for_reuse",
             run: vidmem_storage_kept_for_reuse,
+        },
+        Case {
+            name: "vidmem_kept_storage_shrinks_under_memory_pressure",
+            run: vidmem_kept_storage_shrinks_under_memory_pressure,
         },
         Case {
             name: "vidmem_exhaustion_and_recovery",
@@ -473,6 +477,53 @@ fn vidmem_storage_kept_for_reuse() -> TestResult {
         failed_alloc_changes_nothing(&d, g.id, idle.capacity)?;
     }
     Ok(())
+}
+
+/// Every GPU's whole capacity allocated and freed, so that each keeps what it may; then another
+/// process touches more anonymous memory than is available without the kept storage: the
+/// shrinker gives at least half of it back and the process is not killed. Needs kept storage
+/// of at least a quarter of the available memory (the run with `vidmem_mib=128
+/// vidmem_keep_mib=65534`).
+fn vidmem_kept_storage_shrinks_under_memory_pressure() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    if !Uid::effective().is_root() {
+        return Err(Stop::Skip("drop_caches needs root".into()));
+    }
+    drop_kept(&d)?;
+    for g in vid_gpus(&d)? {
+        let all = d
+            .vidmem_alloc(g.id, g.vidmem_size, 2 * M, 0)
+            .ctx("the whole capacity")?;
+        d.mem_free(all.handle).ctx("free")?;
+    }
+    let kept = live(&d)?[VIDMEM_KEPT] * 2 * M;
+    let available = meminfo("MemAvailable")?;
+    if kept < available / 4 {
+        drop_kept(&d)?;
+        return Err(Stop::Skip(format!(
+            "{} MiB kept, {} MiB available: the run with vidmem_mib=128 vidmem_keep_mib=65534 \
+             keeps enough",
+            kept >> 20,
+            available >> 20
+        )));
+    }
+    let want = available + kept / 2;
+    let status = touch_in_child(want)?;
+    let after = live(&d)?[VIDMEM_KEPT] * 2 * M;
+    check!(
+        matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+        "the process touching {} MiB ended {status:?} ({} MiB kept before, {} MiB after)",
+        want >> 20,
+        kept >> 20,
+        after >> 20
+    );
+    check!(
+        after + kept / 2 <= kept,
+        "the shrinker gave back too little: {} MiB kept before, {} MiB after",
+        kept >> 20,
+        after >> 20
+    );
+    drop_kept(&d)
 }
 
 /// Asks GPU `g` for more than its `capacity` (every root's storage is taken, then the
