@@ -181,42 +181,38 @@ pub(crate) fn live() -> [u64; CLASSES] {
     v
 }
 
-/// `n` of a class, counted while this token lives.
-pub(crate) struct Counted {
+/// `n` of a class counted (`ADD`) or taken out of its count (not `ADD`) while this token
+/// lives.
+pub(crate) struct Token<const ADD: bool> {
     class: Class,
     n: u64,
 }
 
-impl Counted {
-    pub(crate) fn new(class: Class, n: u64) -> Self {
-        add(class, n);
-        Self { class, n }
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        sub(self.class, self.n);
-    }
-}
+/// `n` of a class, counted while this token lives.
+pub(crate) type Counted = Token<true>;
 
 /// `n` of a class taken out of its count while this token lives: for a resource whose
 /// [`Counted`] token stays with it while another class counts it (kept vidmem storage).
-pub(crate) struct Uncounted {
-    class: Class,
-    n: u64,
-}
+pub(crate) type Uncounted = Token<false>;
 
-impl Uncounted {
+impl<const ADD: bool> Token<ADD> {
     pub(crate) fn new(class: Class, n: u64) -> Self {
-        sub(class, n);
+        if ADD {
+            add(class, n);
+        } else {
+            sub(class, n);
+        }
         Self { class, n }
     }
 }
 
-impl Drop for Uncounted {
+impl<const ADD: bool> Drop for Token<ADD> {
     fn drop(&mut self) {
-        add(self.class, self.n);
+        if ADD {
+            sub(self.class, self.n);
+        } else {
+            add(self.class, self.n);
+        }
     }
 }
 
