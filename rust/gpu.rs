@@ -535,16 +535,7 @@ pub(crate) fn list() -> Result<KVec<uapi::ruvm_gpu_info>> {
 /// mappings of that storage, and the storages kept for reuse. The PMMs' locks are taken after
 /// the registry's is released.
 pub(crate) fn walk_vidmem() -> Result<(u64, u64, u64)> {
-    let mut pmms = KVec::new();
-    {
-        let reg = GPUS.lock().ok_or(ENODEV)?;
-        for e in reg.gpus.iter() {
-            if let Some(p) = e.dev.as_ref().and_then(|d| d.res.pmm.clone()) {
-                pmms.push(p, GFP_KERNEL)?;
-            }
-        }
-    }
-    Ok(pmms
+    Ok(pmms()?
         .iter()
         .map(|p| p.walk())
         .fold((0, 0, 0), |(a, b, c), (x, y, z)| (a + x, b + y, c + z)))
@@ -572,11 +563,7 @@ impl Shrink for VidmemShrink {
         };
         let mut left = usize::try_from(pages.div_ceil(ROOT_PAGES)).unwrap_or(usize::MAX);
         let mut freed = 0;
-        for pmm in reg
-            .gpus
-            .iter()
-            .filter_map(|e| e.dev.as_ref()?.res.pmm.as_ref())
-        {
+        for pmm in present_pmms(&reg) {
             if left == 0 {
                 break;
             }
@@ -591,21 +578,28 @@ impl Shrink for VidmemShrink {
 /// Gives back the vidmem storage every PMM keeps for reuse (at unload, before the audit counts
 /// what is left). The PMMs' locks are taken after the registry's is released.
 pub(crate) fn release_kept() {
-    let mut pmms = KVec::new();
-    if let Some(reg) = GPUS.lock() {
-        for p in reg
-            .gpus
-            .iter()
-            .filter_map(|e| e.dev.as_ref()?.res.pmm.as_ref())
-        {
-            // Without room, the PMM left out keeps its storage until its GPU goes, right after
-            // the report (which then counts it).
-            let _ = pmms.push(p.clone(), GFP_KERNEL);
-        }
-    }
-    for p in pmms {
+    // Without room for the list, the PMMs keep their storage until their GPUs go, right after
+    // the report (which then counts it).
+    for p in pmms().unwrap_or_default() {
         p.shrink_all();
     }
+}
+
+/// Every present GPU's PMM, taken under the registry's lock (released before any PMM's is).
+fn pmms() -> Result<KVec<Arc<pmm::Pmm>>> {
+    let mut pmms = KVec::new();
+    let reg = GPUS.lock().ok_or(ENODEV)?;
+    for p in present_pmms(&reg) {
+        pmms.push(p.clone(), GFP_KERNEL)?;
+    }
+    Ok(pmms)
+}
+
+/// The PMMs of the present GPUs in `reg`.
+fn present_pmms(reg: &Registry) -> impl Iterator<Item = &Arc<pmm::Pmm>> {
+    reg.gpus
+        .iter()
+        .filter_map(|e| e.dev.as_ref()?.res.pmm.as_ref())
 }
 
 /// Every present GPU's MMU, with its id. Taken under the registry's lock, which is released

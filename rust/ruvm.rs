@@ -126,22 +126,25 @@ bind::param::str_param!(
 /// The most vidmem one GPU may have, in MiB.
 const MAX_VIDMEM_MIB: u64 = 65534;
 
+/// A vidmem size parameter `name` of `value` MiB, as bytes: whole 2 MiB root chunks, at most
+/// [`MAX_VIDMEM_MIB`]; `EINVAL` (with an error line) otherwise.
+fn vidmem_bytes(name: &str, value: u64) -> Result<u64> {
+    if value % 2 != 0 || value > MAX_VIDMEM_MIB {
+        pr_err!("{name} {value}: must be even and at most {MAX_VIDMEM_MIB}\n");
+        return Err(EINVAL);
+    }
+    Ok(mib(value))
+}
+
 /// The GPU settings of the parameters: vidmem size and host GPU addresses. `EINVAL` (with an
 /// error line) for a value the module cannot honour, so that it fails the load.
 fn gpu_config() -> Result<gpu::Config> {
-    let vidmem = *module_parameters::vidmem_mib.value();
-    if vidmem % 2 != 0 || vidmem > MAX_VIDMEM_MIB {
-        pr_err!("vidmem size {vidmem} MiB: must be even and at most {MAX_VIDMEM_MIB}\n");
-        return Err(EINVAL);
-    }
-    let keep = *module_parameters::vidmem_keep_mib.value();
-    if keep % 2 != 0 || keep > MAX_VIDMEM_MIB {
-        pr_err!("vidmem_keep_mib {keep}: must be even and at most {MAX_VIDMEM_MIB}\n");
-        return Err(EINVAL);
-    }
     Ok(gpu::Config {
-        vidmem: mib(vidmem),
-        vidmem_keep: mib(keep),
+        vidmem: vidmem_bytes("vidmem_mib", *module_parameters::vidmem_mib.value())?,
+        vidmem_keep: vidmem_bytes(
+            "vidmem_keep_mib",
+            *module_parameters::vidmem_keep_mib.value(),
+        )?,
         host: gpu::host::parse_list(HOST_GPUS.value())?,
     })
 }

@@ -326,11 +326,15 @@ impl Pmm {
                 r.stored -= 1;
                 if r.stored == 0 {
                     let reused = core::mem::take(&mut r.reused);
-                    if let Some(store) = r.store.take() {
-                        if !st.dead && (chunk.keep || reused) {
-                            // Dropped (unmapped, freed) here if the list is full.
+                    let room = st.kept.len() < st.kept.capacity();
+                    let keep = !st.dead && room && (chunk.keep || reused);
+                    match r.store.take() {
+                        // Room was checked: nothing is refused.
+                        Some(store) if keep => {
                             let _ = st.kept.push_within_capacity(Kept::new(store));
                         }
+                        // Unmapped and freed here, under the lock.
+                        other => drop(other),
                     }
                 }
             }

@@ -9,7 +9,7 @@ use nix::unistd::{setuid, Uid};
 use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use libruvm::{pci_name, uapi, Ruvm, UserMap};
 
-use super::shared::{drop_kept, live, meminfo, same_but, touch_in_child, VIDMEM_KEPT};
+use super::shared::{drop_kept, fill, live, meminfo, same_but, touch_in_child, VIDMEM_KEPT};
 use crate::pattern;
 
 const K: u64 = 1024;
@@ -408,21 +408,11 @@ fn vidmem_storage_kept_for_reuse() -> TestResult {
             let src = d.mem_alloc(len, 0, 0).ctx("alloc src")?.handle;
             let dst = d.mem_alloc(len, 0, 0).ctx("alloc dst")?.handle;
             for h in [src, dst] {
-                d.map_kernel(h).ctx("map kernel")?;
                 d.mem_gpu(true, h, g.id).ctx("map gpu")?;
             }
-            let fill = |h: u64, seed: u64, verify: bool| {
-                let f = uapi::ruvm_mem_fill {
-                    handle: h,
-                    length: len,
-                    seed,
-                    ..Default::default()
-                };
-                d.mem_fill(verify, f).map(|v| v.mismatches)
-            };
             // The first and last page of the chunk (an edu engine takes 0.2 s a page).
             let pieces = [(0, 4 * K), (len - 4 * K, 4 * K)];
-            fill(src, 11, false).ctx("fill src")?;
+            fill(&d, src, len, 11)?;
             for (off, n) in pieces {
                 ce(&d, g.id, a.handle, src, off, n)?;
             }
@@ -434,7 +424,7 @@ fn vidmem_storage_kept_for_reuse() -> TestResult {
             );
             let b = d.vidmem_alloc(g.id, len, len, 0).ctx("alloc 64K again")?;
             let again = d.gpu_phys(b.handle, g.id, 0, 1).ctx("phys")?.0;
-            fill(dst, 12, false).ctx("fill dst")?;
+            fill(&d, dst, len, 12)?;
             for (off, n) in pieces {
                 ce(&d, g.id, dst, b.handle, off, n)?;
             }
