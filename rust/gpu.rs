@@ -33,6 +33,7 @@ use crate::{
     uapi,
 };
 
+pub(crate) mod chunks;
 pub(crate) mod dma;
 pub(crate) mod edu;
 pub(crate) mod host;

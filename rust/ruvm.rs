@@ -31,7 +31,7 @@
 //! 7. a simulated GPU's MMU mutex (`gpu/mmu.rs`): its page tables, written under it;
 //! 8. the GPU registry (`gpu.rs`): PMMs and MMUs are visited after it is released, but by the
 //!    vidmem shrinker, which only tries it and, under it, each PMM's mutex;
-//! 9. a PMM's mutex (`gpu/pmm.rs`), then the buddy allocator's own;
+//! 9. a PMM's mutex (`gpu/pmm.rs`; its chunk tree, `gpu/chunks.rs`, is under it);
 //! 10. leaves, under which nothing of ruvm is taken: a GPU's table tracker (`gpu/dma.rs`), a
 //!     simulated GPU's translation (`gpu/sim.rs`), an edu engine's busy mutex (`gpu/edu.rs`), a
 //!     chunk list's bytes mutex (`bind/pages.rs`), the planted leaks (`mem/plant.rs`), the mmap

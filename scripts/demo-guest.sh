@@ -72,7 +72,7 @@ ruvmctl --fd 3 verify 4 --seed 1234 --offset 8192 --length 4095
 ruvmctl --fd 3 verify 4 --byte 0 --offset 4095 --length 4097
 ruvmctl --fd 3 free 4
 
-step "vidmem: each GPU's memory, from its PMM (the kernel's GPU buddy allocator, 2 MiB root chunks)"
+step "vidmem: each GPU's memory, from its PMM (uvm's chunk tree: 2 MiB root chunks split into 64K and 4K)"
 ruvmctl --fd 3 alloc 3M --vidmem 0
 ruvmctl --fd 3 alloc 100K --vidmem 1
 ruvmctl pmm

@@ -2,12 +2,11 @@
 
 //! A GPU's physical memory manager (PMM): its vidmem, handed out in chunks of 4K, 64K and 2M.
 //!
-//! The allocator is the kernel's own GPU buddy allocator (`kernel::gpu::buddy`, the one DRM
-//! drivers use) over the GPU's vidmem, with 4 KiB as its smallest block. Every chunk is one
-//! naturally aligned block, so it lies inside one 2 MiB root chunk (`phys / 2 MiB`): the buddy
-//! splits a bigger free block only when no block of the asked size is free (lazily) and merges
-//! buddies as soon as both are free (eagerly), which is uvm's PMM behaviour. The PMM keeps per
-//! root chunk what the buddy does not tell: how many chunks it holds, and its storage.
+//! Which chunks are free is uvm's chunk tree ([`ChunkTree`]): 2 MiB root chunks, each handed
+//! out whole or split once into 64 KiB chunks, each of those whole or split once into 4 KiB
+//! ones, split lazily and merged eagerly, with no allocation to split or merge. Every chunk
+//! lies inside one root chunk (`phys / 2 MiB`). The PMM keeps per root chunk what the tree
+//! does not: its storage.
 //!
 //! # Storage
 //!
@@ -28,19 +27,16 @@
 //!
 //! # Locking
 //!
-//! One mutex per PMM (`state`), taken under a GPU access guard (or by the GPU's removal) and
-//! never with a mem's lock held; the buddy's own lock is taken inside it (a leaf). Nothing else
-//! is called under it but page allocation, DMA mapping and unmapping of root storage (and a
-//! simulated GPU's translation lock, a leaf). Storage is made and dropped under it, so the GPU's
-//! removal ([`Pmm::kill`], under the same lock) finds every mapping there is.
+//! One mutex per PMM (`state`, the chunk tree in it), taken under a GPU access guard (or by
+//! the GPU's removal) and never with a mem's lock held. Nothing else is called under it but
+//! page allocation, DMA mapping and unmapping of root storage (and a simulated GPU's
+//! translation lock, a leaf). Storage is made and dropped under it, so the GPU's removal
+//! ([`Pmm::kill`], under the same lock) finds every mapping there is.
 
 use kernel::{
-    gpu::buddy::{
-        AllocatedBlocks, GpuBuddy, GpuBuddyAllocFlags, GpuBuddyAllocMode, GpuBuddyParams,
-    },
+    bitmap::BitmapVec,
     new_mutex,
     prelude::*,
-    ptr::Alignment,
     sync::{Arc, Mutex},
 };
 
@@ -53,17 +49,39 @@ use crate::{
 };
 
 use super::{
+    chunks::{self, RootSet},
     dma::{GpuTable, Pages, Tracker, Unseen},
     sim::SimIommu,
 };
 
+/// The chunk tree over a PMM's roots, in kernel memory.
+type ChunkTree = chunks::ChunkTree<KVVec<chunks::Root>, BitmapVec>;
+
+impl RootSet for BitmapVec {
+    fn put(&mut self, r: usize, on: bool) {
+        // The tree's indexes are below its root count, the bitmap's length.
+        if on {
+            self.set_bit(r);
+        } else {
+            self.clear_bit(r);
+        }
+    }
+
+    fn first(&self) -> Option<usize> {
+        match self.len() {
+            0 => None,
+            _ => self.next_bit(0),
+        }
+    }
+}
+
 /// A root chunk: 2 MiB, the largest chunk.
-pub(crate) const CHUNK_MAX: u64 = 2 << 20;
+pub(crate) const CHUNK_MAX: u64 = chunks::ROOT;
 
 /// The chunk sizes the PMM hands out, smallest first.
-pub(crate) const CHUNK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 2 << 20];
+pub(crate) const CHUNK_SIZES: [u64; 3] = [chunks::SMALL, chunks::MID, chunks::ROOT];
 
-/// The buddy order of a root chunk's storage (2 MiB of 4 KiB pages).
+/// The page order of a root chunk's storage (2 MiB of 4 KiB pages).
 const ROOT_ORDER: u32 = 9;
 
 /// The index of `size` in [`CHUNK_SIZES`].
@@ -84,13 +102,9 @@ struct RootStore {
     pages: Arc<Pages>,
 }
 
-/// What the PMM knows of one root chunk.
+/// What the PMM knows of one root chunk's storage.
 #[derive(Default)]
 struct Root {
-    /// Chunks allocated from it.
-    chunks: u32,
-    /// Of which 2 MiB ones (then it is not split).
-    whole: bool,
     /// Chunks allocated from it that use its storage.
     stored: u32,
     store: Option<RootStore>,
@@ -120,7 +134,10 @@ impl Kept {
 
 /// The PMM's bookkeeping, under its lock.
 struct PmmState {
-    roots: KVec<Root>,
+    /// Which chunks are handed out.
+    tree: ChunkTree,
+    /// Each root chunk's storage, by index.
+    roots: KVVec<Root>,
     /// Storage kept for reuse, at most its capacity (the bound, reserved at creation).
     kept: KVVec<Kept>,
     /// Chunks allocated now, per [`CHUNK_SIZES`].
@@ -132,7 +149,6 @@ struct PmmState {
 /// A GPU's PMM.
 #[pin_data]
 pub(crate) struct Pmm {
-    buddy: GpuBuddy,
     capacity: u64,
     dma: Arc<DmaDevice>,
     limit: u64,
@@ -157,8 +173,6 @@ pub(crate) struct PmmStats {
 /// One chunk of vidmem (zeroed when handed out if it uses storage), handed back on drop.
 pub(crate) struct VidChunk {
     pmm: Arc<Pmm>,
-    /// The buddy's block, given back when this drops (after `Drop::drop` ran).
-    _blocks: Pin<KBox<AllocatedBlocks>>,
     phys: u64,
     size: u64,
     stored: bool,
@@ -183,27 +197,32 @@ impl Pmm {
             return Err(EINVAL);
         }
         let count = usize::try_from(capacity / CHUNK_MAX)?;
-        let mut roots = KVec::with_capacity(count, GFP_KERNEL)?;
+        let mut roots = KVVec::with_capacity(count, GFP_KERNEL)?;
         for _ in 0..count {
             roots.push(Root::default(), GFP_KERNEL)?;
         }
         // Never more than every root's storage.
         let keep = usize::try_from(keep.min(capacity) / CHUNK_MAX)?;
         let kept = KVVec::with_capacity(keep, GFP_KERNEL)?;
-        let buddy = GpuBuddy::new(GpuBuddyParams {
-            base_offset: 0,
-            size: capacity,
-            chunk_size: Alignment::new::<{ 4 << 10 }>(),
-        })?;
+        let mut tree_roots = KVVec::with_capacity(count, GFP_KERNEL)?;
+        for _ in 0..count {
+            tree_roots.push(chunks::Root::default(), GFP_KERNEL)?;
+        }
+        let sets = [
+            BitmapVec::new(count, GFP_KERNEL)?,
+            BitmapVec::new(count, GFP_KERNEL)?,
+            BitmapVec::new(count, GFP_KERNEL)?,
+        ];
+        let tree = ChunkTree::new(tree_roots, sets).ok_or(EOVERFLOW)?;
         Arc::pin_init(
             try_pin_init!(Pmm {
-                buddy,
                 capacity,
                 dma,
                 limit,
                 tracker,
                 sim,
                 state <- new_mutex!(PmmState {
+                    tree,
                     roots,
                     kept,
                     allocated: [0; 3],
@@ -224,41 +243,30 @@ impl Pmm {
     /// storage cannot be had), `ENODEV` once the GPU is gone, `EINVAL` for another size.
     pub(crate) fn alloc(self: &Arc<Self>, size: u64, store: bool) -> Result<VidChunk> {
         let index = size_index(size).ok_or(EINVAL)?;
-        let align = Alignment::new_checked(usize::try_from(size)?).ok_or(EINVAL)?;
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.dead {
             return Err(ENODEV);
         }
-        let blocks = KBox::pin_init(
-            self.buddy.alloc_blocks(
-                GpuBuddyAllocMode::Simple,
-                size,
-                align,
-                GpuBuddyAllocFlags::default(),
-            ),
-            GFP_KERNEL,
-        )
-        .map_err(|e| if e == ENOSPC { ENOMEM } else { e })?;
-        let phys = {
-            let mut it = blocks.iter();
-            match (it.next(), it.next()) {
-                (Some(b), None) if b.size() == size => b.offset(),
-                // The buddy gives one naturally aligned block for a power-of-two size.
-                _ => return Err(EINVAL),
-            }
+        let phys = st.tree.alloc(size).ok_or(ENOMEM)?;
+        let Some(root) = st.roots.get_mut(root_index(phys)) else {
+            st.tree.free(phys, size);
+            return Err(EINVAL);
         };
-        let root = st.roots.get_mut(root_index(phys)).ok_or(EINVAL)?;
         if store && root.store.is_none() {
             let (new, reused) = match st.kept.pop() {
                 Some(k) => (k.store, true),
-                None => (self.new_store()?, false),
+                None => match self.new_store() {
+                    Ok(s) => (s, false),
+                    Err(e) => {
+                        st.tree.free(phys, size);
+                        return Err(e);
+                    }
+                },
             };
             root.store = Some(new);
             root.reused = reused;
         }
-        root.chunks += 1;
-        root.whole = size == CHUNK_MAX;
         let pages = if store {
             root.stored += 1;
             root.store.as_ref().map(|s| s.pages.clone())
@@ -271,7 +279,6 @@ impl Pmm {
         drop(guard);
         let chunk = VidChunk {
             pmm: self.clone(),
-            _blocks: blocks,
             phys,
             size,
             stored: store,
@@ -306,22 +313,25 @@ impl Pmm {
         Ok(RootStore { table, pages })
     }
 
-    /// Takes a chunk back (from [`VidChunk`]'s drop, before its block returns to the buddy,
-    /// so no one else can be handed its range meanwhile): the counts, and the root's storage if
-    /// this was its last stored chunk: kept for reuse if the chunk's mem was made (or the
-    /// storage was kept before) and there is room, else unmapped and freed under the lock.
-    /// Its bytes stay until the range is handed out again, zeroed then.
+    /// Takes a chunk back (from [`VidChunk`]'s drop): its range, the counts, and the root's
+    /// storage if this was its last stored chunk: kept for reuse if the chunk's mem was made
+    /// (or the storage was kept before) and there is room, else unmapped and freed under the
+    /// lock. Its bytes stay until the range is handed out again, zeroed then.
     fn free(&self, chunk: &VidChunk) {
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        if !st.tree.free(chunk.phys, chunk.size) {
+            // A chunk is made only from a range the tree handed out, and freed once.
+            pr_err!(
+                "PMM: vidmem chunk {:#x} of {} was not handed out\n",
+                chunk.phys,
+                chunk.size
+            );
+        }
         if let Some(n) = size_index(chunk.size).and_then(|i| st.allocated.get_mut(i)) {
             *n -= 1;
         }
         if let Some(r) = st.roots.get_mut(root_index(chunk.phys)) {
-            r.chunks -= 1;
-            if chunk.size == CHUNK_MAX {
-                r.whole = false;
-            }
             if chunk.stored {
                 r.stored -= 1;
                 if r.stored == 0 {
@@ -378,21 +388,26 @@ impl Pmm {
 
     /// The PMM's counters now.
     pub(crate) fn stats(&self) -> PmmStats {
-        let free = self.buddy.avail();
         let st = self.state.lock();
         let mut s = PmmStats {
             capacity: self.capacity,
-            free,
+            free: st.tree.avail(),
             allocated: st.allocated,
-            roots: st.roots.len() as u64,
+            roots: st.tree.roots() as u64,
             ..PmmStats::default()
         };
-        for r in st.roots.iter() {
-            s.roots_used += u64::from(r.chunks > 0);
-            s.roots_split += u64::from(r.chunks > 0 && !r.whole);
+        for (i, r) in st.roots.iter().enumerate() {
+            let (used, split) = st.tree.root_state(i);
+            s.roots_used += u64::from(used);
+            s.roots_split += u64::from(split);
             s.roots_stored += u64::from(r.store.is_some());
         }
         s
+    }
+
+    /// Free vidmem bytes.
+    fn avail(&self) -> u64 {
+        self.state.lock().tree.avail()
     }
 
     /// Gives back up to `roots` kept storages (memory pressure), if the lock is free: how many
@@ -430,7 +445,7 @@ impl Pmm {
     /// them or until none is left, then gives them all back. Returns how many it got, and the
     /// free bytes before and after.
     pub(crate) fn check_leak(self: &Arc<Self>, size: u64, limit: u64) -> Result<(u64, u64, u64)> {
-        let before = self.buddy.avail();
+        let before = self.avail();
         let mut held = KVVec::new();
         while (held.len() as u64) < limit {
             match self.alloc(size, false) {
@@ -444,7 +459,7 @@ impl Pmm {
         }
         let got = held.len() as u64;
         drop(held);
-        Ok((got, before, self.buddy.avail()))
+        Ok((got, before, self.avail()))
     }
 }
 
@@ -462,8 +477,6 @@ impl VidChunk {
 
 impl Drop for VidChunk {
     fn drop(&mut self) {
-        // Update the roots first; the buddy takes the block back when `_blocks` drops, right
-        // after.
         self.pmm.free(self);
     }
 }

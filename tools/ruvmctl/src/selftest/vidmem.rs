@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Vidmem: each GPU's memory, its PMM (on the kernel's GPU buddy allocator), vidmem mems, and
+//! Vidmem: each GPU's memory, its PMM (uvm's chunk tree), vidmem mems, and
 //! bytes moved in and out of it by the GPU's copy engine.
 
 use nix::errno::Errno;
@@ -541,7 +541,7 @@ fn vidmem_root_chunk_splits_and_merges_back() -> TestResult {
         let idle = check_idle(&d, g.id, "at the start")?;
         for (i, &size) in SIZES.iter().enumerate().take(2) {
             let per_root = 2 * M / size;
-            // One root chunk's worth of small chunks: the buddy splits one root, lazily, and
+            // One root chunk's worth of small chunks: the PMM splits one root, lazily, and
             // takes them all from it.
             let a = d.vidmem_alloc(g.id, 2 * M, size, 0).ctx("alloc")?;
             check!(a.chunk_count == per_root, "{} chunks", a.chunk_count);
