@@ -9,22 +9,24 @@
 //! [`SPLIT_BELOW`] or more is one high-order allocation made with `__GFP_COMP` (so that each of
 //! its pages can be mapped on its own, as `vm_insert_page` requires), freed with `__free_pages`
 //! of the same order. A smaller chunk on its own is `2^order` order-0 pages, each with its own
-//! reference (`split_page`), freed one by one. A [`ChunkList`] of small chunks is
-//! cut instead from the largest blocks the page allocator has at hand (up to [`BLOCK_ORDER`],
-//! taken only when it has them without reclaim), each block one compound allocation that the
-//! list frees whole: 1 GiB of 4 KiB chunks is 512 allocations and 512 frees rather than 262,144
-//! of each (freeing order-0 pages one by one cost as long as zeroing them with `memset`), and
-//! chunks that are neighbours in memory are neighbours in the list (a DMA table links them as
-//! one range). Such a list is never taken apart ([`ChunkList::take_chunks`] refuses it). The
+//! reference (`split_page`), freed one by one. A [`ChunkList`] of chunks below
+//! [`BLOCK_ORDER`] is cut instead from the largest blocks the page allocator has at hand (up
+//! to [`BLOCK_ORDER`], taken only when it has them without reclaim), each block one compound
+//! allocation that the list frees whole: 1 GiB of 4 KiB chunks is 512 allocations and 512
+//! frees rather than 262,144 of each (freeing order-0 pages one by one cost as long as zeroing
+//! them with `memset`), 1 GiB of 64 KiB chunks 512 rather than 16,384, and chunks that are
+//! neighbours in memory are neighbours in the list (a DMA table links them as one range). Such a list is never taken apart ([`ChunkList::take_chunks`] refuses it). The
 //! memory cgroup is charged as for any allocation, which the kernel's bulk allocator does not
 //! do.
 //!
 //! Zeroed chunks get their zeros one of two ways ([`Zeroing`], chosen once at load): from the
-//! page allocator (`__GFP_ZERO`, i.e. `clear_page`) or from the kernel's `memset` over each page
-//! of a block allocated without it. Each picks its instructions by CPU feature (`clear_page`
-//! `rep stosb` with ERMS; `memset` `rep stosb` with FSRS, else 8-byte moves), and which is
-//! faster depends on the CPU: under QEMU TCG `rep stosb` stores one byte a step, about ten
-//! times slower than 8-byte moves. [`time_zeroing`] measures both.
+//! page allocator (`__GFP_ZERO`, i.e. `clear_page`) or from the kernel's `memset` over a block
+//! allocated without it, one call over the block's range of the direct map. Each picks its
+//! instructions by CPU feature (`clear_page` `rep stosb` with ERMS; `memset` `rep stosb` with
+//! FSRS, else 8-byte moves), and which is faster depends on the CPU: under QEMU TCG `rep stosb`
+//! stores one byte a step, about ten times slower than 8-byte moves. [`time_zeroing`] measures
+//! both. Bytes zeroed later ([`Bytes::zero`]: a vidmem chunk in its root's storage, a pool's
+//! reused chunk) are zeroed a chunk at a time the same way.
 //!
 //! A [`ChunkList`] holds one pointer per chunk (its first page), so a list of one-page chunks is
 //! itself the page array `vm_map_ram` takes. It never changes once made, so whatever maps its
@@ -88,8 +90,9 @@ const fn gfp_bit(bit: u32) -> bindings::gfp_t {
     1 << bit
 }
 
-/// Chunks of a smaller order are order-0 pages cut from a block (see the module's docs); from
-/// this order up (64 KiB) a chunk is one compound page.
+/// A chunk of a smaller order allocated on its own is order-0 pages (`split_page`); from this
+/// order up (64 KiB) it is one compound page. (A list's chunks below [`BLOCK_ORDER`] are
+/// pieces of its blocks instead, where it got blocks; see the module's docs.)
 pub(crate) const SPLIT_BELOW: u32 = 4;
 
 /// The largest block a list of small chunks is cut from (2 MiB, the page allocator's pageblock).
@@ -124,6 +127,45 @@ fn block_gfp() -> bindings::gfp_t {
         | bindings::__GFP_NOWARN
 }
 
+/// Zeroes `len` bytes at byte `offset` of the pages that start at `first`: with no highmem, one
+/// `memset` over their range of the kernel's direct map (a single call, where a page at a time
+/// cost a third of a 64 KiB chunk's zeroing in the fast guest), else page by page through
+/// temporary mappings.
+///
+/// # Safety
+///
+/// `first` is the first of at least `offset + len` bytes of physically contiguous pages with
+/// contiguous `struct page`s (one chunk: a page-allocator block or a piece cut from one), valid
+/// for the call, whose bytes no other kernel-side access reaches meanwhile.
+unsafe fn zero_pages(first: NonNull<bindings::page>, offset: usize, len: usize) -> Result {
+    #[cfg(not(CONFIG_HIGHMEM))]
+    {
+        // SAFETY: without highmem every page is in the direct map, where `kmap_local_page`
+        // returns its address, and physically contiguous pages are contiguous there; the range
+        // is inside the caller's pages, which no other kernel access reaches.
+        unsafe {
+            let base = bindings::kmap_local_page(first.as_ptr()).cast::<u8>();
+            core::ptr::write_bytes(base.add(offset), 0, len);
+            bindings::kunmap_local(base.cast());
+        }
+        Ok(())
+    }
+    #[cfg(CONFIG_HIGHMEM)]
+    {
+        let end = offset.checked_add(len).ok_or(EOVERFLOW)?;
+        let mut pos = offset;
+        while pos < end {
+            let (index, at) = (pos / PAGE_SIZE, pos % PAGE_SIZE);
+            let n = (end - pos).min(PAGE_SIZE - at);
+            // SAFETY: page `index` is one of the caller's contiguous pages (their `struct
+            // page`s are contiguous), and the range is inside it.
+            unsafe { BorrowedPage::from_raw(first.add(index)).fill_zero_raw(at, n) }?;
+            pos += n;
+        }
+        Ok(())
+    }
+}
+
 /// Allocates `2^order` pages with `gfp`, zeroed the `zero` way if it is given; below
 /// [`SPLIT_BELOW`] (and `gfp` without `__GFP_COMP`) they are split into order-0 pages. `None`
 /// when the page allocator has none.
@@ -140,16 +182,14 @@ fn alloc_block(
     // callers stay within.
     let page = NonNull::new(unsafe { bindings::alloc_pages(gfp, order) })?;
     if zero == Some(Zeroing::Memset) {
-        for i in 0..1usize << order {
-            // SAFETY: `i` is inside the fresh block of `2^order` pages we own, whose
-            // `struct page`s are contiguous; nothing else can reach its bytes yet.
-            let zeroed = unsafe { BorrowedPage::from_raw(page.add(i)).fill_zero_raw(0, PAGE_SIZE) };
-            if zeroed.is_err() {
-                // Never hand out a block that was not zeroed whole.
-                // SAFETY: the fresh block of this order, with `gfp`'s compound-ness, ours.
-                unsafe { bindings::__free_pages(page.as_ptr(), order) };
-                return None;
-            }
+        // SAFETY: the fresh block of `2^order` pages is ours; nothing else can reach its bytes
+        // yet.
+        let zeroed = unsafe { zero_pages(page, 0, PAGE_SIZE << order) };
+        if zeroed.is_err() {
+            // Never hand out a block that was not zeroed whole.
+            // SAFETY: the fresh block of this order, with `gfp`'s compound-ness, ours.
+            unsafe { bindings::__free_pages(page.as_ptr(), order) };
+            return None;
         }
     }
     if order > 0 && gfp & gfp_bit(bindings::___GFP_COMP_BIT) == 0 {
@@ -354,13 +394,9 @@ impl<T: Send + Sync> ChunkList<T> {
             order,
             blocks: KVec::new(),
         };
-        // Small chunks are cut from the largest block that fits what is left, while the page
-        // allocator has such blocks at hand; `cap` drops below an order it had none of.
-        let mut cap = if order < SPLIT_BELOW {
-            BLOCK_ORDER
-        } else {
-            order
-        };
+        // Chunks below a block are cut from the largest block that fits what is left, while
+        // the page allocator has such blocks at hand; `cap` drops below an order it had none of.
+        let mut cap = order.max(BLOCK_ORDER);
         while heads.v.len() < count {
             stop()?;
             let left = count - heads.v.len();
@@ -572,7 +608,6 @@ pub(crate) struct Bytes<'a, T> {
 enum Step<'b> {
     Read(&'b mut [u8]),
     Write(&'b [u8]),
-    Zero(usize),
 }
 
 impl<T> Bytes<'_, T> {
@@ -604,11 +639,25 @@ impl<T> Bytes<'_, T> {
         self.write(offset, &value.to_le_bytes())
     }
 
-    /// Zeroes `len` bytes at `offset`.
+    /// Zeroes `len` bytes at `offset`, a chunk at a time.
     pub(crate) fn zero(&self, offset: usize, len: usize) -> Result {
-        self.walk(offset, len, |page, at, _, n| {
-            Self::step(page, at, Step::Zero(n))
-        })
+        let end = offset.checked_add(len).ok_or(EOVERFLOW)?;
+        if end > self.list.len() {
+            return Err(EINVAL);
+        }
+        let chunk = self.list.chunk_len();
+        let mut pos = offset;
+        while pos < end {
+            let (index, at) = (pos / chunk, pos % chunk);
+            let n = (end - pos).min(chunk - at);
+            let first = self.list.chunk_page(index).ok_or(EINVAL)?;
+            // SAFETY: a chunk's pages are contiguous (one block, or a piece cut from one) and
+            // live as long as the list; the range is inside the chunk; the list's mutex, held
+            // by `self`, keeps every other kernel-side access out.
+            unsafe { zero_pages(first, at, n) }?;
+            pos += n;
+        }
+        Ok(())
     }
 
     /// Calls `f(page, offset in page, bytes done, bytes now)` for each page of the range.
@@ -641,7 +690,6 @@ impl<T> Bytes<'_, T> {
             match step {
                 Step::Read(buf) => page.read_raw(buf.as_mut_ptr(), at, buf.len()),
                 Step::Write(buf) => page.write_raw(buf.as_ptr(), at, buf.len()),
-                Step::Zero(n) => page.fill_zero_raw(at, n),
             }
         }
     }
