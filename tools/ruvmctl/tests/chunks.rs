@@ -5,12 +5,15 @@
 //! alignment, its overlap, and its place (lazy split, lowest address first); frees merge back
 //! eagerly; wrong frees change nothing.
 
+mod common;
+
 #[path = "../../../rust/gpu/chunks.rs"]
 mod chunks;
 
 use std::collections::BTreeMap;
 
 use chunks::{ChunkTree, Root, RootSet, MID, ROOT, SMALL};
+use common::Rng;
 
 const K: u64 = 1024;
 
@@ -164,22 +167,6 @@ fn wrong_frees_change_nothing() {
     assert!(t.free(b, SMALL));
     assert_eq!(t.avail(), 2 * ROOT);
     assert_eq!(t.alloc(8 * K), None, "not a chunk size");
-}
-
-/// A small random generator (xorshift), so runs repeat.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 #[test]

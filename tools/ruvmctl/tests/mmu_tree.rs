@@ -5,6 +5,8 @@
 //! MMU's own walk, tables are counted as they come and go, and a random run is compared with a
 //! model of what should be mapped.
 
+mod common;
+
 #[allow(
     dead_code,
     reason = "the tree uses part of the format; mmu_fmt.rs tests all of it"
@@ -16,6 +18,7 @@ mod mmu_tree;
 
 use std::collections::{BTreeMap, HashMap};
 
+use common::Rng;
 use mmu_fmt::{walk, Access, Aperture, Fault, Level, Pde, Pte, TableReader, VA_END};
 use mmu_tree::{TableMem, Tree, TreeError, ROOT_SIZE};
 
@@ -403,22 +406,6 @@ fn destroy_frees_every_table_of_a_full_tree() {
     assert!(m.tables() > 10);
     t.destroy(&mut m);
     assert_eq!(m.tables(), 0);
-}
-
-/// A small random generator (xorshift), so runs repeat.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 #[test]
