@@ -1170,19 +1170,26 @@ fn mem_fallback_under_fragmentation() -> TestResult {
     nothing_left(&d, before)
 }
 
-/// Small chunks (below 64 KiB) are cut from larger blocks only while the page allocator has
-/// them free; with every allocation of order 2 and up failing (as under fragmentation), 4 KiB
-/// chunks come from 8 KiB blocks and 8 KiB chunks are allocated one by one, and the mem is as
-/// good: zeroed, its bytes the same through the kernel mapping and `mmap`, nothing left behind.
-/// (Order 2, not 1: the debug kernel's slab debugging puts 4 KiB kmalloc objects in order-1
-/// slabs, which would fail the list's own room first.)
+/// Chunks below 2 MiB are cut from larger blocks only while the page allocator has them free;
+/// with every allocation of a larger order failing (as under fragmentation), 4 KiB chunks come
+/// from 8 KiB blocks, 8 KiB chunks are allocated one by one (order-0 pages), and so are 64 KiB
+/// and 512 KiB chunks (compound pages), and the mem is as good: zeroed, its bytes the same
+/// through the kernel mapping and `mmap`, nothing left behind. (Order 2, not 1, for the small
+/// ones: the debug kernel's slab debugging puts 4 KiB kmalloc objects in order-1 slabs, which
+/// would fail the list's own room first.)
 fn mem_small_chunks_without_free_blocks() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let before = live(&d)?;
-    // Sizes that are not a power of two, so that every block size is tried.
-    for (chunk, size) in [(4 * K, M + 12 * K), (8 * K, M + 24 * K)] {
+    // Sizes that are not a power of two, so that every block size is tried; the lowest order
+    // that fails.
+    for (chunk, size, fail) in [
+        (4 * K, M + 12 * K, 2),
+        (8 * K, M + 24 * K, 2),
+        (64 * K, 3 * M + 192 * K, 5),
+        (512 * K, 3 * M + 512 * K, 8),
+    ] {
         let a = {
-            let _inject = FailHighOrder::new(2)?;
+            let _inject = FailHighOrder::new(fail)?;
             d.mem_alloc(size, chunk, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)
         }
         .ctx(&format!(
