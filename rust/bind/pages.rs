@@ -138,8 +138,8 @@ fn block_gfp() -> bindings::gfp_t {
 /// contiguous `struct page`s (one chunk: a page-allocator block or a piece cut from one), valid
 /// for the call, whose bytes no other kernel-side access reaches meanwhile.
 unsafe fn zero_pages(first: NonNull<bindings::page>, offset: usize, len: usize) -> Result {
-    #[cfg(not(CONFIG_HIGHMEM))]
-    {
+    // Both ways are compiled everywhere; the kernel's configuration picks one.
+    if !cfg!(CONFIG_HIGHMEM) {
         // SAFETY: without highmem every page is in the direct map, where `kmap_local_page`
         // returns its address, and physically contiguous pages are contiguous there; the range
         // is inside the caller's pages, which no other kernel access reaches.
@@ -148,22 +148,19 @@ unsafe fn zero_pages(first: NonNull<bindings::page>, offset: usize, len: usize) 
             core::ptr::write_bytes(base.add(offset), 0, len);
             bindings::kunmap_local(base.cast());
         }
-        Ok(())
+        return Ok(());
     }
-    #[cfg(CONFIG_HIGHMEM)]
-    {
-        let end = offset.checked_add(len).ok_or(EOVERFLOW)?;
-        let mut pos = offset;
-        while pos < end {
-            let (index, at) = (pos / PAGE_SIZE, pos % PAGE_SIZE);
-            let n = (end - pos).min(PAGE_SIZE - at);
-            // SAFETY: page `index` is one of the caller's contiguous pages (their `struct
-            // page`s are contiguous), and the range is inside it.
-            unsafe { BorrowedPage::from_raw(first.add(index)).fill_zero_raw(at, n) }?;
-            pos += n;
-        }
-        Ok(())
+    let end = offset.checked_add(len).ok_or(EOVERFLOW)?;
+    let mut pos = offset;
+    while pos < end {
+        let (index, at) = (pos / PAGE_SIZE, pos % PAGE_SIZE);
+        let n = (end - pos).min(PAGE_SIZE - at);
+        // SAFETY: page `index` is one of the caller's contiguous pages (their `struct page`s
+        // are contiguous), and the range is inside it; no other kernel access reaches it.
+        unsafe { BorrowedPage::from_raw(first.add(index)).fill_zero_raw(at, n) }?;
+        pos += n;
     }
+    Ok(())
 }
 
 /// Allocates `2^order` pages with `gfp`, zeroed the `zero` way if it is given; below
