@@ -15,9 +15,9 @@
 //! allocation that the list frees whole: 1 GiB of 4 KiB chunks is 512 allocations and 512
 //! frees rather than 262,144 of each (freeing order-0 pages one by one cost as long as zeroing
 //! them with `memset`), 1 GiB of 64 KiB chunks 512 rather than 16,384, and chunks that are
-//! neighbours in memory are neighbours in the list (a DMA table links them as one range). Such a list is never taken apart ([`ChunkList::take_chunks`] refuses it). The
-//! memory cgroup is charged as for any allocation, which the kernel's bulk allocator does not
-//! do.
+//! neighbours in memory are neighbours in the list (a DMA table links them as one range). Such
+//! a list is never taken apart ([`ChunkList::take_chunks`] refuses it). The memory cgroup is
+//! charged as for any allocation, which the kernel's bulk allocator does not do.
 //!
 //! Zeroed chunks get their zeros one of two ways ([`Zeroing`], chosen once at load): from the
 //! page allocator (`__GFP_ZERO`, i.e. `clear_page`) or from the kernel's `memset` over a block

@@ -204,10 +204,7 @@ impl Pmm {
         // Never more than every root's storage.
         let keep = usize::try_from(keep.min(capacity) / CHUNK_MAX)?;
         let kept = KVVec::with_capacity(keep, GFP_KERNEL)?;
-        let mut tree_roots = KVVec::with_capacity(count, GFP_KERNEL)?;
-        for _ in 0..count {
-            tree_roots.push(chunks::Root::default(), GFP_KERNEL)?;
-        }
+        let tree_roots = KVVec::from_elem(chunks::Root::default(), count, GFP_KERNEL)?;
         let sets = [
             BitmapVec::new(count, GFP_KERNEL)?,
             BitmapVec::new(count, GFP_KERNEL)?,
