@@ -256,11 +256,14 @@ pub(crate) struct MemCore {
     layout: Layout,
     alloc_flags: u32,
     mmap: offsets::MmapRange,
-    storage: Storage,
     /// How many user VMAs map the mem.
     user_mappings: Atomic<u32>,
+    /// Dropped before the storage (field order is drop order): a mem dropped without being
+    /// freed (at file close) still holds its mappings and tables, and they go before the
+    /// chunks they map, as in uvm_mem.
     #[pin]
     state: Mutex<MemState>,
+    storage: Storage,
     origin: Origin,
     _mems: Counted,
     _bytes: Counted,
