@@ -244,3 +244,40 @@ impl<R: DerefMut<Target = [Root]>, S: RootSet> ChunkTree<R, S> {
         self.small.put(r, small);
     }
 }
+
+/// Which 64 KiB slots of one root's storage are known to hold only zeros, as uvm's PMM keeps
+/// zeroed chunks apart from the others. A slot is known zero only after a chunk that was zeroed
+/// when handed out comes back unwritten; it stops being so when any chunk in it is handed out.
+/// A 4 KiB chunk is known zero if its slot is, and coming back it marks nothing (the rest of
+/// its slot may have been written since).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ZeroSlots(u32);
+
+impl ZeroSlots {
+    /// The slots the chunk of `size` at `phys` covers (none for a size the tree does not have).
+    fn bits(phys: u64, size: u64) -> u32 {
+        // CAST: below 32 (the offset in the root is below 2 MiB).
+        let slot = ((phys % ROOT) / MID) as u32;
+        match size {
+            ROOT => ALL_MID,
+            MID | SMALL => 1u32.checked_shl(slot).unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// The chunk of `size` at `phys` is handed out: whether all its bytes are known zero.
+    /// Its slots are not known zero any more.
+    pub(crate) fn take(&mut self, phys: u64, size: u64) -> bool {
+        let bits = Self::bits(phys, size);
+        let zero = bits != 0 && self.0 & bits == bits;
+        self.0 &= !bits;
+        zero
+    }
+
+    /// The chunk of `size` at `phys` came back unwritten since it was handed out zeroed.
+    pub(crate) fn put_back(&mut self, phys: u64, size: u64) {
+        if size != SMALL {
+            self.0 |= Self::bits(phys, size);
+        }
+    }
+}

@@ -17,6 +17,12 @@
 //! when it comes back, so no mem ever sees an earlier one's bytes, and new storage is not
 //! zeroed whole: a cold allocation of a 64 KiB chunk zeroes 64 KiB, not the root's 2 MiB.
 //!
+//! A chunk's bytes stay zero as long as nothing writes them, so a chunk that comes back
+//! unwritten (its mem was never a copy engine's destination nor mapped in a GPU VA space:
+//! [`VidChunk::unwritten`]) is remembered as zero, per 64 KiB slot of its storage
+//! ([`ZeroSlots`]), and is not zeroed again when handed out, as uvm's PMM keeps zeroed chunks
+//! on free lists of their own.
+//!
 //! Storage a root gives up is kept for the next root that needs some, already mapped, up to
 //! `vidmem_keep_mib` per GPU: a cold allocation then costs no page allocation and no DMA
 //! mapping. Kept storage is counted as `vidmem_kept` alone (no root's, no mem's, no DMA
@@ -49,7 +55,7 @@ use crate::{
 };
 
 use super::{
-    chunks::{self, RootSet},
+    chunks::{self, RootSet, ZeroSlots},
     dma::{GpuTable, Pages, Tracker, Unseen},
     sim::SimIommu,
 };
@@ -96,10 +102,12 @@ fn root_index(phys: u64) -> usize {
 }
 
 /// A root chunk's storage: 2 MiB of kernel pages (counted as `vidmem_roots`), DMA-mapped for
-/// the GPU.
+/// the GPU, and which of its slots are known to be zero (kept with the storage: they are its
+/// bytes, whichever root it serves).
 struct RootStore {
     table: GpuTable,
     pages: Arc<Pages>,
+    zero: ZeroSlots,
 }
 
 /// What the PMM knows of one root chunk's storage.
@@ -178,6 +186,8 @@ pub(crate) struct VidChunk {
     stored: bool,
     /// Its mem was made: its root's storage may be kept when it goes.
     keep: bool,
+    /// Nothing wrote it since it was handed out (zeroed): its bytes are still zero.
+    unwritten: bool,
 }
 
 impl Pmm {
@@ -264,11 +274,14 @@ impl Pmm {
             root.store = Some(new);
             root.reused = reused;
         }
-        let pages = if store {
-            root.stored += 1;
-            root.store.as_ref().map(|s| s.pages.clone())
-        } else {
-            None
+        // A chunk known to be zero is handed out as it is; else it is zeroed below.
+        let pages = match root.store.as_mut() {
+            Some(s) if store => {
+                root.stored += 1;
+                let zero = s.zero.take(phys, size);
+                (!zero).then(|| s.pages.clone())
+            }
+            _ => None,
         };
         if let Some(n) = st.allocated.get_mut(index) {
             *n += 1;
@@ -280,6 +293,7 @@ impl Pmm {
             size,
             stored: store,
             keep: false,
+            unwritten: false,
         };
         if let Some(pages) = pages {
             // Outside the lock: the chunk is no one else's yet, and its stored count keeps the
@@ -307,13 +321,19 @@ impl Pmm {
             self.tracker.clone(),
             self.sim.clone(),
         )?;
-        Ok(RootStore { table, pages })
+        // Not zeroed: no slot is known to be zero.
+        Ok(RootStore {
+            table,
+            pages,
+            zero: ZeroSlots::default(),
+        })
     }
 
     /// Takes a chunk back (from [`VidChunk`]'s drop): its range, the counts, and the root's
     /// storage if this was its last stored chunk: kept for reuse if the chunk's mem was made
     /// (or the storage was kept before) and there is room, else unmapped and freed under the
-    /// lock. Its bytes stay until the range is handed out again, zeroed then.
+    /// lock. Its bytes stay until the range is handed out again, zeroed then unless it came back
+    /// unwritten.
     fn free(&self, chunk: &VidChunk) {
         let mut guard = self.state.lock();
         let st = &mut *guard;
@@ -330,6 +350,11 @@ impl Pmm {
         }
         if let Some(r) = st.roots.get_mut(root_index(chunk.phys)) {
             if chunk.stored {
+                if chunk.unwritten {
+                    if let Some(s) = r.store.as_mut() {
+                        s.zero.put_back(chunk.phys, chunk.size);
+                    }
+                }
                 r.stored -= 1;
                 if r.stored == 0 {
                     let reused = core::mem::take(&mut r.reused);
@@ -464,6 +489,13 @@ impl VidChunk {
     /// Its mem was made: when the chunk goes, its root's storage may be kept for reuse.
     pub(crate) fn keep_storage(&mut self) {
         self.keep = true;
+    }
+
+    /// Nothing wrote the chunk since it was handed out (zeroed): when it goes, its slot of
+    /// storage is known to be zero and is not zeroed again. Said only by the chunk's mem, which
+    /// knows every way to write it (see `mem::storage::VidPages`).
+    pub(crate) fn unwritten(&mut self) {
+        self.unwritten = true;
     }
 
     /// The chunk's vidmem (GPU physical) address.

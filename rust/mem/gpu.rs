@@ -226,6 +226,8 @@ impl Mem {
             ),
             Storage::Vid(v) => {
                 v.check_gpu(gpu)?;
+                // The GPU may write it through the mapping.
+                v.may_be_written();
                 (None, gpu_page_size(true, chunk, gpu.page_sizes)?)
             }
         };
@@ -382,6 +384,9 @@ impl Mem {
         let (dst_offset, len) = dst.range(dst_offset, len)?;
         let (src_offset, _) = src.range(src_offset, len as u64)?;
         let (dv, sv) = (dst.engine_view(gpu)?, src.engine_view(gpu)?);
+        if let EngineView::Vid(v) = &dv {
+            v.may_be_written();
+        }
         let (dc, sc) = (dst.chunk_len()?, src.chunk_len()?);
         let mut done = 0;
         while done < len {

@@ -66,18 +66,28 @@ pub(crate) struct VidPages {
     /// chunks' root storage is not kept for reuse.
     reused: usize,
     made: Atomic<bool>,
+    /// Something may have written the chunks: a copy engine copied into them, or a GPU mapped
+    /// them in a VA space. Else, without a pool, they go back to the PMM known to be zero.
+    written: Atomic<bool>,
     _audit: Counted,
 }
 
 impl Drop for VidPages {
     fn drop(&mut self) {
         let made = self.made.load(Relaxed);
+        // Every writer held the mem, so its writes came before this drop.
+        let unwritten = !self.written.load(Relaxed);
         if let Some(pool) = self.pool.take() {
             let undo = (!made).then_some(self.reused);
             pool.give_back_vid(core::mem::replace(&mut self.chunks, KVVec::new()), undo);
-        } else if made {
+        } else {
             for c in self.chunks.iter_mut() {
-                c.keep_storage();
+                if made {
+                    c.keep_storage();
+                }
+                if unwritten {
+                    c.unwritten();
+                }
             }
         }
     }
@@ -88,6 +98,12 @@ impl VidPages {
     /// freed mem's, or leave their root storage to be kept for reuse.
     pub(super) fn made(&self) {
         self.made.store(true, Relaxed);
+    }
+
+    /// Something is about to be given a way to write the chunks (a copy into them, a GPU VA
+    /// mapping): said before it can.
+    pub(super) fn may_be_written(&self) {
+        self.written.store(true, Relaxed);
     }
 
     /// How many chunks.
@@ -158,6 +174,7 @@ fn alloc_vidmem(gpu: &Arc<GpuDev>, layout: &Layout) -> Result<VidPages> {
         pool: None,
         reused: 0,
         made: Atomic::new(false),
+        written: Atomic::new(false),
         _audit: Counted::new(Class::VidmemChunks, n),
     })
 }
@@ -177,6 +194,7 @@ pub(super) fn from_vid_pool(
         pool: Some(pool.clone()),
         reused,
         made: Atomic::new(false),
+        written: Atomic::new(false),
         _audit: Counted::new(Class::VidmemChunks, n),
     })
 }

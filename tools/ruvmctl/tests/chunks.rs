@@ -12,7 +12,7 @@ mod chunks;
 
 use std::collections::BTreeMap;
 
-use chunks::{ChunkTree, Root, RootSet, MID, ROOT, SMALL};
+use chunks::{ChunkTree, Root, RootSet, ZeroSlots, MID, ROOT, SMALL};
 use common::Rng;
 
 const K: u64 = 1024;
@@ -95,6 +95,42 @@ fn check_roots(t: &Tree, m: &Model, what: &str) {
         let whole = m.held.get(&(r as u64 * ROOT)) == Some(&ROOT);
         assert_eq!(t.root_state(r), (used, used && !whole), "{what}: root {r}");
     }
+}
+
+#[test]
+fn zero_slots_follow_what_came_back_unwritten() {
+    // New storage: nothing known zero.
+    let mut z = ZeroSlots::default();
+    assert!(!z.take(MID, MID));
+    // A 64 KiB chunk back unwritten: its slot (and only it) is known zero, once.
+    z.put_back(MID, MID);
+    assert!(!z.take(0, MID));
+    assert!(!z.take(2 * MID, MID));
+    assert!(z.take(MID, MID));
+    assert!(!z.take(MID, MID));
+    // A 4 KiB chunk in a known-zero slot is zero, and takes the slot's mark with it; back, it
+    // marks nothing (its slot's other chunks may have been written).
+    z.put_back(3 * MID, MID);
+    assert!(z.take(3 * MID + 5 * SMALL, SMALL));
+    assert!(!z.take(3 * MID, SMALL));
+    z.put_back(3 * MID + 5 * SMALL, SMALL);
+    assert!(!z.take(3 * MID, MID));
+    // A 2 MiB chunk is zero only if every slot is; back unwritten, every slot is.
+    let mut z = ZeroSlots::default();
+    for slot in 0..31 {
+        z.put_back(slot * MID, MID);
+    }
+    assert!(!z.take(ROOT, ROOT));
+    let mut z = ZeroSlots::default();
+    z.put_back(ROOT, ROOT);
+    assert!(z.take(ROOT + 31 * MID, MID));
+    assert!(!z.take(0, ROOT));
+    z.put_back(0, ROOT);
+    assert!(z.take(0, ROOT));
+    // A size the tree does not have is never zero and marks nothing.
+    z.put_back(0, 2 * SMALL);
+    assert!(!z.take(0, 2 * SMALL));
+    assert!(!z.take(0, MID));
 }
 
 #[test]

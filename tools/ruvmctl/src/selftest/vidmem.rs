@@ -48,6 +48,10 @@ pub fn cases() -> Vec<Case> {
             run: vidmem_ce_round_trip_through_vidmem,
         },
         Case {
+            name: "vidmem_known_zero_chunks_and_every_write",
+            run: vidmem_known_zero_chunks_and_every_write,
+        },
+        Case {
             name: "vidmem_pmm_bad_inputs",
             run: vidmem_pmm_bad_inputs,
         },
@@ -681,6 +685,167 @@ fn vidmem_exhaustion_and_recovery() -> TestResult {
 fn ce(d: &Ruvm, g: u32, dst: u64, src: u64, off: u64, len: u64) -> TestResult {
     d.ce_copy(g, dst, off, src, off, len)
         .ctx(&format!("GPU {g} copies [{off:#x}, +{len:#x})"))
+}
+
+/// How a test writes a vidmem mem before freeing it.
+#[derive(Clone, Copy, Debug)]
+enum Write {
+    /// Not at all: its chunks come back known to be zero.
+    None,
+    /// A copy engine copy into it (`CE_COPY`).
+    Engine,
+    /// Through its GPU kernel VA mapping (`MEM_MAP_GPU_KERNEL`, then `CE_COPY_VA`).
+    KernelVa,
+}
+
+/// The pieces of a chunk of `ps` bytes a test writes and reads back: its first and last 1000
+/// bytes (few, as each edu transfer takes about 100 ms).
+fn ends(ps: u64) -> [(u64, u64); 2] {
+    [(0, 1000), (ps - 1000, 1000)]
+}
+
+/// Writes the ends of vidmem mem `v` (one chunk of `ps`) from `s` (sysmem, mapped on the GPU
+/// and filled with a pattern) the way `how` says.
+fn write_vid(d: &Ruvm, g: u32, v: u64, s: u64, ps: u64, how: Write) -> TestResult {
+    match how {
+        Write::None => {}
+        Write::Engine => {
+            for (off, len) in ends(ps) {
+                ce(d, g, v, s, off, len)?;
+            }
+        }
+        Write::KernelVa => {
+            for h in [v, s] {
+                d.mem_gpu_kernel(true, h, g).ctx("MAP_GPU_KERNEL")?;
+            }
+            let (vva, _) = d.gpu_va(v, g, false).ctx("GPU_VA")?;
+            let (sva, _) = d.gpu_va(s, g, false).ctx("GPU_VA")?;
+            for (off, len) in ends(ps) {
+                d.ce_copy_va(g, vva + off, sva + off, len, false)
+                    .ctx("CE_COPY_VA")?;
+            }
+            for h in [v, s] {
+                d.mem_gpu_kernel(false, h, g).ctx("UNMAP_GPU_KERNEL")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of the ends of vidmem mem `v` (one chunk of `ps`) that are not zero, read through
+/// `s` (sysmem, mapped on the GPU and kernel; not the mem the writes come from), which is
+/// scribbled over first.
+fn nonzero_ends(d: &Ruvm, g: u32, v: u64, s: u64, ps: u64) -> Result<u64, Stop> {
+    let byte = |verify: bool, off: u64, len: u64, seed: u64| {
+        d.mem_fill(
+            verify,
+            uapi::ruvm_mem_fill {
+                handle: s,
+                offset: off,
+                length: len,
+                kind: uapi::ruvm_fill_kind_RUVM_FILL_BYTE,
+                seed,
+                ..Default::default()
+            },
+        )
+        .ctx("MEM_FILL")
+    };
+    let mut bad = 0;
+    for (off, len) in ends(ps) {
+        byte(false, off, len, 0xee)?;
+        ce(d, g, s, v, off, len)?;
+        bad += byte(true, off, len, 0)?.mismatches;
+    }
+    Ok(bad)
+}
+
+/// A vidmem chunk that comes back unwritten is handed out again as it is (known zero), and
+/// every way to write one (a copy engine copy into it, a GPU kernel VA mapping) makes the next
+/// mem on the same memory zeroed again: for each chunk size, a mem is written (or not) and
+/// freed, and the next mem, on the same vidmem address, reads zeros. Then two 4 KiB chunks of
+/// one 64 KiB slot, one written and one not: the 64 KiB chunk after them reads zeros.
+fn vidmem_known_zero_chunks_and_every_write() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let gpus: Vec<_> = vid_gpus(&d)?.into_iter().filter(has_engine).collect();
+    if gpus.is_empty() {
+        return Err(Stop::Skip("no GPU with vidmem and a copy engine".into()));
+    }
+    for g in &gpus {
+        let mmu = g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_MMU != 0;
+        check_idle(&d, g.id, "before")?;
+        // Written from (a pattern) and read back through: as big as the largest chunk.
+        let s = d.mem_alloc(2 * M, 0, 0).ctx("alloc sysmem")?.handle;
+        let r = d.mem_alloc(2 * M, 0, 0).ctx("alloc sysmem")?.handle;
+        fill(&d, s, 2 * M, u64::from(g.id) + 7)?;
+        for h in [s, r] {
+            d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
+            d.mem_gpu(true, h, g.id).ctx("MAP_GPU")?;
+        }
+        let mut ways = vec![Write::None, Write::Engine, Write::None];
+        if mmu {
+            ways.extend([Write::KernelVa, Write::None]);
+        }
+        for ps in SIZES {
+            for &how in &ways {
+                let a = d.vidmem_alloc(g.id, ps, ps, 0).ctx("alloc")?.handle;
+                let at = d.gpu_phys(a, g.id, 0, 1).ctx("GPU_PHYS")?.0;
+                write_vid(&d, g.id, a, s, ps, how)?;
+                d.mem_free(a).ctx("free")?;
+                let b = d.vidmem_alloc(g.id, ps, ps, 0).ctx("alloc again")?.handle;
+                let again = d.gpu_phys(b, g.id, 0, 1).ctx("GPU_PHYS")?.0;
+                check!(
+                    again == at,
+                    "GPU {}: a {ps}-byte chunk freed at {at:#x} came back at {again:#x}",
+                    g.id
+                );
+                let bad = nonzero_ends(&d, g.id, b, r, ps)?;
+                check!(
+                    bad == 0,
+                    "GPU {}: {bad} old bytes in a new {ps}-byte chunk at {again:#x}, the one before written {how:?}",
+                    g.id
+                );
+                d.mem_free(b).ctx("free")?;
+            }
+        }
+        // A 64 KiB slot known zero; split into 4 KiB chunks, one written and one not.
+        let a = d.vidmem_alloc(g.id, 64 * K, 64 * K, 0).ctx("alloc")?.handle;
+        d.mem_free(a).ctx("free")?;
+        let x = d
+            .vidmem_alloc(g.id, 4 * K, 4 * K, 0)
+            .ctx("alloc 4K")?
+            .handle;
+        let y = d
+            .vidmem_alloc(g.id, 4 * K, 4 * K, 0)
+            .ctx("alloc 4K")?
+            .handle;
+        write_vid(&d, g.id, y, s, 4 * K, Write::Engine)?;
+        let at = d.gpu_phys(y, g.id, 0, 1).ctx("GPU_PHYS")?.0;
+        d.mem_free(y).ctx("free")?;
+        d.mem_free(x).ctx("free")?;
+        let b = d
+            .vidmem_alloc(g.id, 64 * K, 64 * K, 0)
+            .ctx("alloc 64K")?
+            .handle;
+        let base = d.gpu_phys(b, g.id, 0, 1).ctx("GPU_PHYS")?.0;
+        check!(
+            base + 4 * K == at,
+            "GPU {}: the 4 KiB chunk at {at:#x} is not the second of the 64 KiB one at {base:#x}",
+            g.id
+        );
+        // The written 4 KiB chunk's ends, at 4 KiB in the new chunk.
+        let bad = nonzero_ends(&d, g.id, b, r, 8 * K)?;
+        check!(
+            bad == 0,
+            "GPU {}: {bad} old bytes of a written 4 KiB chunk in a new 64 KiB chunk",
+            g.id
+        );
+        d.mem_free(b).ctx("free")?;
+        for h in [s, r] {
+            d.mem_free(h).ctx("free")?;
+        }
+        check_idle(&d, g.id, "after")?;
+    }
+    Ok(())
 }
 
 fn vidmem_ce_round_trip_through_vidmem() -> TestResult {
