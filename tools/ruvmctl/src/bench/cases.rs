@@ -484,7 +484,42 @@ fn g3(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
         Ok(c.d.bench(pages).context("RUVM_IOCTL_BENCH")? as f64 / n as f64)
     })?;
     out(kernel);
-    c.d.mem_free(hold.handle)?;
+    // Chunks that were written come back to be zeroed again: each mem gets 64 bytes from the
+    // copy engine before it is freed, and so does a sysmem mem beside each sysmem allocation,
+    // so that both sides pay the copy.
+    let src = c.d.mem_alloc(64 * K, 64 * K, ZERO)?;
+    let dst = c.d.mem_alloc(64 * K, 64 * K, ZERO)?;
+    for h in [src.handle, dst.handle] {
+        c.d.mem_gpu(true, h, c.sim)?;
+    }
+    let mut written = c.case(
+        "g3.vidmem_written".into(),
+        "vidmem 64K alloc + 64-byte engine write + free, root chunk in use",
+        "sysmem 64K zeroed alloc + free, and a 64-byte engine write",
+        "ns",
+    );
+    (written.ruvm, written.base) = pairs(
+        c.spec.reps,
+        &mut || {
+            per_op(n, &mut || {
+                let a = c.d.vidmem_alloc(c.sim, 64 * K, 64 * K, 0)?;
+                c.d.ce_copy(c.sim, a.handle, 0, src.handle, 0, 64)?;
+                c.d.mem_free(a.handle)?;
+                Ok(())
+            })
+        },
+        &mut || {
+            per_op(n, &mut || {
+                c.alloc_free(64 * K, 64 * K, true)?;
+                c.d.ce_copy(c.sim, dst.handle, 0, src.handle, 0, 64)?;
+                Ok(())
+            })
+        },
+    )?;
+    out(written);
+    for h in [src.handle, dst.handle, hold.handle] {
+        c.d.mem_free(h)?;
+    }
     Ok(())
 }
 

@@ -163,6 +163,7 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
         ("G3", "g3.vidmem_cold", Target::AtMost(1.0)),
         ("G3", "g3.vidmem_warm", Target::AtMost(1.0)),
         ("G3", "g3.vidmem_vs_pages", Target::Info),
+        ("G3", "g3.vidmem_written", Target::Info),
     ] {
         if let Some(c) = get(id) {
             rows.push(ratio_row(goal, c, t));
