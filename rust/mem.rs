@@ -394,6 +394,11 @@ impl Mem {
             return Err(ENOSPC);
         }
         let charge = quota.charge(layout.physical_size)?;
+        // Sysmem beyond the machine's memory cannot be had: refused before a page is taken,
+        // rather than after draining the machine (which other tasks would meet as an OOM).
+        if req.gpu.is_none() && layout.physical_size > crate::bind::meminfo::total_ram_bytes() {
+            return Err(ENOMEM);
+        }
         let (layout, storage, lease) = match &req.pool {
             None => {
                 let (layout, storage) = storage::alloc(req, layout)?;
