@@ -84,6 +84,15 @@ fn vid_gpus(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>, Stop> {
     Ok(v)
 }
 
+/// The present GPUs with vidmem and a copy engine; skips the case without any.
+fn engine_gpus(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>, Stop> {
+    let v: Vec<_> = vid_gpus(d)?.into_iter().filter(has_engine).collect();
+    if v.is_empty() {
+        return Err(Stop::Skip("no GPU with vidmem and a copy engine".into()));
+    }
+    Ok(v)
+}
+
 /// A PMM that holds nothing: every byte free, no root chunk used or stored.
 fn check_idle(d: &Ruvm, g: u32, when: &str) -> Result<uapi::ruvm_pmm_stats, Stop> {
     let s = d.pmm_stats(g).ctx("PMM_STATS")?;
@@ -766,10 +775,7 @@ fn nonzero_ends(d: &Ruvm, g: u32, v: u64, s: u64, ps: u64) -> Result<u64, Stop> 
 /// one 64 KiB slot, one written and one not: the 64 KiB chunk after them reads zeros.
 fn vidmem_known_zero_chunks_and_every_write() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
-    let gpus: Vec<_> = vid_gpus(&d)?.into_iter().filter(has_engine).collect();
-    if gpus.is_empty() {
-        return Err(Stop::Skip("no GPU with vidmem and a copy engine".into()));
-    }
+    let gpus = engine_gpus(&d)?;
     for g in &gpus {
         let mmu = g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_MMU != 0;
         check_idle(&d, g.id, "before")?;
@@ -850,10 +856,7 @@ fn vidmem_known_zero_chunks_and_every_write() -> TestResult {
 
 fn vidmem_ce_round_trip_through_vidmem() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
-    let gpus: Vec<_> = vid_gpus(&d)?.into_iter().filter(has_engine).collect();
-    if gpus.is_empty() {
-        return Err(Stop::Skip("no GPU with vidmem and a copy engine".into()));
-    }
+    let gpus = engine_gpus(&d)?;
     for g in &gpus {
         for (size, ps) in [(12 * K, 4 * K), (192 * K, 64 * K), (4 * M, 2 * M)] {
             let seed = size ^ u64::from(g.id);
