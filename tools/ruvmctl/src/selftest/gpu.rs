@@ -713,8 +713,11 @@ fn gpu_ce_copy_moves_bytes_both_ways() -> TestResult {
 }
 
 /// Two edu GPUs, each in its own IOMMU domain with its own IOVA allocator: once GPU 0 alone
-/// holds a mapping, one mem mapped on both gets different bus addresses on each, and each
-/// engine copies correctly through its own table.
+/// holds a mapping, one mem mapped on both gets a table on each (GPU 0 never hands out the
+/// filler's addresses again), and each engine copies correctly through its own table. The
+/// two tables' addresses may coincide: each domain has a space of its own, and what earlier
+/// mappings left in each allocator decides (`make demo` maps on both GPUs before its
+/// selftest, and there they came out equal).
 fn gpu_two_gpus_two_address_spaces() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let gpus = d.gpus().ctx("GPU_LIST")?;
@@ -723,8 +726,7 @@ fn gpu_two_gpus_two_address_spaces() -> TestResult {
         return Err(Stop::Skip("needs two GPUs bound by ruvm-edu".into()));
     }
     let (g0, g1) = (edu[0], edu[1]);
-    // 2 MiB chunks: IOVAs that size are not cached, so each allocator hands out its highest
-    // free range; GPU 0's highest is taken by the filler.
+    // Held on GPU 0 while the shared mem is mapped there.
     let filler = d.mem_alloc(4 << 20, 2 << 20, 0).ctx("alloc filler")?.handle;
     d.mem_gpu(true, filler, g0).ctx("map filler on GPU 0")?;
     let shared = d.mem_alloc(4 << 20, 2 << 20, 0).ctx("alloc")?.handle;
@@ -734,8 +736,10 @@ fn gpu_two_gpus_two_address_spaces() -> TestResult {
     let a1 = d.dma_addrs(shared, g1, 0, 2).ctx("addrs on GPU 1")?;
     let f0 = d.dma_addrs(filler, g0, 0, 2).ctx("filler addrs")?;
     check!(
-        a0.iter().all(|a| !a1.contains(a)),
-        "one mem, two GPUs, shared bus addresses: GPU {g0} {a0:x?}, GPU {g1} {a1:x?}"
+        a0.len() == 2 && a1.len() == 2,
+        "one mem of two chunks, tables of {} and {} addresses",
+        a0.len(),
+        a1.len()
     );
     check!(
         a0.iter().all(|a| !f0.contains(a)),
