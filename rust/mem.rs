@@ -65,6 +65,7 @@ use storage::Storage;
 /// Makes the mem layer's module-wide state usable (module init): the registry, the mmap offset
 /// space and the planted leaks; tells the GPU registry how to drop a removed GPU's tables.
 pub(crate) fn init() -> Result {
+    RAM_AT_LOAD.store(crate::bind::meminfo::total_ram_bytes(), Relaxed);
     registry::init();
     plant::init();
     offsets::init()?;
@@ -72,6 +73,17 @@ pub(crate) fn init() -> Result {
     pool::init();
     crate::gpu::set_removal_hook(drop_gpu);
     Ok(())
+}
+
+/// The machine's memory when the module was loaded: a sysmem request above it is checked
+/// against the memory now (`si_meminfo` walks every block device under a lock, too much for
+/// each allocation).
+static RAM_AT_LOAD: Atomic<u64> = Atomic::new(0);
+
+/// Whether `bytes` of sysmem are more than the machine has (now, and when the module was
+/// loaded).
+fn beyond_ram(bytes: u64) -> bool {
+    bytes > RAM_AT_LOAD.load(Relaxed) && bytes > crate::bind::meminfo::total_ram_bytes()
 }
 
 /// GPU `id` is going: every mem's tables of it, then every pool's, are dropped.
@@ -396,7 +408,7 @@ impl Mem {
         let charge = quota.charge(layout.physical_size)?;
         // Sysmem beyond the machine's memory cannot be had: refused before a page is taken,
         // rather than after draining the machine (which other tasks would meet as an OOM).
-        if req.gpu.is_none() && layout.physical_size > crate::bind::meminfo::total_ram_bytes() {
+        if req.gpu.is_none() && beyond_ram(layout.physical_size) {
             return Err(ENOMEM);
         }
         let (layout, storage, lease) = match &req.pool {
