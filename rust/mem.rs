@@ -243,6 +243,8 @@ struct PoolLease {
     pages: Option<Arc<crate::gpu::dma::Pages>>,
     /// Tables of the pool's GPUs mapping `pages`, not (or no longer) the mem's.
     tables: KVec<(u32, Arc<GpuTable>)>,
+    /// The mem's mmap offset range, once the mem is dropped: cached with the chunks.
+    range: Option<offsets::MmapRange>,
     /// How many chunks came from the pool's cache, and whether the mem was made (else,
     /// dropped, the pool's allocation is undone).
     reused: usize,
@@ -254,7 +256,7 @@ impl Drop for PoolLease {
         if let Some(pages) = self.pages.take() {
             let tables = core::mem::replace(&mut self.tables, KVec::new());
             let undo = (!self.made).then_some(self.reused);
-            self.pool.give_back(pages, tables, undo);
+            self.pool.give_back(pages, tables, self.range.take(), undo);
         }
     }
 }
@@ -267,7 +269,9 @@ pub(crate) struct MemCore {
     size: u64,
     layout: Layout,
     alloc_flags: u32,
-    mmap: offsets::MmapRange,
+    /// Where the mem is `mmap`ed; `None` only while the core is being dropped (a pool mem's
+    /// range goes back to the pool with its chunks).
+    mmap: Option<offsets::MmapRange>,
     /// How many user VMAs map the mem.
     user_mappings: Atomic<u32>,
     /// Dropped before the storage (field order is drop order): a mem dropped without being
@@ -285,21 +289,34 @@ pub(crate) struct MemCore {
 #[pinned_drop]
 impl PinnedDrop for MemCore {
     fn drop(self: Pin<&mut Self>) {
+        let this = self.project();
         // Every table left goes back with the chunks (a mem dropped without being freed, at
-        // file close, still has them in `gpus`); the pool keeps those of its GPUs.
+        // file close, still has them in `gpus`); the pool keeps those of its GPUs, and the
+        // mmap offset range with the chunks.
         let lease = {
-            let mut st = self.state.lock();
+            let mut st = this.state.lock();
             let mut lease = st.lease.take();
             if let Some(l) = lease.as_mut() {
-                for t in core::mem::replace(&mut st.gpus, KVec::new()) {
-                    // A table that cannot be kept is dropped (unmapped).
-                    let _ = l.tables.push(t, GFP_KERNEL);
-                }
+                let gpus = core::mem::replace(&mut st.gpus, KVec::new());
+                give_tables(&mut l.tables, gpus);
+                l.range = this.mmap.take();
             }
             lease
         };
         // Given back with the lock released.
         drop(lease);
+    }
+}
+
+/// Adds `tables` to `to`: moved whole when `to` is empty (no allocation); a table with no
+/// room to go is dropped (unmapped).
+fn give_tables(to: &mut KVec<(u32, Arc<GpuTable>)>, tables: KVec<(u32, Arc<GpuTable>)>) {
+    if to.is_empty() {
+        *to = tables;
+        return;
+    }
+    for t in tables {
+        let _ = to.push(t, GFP_KERNEL);
     }
 }
 
@@ -411,7 +428,7 @@ impl Mem {
         if req.gpu.is_none() && beyond_ram(layout.physical_size) {
             return Err(ENOMEM);
         }
-        let (layout, storage, lease) = match &req.pool {
+        let (layout, storage, mut lease) = match &req.pool {
             None => {
                 let (layout, storage) = storage::alloc(req, layout)?;
                 (layout, storage, None)
@@ -430,6 +447,7 @@ impl Mem {
                     pool: p.clone(),
                     pages: Some(taken.pages),
                     tables: taken.tables,
+                    range: taken.range,
                     reused: taken.reused,
                     made: false,
                 };
@@ -440,7 +458,12 @@ impl Mem {
             Storage::Sys(_) => Class::SysmemBytes,
             Storage::Vid(_) => Class::VidmemBytes,
         };
-        let mmap = offsets::MmapRange::new(layout.physical_size)?;
+        // A list the pool kept whole comes with the range of the mem that freed it (the same
+        // size).
+        let mmap = match lease.as_mut().and_then(|l| l.range.take()) {
+            Some(r) => r,
+            None => offsets::MmapRange::new(layout.physical_size)?,
+        };
         let mut alloc_flags = 0;
         if req.zero {
             alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO;
@@ -455,7 +478,7 @@ impl Mem {
                 size: req.size,
                 layout,
                 alloc_flags,
-                mmap,
+                mmap: Some(mmap),
                 storage,
                 user_mappings: Atomic::new(0),
                 state <- new_mutex!(MemState {
@@ -506,7 +529,7 @@ impl Mem {
 
     /// Where the mem is mapped with `mmap`.
     pub(crate) fn mmap_offset(&self) -> u64 {
-        self.mmap.offset()
+        self.mmap.as_ref().map_or(0, offsets::MmapRange::offset)
     }
 
     /// The mem's layout (chunk size, count, physical size).
@@ -532,7 +555,7 @@ impl Mem {
         MemInfo {
             size: self.size,
             layout: self.layout,
-            mmap_offset: self.mmap.offset(),
+            mmap_offset: self.mmap_offset(),
             cpu_kernel,
             user_mappings: self.user_mappings.load(Relaxed),
             alloc_flags: self.alloc_flags,
@@ -569,13 +592,20 @@ impl Mem {
         st.life = Life::Freed;
         if let Some(access) = st.lease.as_ref().map(|l| l.pool.access()) {
             // The tables of the pool's GPUs stay, for the pool's cache.
-            for (id, t) in core::mem::replace(&mut st.gpus, KVec::new()) {
-                let kept = access & 1u64.checked_shl(id).unwrap_or(0) != 0;
-                // A table with no room to go anywhere is dropped (unmapped) here.
-                let _ = match st.lease.as_mut() {
-                    Some(l) if kept => l.tables.push((id, t), GFP_KERNEL),
-                    _ => st.gpus.push((id, t), GFP_KERNEL),
-                };
+            let kept = |id: u32| access & 1u64.checked_shl(id).unwrap_or(0) != 0;
+            let mine = core::mem::replace(&mut st.gpus, KVec::new());
+            if mine.iter().all(|(id, _)| kept(*id)) {
+                if let Some(l) = st.lease.as_mut() {
+                    give_tables(&mut l.tables, mine);
+                }
+            } else {
+                for (id, t) in mine {
+                    // A table with no room to go anywhere is dropped (unmapped) here.
+                    let _ = match st.lease.as_mut() {
+                        Some(l) if kept(id) => l.tables.push((id, t), GFP_KERNEL),
+                        _ => st.gpus.push((id, t), GFP_KERNEL),
+                    };
+                }
             }
         }
         // INVARIANT: a freed mem keeps no mapping, no VA offset and no table.

@@ -6,7 +6,8 @@
 //! Every open file of `/dev/ruvm` shares the device inode's mapping, so zapping a mem's range
 //! (`unmap_mapping_range`) hits every process's mappings of that range: ranges are module-wide,
 //! and a mem keeps its range until it is dropped (after its last VMA), so a zap never hits
-//! another mem's mapping. A range is counted in pages; offsets stay below `i64::MAX` (`loff_t`).
+//! another mem's mapping. A pool mem's range then stays with its chunks in the pool's cache,
+//! for the next mem that takes them. A range is counted in pages; offsets stay below `i64::MAX` (`loff_t`).
 
 use kernel::{page::PAGE_SIZE, prelude::*, sync::Arc};
 

@@ -7,8 +7,9 @@
 //! # What the cache holds
 //!
 //! A freed mem's chunks come back as they were: one list (in order), with the DMA tables of
-//! the pool's GPUs still mapping it. An allocation of the same number of chunks takes such a
-//! list whole (no page allocation, no DMA mapping); any other takes lists apart into chunks
+//! the pool's GPUs still mapping it, and the mem's mmap offset range. An allocation of the same
+//! number of chunks takes such a list whole (no page allocation, no DMA mapping, no offset
+//! range to find); any other takes lists apart into chunks
 //! (their tables unmapped), uses as many as it needs, and caches the rest as a list of its
 //! own. So chunks are reused whatever the sizes, and a steady alloc/free of one size reuses
 //! the mappings too.
@@ -56,24 +57,34 @@ use crate::{
     },
 };
 
-use super::policy::{self, Backing};
+use super::{
+    offsets::MmapRange,
+    policy::{self, Backing},
+};
 
-/// What one cache entry holds: a freed mem's chunks, and their DMA tables for the pool's
-/// GPUs. Dropped: the tables go (unmapped), then the chunks.
+/// What one cache entry holds: a freed mem's chunks, their DMA tables for the pool's GPUs,
+/// and the mem's mmap offset range (for the next mem of the same size, which then needs no
+/// range of its own). Dropped: the tables go (unmapped), then the chunks and the range.
 struct Entry {
     tables: KVec<(u32, Arc<GpuTable>)>,
     pages: Arc<Pages>,
+    range: Option<MmapRange>,
     _chunks: Counted,
     _bytes: Counted,
 }
 
 impl Entry {
-    fn new(pages: Arc<Pages>, tables: KVec<(u32, Arc<GpuTable>)>) -> Self {
+    fn new(
+        pages: Arc<Pages>,
+        tables: KVec<(u32, Arc<GpuTable>)>,
+        range: Option<MmapRange>,
+    ) -> Self {
         let n = pages.chunk_count() as u64;
         let bytes = pages.len() as u64;
         Self {
             tables,
             pages,
+            range,
             _chunks: Counted::new(Class::PoolChunks, n),
             _bytes: Counted::new(Class::PoolBytes, bytes),
         }
@@ -204,6 +215,8 @@ pub(crate) struct Taken {
     pub(crate) tables: KVec<(u32, Arc<GpuTable>)>,
     /// The chunks from the cache come first: how many.
     pub(crate) reused: usize,
+    /// The mmap offset range of the mem that freed `pages` (a list taken whole).
+    pub(crate) range: Option<MmapRange>,
 }
 
 global! {
@@ -364,11 +377,17 @@ impl Pool {
             st.note_highs();
             self.publish(&st);
             drop(st);
-            let Entry { tables, pages, .. } = e;
+            let Entry {
+                tables,
+                pages,
+                range,
+                ..
+            } = e;
             return Ok(Taken {
                 pages,
                 tables,
                 reused: count,
+                range,
             });
         }
         // Else the newest lists, taken apart, until there are chunks enough.
@@ -443,7 +462,9 @@ impl Pool {
         }
         let order = self.order;
         let spare_tag = Counted::new(Class::SysmemChunks(order), back.len() as u64);
-        let spare = back.finish(spare_tag).map(|p| Entry::new(p, KVec::new()));
+        let spare = back
+            .finish(spare_tag)
+            .map(|p| Entry::new(p, KVec::new(), None));
         let made = match failed {
             Some(e) => Err(e),
             None => {
@@ -468,6 +489,7 @@ impl Pool {
                 pages,
                 tables: KVec::new(),
                 reused,
+                range: None,
             }
         });
         self.publish(&st);
@@ -608,7 +630,8 @@ impl Pool {
     pub(crate) fn give_back(
         &self,
         pages: Arc<Pages>,
-        tables: KVec<(u32, Arc<GpuTable>)>,
+        mut tables: KVec<(u32, Arc<GpuTable>)>,
+        range: Option<MmapRange>,
         undo: Option<usize>,
     ) {
         let bytes = pages.len() as u64;
@@ -626,16 +649,9 @@ impl Pool {
             }
         }
         let access = self.access();
-        let mut kept = KVec::new();
-        let mut gone = KVec::new();
-        for (id, t) in tables {
-            let keep = access & 1u64.checked_shl(id).unwrap_or(0) != 0;
-            let v = if keep { &mut kept } else { &mut gone };
-            // A table that cannot be kept is dropped (unmapped).
-            let _ = v.push((id, t), GFP_KERNEL);
-        }
-        drop(gone);
-        let entry = Entry::new(pages, kept);
+        // The tables of GPUs no longer in the access set are dropped (unmapped) here.
+        tables.retain(|(id, _)| access & 1u64.checked_shl(*id).unwrap_or(0) != 0);
+        let entry = Entry::new(pages, tables, range);
         let mut st = self.state.lock();
         st.used = st.used.saturating_sub(bytes);
         let refused = if st.closed {
@@ -644,9 +660,13 @@ impl Pool {
             st.cache(entry)
         };
         self.publish(&st);
+        // Whoever raises the reserved bytes or lowers the threshold later releases too.
+        let over = st.reserved() > st.threshold;
         drop(st);
         drop(refused);
-        self.release(None);
+        if over {
+            self.release(None);
+        }
     }
 
     /// Notes the cached bytes for the shrinker's count, the pool's and every pool's.

@@ -208,7 +208,7 @@ pub(super) fn from_pool(pool: &Pool, req: &AllocRequest, layout: &Layout) -> Res
         let len = taken.reused * taken.pages.chunk_len();
         let zeroed = taken.pages.bytes().zero(0, len);
         if let Err(e) = zeroed {
-            pool.give_back(taken.pages, taken.tables, Some(taken.reused));
+            pool.give_back(taken.pages, taken.tables, taken.range, Some(taken.reused));
             return Err(e);
         }
     }

@@ -28,6 +28,10 @@ pub fn cases() -> Vec<Case> {
             run: pool_reuse_is_real_and_never_stale,
         },
         Case {
+            name: "pool_reused_list_brings_its_mmap_offset",
+            run: pool_reused_list_brings_its_mmap_offset,
+        },
+        Case {
             name: "pool_chunks_stay_mapped_for_its_gpus",
             run: pool_chunks_stay_mapped_for_its_gpus,
         },
@@ -339,6 +343,79 @@ fn pool_reuse_is_real_and_never_stale() -> TestResult {
     );
     other.mem_free(o.handle).ctx("free")?;
     d.pool_destroy(p).ctx("POOL_DESTROY")
+}
+
+/// A list the pool keeps whole keeps the mmap offset of the mem that freed it, and the next
+/// mem of that size gets both; an offset still mapped by a freed mem's VMA goes to nobody.
+fn pool_reused_list_brings_its_mmap_offset() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let before = live(&d)?;
+    let len = 64 * K;
+    let (p, _) = d.pool_create(len, u64::MAX).ctx("POOL_CREATE")?;
+    let map_of = |h: u64| -> Result<UserMap, Stop> {
+        let q = d.mem_query(h).ctx("MEM_QUERY")?;
+        UserMap::of_mem(&d, &q).ctx("mmap")
+    };
+    let a = d.pool_alloc(p, len, 0).ctx("alloc A")?;
+    let map = map_of(a.handle)?;
+    for i in 0..map.len() {
+        map.write(i, 0x5a);
+    }
+    drop(map);
+    d.mem_free(a.handle).ctx("free A")?;
+    // A's list comes back whole: B gets its chunks and its offset, zeroed as asked.
+    let b = d.pool_alloc(p, len, ZERO).ctx("alloc B")?;
+    check!(
+        b.mmap_offset == a.mmap_offset,
+        "B got offset {:#x}, not A's {:#x}",
+        b.mmap_offset,
+        a.mmap_offset
+    );
+    let map_b = map_of(b.handle)?;
+    let nonzero = (0..map_b.len()).filter(|&i| map_b.read(i) != 0).count();
+    check!(nonzero == 0, "{nonzero} bytes of B not zero");
+    for i in 0..map_b.len() {
+        map_b.write(i, 0x77);
+    }
+    // Freed while mapped: its list (and offset) stay with the VMA, so C gets new ones.
+    d.mem_free(b.handle).ctx("free B")?;
+    let c = d.pool_alloc(p, len, 0).ctx("alloc C")?;
+    check!(
+        c.mmap_offset != b.mmap_offset,
+        "C got the offset B's VMA still maps ({:#x})",
+        c.mmap_offset
+    );
+    let at = attrs(&d, p)?;
+    check!(
+        at.hits == 1 && at.misses == 2,
+        "C was not a miss: hits {} misses {}",
+        at.hits,
+        at.misses
+    );
+    let map_c = map_of(c.handle)?;
+    map_c.write(0, 0x11);
+    check!(map_c.read(0) == 0x11, "C's mapping does not keep a write");
+    // B's VMA goes: its list comes back with its offset, and D sees B's bytes there.
+    drop(map_b);
+    let e = d.pool_alloc(p, len, 0).ctx("alloc D")?;
+    check!(
+        e.mmap_offset == b.mmap_offset,
+        "D got offset {:#x}, not B's {:#x}",
+        e.mmap_offset,
+        b.mmap_offset
+    );
+    let map_e = map_of(e.handle)?;
+    let other = (0..map_e.len()).filter(|&i| map_e.read(i) != 0x77).count();
+    check!(other == 0, "{other} bytes of D are not what B left");
+    check!(map_c.read(0) == 0x11, "C's bytes changed when D was mapped");
+    drop(map_c);
+    drop(map_e);
+    d.mem_free(c.handle).ctx("free C")?;
+    d.mem_free(e.handle).ctx("free D")?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    let after = live(&d)?;
+    check!(after == before, "left behind: {before:?} then {after:?}");
+    Ok(())
 }
 
 fn pool_chunks_stay_mapped_for_its_gpus() -> TestResult {
