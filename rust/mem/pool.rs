@@ -112,7 +112,7 @@ pub(crate) struct Attrs {
 /// A pool's state, under its lock.
 struct PoolState {
     /// Oldest first.
-    cache: KVec<Entry>,
+    cache: Fifo<Entry>,
     /// Bytes of the cache's entries.
     cached: u64,
     /// Bytes taken out of the cache by an allocation still being made.
@@ -170,7 +170,7 @@ impl PoolState {
     }
 
     fn take_entry(&mut self, i: usize) -> Option<Entry> {
-        let e = self.cache.remove(i).ok()?;
+        let e = self.cache.remove(i)?;
         self.cached -= e.bytes();
         Some(e)
     }
@@ -178,13 +178,90 @@ impl PoolState {
     /// Caches `e` as the newest entry; what could not be cached is returned, to be dropped
     /// once the lock is released.
     fn cache(&mut self, e: Entry) -> Option<Entry> {
-        if self.cache.reserve(1, GFP_KERNEL).is_err() {
-            return Some(e);
+        let bytes = e.bytes();
+        let refused = self.cache.push_back(e);
+        if refused.is_none() {
+            self.cached += bytes;
         }
-        self.cached += e.bytes();
-        // Room was reserved: this does not allocate.
-        let _ = self.cache.push(e, GFP_KERNEL);
+        refused
+    }
+}
+
+/// A queue, oldest first, that also gives up its newest entry and any entry by position.
+///
+/// Taking the oldest leaves a hole at the front until more than half the slots are holes,
+/// when they are squeezed out at once: emptying the queue from the front (a trim, the
+/// shrinker) moves each entry at most about once, where removing the first element of a
+/// vector each time moved all the others (quadratic in the number of cached lists).
+///
+/// # Invariants
+///
+/// The slots before `head` are `None`, those from `head` on are `Some`.
+struct Fifo<T> {
+    slots: KVec<Option<T>>,
+    head: usize,
+}
+
+impl<T> Fifo<T> {
+    const fn new() -> Self {
+        Self {
+            slots: KVec::new(),
+            head: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len() - self.head
+    }
+
+    /// Adds `t` as the newest; returns it if there was no room for it.
+    fn push_back(&mut self, t: T) -> Option<T> {
+        if self.slots.len() == self.slots.capacity() && self.head > 0 {
+            self.squeeze();
+        }
+        if self.slots.reserve(1, GFP_KERNEL).is_err() {
+            return Some(t);
+        }
+        // INVARIANT: a `Some` after the others. Room was reserved: this does not allocate.
+        let _ = self.slots.push(Some(t), GFP_KERNEL);
         None
+    }
+
+    /// Takes the entry at position `i` (0: the oldest).
+    fn remove(&mut self, i: usize) -> Option<T> {
+        let at = self.head.checked_add(i)?;
+        if i > 0 {
+            // INVARIANT: the `Some`s after it move down one slot.
+            return self.slots.remove(at).ok().flatten();
+        }
+        // INVARIANT: the slot at `head` becomes a hole before `head`.
+        let t = self.slots.get_mut(at)?.take();
+        self.head += 1;
+        if self.head * 2 > self.slots.len() {
+            self.squeeze();
+        }
+        t
+    }
+
+    /// Drops the holes at the front.
+    fn squeeze(&mut self) {
+        // INVARIANT: the holes are exactly the slots before `head`.
+        self.slots.retain(|s| s.is_some());
+        self.head = 0;
+    }
+
+    /// The position of the newest entry for which `f` is true.
+    fn rposition(&self, mut f: impl FnMut(&T) -> bool) -> Option<usize> {
+        let live = self.slots.get(self.head..)?;
+        live.iter().rposition(|s| s.as_ref().is_some_and(&mut f))
+    }
+
+    fn iter(&self) -> impl DoubleEndedIterator<Item = &T> {
+        self.slots.iter().flatten()
+    }
+
+    fn iter_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut T> {
+        self.slots.iter_mut().flatten()
     }
 }
 
@@ -292,7 +369,7 @@ impl Pool {
                 access: Atomic::new(0),
                 cached: Atomic::new(0),
                 state <- new_mutex!(PoolState {
-                    cache: KVec::new(),
+                    cache: Fifo::new(),
                     cached: 0,
                     inflight: 0,
                     used: 0,
@@ -367,10 +444,7 @@ impl Pool {
             return Err(ENOENT);
         }
         // An exact fit, newest first: taken whole, tables and all.
-        let fit = st
-            .cache
-            .iter()
-            .rposition(|e| e.pages.chunk_count() == count);
+        let fit = st.cache.rposition(|e| e.pages.chunk_count() == count);
         if let Some(e) = fit.and_then(|i| st.take_entry(i)) {
             st.used += bytes;
             st.hits += count as u64;

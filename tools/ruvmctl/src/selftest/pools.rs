@@ -32,6 +32,10 @@ pub fn cases() -> Vec<Case> {
             run: pool_reused_list_brings_its_mmap_offset,
         },
         Case {
+            name: "pool_gives_back_oldest_lists_first",
+            run: pool_gives_back_oldest_lists_first,
+        },
+        Case {
             name: "pool_chunks_stay_mapped_for_its_gpus",
             run: pool_chunks_stay_mapped_for_its_gpus,
         },
@@ -416,6 +420,61 @@ fn pool_reused_list_brings_its_mmap_offset() -> TestResult {
     let after = live(&d)?;
     check!(after == before, "left behind: {before:?} then {after:?}");
     Ok(())
+}
+
+/// Trims give back whole lists, oldest first, however many came and went: the cache is
+/// followed list by list against a model, through trims that each take one list, with lists
+/// coming back between them.
+fn pool_gives_back_oldest_lists_first() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let (p, chunk) = d.pool_create(4 * K, u64::MAX).ctx("POOL_CREATE")?;
+    let mut mems = Vec::new();
+    for i in 0..50u64 {
+        let n = 1 + i % 3;
+        mems.push((d.pool_alloc(p, n * chunk, 0).ctx("alloc")?.handle, n));
+    }
+    let mut model = std::collections::VecDeque::new();
+    let free = |model: &mut std::collections::VecDeque<u64>, (h, n): (u64, u64)| {
+        model.push_back(n);
+        d.mem_free(h).ctx("free")
+    };
+    let mut later = mems.split_off(40);
+    for m in mems {
+        free(&mut model, m)?;
+    }
+    let check_cache = |model: &std::collections::VecDeque<u64>, step: &str| -> TestResult {
+        let at = attrs(&d, p)?;
+        let want: u64 = model.iter().sum();
+        check!(
+            at.cached_chunks == want,
+            "{step}: {} chunks cached, want {want} (lists {model:?})",
+            at.cached_chunks
+        );
+        Ok(())
+    };
+    check_cache(&model, "all freed")?;
+    for round in 0..60 {
+        if round == 20 {
+            // More lists come back behind those given back so far.
+            for m in later.drain(..) {
+                free(&mut model, m)?;
+            }
+            check_cache(&model, "more freed")?;
+        }
+        let Some(oldest) = model.pop_front() else {
+            break;
+        };
+        let reserved = attrs(&d, p)?.reserved;
+        let gone = d.pool_trim(p, reserved - 1).ctx("POOL_TRIM")?;
+        check!(
+            gone == oldest * chunk,
+            "trim {round}: {gone} bytes given back, want the oldest list's {}",
+            oldest * chunk
+        );
+        check_cache(&model, &format!("trim {round}"))?;
+    }
+    check!(model.is_empty(), "lists left in the model: {model:?}");
+    d.pool_destroy(p).ctx("POOL_DESTROY")
 }
 
 fn pool_chunks_stay_mapped_for_its_gpus() -> TestResult {
