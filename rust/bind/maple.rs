@@ -37,12 +37,12 @@ impl RangeAlloc {
         })
     }
 
-    /// A free range of `len` indices at or below `last`; returns its first index. `ENOSPC` when
+    /// A free range of `len` indices in `[first, last]`; returns its first index. `ENOSPC` when
     /// none is left, `ENOMEM` when the tree cannot grow.
-    pub(crate) fn alloc(&self, len: usize, last: usize) -> Result<usize> {
+    pub(crate) fn alloc(&self, len: usize, first: usize, last: usize) -> Result<usize> {
         let entry = KBox::new(len, GFP_KERNEL)?;
         self.tree
-            .alloc_range(len, entry, ..=last, GFP_KERNEL)
+            .alloc_range(len, entry, first..=last, GFP_KERNEL)
             .map_err(|e| match e.cause {
                 AllocErrorKind::AllocError(_) => ENOMEM,
                 _ => ENOSPC,

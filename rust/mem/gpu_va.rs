@@ -71,7 +71,7 @@ impl KernelVa {
         // CAST: the window's units fit a `usize` on the 64-bit kernels ruvm builds for.
         let (units, last) = (units as usize, (KERNEL_VA_SIZE / UNIT - 1) as usize);
         let space = WINDOW.lock().and_then(|s| s.clone()).ok_or(ENODEV)?;
-        let index = space.alloc(units, last)?;
+        let index = space.alloc(units, 0, last)?;
         let start = index as u64 * UNIT;
         let offset = start.next_multiple_of(align);
         Ok(Self {

@@ -25,6 +25,10 @@ pub fn cases() -> Vec<Case> {
             run: mem_matrix_chunk_sizes,
         },
         Case {
+            name: "mem_mmap_offsets_never_overlap",
+            run: mem_mmap_offsets_never_overlap,
+        },
+        Case {
             name: "mem_query_reports_the_truth",
             run: mem_query_reports_the_truth,
         },
@@ -907,6 +911,75 @@ fn mem_mapping_cannot_be_split_or_made_executable() -> TestResult {
     );
     drop(map);
     d.mem_free(a.handle).ctx("free")
+}
+
+/// Small and large mems side by side (more small ones than the offset space's first bitmap
+/// holds, and sizes on both sides of a slot): every offset is page aligned, no two ranges
+/// overlap, and each mapping shows its own mem's bytes.
+fn mem_mmap_offsets_never_overlap() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let mut sizes = vec![4 * K; 200];
+    sizes.extend([
+        64 * K,
+        2 * M,
+        2 * M,
+        2 * M + 4 * K,
+        2 * M + 4 * K,
+        64 * M,
+        4 * K,
+    ]);
+    let mut mems = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let a = d.mem_alloc(size, 0, 0).ctx("alloc")?;
+        let q = d.mem_query(a.handle).ctx("query")?;
+        check!(
+            q.mmap_offset % PAGE == 0,
+            "mem {i}: offset {:#x} not page aligned",
+            q.mmap_offset
+        );
+        let end = q.mmap_offset.checked_add(q.physical_size);
+        check!(
+            end.is_some_and(|e| e <= i64::MAX as u64),
+            "mem {i}: range {:#x}+{:#x} beyond loff_t",
+            q.mmap_offset,
+            q.physical_size
+        );
+        mems.push((q, i as u64));
+    }
+    let mut ranges: Vec<(u64, u64)> = mems
+        .iter()
+        .map(|(q, _)| (q.mmap_offset, q.mmap_offset + q.physical_size))
+        .collect();
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        check!(
+            w[0].1 <= w[1].0,
+            "ranges {:#x?} and {:#x?} overlap",
+            w[0],
+            w[1]
+        );
+    }
+    // Every mem filled through the kernel, then some read through their own mapping.
+    for (q, seed) in &mems {
+        super::shared::fill(&d, q.handle, q.physical_size, *seed)?;
+    }
+    for (q, seed) in mems
+        .iter()
+        .filter(|(q, i)| i % 7 == 0 || q.physical_size > 4 * K)
+    {
+        let map = UserMap::of_mem(&d, q).ctx("mmap")?;
+        let len = q.physical_size;
+        for o in [0, len / 2, len - 1] {
+            check!(
+                map.read(o as usize) == pattern::byte_at(*seed, o),
+                "mem {seed}: byte {o} of its mapping is not its own"
+            );
+        }
+    }
+    for (q, _) in &mems {
+        d.mem_free(q.handle).ctx("free")?;
+    }
+    Ok(())
 }
 
 fn mem_access_after_free_faults() -> TestResult {
