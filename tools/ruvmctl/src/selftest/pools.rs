@@ -99,6 +99,18 @@ fn expect(d: &Ruvm, pool: u64, step: &str, want: Want) -> TestResult {
     Ok(())
 }
 
+/// The pool's hit and miss counts are `want`; else the case fails, saying `what`.
+fn expect_hits(d: &Ruvm, pool: u64, want: (u64, u64), what: &str) -> TestResult {
+    let at = attrs(d, pool)?;
+    check!(
+        (at.hits, at.misses) == want,
+        "{what}: hits {} misses {}, want {want:?}",
+        at.hits,
+        at.misses
+    );
+    Ok(())
+}
+
 fn pool_attributes_follow_cuda() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let (p, chunk) = d.pool_create(64 * K, 0).ctx("POOL_CREATE")?;
@@ -317,13 +329,7 @@ fn pool_reuse_is_real_and_never_stale() -> TestResult {
     d.mem_free(b.handle).ctx("free")?;
     // Zeroed: the same chunks again, all zero.
     let c = d.pool_alloc(p, len, ZERO).ctx("alloc zeroed")?;
-    let at = attrs(&d, p)?;
-    check!(
-        at.hits == 8 && at.misses == 4,
-        "not reused: hits {} misses {}",
-        at.hits,
-        at.misses
-    );
+    expect_hits(&d, p, (8, 4), "not reused")?;
     let nonzero = nonzero_bytes(&d, c.handle)?;
     check!(
         nonzero == 0,
@@ -367,17 +373,22 @@ fn pool_reused_list_brings_its_mmap_offset() -> TestResult {
     }
     drop(map);
     d.mem_free(a.handle).ctx("free A")?;
+    // `new` took `old`'s list: its offset, and every byte of its mapping is `want`.
+    let took = |what: &str, new: &uapi::ruvm_mem_alloc, old: &uapi::ruvm_mem_alloc, want: u8| {
+        check!(
+            new.mmap_offset == old.mmap_offset,
+            "{what} got offset {:#x}, not the freed mem's {:#x}",
+            new.mmap_offset,
+            old.mmap_offset
+        );
+        let map = map_of(new.handle)?;
+        let other = (0..map.len()).filter(|&i| map.read(i) != want).count();
+        check!(other == 0, "{other} bytes of {what} are not {want:#x}");
+        Ok(map)
+    };
     // A's list comes back whole: B gets its chunks and its offset, zeroed as asked.
     let b = d.pool_alloc(p, len, ZERO).ctx("alloc B")?;
-    check!(
-        b.mmap_offset == a.mmap_offset,
-        "B got offset {:#x}, not A's {:#x}",
-        b.mmap_offset,
-        a.mmap_offset
-    );
-    let map_b = map_of(b.handle)?;
-    let nonzero = (0..map_b.len()).filter(|&i| map_b.read(i) != 0).count();
-    check!(nonzero == 0, "{nonzero} bytes of B not zero");
+    let map_b = took("B", &b, &a, 0)?;
     for i in 0..map_b.len() {
         map_b.write(i, 0x77);
     }
@@ -389,28 +400,14 @@ fn pool_reused_list_brings_its_mmap_offset() -> TestResult {
         "C got the offset B's VMA still maps ({:#x})",
         c.mmap_offset
     );
-    let at = attrs(&d, p)?;
-    check!(
-        at.hits == 1 && at.misses == 2,
-        "C was not a miss: hits {} misses {}",
-        at.hits,
-        at.misses
-    );
+    expect_hits(&d, p, (1, 2), "C was not a miss")?;
     let map_c = map_of(c.handle)?;
     map_c.write(0, 0x11);
     check!(map_c.read(0) == 0x11, "C's mapping does not keep a write");
     // B's VMA goes: its list comes back with its offset, and D sees B's bytes there.
     drop(map_b);
     let e = d.pool_alloc(p, len, 0).ctx("alloc D")?;
-    check!(
-        e.mmap_offset == b.mmap_offset,
-        "D got offset {:#x}, not B's {:#x}",
-        e.mmap_offset,
-        b.mmap_offset
-    );
-    let map_e = map_of(e.handle)?;
-    let other = (0..map_e.len()).filter(|&i| map_e.read(i) != 0x77).count();
-    check!(other == 0, "{other} bytes of D are not what B left");
+    let map_e = took("D", &e, &b, 0x77)?;
     check!(map_c.read(0) == 0x11, "C's bytes changed when D was mapped");
     drop(map_c);
     drop(map_e);
