@@ -187,13 +187,13 @@ impl Mem {
     }
 
     /// Zaps every user mapping of the mem (in any process): later accesses get `SIGBUS`.
-    /// Called after the mem was marked freed, under its lock.
+    /// Called once the mem was marked freed (under its lock, released since).
     ///
     /// Nothing to zap when no VMA maps the mem: a page is inserted only by a fault on a VMA
     /// counted in `user_mappings` since before it could fault (the count is raised in `mmap`),
-    /// and seen not freed under the mem's lock, which this thread took after it to mark the
-    /// mem freed; a VMA's count goes down only after its page tables were cleared. A VMA
-    /// installed after the mark maps nothing: its faults see the mem freed.
+    /// that saw the mem not freed under its lock, which the freeing thread took after it; a
+    /// VMA's count goes down only after its page tables were cleared. A VMA installed after
+    /// the mark maps nothing: its faults see the mem freed.
     pub(crate) fn zap_user(&self, file: &kernel::fs::File) -> Result {
         if self.user_mappings.load(Relaxed) == 0 {
             return Ok(());

@@ -9,10 +9,9 @@
 //! A freed mem's chunks come back as they were: one list (in order), with the DMA tables of
 //! the pool's GPUs still mapping it, and the mem's mmap offset range. An allocation of the same
 //! number of chunks takes such a list whole (no page allocation, no DMA mapping, no offset
-//! range to find); any other takes lists apart into chunks
-//! (their tables unmapped), uses as many as it needs, and caches the rest as a list of its
-//! own. So chunks are reused whatever the sizes, and a steady alloc/free of one size reuses
-//! the mappings too.
+//! range to find); any other takes lists apart into chunks (their tables unmapped), uses as
+//! many as it needs, and caches the rest as a list of its own. So chunks are reused whatever
+//! the sizes, and a steady alloc/free of one size reuses the mappings too.
 //!
 //! # Accounting (CUDA's attributes)
 //!
