@@ -168,24 +168,15 @@ impl Mem {
                 return Ok(());
             };
             let access = lease.pool.access();
-            let keep = |id: u32| access & 1u64.checked_shl(id).unwrap_or(0) != 0;
-            if st.gpus.is_empty() {
-                // Moved whole (a new mem has no table yet): nothing to allocate.
-                st.gpus = core::mem::replace(&mut lease.tables, KVec::new());
-                // Those revoked since they were cached: dropped (unmapped).
-                st.gpus.retain(|(id, _)| keep(*id));
-            } else {
-                // Room first: a failure leaves the tables with the lease, to go back to the
-                // pool.
-                st.gpus.reserve(lease.tables.len(), GFP_KERNEL)?;
-                for (id, t) in core::mem::replace(&mut lease.tables, KVec::new()) {
-                    if keep(id) {
-                        // Room was reserved: this does not allocate.
-                        let _ = st.gpus.push((id, t), GFP_KERNEL);
-                    }
-                    // Else revoked since it was cached: dropped (unmapped).
-                }
-            }
+            // Moved whole: the mem is new (its handle not given out yet), so it has no table
+            // of its own and nothing is allocated.
+            super::give_tables(
+                &mut st.gpus,
+                core::mem::replace(&mut lease.tables, KVec::new()),
+            );
+            // Those revoked since they were cached: dropped (unmapped).
+            st.gpus
+                .retain(|(id, _)| access & 1u64.checked_shl(*id).unwrap_or(0) != 0);
             let kept = st
                 .gpus
                 .iter()
