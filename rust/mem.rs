@@ -27,9 +27,11 @@
 //! `unmap_mapping_range` (the zap) runs without it. See the crate's lock order.
 
 use kernel::{
+    mm::Mm,
     new_mutex,
     prelude::*,
     sync::{
+        aref::ARef,
         atomic::{ordering::Relaxed, Atomic},
         Arc, Mutex,
     },
@@ -200,7 +202,7 @@ pub(crate) enum Life {
 ///
 /// # Invariants
 ///
-/// When `life` is [`Life::Freed`], `kmap`, `user_va` and `kva` are `None` and `gpus`,
+/// When `life` is [`Life::Freed`], `kmap`, `user_va`, `kva` and `filled_by` are `None` and `gpus`,
 /// `gpu_user` and `gpu_kernel` are empty. A pool mem's lease holds tables only for GPUs of
 /// the pool's access set: those the pool kept for its chunks until the mem takes them (at
 /// allocation), those the mem gave up when freed. `kva` is `Some` exactly while `gpu_kernel` is not
@@ -224,6 +226,9 @@ pub(crate) struct MemState {
     gpus: KVec<(u32, Arc<GpuTable>)>,
     /// For a pool mem: its tie to the pool, where the chunks go back.
     lease: Option<PoolLease>,
+    /// The address space whose `mmap` inserted the mem's pages itself ([`cpu`]), while any VMA
+    /// maps the mem: a free must wait for that `mmap` to be over before zapping again.
+    filled_by: Option<ARef<Mm>>,
 }
 
 impl MemState {
@@ -344,9 +349,10 @@ impl Drop for Mem {
 
 /// The mappings a freed mem gave up, dropped in field order (uvm_mem's): the CPU kernel
 /// mapping, the GPU user mappings, the GPU kernel mappings and their VA offset, then the DMA
-/// tables.
+/// tables. It also holds the address space whose `mmap` filled a VMA of the mem, for the zap.
 #[must_use = "drop it after zapping the user mappings"]
 pub(crate) struct Retired {
+    filled_by: Option<ARef<Mm>>,
     _kmap: Option<Arc<cpu::KernelMapping>>,
     _gpu_user: KVec<(u32, gpu_va::GpuMapping)>,
     _gpu_kernel: KVec<(u32, gpu_va::GpuMapping)>,
@@ -490,6 +496,7 @@ impl Mem {
                     kva: None,
                     gpus: KVec::new(),
                     lease,
+                    filled_by: None,
                 }),
                 origin,
                 _mems: Counted::new(Class::Mems, 1),
@@ -610,6 +617,7 @@ impl Mem {
         }
         // INVARIANT: a freed mem keeps no mapping, no VA offset and no table.
         Retired {
+            filled_by: st.filled_by.take(),
             _kmap: st.kmap.take(),
             _gpu_user: {
                 st.user_va = None;

@@ -10,9 +10,11 @@
 //! goes (`close`). So whatever the VMA maps lives at least as long as the VMA. Splitting is
 //! refused (`may_split`): a mapping is all of its owner or nothing.
 //!
-//! Pages are inserted by the `fault` handler, never by `mmap` itself: `mmap` runs before the VMA
-//! is linked into the file's mappings, so pages it inserted could not be zapped by a
-//! `unmap_mapping_range` that ran meanwhile. A fault runs on a linked VMA, and the owner decides
+//! Pages are inserted by the `fault` handler, or by the owner's `mmap` itself ([`new_pages`])
+//! before it calls [`install`]. `mmap` runs before the VMA is linked into the file's mappings,
+//! so an `unmap_mapping_range` that runs meanwhile misses the pages `mmap` inserted: an owner
+//! that inserts them there must zap again once that `mmap` is over (its mm's mmap lock, which
+//! `mmap` holds for writing, can be taken). A fault runs on a linked VMA, and the owner decides
 //! under its own lock whether to insert (then a later zap finds the page) or to refuse
 //! (`SIGBUS`).
 
@@ -35,17 +37,26 @@ pub(crate) trait VmaOwner: Send + Sync + 'static {
     fn vma_opened(&self);
     /// A VMA that mapped it is gone.
     fn vma_closed(&self);
-    /// Page `index` of the owner was touched through `fault`: insert it (and, if it likes,
-    /// neighbours) with [`Fault::insert`], or fail (the access gets `SIGBUS`).
-    fn fault(&self, index: usize, fault: &Fault<'_>) -> Result;
+    /// Page `index` of the owner was touched: insert it (and, if it likes, neighbours) with
+    /// [`VmaPages::insert`], or fail (the access gets `SIGBUS`).
+    fn fault(&self, index: usize, vma: &VmaPages<'_>) -> Result;
 }
 
-/// A page fault in one of our VMAs, being handled (the mmap lock is held for reading).
-pub(crate) struct Fault<'a> {
+/// One of our VMAs, its pages being inserted: by a page fault (the mmap lock held for reading)
+/// or by `mmap` before [`install`] (held for writing).
+pub(crate) struct VmaPages<'a> {
     vma: &'a VmaMixedMap,
 }
 
-impl Fault<'_> {
+/// The pages of a VMA being created by `mmap`, to insert before [`install`]. If `mmap` then
+/// fails, the kernel unmaps whatever was inserted.
+pub(crate) fn new_pages(vma: &VmaNew) -> VmaPages<'_> {
+    VmaPages {
+        vma: vma.set_mixedmap(),
+    }
+}
+
+impl VmaPages<'_> {
     /// Maps `page` as page `index` of the VMA (counted from its start). A page already there is
     /// left as it is.
     pub(crate) fn insert(&self, index: usize, page: &BorrowedPage<'_>) -> Result {
@@ -125,7 +136,7 @@ impl<T: VmaOwner> VmOps<T> {
         // SAFETY: the VMA is valid during the call.
         let base = unsafe { (*vma.as_ptr()).vm_pgoff };
         let index: usize = pgoff.wrapping_sub(base);
-        match owner.fault(index, &Fault { vma }) {
+        match owner.fault(index, &VmaPages { vma }) {
             Ok(()) => bindings::vm_fault_reason_VM_FAULT_NOPAGE,
             Err(e) if e == ENOMEM => bindings::vm_fault_reason_VM_FAULT_OOM,
             Err(_) => bindings::vm_fault_reason_VM_FAULT_SIGBUS,

@@ -60,8 +60,8 @@ impl RuvmFile {
     pub(super) fn mem_free(&self, file: &File, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_mem_handle>(user)?;
         let mem = self.remove(Handle(args.handle)).ok_or(ENOENT)?;
-        let retired = mem.retire();
-        let zapped = mem.zap_user(file);
+        let mut retired = mem.retire();
+        let zapped = mem.zap_user(file, &mut retired);
         drop(retired);
         zapped
     }

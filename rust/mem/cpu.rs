@@ -5,21 +5,24 @@
 //! zapped on free.
 
 use kernel::{
-    mm::virt::{flags as vm_flags, VmaNew},
+    mm::{
+        virt::{flags as vm_flags, VmaNew},
+        Mm,
+    },
     prelude::*,
-    sync::{atomic::ordering::Relaxed, Arc},
+    sync::{aref::ARef, atomic::ordering::Relaxed, Arc},
 };
 
 use crate::{
     audit::{self, Class, Counted},
     bind::{
-        vma::{self, Fault, VmaOwner},
+        vma::{self, VmaOwner, VmaPages},
         vmap::VMap,
     },
     gpu::dma::Pages,
 };
 
-use super::{pattern, Life, Mem};
+use super::{pattern, Life, Mem, Retired};
 
 /// A CPU kernel mapping, counted by the audit.
 pub(crate) struct KernelMapping {
@@ -162,7 +165,9 @@ impl Mem {
     /// Sets up a VMA being created by `mmap` to map the whole mem. The VMA must be shared, as
     /// long as the physical size, and not executable; it is never copied to a child
     /// (`VM_DONTCOPY`), never made executable (`VM_MAYEXEC` cleared), never expanded, never
-    /// split. Pages are inserted on fault ([`VmaOwner::fault`]).
+    /// split. A mem of up to [`FILL_AT_MMAP`] pages has them all inserted here (as the kernel's
+    /// fault-around would on a first touch), unless a VMA of another address space got them so
+    /// and is still there; other pages are inserted on fault ([`VmaOwner::fault`]).
     pub(crate) fn map_user(self: &Arc<Self>, vma: &VmaNew) -> Result {
         let len = vma.end().checked_sub(vma.start()).ok_or(EINVAL)?;
         if len as u64 != self.layout.physical_size {
@@ -174,33 +179,69 @@ impl Mem {
         if vma.executable() {
             return Err(EPERM);
         }
-        self.storage.sys()?;
+        let pages = self.storage.sys()?;
         vma.try_clear_mayexec()?;
         vma.set_dontcopy();
         vma.set_dontexpand();
-        if self.state.lock().life == Life::Freed {
+        let slots = vma::new_pages(vma);
+        let mm: &Mm = vma.mm();
+        let mut st = self.state.lock();
+        if st.life == Life::Freed {
             return Err(ENXIO);
         }
-        // Last: from here the VMA holds a reference on the mem.
+        let fill = pages.page_count() <= FILL_AT_MMAP
+            && st
+                .filled_by
+                .as_ref()
+                .is_none_or(|m| core::ptr::eq(m.as_raw(), mm.as_raw()));
+        if fill {
+            // A failure here fails the `mmap`, and the kernel unmaps what was inserted.
+            for i in 0..pages.page_count() {
+                slots.insert(i, &pages.page(i).ok_or(EFAULT)?)?;
+            }
+            if st.filled_by.is_none() {
+                st.filled_by = Some(ARef::from(mm));
+            }
+        }
+        // Last, under the lock with the fill: from here the VMA holds a reference on the mem
+        // and counts in `user_mappings`, so a free after this sees both.
         vma::install(vma, self.clone());
         Ok(())
     }
 
     /// Zaps every user mapping of the mem (in any process): later accesses get `SIGBUS`.
-    /// Called once the mem was marked freed (under its lock, released since).
+    /// Called once the mem was marked freed (under its lock, released since), with what it gave
+    /// up.
     ///
-    /// Nothing to zap when no VMA maps the mem: a page is inserted only by a fault on a VMA
-    /// counted in `user_mappings` since before it could fault (the count is raised in `mmap`),
-    /// that saw the mem not freed under its lock, which the freeing thread took after it; a
-    /// VMA's count goes down only after its page tables were cleared. A VMA installed after
-    /// the mark maps nothing: its faults see the mem freed.
-    pub(crate) fn zap_user(&self, file: &kernel::fs::File) -> Result {
+    /// Nothing to zap when no VMA maps the mem: a page is inserted only by an `mmap` or a fault
+    /// on a VMA counted in `user_mappings` (raised with the fill, under the lock), that saw the
+    /// mem not freed under its lock, which the freeing thread took after it; a VMA's count goes
+    /// down only after its page tables were cleared. A VMA installed after the mark maps
+    /// nothing: its `mmap` and its faults see the mem freed.
+    ///
+    /// A VMA whose `mmap` inserted the pages may not be linked into the file's mappings yet
+    /// when the zap walks them: its address space's mmap lock is held by that `mmap` until it
+    /// is, so the zap is done again once that lock could be taken.
+    pub(crate) fn zap_user(&self, file: &kernel::fs::File, retired: &mut Retired) -> Result {
         if self.user_mappings.load(Relaxed) == 0 {
             return Ok(());
         }
-        vma::zap(file, self.mmap_offset(), self.layout.physical_size)
+        let (offset, len) = (self.mmap_offset(), self.layout.physical_size);
+        vma::zap(file, offset, len)?;
+        if let Some(mm) = retired.filled_by.take() {
+            // No user: the address space is being torn down, and no `mmap` runs in it.
+            if let Some(mm) = mm.mmget_not_zero() {
+                drop(mm.mmap_read_lock());
+                vma::zap(file, offset, len)?;
+            }
+        }
+        Ok(())
     }
 }
+
+/// The most pages `mmap` inserts itself: 64 KiB of 4 KiB pages, the kernel's default
+/// fault-around (`fault_around_bytes`).
+const FILL_AT_MMAP: usize = 16;
 
 impl VmaOwner for Mem {
     fn vma_opened(&self) {
@@ -209,16 +250,23 @@ impl VmaOwner for Mem {
     }
 
     fn vma_closed(&self) {
-        self.user_mappings.fetch_sub(1, Relaxed);
+        // The last VMA gone: no `mmap` that filled one can still be running.
+        let _filled_by = {
+            let mut st = self.state.lock();
+            match self.user_mappings.fetch_sub(1, Relaxed) {
+                1 => st.filled_by.take(),
+                _ => None,
+            }
+        };
         audit::sub(Class::UserMappings, 1);
     }
 
     /// Inserts the whole chunk holding page `index`, unless the mem was freed (`EFAULT`: the
     /// access gets `SIGBUS`). Under the mem's lock, so a free either comes after (and its zap
     /// finds these pages) or before (and this refuses).
-    fn fault(&self, index: usize, fault: &Fault<'_>) -> Result {
+    fn fault(&self, index: usize, vma: &VmaPages<'_>) -> Result {
         let pages = self.storage.sys()?;
-        if index >= pages.page_count() || index >= fault.pages() {
+        if index >= pages.page_count() || index >= vma.pages() {
             return Err(EFAULT);
         }
         let per_chunk = 1usize << pages.order();
@@ -229,7 +277,7 @@ impl VmaOwner for Mem {
         }
         for i in first..first + per_chunk {
             let page = pages.page(i).ok_or(EFAULT)?;
-            fault.insert(i, &page)?;
+            vma.insert(i, &page)?;
         }
         drop(st);
         Ok(())

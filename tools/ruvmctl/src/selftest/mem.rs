@@ -97,6 +97,10 @@ pub fn cases() -> Vec<Case> {
             run: mem_access_after_free_faults,
         },
         Case {
+            name: "mem_small_mmap_is_filled_at_once",
+            run: mem_small_mmap_is_filled_at_once,
+        },
+        Case {
             name: "mem_forked_child_has_no_mapping",
             run: mem_forked_child_has_no_mapping,
         },
@@ -1022,6 +1026,103 @@ fn mem_access_after_free_faults() -> TestResult {
 
 fn status_pid(s: &WaitStatus) -> nix::unistd::Pid {
     s.pid().unwrap_or(nix::unistd::Pid::from_raw(0))
+}
+
+/// How many pages of `map` have a page-table entry (`mincore`: a mem's file has no page cache,
+/// so only a mapped page counts).
+fn resident_pages(map: &UserMap) -> Result<usize, Stop> {
+    let mut vec = vec![0u8; map.len().div_ceil(PAGE as usize)];
+    // SAFETY: `map` is a live mapping of this process, and `vec` has one byte per page of it.
+    let r = unsafe { nix::libc::mincore(map.as_ptr().cast(), map.len(), vec.as_mut_ptr()) };
+    if r != 0 {
+        return Err(Stop::Fail(format!("mincore: {}", Errno::last())));
+    }
+    Ok(vec.iter().filter(|b| **b & 1 != 0).count())
+}
+
+/// `mmap` of a mem of up to 16 pages inserts them all (the kernel's fault-around size), and
+/// they are the mem's (bytes the kernel wrote read back through them); larger mems fill on
+/// touch, a chunk at a time. A second address space mapping a mem that a first one's `mmap`
+/// filled, while that mapping lasts, fills on touch; once it is gone, it is filled at `mmap`.
+fn mem_small_mmap_is_filled_at_once() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let before = live(&d)?;
+    // (size, chunk size, pages filled at mmap, pages after touching the first byte)
+    let cases = [
+        (4 * K, 4 * K, 1, 1),
+        (16 * K, 4 * K, 4, 4),
+        (64 * K, 4 * K, 16, 16),
+        (64 * K, 64 * K, 16, 16),
+        (68 * K, 4 * K, 0, 1),
+        (256 * K, 64 * K, 0, 16),
+        (2 * M, 2 * M, 0, 512),
+    ];
+    for (size, chunk, at_mmap, after_touch) in cases {
+        let what = format!("{size} bytes in {chunk}-byte chunks");
+        let a = d.mem_alloc(size, chunk, zero()).ctx("alloc")?;
+        let q = d.mem_query(a.handle).ctx("query")?;
+        d.map_kernel(a.handle).ctx("map kernel")?;
+        let seed = size ^ chunk;
+        d.mem_fill(false, pattern_args(a.handle, 0, size, seed))
+            .ctx("fill")?;
+        let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+        let n = resident_pages(&map)?;
+        check!(
+            n == at_mmap,
+            "{what}: {n} pages mapped right after mmap, wanted {at_mmap}"
+        );
+        map.write(0, map.read(0));
+        let n = resident_pages(&map)?;
+        check!(
+            n == after_touch,
+            "{what}: {n} pages mapped after the first touch, wanted {after_touch}"
+        );
+        let bad = (0..size)
+            .filter(|&o| map.read(o as usize) != pattern::byte_at(seed, o))
+            .count();
+        check!(
+            bad == 0,
+            "{what}: {bad} bytes read through mmap differ from the fill"
+        );
+        drop(map);
+        d.mem_free(a.handle).ctx("free")?;
+    }
+    // Another address space: a child maps the mem while the parent's filled mapping lasts,
+    // then again once it is gone (the child's fd is the same open file).
+    let a = d.mem_alloc(16 * K, 4 * K, zero()).ctx("alloc")?;
+    let q = d.mem_query(a.handle).ctx("query")?;
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    check!(
+        resident_pages(&map)? == 4,
+        "the parent's mapping was not filled at mmap"
+    );
+    // How many pages a child's own mapping of the mem has right after its mmap.
+    let in_child_mapping = || -> Result<Option<usize>, Stop> {
+        let status = in_child(|| {
+            UserMap::of_mem(&d, &q)
+                .ok()
+                .and_then(|m| resident_pages(&m).ok())
+                .map_or(100, |n| n.min(99) as i32)
+        })?;
+        Ok(match status {
+            WaitStatus::Exited(_, n) if n < 100 => Some(n as usize),
+            _ => None,
+        })
+    };
+    let n = in_child_mapping()?;
+    check!(
+        n == Some(0),
+        "a second address space's mmap while the first's filled mapping lasts: {n:?} pages mapped, wanted 0"
+    );
+    drop(map);
+    let n = in_child_mapping()?;
+    check!(
+        n == Some(4),
+        "a second address space's mmap once the first's mapping is gone: {n:?} pages mapped, wanted 4"
+    );
+    d.mem_free(a.handle).ctx("free")?;
+    check!(live(&d)? == before, "mems left behind: {:?}", live(&d)?);
+    Ok(())
 }
 
 fn mem_forked_child_has_no_mapping() -> TestResult {
