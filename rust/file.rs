@@ -21,7 +21,7 @@ use kernel::{
     mm::virt::VmaNew,
     new_mutex,
     prelude::*,
-    rbtree::RBTree,
+    rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         Arc, Mutex,
@@ -106,8 +106,30 @@ struct FileInner {
     mems: RBTree<Handle, Entry>,
     /// The handle of the mem at each mmap offset.
     offsets: RBTree<u64, Handle>,
+    /// Nodes of both tables kept from freed mems for the next ones.
+    spare: SpareNodes,
     spaces: UserSpaces,
     pools: FilePools,
+}
+
+/// Nodes of a file's tables kept from freed mems, so that a new mem's entries allocate nothing
+/// (up to [`SPARE`] of each).
+struct SpareNodes {
+    mems: KVec<RBTreeNodeReservation<Handle, Entry>>,
+    offsets: KVec<RBTreeNodeReservation<u64, Handle>>,
+}
+
+/// How many nodes of each table a file keeps for reuse.
+const SPARE: usize = 8;
+
+/// A node kept in `spare`, else a new one.
+fn node<K, V>(
+    spare: &mut KVec<RBTreeNodeReservation<K, V>>,
+) -> Result<RBTreeNodeReservation<K, V>> {
+    match spare.pop() {
+        Some(node) => Ok(node),
+        None => RBTreeNodeReservation::new(GFP_KERNEL),
+    }
 }
 
 /// A file's pools, by handle; each is closed (its cache given back) on drop.
@@ -147,6 +169,10 @@ impl MiscDevice for RuvmFile {
                 inner <- new_mutex!(FileInner {
                     mems: RBTree::new(),
                     offsets: RBTree::new(),
+                    spare: SpareNodes {
+                        mems: KVec::with_capacity(SPARE, GFP_KERNEL)?,
+                        offsets: KVec::with_capacity(SPARE, GFP_KERNEL)?,
+                    },
                     spaces: UserSpaces {
                         id: mmu::new_space_id(),
                         mmus: KVec::new(),
@@ -246,16 +272,18 @@ impl RuvmFile {
             _handle: Counted::new(Class::Handles, 1),
         };
         let mut inner = self.inner.lock();
-        inner
-            .mems
-            .try_create_and_insert(handle, entry, GFP_KERNEL)?;
-        if let Err(e) = inner
-            .offsets
-            .try_create_and_insert(offset, handle, GFP_KERNEL)
-        {
-            inner.mems.remove(&handle);
-            return Err(e);
-        }
+        let inner = &mut *inner;
+        let at_handle = node(&mut inner.spare.mems)?;
+        let at_offset = match node(&mut inner.spare.offsets) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = inner.spare.mems.push_within_capacity(at_handle);
+                return Err(e);
+            }
+        };
+        // Handles and live mems' offsets are unique: nothing is replaced.
+        let _ = inner.mems.insert(at_handle.into_node(handle, entry));
+        let _ = inner.offsets.insert(at_offset.into_node(offset, handle));
         Ok(handle)
     }
 
@@ -283,9 +311,21 @@ impl RuvmFile {
     /// Takes a mem out of the tables; its owner can no longer name it.
     fn remove(&self, handle: Handle) -> Option<Arc<Mem>> {
         let mut inner = self.inner.lock();
-        let entry = inner.mems.remove(&handle)?;
-        inner.offsets.remove(&entry.mem.mmap_offset());
-        Some(entry.mem)
+        let inner = &mut *inner;
+        // The reference returned; the entry's own is dropped with the lock held, which is
+        // never the last.
+        let mem = inner.mems.get(&handle)?.mem.clone();
+        // Nodes with no room to be kept are freed.
+        if let Some(n) = inner.mems.remove_node(&handle) {
+            let _ = inner.spare.mems.push_within_capacity(n.into_reservation());
+        }
+        if let Some(n) = inner.offsets.remove_node(&mem.mmap_offset()) {
+            let _ = inner
+                .spare
+                .offsets
+                .push_within_capacity(n.into_reservation());
+        }
+        Some(mem)
     }
 }
 

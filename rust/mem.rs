@@ -68,7 +68,7 @@ use storage::Storage;
 /// space and the planted leaks; tells the GPU registry how to drop a removed GPU's tables.
 pub(crate) fn init() -> Result {
     RAM_AT_LOAD.store(crate::bind::meminfo::total_ram_bytes(), Relaxed);
-    registry::init();
+    registry::init()?;
     plant::init();
     offsets::init()?;
     gpu_va::init()?;
@@ -279,6 +279,9 @@ pub(crate) struct MemCore {
     mmap: Option<offsets::MmapRange>,
     /// How many user VMAs map the mem.
     user_mappings: Atomic<u32>,
+    /// Whether its chunks came from a sysmem pool (its state holds a lease), fixed when made:
+    /// a mem without one need not take its lock to commit or to be dropped.
+    leased: bool,
     /// Dropped before the storage (field order is drop order): a mem dropped without being
     /// freed (at file close) still holds its mappings and tables, and they go before the
     /// chunks they map, as in uvm_mem.
@@ -294,6 +297,9 @@ pub(crate) struct MemCore {
 #[pinned_drop]
 impl PinnedDrop for MemCore {
     fn drop(self: Pin<&mut Self>) {
+        if !self.leased {
+            return;
+        }
         let this = self.project();
         // Every table left goes back with the chunks (a mem dropped without being freed, at
         // file close, still has them in `gpus`); the pool keeps those of its GPUs, and the
@@ -487,6 +493,7 @@ impl Mem {
                 mmap: Some(mmap),
                 storage,
                 user_mappings: Atomic::new(0),
+                leased: lease.is_some(),
                 state <- new_mutex!(MemState {
                     life: Life::Owned,
                     kmap: None,
@@ -526,8 +533,10 @@ impl Mem {
     /// go back to the pool as a freed mem's. Until then, dropping the mem undoes the pool's
     /// allocation.
     pub(crate) fn commit(&self) {
-        if let Some(l) = self.state.lock().lease.as_mut() {
-            l.made = true;
+        if self.leased {
+            if let Some(l) = self.state.lock().lease.as_mut() {
+                l.made = true;
+            }
         }
         if let Storage::Vid(v) = &self.storage {
             v.made();

@@ -296,9 +296,61 @@ impl Drop for Chunk {
 /// block of `2^block` pages owned by this object, which frees it whole. Every other chunk is
 /// owned by this object as [`Chunk`]'s invariant describes.
 struct Heads {
-    v: KVVec<NonNull<bindings::page>>,
+    v: HeadVec,
     order: u32,
     blocks: KVec<(usize, u32)>,
+}
+
+/// The first pages of a list's chunks: in place for a list of one chunk (a small mem: no
+/// allocation), else in a vector of the list's length.
+enum HeadVec {
+    One(Option<NonNull<bindings::page>>),
+    Many(KVVec<NonNull<bindings::page>>),
+}
+
+impl HeadVec {
+    /// Room for `n` pointers, charged to the caller's memory cgroup.
+    fn with_capacity(n: usize) -> Result<Self> {
+        Ok(match n {
+            1 => Self::One(None),
+            n => Self::Many(KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?),
+        })
+    }
+
+    /// An empty one.
+    fn empty() -> Self {
+        Self::One(None)
+    }
+
+    fn as_slice(&self) -> &[NonNull<bindings::page>] {
+        match self {
+            Self::One(p) => p.as_slice(),
+            Self::Many(v) => v,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Self::One(_) => 1,
+            Self::Many(v) => v.capacity(),
+        }
+    }
+
+    /// Adds `p` if there is room (never allocates); `false` if there is none.
+    fn push_within_capacity(&mut self, p: NonNull<bindings::page>) -> bool {
+        match self {
+            Self::One(slot @ None) => {
+                *slot = Some(p);
+                true
+            }
+            Self::One(Some(_)) => false,
+            Self::Many(v) => v.push_within_capacity(p).is_ok(),
+        }
+    }
 }
 
 impl Heads {
@@ -334,7 +386,7 @@ impl Drop for Heads {
         let order = self.order;
         let mut blocks = self.blocks.iter().peekable();
         let mut i = 0;
-        while let Some(p) = self.v.get(i) {
+        while let Some(p) = self.v.as_slice().get(i) {
             if let Some(&&(start, block)) = blocks.peek() {
                 if start == i {
                     blocks.next();
@@ -387,7 +439,7 @@ impl<T: Send + Sync> ChunkList<T> {
             return Err(EINVAL);
         }
         let mut heads = Heads {
-            v: KVVec::with_capacity(count, GFP_KERNEL_ACCOUNT)?,
+            v: HeadVec::with_capacity(count)?,
             order,
             blocks: KVec::new(),
         };
@@ -411,8 +463,10 @@ impl<T: Send + Sync> ChunkList<T> {
                 continue;
             }
             let chunk = Chunk::alloc(order, flags)?;
-            // Room was reserved: this does not allocate.
-            heads.v.push(chunk.page, GFP_KERNEL_ACCOUNT)?;
+            // Room was reserved for `count` chunks, and there are fewer.
+            if !heads.v.push_within_capacity(chunk.page) {
+                return Err(EINVAL);
+            }
             // INVARIANT: the block is now owned by `heads`.
             core::mem::forget(chunk);
         }
@@ -430,7 +484,7 @@ impl<T: Send + Sync> ChunkList<T> {
     /// ([`ListSlot::finish`]) allocates nothing.
     pub(crate) fn slot(n: usize) -> Result<ListSlot<T>> {
         Ok(ListSlot {
-            heads: KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?,
+            heads: HeadVec::with_capacity(n)?,
             arc: Some(UniqueArc::new_uninit(GFP_KERNEL)?),
             order: None,
         })
@@ -450,7 +504,8 @@ impl<T: Send + Sync> ChunkList<T> {
             return false;
         }
         let order = heads.order;
-        for page in core::mem::replace(&mut heads.v, KVVec::new()) {
+        let pages = core::mem::replace(&mut heads.v, HeadVec::empty());
+        for &page in pages.as_slice() {
             // INVARIANT: the block was owned by the list, which no longer has it.
             let chunk = Chunk { page, order };
             // Room was checked: this does not allocate.
@@ -489,18 +544,18 @@ impl<T> ChunkList<T> {
     /// The first page of chunk `i`, as a raw pointer (for the mapping functions of this
     /// layer), valid while the list lives.
     pub(crate) fn chunk_page(&self, i: usize) -> Option<NonNull<bindings::page>> {
-        self.heads.v.get(i).copied()
+        self.heads.v.as_slice().get(i).copied()
     }
 
     /// Every page of the list in order, as the page array `vm_map_ram` takes, when each chunk
     /// is one page (order 0); `None` otherwise.
     pub(crate) fn order0_pages(&self) -> Option<&[NonNull<bindings::page>]> {
-        (self.heads.order == 0).then_some(&self.heads.v[..])
+        (self.heads.order == 0).then_some(self.heads.v.as_slice())
     }
 
     /// The `i`-th `PAGE_SIZE` page of the list, as a raw pointer.
     pub(crate) fn page_ptr(&self, i: usize) -> Option<NonNull<bindings::page>> {
-        let head = self.heads.v.get(i >> self.heads.order)?;
+        let head = self.heads.v.as_slice().get(i >> self.heads.order)?;
         // SAFETY: the block's `struct page`s are contiguous (a buddy block never crosses a
         // memory section), and the index is inside the block of `2^order` pages.
         Some(unsafe { head.add(i & ((1 << self.heads.order) - 1)) })
@@ -534,7 +589,7 @@ impl<T> ChunkList<T> {
 pub(crate) struct ListSlot<T> {
     /// The first pages of the chunks pushed so far, owned by the slot until the list is made
     /// (freed if it never is).
-    heads: KVVec<NonNull<bindings::page>>,
+    heads: HeadVec,
     arc: Option<UniqueArc<core::mem::MaybeUninit<ChunkList<T>>>>,
     order: Option<u32>,
 }
@@ -548,8 +603,7 @@ impl<T: Send + Sync> ListSlot<T> {
             return Err(chunk);
         }
         self.order = Some(chunk.order);
-        // Room was checked: this does not allocate.
-        if self.heads.push(chunk.page, GFP_KERNEL).is_err() {
+        if !self.heads.push_within_capacity(chunk.page) {
             return Err(chunk);
         }
         // INVARIANT: the block is now owned by `heads` (the list's, once made).
@@ -568,7 +622,7 @@ impl<T: Send + Sync> ListSlot<T> {
         let order = self.order?;
         let arc = self.arc.take()?;
         let heads = Heads {
-            v: core::mem::replace(&mut self.heads, KVVec::new()),
+            v: core::mem::replace(&mut self.heads, HeadVec::empty()),
             order,
             blocks: KVec::new(),
         };
@@ -587,7 +641,8 @@ impl<T> Drop for ListSlot<T> {
     fn drop(&mut self) {
         // Chunks pushed into a slot that was never finished are freed.
         if let Some(order) = self.order {
-            for page in core::mem::replace(&mut self.heads, KVVec::new()) {
+            let heads = core::mem::replace(&mut self.heads, HeadVec::empty());
+            for &page in heads.as_slice() {
                 // INVARIANT: owned by the slot, freed once here.
                 drop(Chunk { page, order });
             }

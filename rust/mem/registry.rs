@@ -8,7 +8,7 @@
 
 use kernel::{
     prelude::*,
-    rbtree::RBTree,
+    rbtree::{RBTree, RBTreeNodeReservation},
     sync::{atomic::ordering::Relaxed, Arc},
 };
 
@@ -20,27 +20,56 @@ use crate::{
 
 use super::{plant, storage::Storage, Life, MemCore};
 
+/// Every live mem by serial, and the nodes of mems that left, kept for the next ones (a mem's
+/// insertion then allocates nothing).
+struct Registry {
+    mems: RBTree<u64, Arc<MemCore>>,
+    spare: KVec<RBTreeNodeReservation<u64, Arc<MemCore>>>,
+}
+
+/// How many nodes the registry keeps for reuse.
+const SPARE: usize = 32;
+
 global! {
     /// Every live mem.
-    static MEMS: Mutex<Option<RBTree<u64, Arc<MemCore>>>> = None;
+    static MEMS: Mutex<Option<Registry>> = None;
 }
 
 /// Makes the registry usable (module init).
-pub(super) fn init() {
+pub(super) fn init() -> Result {
     MEMS.init();
+    *MEMS.lock().ok_or(ENODEV)? = Some(Registry {
+        mems: RBTree::new(),
+        spare: KVec::with_capacity(SPARE, GFP_KERNEL)?,
+    });
+    Ok(())
 }
 
 /// Adds a mem just made.
 pub(super) fn insert(serial: u64, core: Arc<MemCore>) -> Result {
-    let mut mems = MEMS.lock().ok_or(ENODEV)?;
-    mems.get_or_insert_with(RBTree::new)
-        .try_create_and_insert(serial, core, GFP_KERNEL)?;
+    let mut reg = MEMS.lock().ok_or(ENODEV)?;
+    let reg = reg.as_mut().ok_or(ENODEV)?;
+    let node = match reg.spare.pop() {
+        Some(node) => node,
+        None => RBTreeNodeReservation::new(GFP_KERNEL)?,
+    };
+    // Serials are never reused: nothing is replaced.
+    let _ = reg.mems.insert(node.into_node(serial, core));
     Ok(())
 }
 
 /// Takes a mem out (its `Mem` is going); the caller drops it outside the lock.
 pub(super) fn remove(serial: u64) -> Option<Arc<MemCore>> {
-    MEMS.lock()?.as_mut()?.remove(&serial)
+    let mut reg = MEMS.lock()?;
+    let reg = reg.as_mut()?;
+    // The registry's reference is the one returned; the node's own is dropped with the lock
+    // held, which is never the last.
+    let core = reg.mems.get(&serial)?.clone();
+    if let Some(node) = reg.mems.remove_node(&serial) {
+        // A node with no room to be kept is freed.
+        let _ = reg.spare.push_within_capacity(node.into_reservation());
+    }
+    Some(core)
 }
 
 /// Counts the real objects: every mem in the registry (its chunks, kernel mapping, user
@@ -55,7 +84,7 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
     };
     {
         let mems = MEMS.lock().ok_or(ENODEV)?;
-        for core in mems.iter().flat_map(|m| m.values()) {
+        for core in mems.iter().flat_map(|r| r.mems.values()) {
             bump(Class::Mems, 1);
             match &core.storage {
                 Storage::Sys(pages) => {
@@ -107,7 +136,7 @@ pub(crate) fn drop_gpu_tables(id: u32) {
     let Some(mems) = MEMS.lock() else {
         return;
     };
-    for core in mems.iter().flat_map(|m| m.values()) {
+    for core in mems.iter().flat_map(|r| r.mems.values()) {
         let _old = core.take_gpu(id);
     }
 }
@@ -117,7 +146,7 @@ pub(crate) fn report_objects() {
     let Some(mems) = MEMS.lock() else {
         return;
     };
-    for core in mems.iter().flat_map(|m| m.values()) {
+    for core in mems.iter().flat_map(|r| r.mems.values()) {
         pr_err!(
             "audit: leaked object class=mems id={} bytes={} size={} {}\n",
             core.serial,
