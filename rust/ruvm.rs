@@ -18,7 +18,9 @@
 //!
 //! The one list for the whole crate; a lock may be taken while holding only locks above it:
 //!
-//! 1. the mmap lock of a process (a user fault holds it when it takes a mem's lock);
+//! 1. the mmap lock of a process (a user fault, an `mmap` and a VMA's close hold it when they
+//!    take a file's or a mem's lock; a free takes it, holding no ruvm lock, to wait for an
+//!    `mmap` that filled a VMA);
 //! 2. a file's table mutex (`file.rs`), released before anything below is taken;
 //! 3. the host GPU list (`gpu/host.rs`), held across an attach or a detach, or the list of
 //!    simulated GPUs (`gpu/sim.rs`), held across a removal or a return (never both);
