@@ -97,6 +97,10 @@ pub fn cases() -> Vec<Case> {
             run: mem_access_after_free_faults,
         },
         Case {
+            name: "mem_moved_mapping_faults_after_free",
+            run: mem_moved_mapping_faults_after_free,
+        },
+        Case {
             name: "mem_small_mmap_is_filled_at_once",
             run: mem_small_mmap_is_filled_at_once,
         },
@@ -986,35 +990,16 @@ fn mem_mmap_offsets_never_overlap() -> TestResult {
     Ok(())
 }
 
-fn mem_access_after_free_faults() -> TestResult {
+/// Runs `child` in a child process (which maps a mem, frees it, then reads the mapping): it
+/// must die of `SIGBUS`, and the mem must not outlive it. `child` gets the live mem count before
+/// and returns an exit code from 10 to name a failed step; `what` names the read.
+fn dies_of_sigbus_after_free(what: &str, child: impl FnOnce(u64) -> i32) -> TestResult {
     let probe = Ruvm::open().ctx("open")?;
     let before = live(&probe)?;
-    // All in a child, whose last read must die of SIGBUS. Exit codes name the step that failed.
-    let status = in_child(|| {
-        let Ok(d) = Ruvm::open() else { return 10 };
-        let Ok(a) = d.mem_alloc(64 * K, 0, zero()) else {
-            return 11;
-        };
-        let Ok(q) = d.mem_query(a.handle) else {
-            return 12;
-        };
-        let Ok(map) = UserMap::of_mem(&d, &q) else {
-            return 13;
-        };
-        map.write(100, 7);
-        if d.mem_free(a.handle).is_err() {
-            return 14;
-        }
-        // The VMA still exists (zapped) and still accounts for the mem until it is unmapped.
-        match d.info() {
-            Ok(i) if i.live_mems == before.0 + 1 => {}
-            _ => return 15,
-        }
-        i32::from(map.read(100))
-    })?;
+    let status = in_child(|| child(before.0))?;
     check!(
         status == WaitStatus::Signaled(status_pid(&status), Signal::SIGBUS, false),
-        "reading a freed mem's mapping: child ended {status:?}, wanted SIGBUS (exit codes 10..15 name a failed step)"
+        "{what}: child ended {status:?}, wanted SIGBUS (an exit code from 10 names a failed step)"
     );
     check!(
         live(&probe)? == before,
@@ -1022,6 +1007,92 @@ fn mem_access_after_free_faults() -> TestResult {
         live(&probe)?
     );
     Ok(())
+}
+
+/// In a child: a new file, a zeroed mem of `size` bytes in `chunk`-byte chunks (0: the
+/// default), and its mapping; an exit code from 10 to 13 if a step fails.
+fn mapped_mem(size: u64, chunk: u64) -> Result<(Ruvm, u64, UserMap), i32> {
+    let d = Ruvm::open().map_err(|_| 10)?;
+    let a = d.mem_alloc(size, chunk, zero()).map_err(|_| 11)?;
+    let q = d.mem_query(a.handle).map_err(|_| 12)?;
+    let map = UserMap::of_mem(&d, &q).map_err(|_| 13)?;
+    Ok((d, a.handle, map))
+}
+
+fn mem_access_after_free_faults() -> TestResult {
+    dies_of_sigbus_after_free("reading a freed mem's mapping", |before| {
+        let (d, handle, map) = match mapped_mem(64 * K, 0) {
+            Ok(m) => m,
+            Err(code) => return code,
+        };
+        map.write(100, 7);
+        if d.mem_free(handle).is_err() {
+            return 14;
+        }
+        // The VMA still exists (zapped) and still accounts for the mem until it is unmapped.
+        match d.info() {
+            Ok(i) if i.live_mems == before + 1 => {}
+            _ => return 15,
+        }
+        i32::from(map.read(100))
+    })
+}
+
+/// A small mem's mapping, filled by its `mmap`, moved by `mremap` to another address: it keeps
+/// its pages there (no fault), and a free still zaps it there (the read dies of `SIGBUS`).
+fn mem_moved_mapping_faults_after_free() -> TestResult {
+    use nix::sys::mman::{mmap_anonymous, mremap, MRemapFlags};
+    dies_of_sigbus_after_free("reading a freed mem's moved mapping", |_| {
+        let (d, handle, map) = match mapped_mem(16 * K, 4 * K) {
+            Ok(m) => m,
+            Err(code) => return code,
+        };
+        map.write(5000, 42);
+        let len = map.len();
+        let Some(size) = std::num::NonZeroUsize::new(len) else {
+            return 14;
+        };
+        // SAFETY: a new anonymous mapping at an address the kernel chooses: the place the
+        // mem's mapping moves to.
+        let Ok(hole) = (unsafe {
+            mmap_anonymous(
+                None,
+                size,
+                ProtFlags::PROT_NONE,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_ANONYMOUS,
+            )
+        }) else {
+            return 14;
+        };
+        let Some(old) = std::ptr::NonNull::new(map.as_ptr().cast::<std::ffi::c_void>()) else {
+            return 14;
+        };
+        // The mapping moves: the old address must not be unmapped on drop.
+        std::mem::forget(map);
+        // SAFETY: the mem's mapping, `len` bytes, moved over the placeholder; nothing refers
+        // to either address but the reads below.
+        let Ok(moved) = (unsafe {
+            mremap(
+                old,
+                len,
+                len,
+                MRemapFlags::MREMAP_MAYMOVE | MRemapFlags::MREMAP_FIXED,
+                Some(hole),
+            )
+        }) else {
+            return 15;
+        };
+        let p = moved.as_ptr().cast::<u8>();
+        // SAFETY: `p` starts the moved mapping of `len` (16 KiB) bytes.
+        if unsafe { p.add(5000).read_volatile() } != 42 {
+            return 16;
+        }
+        if d.mem_free(handle).is_err() {
+            return 17;
+        }
+        // SAFETY: still mapped (the VMA stays until unmapped), zapped: the read must fault.
+        i32::from(unsafe { p.add(5000).read_volatile() })
+    })
 }
 
 fn status_pid(s: &WaitStatus) -> nix::unistd::Pid {
