@@ -166,8 +166,9 @@ impl Mem {
     /// long as the physical size, and not executable; it is never copied to a child
     /// (`VM_DONTCOPY`), never made executable (`VM_MAYEXEC` cleared), never expanded, never
     /// split. A mem of up to [`FILL_AT_MMAP`] pages has them all inserted here (as the kernel's
-    /// fault-around would on a first touch), unless a VMA of another address space got them so
-    /// and is still there; other pages are inserted on fault ([`VmaOwner::fault`]).
+    /// fault-around would on a first touch), unless another address space's `mmap` did so and
+    /// the mem has stayed mapped since; other pages are inserted on fault
+    /// ([`VmaOwner::fault`]).
     pub(crate) fn map_user(self: &Arc<Self>, vma: &VmaNew) -> Result {
         let len = vma.end().checked_sub(vma.start()).ok_or(EINVAL)?;
         if len as u64 != self.layout.physical_size {
