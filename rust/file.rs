@@ -21,7 +21,7 @@ use kernel::{
     mm::virt::VmaNew,
     new_mutex,
     prelude::*,
-    rbtree::{RBTree, RBTreeNodeReservation},
+    rbtree::RBTree,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         Arc, Mutex,
@@ -33,7 +33,7 @@ use crate::{
     audit::{self, Class, Counted},
     bind::{fops, ratelimit, vma},
     gpu::mmu::{self, Mmu},
-    mem::{pool::Pool, quota::Quota, Handle, Mem, Origin},
+    mem::{pool::Pool, quota::Quota, table::Table, Handle, Mem, Origin},
     uapi,
 };
 
@@ -103,34 +103,16 @@ struct Entry {
 /// their chunks go back to.
 struct FileInner {
     /// Every mem of the file, by handle.
-    mems: RBTree<Handle, Entry>,
+    mems: Table<Handle, Entry>,
     /// The handle of the mem at each mmap offset.
-    offsets: RBTree<u64, Handle>,
-    /// Nodes of both tables kept from freed mems for the next ones.
-    spare: SpareNodes,
+    offsets: Table<u64, Handle>,
     spaces: UserSpaces,
     pools: FilePools,
 }
 
-/// Nodes of a file's tables kept from freed mems, so that a new mem's entries allocate nothing
-/// (up to [`SPARE`] of each).
-struct SpareNodes {
-    mems: KVec<RBTreeNodeReservation<Handle, Entry>>,
-    offsets: KVec<RBTreeNodeReservation<u64, Handle>>,
-}
-
-/// How many nodes of each table a file keeps for reuse.
+/// How many nodes of each of its tables a file keeps from freed mems for the next ones (whose
+/// entries then allocate nothing).
 const SPARE: usize = 8;
-
-/// A node kept in `spare`, else a new one.
-fn node<K, V>(
-    spare: &mut KVec<RBTreeNodeReservation<K, V>>,
-) -> Result<RBTreeNodeReservation<K, V>> {
-    match spare.pop() {
-        Some(node) => Ok(node),
-        None => RBTreeNodeReservation::new(GFP_KERNEL),
-    }
-}
 
 /// A file's pools, by handle; each is closed (its cache given back) on drop.
 struct FilePools(RBTree<u64, Arc<Pool>>);
@@ -167,12 +149,8 @@ impl MiscDevice for RuvmFile {
         let me = KBox::try_pin_init(
             try_pin_init!(RuvmFile {
                 inner <- new_mutex!(FileInner {
-                    mems: RBTree::new(),
-                    offsets: RBTree::new(),
-                    spare: SpareNodes {
-                        mems: KVec::with_capacity(SPARE, GFP_KERNEL)?,
-                        offsets: KVec::with_capacity(SPARE, GFP_KERNEL)?,
-                    },
+                    mems: Table::new(SPARE)?,
+                    offsets: Table::new(SPARE)?,
                     spaces: UserSpaces {
                         id: mmu::new_space_id(),
                         mmus: KVec::new(),
@@ -273,17 +251,17 @@ impl RuvmFile {
         };
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
-        let at_handle = node(&mut inner.spare.mems)?;
-        let at_offset = match node(&mut inner.spare.offsets) {
-            Ok(n) => n,
+        let at_handle = inner.mems.slot()?;
+        let at_offset = match inner.offsets.slot() {
+            Ok(s) => s,
             Err(e) => {
-                let _ = inner.spare.mems.push_within_capacity(at_handle);
+                inner.mems.unused(at_handle);
                 return Err(e);
             }
         };
-        // Handles and live mems' offsets are unique: nothing is replaced.
-        let _ = inner.mems.insert(at_handle.into_node(handle, entry));
-        let _ = inner.offsets.insert(at_offset.into_node(offset, handle));
+        // Handles and live mems' offsets are unique.
+        inner.mems.insert(at_handle, handle, entry);
+        inner.offsets.insert(at_offset, offset, handle);
         Ok(handle)
     }
 
@@ -314,17 +292,8 @@ impl RuvmFile {
         let inner = &mut *inner;
         // The reference returned; the entry's own is dropped with the lock held, which is
         // never the last.
-        let mem = inner.mems.get(&handle)?.mem.clone();
-        // Nodes with no room to be kept are freed.
-        if let Some(n) = inner.mems.remove_node(&handle) {
-            let _ = inner.spare.mems.push_within_capacity(n.into_reservation());
-        }
-        if let Some(n) = inner.offsets.remove_node(&mem.mmap_offset()) {
-            let _ = inner
-                .spare
-                .offsets
-                .push_within_capacity(n.into_reservation());
-        }
+        let mem = inner.mems.remove_with(&handle, |e| e.mem.clone())?;
+        let _ = inner.offsets.remove_with(&mem.mmap_offset(), |_| ());
         Some(mem)
     }
 }

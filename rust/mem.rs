@@ -6,7 +6,8 @@
 //! (sysmem pages and vidmem chunks), [`cpu`] (kernel and user mappings, and the kernel-side
 //! byte operations), [`gpu`] (DMA tables and the copy engine's view), [`quota`] (what a file may
 //! hold), [`offsets`] (where a mem is `mmap`ed), [`registry`] (every live mem, for the audit's
-//! walk and GPU removal) and [`plant`] (test-only leaks). It must not touch files or ioctl
+//! walk and GPU removal), [`plant`] (test-only leaks) and [`table`] (the tree of the registry
+//! and of a file's handles, which keeps freed mems' nodes). It must not touch files or ioctl
 //! structures: the ioctl layer above calls it with validated values.
 //!
 //! # Life
@@ -59,6 +60,7 @@ pub(crate) mod pool;
 pub(crate) mod quota;
 pub(crate) mod registry;
 pub(crate) mod storage;
+pub(crate) mod table;
 
 use policy::{Backing, Layout, PolicyError};
 use quota::{Charge, Quota};
@@ -131,12 +133,17 @@ pub(crate) struct Origin {
     born: kernel::time::Instant<kernel::time::Monotonic>,
 }
 
+/// The calling process's id in the initial PID namespace (its thread group leader's PID), as
+/// the kernel log's reader on the host knows it.
+pub(crate) fn caller_pid() -> i32 {
+    kernel::current!().group_leader().pid()
+}
+
 impl Origin {
     /// The calling task, now.
     pub(crate) fn here(ioctl: &'static str) -> Self {
         Self {
-            // The thread group id (the process) in the initial namespace, through C.
-            pid: kernel::current!().tgid_nr_ns(None),
+            pid: caller_pid(),
             ioctl,
             born: kernel::time::Instant::now(),
         }

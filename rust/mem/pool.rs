@@ -361,7 +361,7 @@ impl Pool {
         let pool = Arc::pin_init(
             try_pin_init!(Pool {
                 id: new_id(),
-                pid: kernel::current!().tgid_nr_ns(None),
+                pid: super::caller_pid(),
                 order,
                 vid,
                 chunk_size,

@@ -8,7 +8,6 @@
 
 use kernel::{
     prelude::*,
-    rbtree::{RBTree, RBTreeNodeReservation},
     sync::{atomic::ordering::Relaxed, Arc},
 };
 
@@ -18,13 +17,12 @@ use crate::{
     gpu::{mmu::TABLE_BYTES, pmm::CHUNK_MAX},
 };
 
-use super::{plant, storage::Storage, Life, MemCore};
+use super::{plant, storage::Storage, table::Table, Life, MemCore};
 
-/// Every live mem by serial, and the nodes of mems that left, kept for the next ones (a mem's
+/// Every live mem by serial, with the nodes of mems that left kept for the next ones (a mem's
 /// insertion then allocates nothing).
 struct Registry {
-    mems: RBTree<u64, Arc<MemCore>>,
-    spare: KVec<RBTreeNodeReservation<u64, Arc<MemCore>>>,
+    mems: Table<u64, Arc<MemCore>>,
 }
 
 /// How many nodes the registry keeps for reuse.
@@ -39,8 +37,7 @@ global! {
 pub(super) fn init() -> Result {
     MEMS.init();
     *MEMS.lock().ok_or(ENODEV)? = Some(Registry {
-        mems: RBTree::new(),
-        spare: KVec::with_capacity(SPARE, GFP_KERNEL)?,
+        mems: Table::new(SPARE)?,
     });
     Ok(())
 }
@@ -49,12 +46,9 @@ pub(super) fn init() -> Result {
 pub(super) fn insert(serial: u64, core: Arc<MemCore>) -> Result {
     let mut reg = MEMS.lock().ok_or(ENODEV)?;
     let reg = reg.as_mut().ok_or(ENODEV)?;
-    let node = match reg.spare.pop() {
-        Some(node) => node,
-        None => RBTreeNodeReservation::new(GFP_KERNEL)?,
-    };
-    // Serials are never reused: nothing is replaced.
-    let _ = reg.mems.insert(node.into_node(serial, core));
+    let slot = reg.mems.slot()?;
+    // Serials are never reused.
+    reg.mems.insert(slot, serial, core);
     Ok(())
 }
 
@@ -64,12 +58,7 @@ pub(super) fn remove(serial: u64) -> Option<Arc<MemCore>> {
     let reg = reg.as_mut()?;
     // The registry's reference is the one returned; the node's own is dropped with the lock
     // held, which is never the last.
-    let core = reg.mems.get(&serial)?.clone();
-    if let Some(node) = reg.mems.remove_node(&serial) {
-        // A node with no room to be kept is freed.
-        let _ = reg.spare.push_within_capacity(node.into_reservation());
-    }
-    Some(core)
+    reg.mems.remove_with(&serial, Arc::clone)
 }
 
 /// Counts the real objects: every mem in the registry (its chunks, kernel mapping, user
