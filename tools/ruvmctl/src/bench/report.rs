@@ -120,25 +120,13 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
     // G1.
     if let Some(c) = get("g1.path.2M") {
         rows.push(ratio_row("G1", c, Target::AtMost(0.6)));
-        // Each chunk size's path against the 2 MiB path, each taken against the baseline run
-        // beside it (its paired ratio): the cases run minutes apart, and the host's speed
-        // drifts more than that between them.
-        let two = c.ratio();
-        for other in with_prefix("g1.path.").filter(|o| o.id != c.id) {
-            rows.push(row(
-                "G1",
-                format!("{} vs 2M chunks", other.id.trim_start_matches("g1.path.")),
-                other.ratio() / two,
-                "ratio / 2M's",
-                Target::AtMost(1.1),
-                format!(
-                    "ruvm/base {:.3} vs {two:.3} (medians {} vs {})",
-                    other.ratio(),
-                    human(other.ruvm_median(), "ns"),
-                    human(c.ruvm_median(), "ns")
-                ),
-            ));
-        }
+    }
+    // Each other chunk size's path against the 2 MiB path, the two run alternately.
+    for other in with_prefix("g1.path.").filter(|o| o.id != "g1.path.2M") {
+        let mut r = ratio_row("G1", other, Target::AtMost(1.1));
+        r.what = format!("{} vs 2M chunks", other.id.trim_start_matches("g1.path."));
+        r.measure = "time / 2M's".into();
+        rows.push(r);
     }
     for c in with_prefix("g1.step.") {
         let mut r = ratio_row("G1", c, Target::Info);
@@ -331,6 +319,38 @@ mod tests {
         assert!((per_doubling(&pts) - 2.0).abs() < 1e-9);
         let flat: Vec<(u64, f64)> = (22..30).map(|s| (1u64 << s, 5.0)).collect();
         assert!((per_doubling(&flat) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn g1_chunk_sizes_are_read_against_the_2m_path_they_alternated_with() {
+        let case = |id: &str, ruvm: &[f64], base: &[f64]| Case {
+            id: id.into(),
+            what: id.into(),
+            baseline: String::new(),
+            unit: "ns".into(),
+            ruvm: ruvm.to_vec(),
+            base: base.to_vec(),
+            size: 0,
+        };
+        let res = Results {
+            cases: vec![
+                case("g1.path.2M", &[10.0, 10.0, 10.0], &[100.0, 100.0, 100.0]),
+                // The host slowed down for the second pair: both sides of it.
+                case("g1.path.4K", &[12.0, 24.0, 12.0], &[10.0, 20.0, 10.0]),
+            ],
+            ..Default::default()
+        };
+        let rows = evaluate(&res);
+        let two = rows
+            .iter()
+            .find(|r| r.what == "g1.path.2M")
+            .map(|r| r.value);
+        assert_eq!(two, Some(0.1));
+        let four = rows.iter().find(|r| r.what == "4K vs 2M chunks");
+        assert_eq!(
+            four.map(|r| (r.value, r.verdict.as_str())),
+            Some((1.2, "MISS"))
+        );
     }
 
     #[test]
