@@ -55,6 +55,10 @@ pub fn cases() -> Vec<Case> {
             name: "pool_of_vidmem",
             run: pool_of_vidmem,
         },
+        Case {
+            name: "pool_lists_its_process_by_its_host_pid",
+            run: pool_lists_its_process_by_its_host_pid,
+        },
     ]
 }
 
@@ -917,6 +921,117 @@ fn pool_of_vidmem() -> TestResult {
         "pool_chunks {} pool_bytes {} after destroy",
         l[POOL_CHUNKS],
         l[POOL_BYTES]
+    );
+    Ok(())
+}
+
+/// `/sys/kernel/debug/ruvm/pools` names a pool's process by its PID on the host (the initial
+/// PID namespace), also for a pool made inside a PID namespace, where that process is PID 1.
+fn pool_lists_its_process_by_its_host_pid() -> TestResult {
+    use nix::sched::{unshare, CloneFlags};
+    use nix::sys::wait::{waitpid, WaitStatus};
+    use nix::unistd::{fork, getpid, pipe, read, write, ForkResult};
+    const LIST: &str = "/sys/kernel/debug/ruvm/pools";
+    if !std::path::Path::new(LIST).exists() {
+        return Err(Stop::Skip(format!("no {LIST} (debugfs)")));
+    }
+    // The children tell what they know on `said`; the grandchild holds its pool until `done`
+    // closes.
+    let (said_rx, said_tx) = pipe().ctx("pipe")?;
+    let (done_rx, done_tx) = pipe().ctx("pipe")?;
+    // SAFETY: the runner is single-threaded when cases run; the children only make syscalls
+    // and exit.
+    let child = match unsafe { fork() }.ctx("fork")? {
+        ForkResult::Child => {
+            drop((said_rx, done_tx));
+            let run = || -> Option<i32> {
+                match unshare(CloneFlags::CLONE_NEWPID) {
+                    Ok(()) => {}
+                    Err(Errno::EINVAL) => {
+                        // A kernel without PID namespaces (the project's test kernels).
+                        write(&said_tx, b"no namespaces\n").ok()?;
+                        return Some(0);
+                    }
+                    Err(_) => return None,
+                }
+                // SAFETY: as above; this child is single-threaded too.
+                match unsafe { fork() }.ok()? {
+                    ForkResult::Child => {
+                        // PID 1 of the new namespace.
+                        let d = Ruvm::open().ok()?;
+                        let (pool, _) = d.pool_create(64 * K, 0).ok()?;
+                        let line = format!("pool {pool} {}\n", getpid());
+                        write(&said_tx, line.as_bytes()).ok()?;
+                        drop(said_tx);
+                        // Until the parent has read the list (its end closes).
+                        let _ = read(&done_rx, &mut [0u8; 1]);
+                        Some(0)
+                    }
+                    ForkResult::Parent { child } => {
+                        // Its PID as this process, outside the new namespace, sees it.
+                        write(&said_tx, format!("host {child}\n").as_bytes()).ok()?;
+                        drop((said_tx, done_rx));
+                        match waitpid(child, None).ok()? {
+                            WaitStatus::Exited(_, code) => Some(code),
+                            _ => None,
+                        }
+                    }
+                }
+            };
+            std::process::exit(run().unwrap_or(1));
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop((said_tx, done_rx));
+    // Both lines, until both writers are gone.
+    let mut text = Vec::new();
+    let mut buf = [0u8; 128];
+    loop {
+        match read(&said_rx, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => text.extend_from_slice(&buf[..n]),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(Stop::Fail(format!("read: {e}"))),
+        }
+    }
+    let listed = std::fs::read_to_string(LIST).ctx("read the pool list");
+    drop(done_tx);
+    let status = waitpid(child, None).ctx("waitpid")?;
+    let text = String::from_utf8_lossy(&text);
+    if text.starts_with("no namespaces") {
+        return Err(Stop::Skip(
+            "this kernel has no PID namespaces (Debian's stock kernel has them)".into(),
+        ));
+    }
+    let word = |tag: &str, i: usize| -> Option<String> {
+        text.lines()
+            .find(|l| l.starts_with(tag))
+            .and_then(|l| l.split_whitespace().nth(i))
+            .map(str::to_owned)
+    };
+    let (Some(pool), Some(inside), Some(host)) =
+        (word("pool ", 1), word("pool ", 2), word("host ", 1))
+    else {
+        return Err(Stop::Fail(format!(
+            "the children did not say their pool and PIDs ({status:?}): {text:?}"
+        )));
+    };
+    check!(
+        status == WaitStatus::Exited(child, 0),
+        "the children failed: {status:?}"
+    );
+    check!(
+        inside == "1",
+        "the pool's maker is PID {inside} in its namespace, not 1: no namespace was made"
+    );
+    let listed = listed?;
+    let line = listed
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&format!("pool={pool}")))
+        .ok_or_else(|| Stop::Fail(format!("pool {pool} is not in {LIST}")))?;
+    check!(
+        line.split_whitespace().any(|w| w == format!("pid={host}")),
+        "pool {pool} is listed as {line:?}, not under its host PID {host}"
     );
     Ok(())
 }
