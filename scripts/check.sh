@@ -329,6 +329,10 @@ job guest_suite "fast kernel, vidmem_keep_mib=0" fast VM_MODARGS="enable_test_io
 job guest_suite "fast kernel, vidmem_keep_mib=65534" fast \
 	VM_MODARGS="enable_test_ioctls=1 vidmem_mib=128 vidmem_keep_mib=65534" \
 	CMD="env RUVM_EXPECT_VIDMEM_KEEP_MIB=65534 $keep_cmd"
+# GPUs without vidmem: the errnos of asking one for it, and the GPU page tables in DMA-mapped
+# sysmem pages instead of vidmem chunks.
+job guest_suite "fast kernel, vidmem_mib=0" fast VM_MODARGS="sim_gpus=1 enable_test_ioctls=1 vidmem_mib=0" \
+	CMD='ruvmctl selftest --filter vidmem_none --filter pool_bad_inputs --filter gpu_va'
 # The per-file limit, with a limit small enough to reach.
 job guest_suite "fast kernel, max_file_mib=16" fast VM_MODARGS=max_file_mib=16 CMD='ruvmctl selftest --filter mem_size_limits --filter info_limits'
 # Allocating more than the guest has needs a per-mem limit above its memory (the derived default

@@ -586,6 +586,20 @@ fn pool_bad_inputs() -> TestResult {
         Errno::ENODEV,
         "a vidmem pool of no GPU",
     )?;
+    // A GPU without vidmem (loaded with `vidmem_mib=0`) has none to cache.
+    let bare = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .find(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0 && g.vidmem_size == 0);
+    if let Some(g) = bare {
+        c.gpu = g.id;
+        expect_errno(
+            d.call(cmd::POOL_CREATE, &mut c),
+            Errno::ENXIO,
+            &format!("a vidmem pool of GPU {} (no vidmem)", g.id),
+        )?;
+    }
     c.gpu = 0;
     c.backing = 7;
     expect_errno(d.call(cmd::POOL_CREATE, &mut c), Errno::EINVAL, "backing 7")?;

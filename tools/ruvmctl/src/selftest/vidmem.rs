@@ -59,6 +59,10 @@ pub fn cases() -> Vec<Case> {
             name: "vidmem_unbind_with_live_mems",
             run: vidmem_unbind_with_live_mems,
         },
+        Case {
+            name: "vidmem_none_on_a_gpu_without_any",
+            run: vidmem_none_on_a_gpu_without_any,
+        },
     ]
 }
 
@@ -1058,6 +1062,63 @@ fn vidmem_pmm_bad_inputs() -> TestResult {
             && after.frees == before.frees + 1,
         "vidmem stats after free {after:?}"
     );
+    Ok(())
+}
+
+/// A GPU without vidmem (the module loaded with `vidmem_mib=0`): `GPU_LIST` shows no capacity,
+/// a vidmem allocation is `ENOMEM` (counted as failed, nothing made), the PMM's commands are
+/// `ENXIO`, and sysmem is DMA-mapped for it as on any GPU. Skips where every GPU has vidmem.
+fn vidmem_none_on_a_gpu_without_any() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let bare: Vec<_> = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .filter(|g| present(g) && g.vidmem_size == 0)
+        .collect();
+    if bare.is_empty() {
+        return Err(Stop::Skip("every GPU has vidmem".into()));
+    }
+    let vid = uapi::ruvm_backing_RUVM_BACKING_VIDMEM;
+    for g in &bare {
+        let id = g.id;
+        let before = d.stats_of(vid, false).ctx("STATS")?;
+        let live_before = live(&d)?;
+        for chunk in [0, 4 * K, 64 * K, 2 * M] {
+            expect_errno(
+                d.vidmem_alloc(id, 64 * K, chunk, 0),
+                Errno::ENOMEM,
+                &format!("vidmem of GPU {id} ({chunk}-byte chunks)"),
+            )?;
+        }
+        let after = d.stats_of(vid, false).ctx("STATS")?;
+        check!(
+            after.alloc_failures == before.alloc_failures + 4
+                && after.mems == before.mems
+                && after.allocs == before.allocs
+                && live(&d)? == live_before,
+            "GPU {id}: refused vidmem left stats {before:?} -> {after:?}"
+        );
+        expect_errno(
+            d.pmm_stats(id),
+            Errno::ENXIO,
+            &format!("PMM_STATS of GPU {id}"),
+        )?;
+        expect_errno(
+            d.pmm_check_leak(id, 64 * K, 1),
+            Errno::ENXIO,
+            &format!("PMM_CHECK_LEAK of GPU {id}"),
+        )?;
+        let m = d.mem_alloc(64 * K, 0, 0).ctx("alloc")?.handle;
+        d.mem_gpu(true, m, id).ctx("MAP_GPU")?;
+        let q = d.mem_query(m).ctx("query")?;
+        check!(
+            q.mapped_gpus & (1 << id) != 0,
+            "GPU {id}: a sysmem mem mapped for it shows mapped_gpus {:#x}",
+            q.mapped_gpus
+        );
+        d.mem_free(m).ctx("free")?;
+    }
     Ok(())
 }
 
