@@ -151,6 +151,18 @@ fn gpu_config() -> Result<gpu::Config> {
     })
 }
 
+/// The audit's level (`leak_checker`): 0, 1 or 2, the values uvm's `uvm_leak_checker` takes;
+/// `EINVAL` (with an error line) otherwise.
+fn leak_level() -> Result<u32> {
+    match *module_parameters::leak_checker.value() {
+        level @ 0..=2 => Ok(level),
+        v => {
+            pr_err!("leak_checker {v}: must be 0, 1 or 2\n");
+            Err(EINVAL)
+        }
+    }
+}
+
 /// The chunk order [`choose_zeroing`] times (64 KiB), and how many times each way.
 const ZEROING_TEST_ORDER: u32 = 4;
 const ZEROING_TEST_ROUNDS: u32 = 5;
@@ -198,9 +210,10 @@ impl Layers {
     /// Initialises the layers' state, bottom up. On failure what was set up is emptied again
     /// (by the drop of the value made first).
     fn new(config: gpu::Config) -> Result<Self> {
+        let level = leak_level()?;
         choose_zeroing()?;
         let layers = Layers;
-        audit::init(*module_parameters::leak_checker.value());
+        audit::init(level);
         gpu::init(config);
         mem::init()?;
         Ok(layers)

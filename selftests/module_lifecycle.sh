@@ -34,7 +34,7 @@ why=
 # them, longer than 256 bytes.
 nine=0000:00:01.0,0000:00:01.1,0000:00:01.2,0000:00:01.3,0000:00:01.4,0000:00:01.5,0000:00:01.6,0000:00:01.7,0000:00:02.0
 long=$(printf '0000:00:03.0,%.0s' $(seq 1 20))0000:00:03.0
-for bad in vidmem_mib=3 vidmem_mib=65536 vidmem_keep_mib=3 vidmem_keep_mib=65536 sim_gpus=9 zeroing=3 host_gpus=0000:ff:1f.7 host_gpus=0xffff \
+for bad in vidmem_mib=3 vidmem_mib=65536 vidmem_keep_mib=3 vidmem_keep_mib=65536 sim_gpus=9 zeroing=3 leak_checker=3 host_gpus=0000:ff:1f.7 host_gpus=0xffff \
 	host_gpus=0000:00:03.8 host_gpus=0000:00:03.0,00:03.0 host_gpus=$nine host_gpus=$long; do
 	if insmod "$KO" "$bad" 2> /dev/null; then
 		why="insmod with $bad succeeded"
