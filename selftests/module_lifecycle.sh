@@ -1,15 +1,15 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0
 # Module load/unload in the guest, as KTAP: repeated insmod/unload cycles (each unload checked
-# by the audit's verdict), and rmmod refused while a file of /dev/ruvm is open. Expects ruvm
-# not to be loaded when it starts.
+# by the audit's verdict), bad parameters, the audit silent at leak_checker=0, and rmmod refused
+# while a file of /dev/ruvm is open. Expects ruvm not to be loaded when it starts.
 KO=${RUVM_KO:-/ruvm/ruvm.ko}
 n=0 failed=0
 ok() { n=$((n + 1)); echo "ok $n $1"; }
 notok() { n=$((n + 1)); failed=1; echo "# $1: $2"; echo "not ok $n $1"; }
 
 echo "TAP version 13"
-echo "1..4"
+echo "1..5"
 
 if [ -d /sys/module/ruvm ]; then
 	echo "# ruvm is already loaded"
@@ -48,6 +48,25 @@ for bad in vidmem_mib=3 vidmem_mib=65536 vidmem_keep_mib=3 vidmem_keep_mib=65536
 	dmesg | tail -n 5 | grep -q 'ruvm: ' || { why="no error line for $bad"; break; }
 done
 [ -z "$why" ] && ok bad_parameters_fail_the_load || notok bad_parameters_fail_the_load "$why"
+
+# leak_checker=0: no audit line at all (not for a file closed with a mem in it, not at unload),
+# while the unload state still carries the verdict.
+why=
+lines() { dmesg | grep -c 'ruvm: audit:'; }
+before=$(lines)
+if ! insmod "$KO" leak_checker=0; then
+	why="insmod with leak_checker=0 failed"
+else
+	# RUVM_IOCTL_AUDIT's level, as ruvmctl stats shows it.
+	level=$(ruvmctl stats | sed -n 's/.*(leak_checker=\([0-9]*\)).*/\1/p')
+	[ "$level" = 0 ] || why="RUVM_IOCTL_AUDIT reports level '$level'"
+	# The mem is reclaimed when ruvmctl's file closes.
+	ruvmctl alloc 64K > /dev/null || why="${why:-alloc failed}"
+	ruvmctl unload > /dev/null || why="${why:-unload (with its audit verdict) failed}"
+	after=$(lines)
+	[ "$after" = "$before" ] || why="${why:-$((after - before)) audit lines at leak_checker=0}"
+fi
+[ -z "$why" ] && ok leak_checker_0_logs_nothing || notok leak_checker_0_logs_nothing "$why"
 
 insmod "$KO" || { notok rmmod_refused_while_open "insmod failed"; echo "Bail out!"; exit 1; }
 exec 3<> /dev/ruvm
