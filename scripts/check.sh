@@ -333,6 +333,10 @@ job guest_suite "fast kernel, vidmem_keep_mib=65534" fast \
 # sysmem pages instead of vidmem chunks.
 job guest_suite "fast kernel, vidmem_mib=0" fast VM_MODARGS="sim_gpus=1 enable_test_ioctls=1 vidmem_mib=0" \
 	CMD='ruvmctl selftest --filter vidmem_none --filter pool_bad_inputs --filter gpu_va'
+# A full GPU registry (RUVM_MAX_GPUS: 24 edu and 8 simulated GPUs): the list at its largest, and
+# an attach refused with ENOSPC and its line.
+job guest_suite "fast kernel, 32 GPUs" fast VM_GPUS=24 VM_MODARGS="sim_gpus=8 vidmem_mib=2" \
+	CMD='ruvmctl selftest --filter gpu_list --filter gpu_attach'
 # The per-file limit, with a limit small enough to reach.
 job guest_suite "fast kernel, max_file_mib=16" fast VM_MODARGS=max_file_mib=16 CMD='ruvmctl selftest --filter mem_size_limits --filter info_limits'
 # Allocating more than the guest has needs a per-mem limit above its memory (the derived default

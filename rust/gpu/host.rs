@@ -134,11 +134,18 @@ pub(crate) fn attach(addr: PciAddr) -> Result<u32> {
         dma_mask_bits: 64 - mask.leading_zeros(),
         page_sizes: gpu::TEST_PAGE_SIZES,
     };
-    hosts.reserve(1, GFP_KERNEL)?;
+    hosts
+        .reserve(1, GFP_KERNEL)
+        .inspect_err(|_| pr_err!("host GPU {addr}: out of memory\n"))?;
     // The registry checks again, with its lock held: ruvm-edu may have bound the device since.
     let dev = gpu::register(info, dma, None).inspect_err(|e| {
         if *e == EEXIST {
             pr_err!("host GPU {addr}: already a GPU of ruvm's (bound by ruvm-edu)\n");
+        } else if *e == ENOSPC {
+            let max = uapi::RUVM_MAX_GPUS;
+            pr_err!("host GPU {addr}: the GPU registry is full ({max} GPUs, gone ones included)\n");
+        } else {
+            pr_err!("host GPU {addr}: cannot be registered ({e:?})\n");
         }
     })?;
     let id = dev.id;

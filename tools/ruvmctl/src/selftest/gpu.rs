@@ -75,6 +75,10 @@ pub fn cases() -> Vec<Case> {
             run: gpu_attach_bad_inputs,
         },
         Case {
+            name: "gpu_attach_into_a_full_registry",
+            run: gpu_attach_into_a_full_registry,
+        },
+        Case {
             name: "gpu_attach_unbound_edu_keeps_ruvm_edu_off_it",
             run: gpu_attach_unbound_edu_keeps_ruvm_edu_off_it,
         },
@@ -1117,6 +1121,63 @@ fn gpu_attach_bad_inputs() -> TestResult {
     })
 }
 
+/// A registry holding `RUVM_MAX_GPUS` GPUs (the run with 24 edu and 8 simulated GPUs) refuses
+/// an attach with `ENOSPC`, says so in its error line, and lists the same GPUs after. Skips
+/// while there is room.
+fn gpu_attach_into_a_full_registry() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let before = d.gpus().ctx("GPU_LIST")?;
+    let max = uapi::RUVM_MAX_GPUS as usize;
+    if before.len() < max {
+        return Err(Stop::Skip(format!(
+            "the registry holds {} of {max} GPUs",
+            before.len()
+        )));
+    }
+    // A PCI device that is no GPU of ruvm's and could otherwise be attached (it has an IOMMU
+    // group).
+    let ours: Vec<_> = before
+        .iter()
+        .filter(|g| g.kind != uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM)
+        .map(pci_of)
+        .collect();
+    let other = std::fs::read_dir("/sys/bus/pci/devices")
+        .ctx("/sys/bus/pci/devices")?
+        .flatten()
+        .filter(|e| e.path().join("iommu_group").exists())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .find_map(|name| {
+            let a = crate::cmd::gpu::parse_pci(&name).ok()?;
+            (!ours.contains(&a)).then_some((name, a))
+        });
+    let Some((name, (dom, bus, devfn))) = other else {
+        return Err(Stop::Skip("no PCI device here but ruvm's GPUs".into()));
+    };
+    let mark = crate::kmsg::write_marker().ctx("mark")?;
+    expect_errno(
+        d.gpu_attach(true, dom, bus, devfn),
+        Errno::ENOSPC,
+        &format!("attach of {name} with {max} GPUs registered"),
+    )?;
+    let log = crate::kmsg::read_kmsg().ctx("kmsg")?;
+    let part = crate::kmsg::since(&log, Some(&mark)).ok_or(Stop::Fail("marker lost".into()))?;
+    let line = format!("host GPU {name}: the GPU registry is full");
+    check!(
+        part.iter().any(|m| m.contains(&line)),
+        "no '{line}' line after the refused attach"
+    );
+    let after = d.gpus().ctx("GPU_LIST")?;
+    check!(
+        after.len() == before.len()
+            && after
+                .iter()
+                .zip(&before)
+                .all(|(a, b)| a.id == b.id && a.kind == b.kind),
+        "a refused attach changed the registry"
+    );
+    Ok(())
+}
+
 /// An edu device unbound from ruvm-edu and attached as a host GPU: ruvm-edu cannot bind it
 /// while it is attached (`EEXIST`, one GPU per device), and binds it again, with its old id,
 /// once it is detached.
@@ -1126,6 +1187,10 @@ fn gpu_attach_unbound_edu_keeps_ruvm_edu_off_it() -> TestResult {
     let Some(g) = before.iter().find(|g| bound_edu(g)) else {
         return Err(Stop::Skip("no GPU bound by ruvm-edu".into()));
     };
+    if before.len() >= uapi::RUVM_MAX_GPUS as usize {
+        // Attached as a host GPU, the device needs an entry of its own.
+        return Err(Stop::Skip("the GPU registry is full".into()));
+    }
     let name = pci_name(g);
     let (dom, bus, devfn) = pci_of(g);
     std::fs::write(format!("{DRIVER}/unbind"), &name).ctx("unbind")?;
