@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The ABI's common rules, for every command at once, from one table: a `flags` bit the
-//! command does not know, and a non-zero byte in any padding or reserved field, are `EINVAL`
-//! (`ENOSYS` first for a test-only command while test ioctls are off), before the command
-//! does anything.
+//! command does not know, and a non-zero byte in any padding or reserved field, are `EINVAL`,
+//! and an argument pointer that cannot be read is `EFAULT` (`ENOSYS` first for a test-only
+//! command while test ioctls are off), before the command does anything.
 //!
 //! Each row gives a template that the command would accept (or refuse with another errno), so a
 //! module that let a bad field through would answer something other than `EINVAL`.
@@ -25,6 +25,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "abi_nonzero_pad_and_reserved_are_einval",
             run: abi_nonzero_pad_and_reserved_are_einval,
+        },
+        Case {
+            name: "abi_unreadable_argument_is_efault",
+            run: abi_unreadable_argument_is_efault,
         },
     ]
 }
@@ -68,6 +72,8 @@ pub(super) enum Probe {
     Flags,
     /// Every element of every zero field, one at a time.
     Zeroes,
+    /// A NULL argument pointer.
+    Fault,
 }
 
 /// One row: `cmd` with `template`, whose known flags are `known` and zero fields are listed.
@@ -97,6 +103,12 @@ macro_rules! row {
                         check_one($d, $cmd, &mut a, $want, &format!("{}[{i}]", stringify!($f)))?;
                     }
                 )*
+            }
+            Probe::Fault => {
+                let want = if $want == Errno::ENOSYS { $want } else { Errno::EFAULT };
+                // SAFETY: NULL is never mapped: the kernel's copy of the argument faults.
+                let r = unsafe { $d.ioctl_ptr($cmd.nr, core::ptr::null_mut()) };
+                expect_errno(r, want, &format!("{} with a NULL argument", $cmd.name))?;
             }
         }
     }};
@@ -258,4 +270,8 @@ fn abi_unknown_flags_are_einval() -> TestResult {
 
 fn abi_nonzero_pad_and_reserved_are_einval() -> TestResult {
     sweep(Probe::Zeroes, None)
+}
+
+fn abi_unreadable_argument_is_efault() -> TestResult {
+    sweep(Probe::Fault, None)
 }
