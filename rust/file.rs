@@ -21,7 +21,7 @@ use kernel::{
     mm::virt::VmaNew,
     new_mutex,
     prelude::*,
-    rbtree::RBTree,
+    rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         Arc, Mutex,
@@ -33,7 +33,12 @@ use crate::{
     audit::{self, Class, Counted},
     bind::{fops, ratelimit, vma},
     gpu::mmu::{self, Mmu},
-    mem::{pool::Pool, quota::Quota, table::Table, Handle, Mem, Origin},
+    mem::{
+        pool::{self, Pool},
+        quota::Quota,
+        table::Table,
+        Handle, Mem, Origin,
+    },
     uapi,
 };
 
@@ -114,12 +119,57 @@ struct FileInner {
 /// entries then allocate nothing).
 const SPARE: usize = 8;
 
-/// A file's pools, by handle; each is closed (its cache given back) on drop.
-struct FilePools(RBTree<u64, Arc<Pool>>);
+/// A file's pools, by handle, at most [`pool::MAX_FILE_POOLS`]; each is closed (its cache
+/// given back) on drop.
+struct FilePools {
+    pools: RBTree<u64, Arc<Pool>>,
+    /// Entries in `pools`, and places taken for ones being made.
+    count: usize,
+}
+
+/// A place in a file's pool table, taken before the pool is made.
+struct PoolSlot(RBTreeNodeReservation<u64, Arc<Pool>>);
+
+impl FilePools {
+    /// A place for one more pool: `ENOSPC` at the file's limit; its node charged to the
+    /// caller's memory cgroup.
+    fn slot(&mut self) -> Result<PoolSlot> {
+        if self.count >= pool::MAX_FILE_POOLS {
+            return Err(ENOSPC);
+        }
+        let node = RBTreeNodeReservation::new(GFP_KERNEL_ACCOUNT)?;
+        self.count += 1;
+        Ok(PoolSlot(node))
+    }
+
+    /// Gives back a place that was not used.
+    fn unused(&mut self, slot: PoolSlot) {
+        drop(slot);
+        self.count -= 1;
+    }
+
+    /// Enters `pool` at the place taken for it (allocates nothing).
+    fn insert(&mut self, slot: PoolSlot, pool: Arc<Pool>) {
+        // Handles are unique: nothing is replaced.
+        let _ = self.pools.insert(slot.0.into_node(pool.id(), pool));
+    }
+
+    /// Takes pool `handle` out; what is returned is dropped by the caller with the file's lock
+    /// released.
+    fn remove(&mut self, handle: u64) -> Option<Arc<Pool>> {
+        let pool = self.pools.remove(&handle)?;
+        self.count -= 1;
+        Some(pool)
+    }
+
+    fn get(&self, handle: u64) -> Option<Arc<Pool>> {
+        self.pools.get(&handle).cloned()
+    }
+}
 
 impl Drop for FilePools {
     fn drop(&mut self) {
-        for pool in self.0.values() {
+        for pool in self.pools.values() {
             pool.close();
         }
     }
@@ -145,7 +195,7 @@ impl MiscDevice for RuvmFile {
     type Ptr = Pin<KBox<Self>>;
 
     fn open(file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
-        let quota = Arc::new(Quota::new(max_file_bytes()), GFP_KERNEL)?;
+        let quota = Arc::new(Quota::new(max_file_bytes()), GFP_KERNEL_ACCOUNT)?;
         let me = KBox::try_pin_init(
             try_pin_init!(RuvmFile {
                 inner <- new_mutex!(FileInner {
@@ -155,12 +205,15 @@ impl MiscDevice for RuvmFile {
                         id: mmu::new_space_id(),
                         mmus: KVec::new(),
                     },
-                    pools: FilePools(RBTree::new()),
+                    pools: FilePools {
+                        pools: RBTree::new(),
+                        count: 0,
+                    },
                 }),
                 quota,
                 opener: Origin::here("open"),
             }),
-            GFP_KERNEL,
+            GFP_KERNEL_ACCOUNT,
         )?;
         // Last, so that a failure before it leaves no module reference behind.
         fops::pin_module::<Self>(file)?;
@@ -173,7 +226,7 @@ impl MiscDevice for RuvmFile {
         let user = UserSlice::new(UserPtr::from_addr(arg), _IOC_SIZE(cmd));
         match cmd {
             uapi::RUVM_IOCTL_INFO => audit_ioctls::info(user)?,
-            uapi::RUVM_IOCTL_MEM_ALLOC => me.mem_alloc(user)?,
+            uapi::RUVM_IOCTL_MEM_ALLOC => me.mem_alloc(file, user)?,
             uapi::RUVM_IOCTL_MEM_FREE => me.mem_free(file, user)?,
             uapi::RUVM_IOCTL_MEM_QUERY => me.mem_query(user)?,
             uapi::RUVM_IOCTL_MEM_MAP_CPU_KERNEL => me.mem_map_cpu_kernel(user, true)?,

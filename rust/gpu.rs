@@ -45,6 +45,7 @@ pub(crate) mod mmu_fmt;
 #[allow(dead_code, reason = "helpers for the host tests")]
 pub(crate) mod mmu_tree;
 pub(crate) mod pmm;
+pub(crate) mod set;
 pub(crate) mod sim;
 
 /// The most GPUs the registry holds.
@@ -459,6 +460,8 @@ pub(crate) fn register(
 /// stay, unusable (`ENODEV`) but free to free.
 pub(crate) fn unregister(dev: &GpuDev) {
     dev.revoke();
+    // Before the hook visits the tables' holders (see `GpuTable::keepable`).
+    dev.res.tracker.close();
     let hook = GPUS.lock().and_then(|r| r.on_remove);
     if let Some(hook) = hook {
         hook(dev.id);

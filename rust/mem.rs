@@ -44,7 +44,7 @@ use crate::{
         stats::{StatsBacking, Usage},
         Class, Counted,
     },
-    gpu::{dma::GpuTable, GpuDev},
+    gpu::{dma::GpuTable, set::GpuSet, GpuDev},
     uapi,
 };
 
@@ -74,7 +74,7 @@ pub(crate) fn init() -> Result {
     plant::init();
     offsets::init()?;
     gpu_va::init()?;
-    pool::init();
+    pool::registry::init();
     crate::gpu::set_removal_hook(drop_gpu);
     Ok(())
 }
@@ -93,7 +93,7 @@ fn beyond_ram(bytes: u64) -> bool {
 /// GPU `id` is going: every mem's tables of it, then every pool's, are dropped.
 fn drop_gpu(id: u32) {
     registry::drop_gpu_tables(id);
-    pool::drop_gpu(id);
+    pool::registry::drop_gpu(id);
 }
 
 /// Lets go of the mem layer's module-wide state at unload, planted leaks first; returns how
@@ -103,7 +103,7 @@ pub(crate) fn exit() -> usize {
     registry::drain();
     offsets::exit();
     gpu_va::exit();
-    pool::exit();
+    pool::registry::exit();
     planted
 }
 
@@ -261,6 +261,8 @@ struct PoolLease {
     /// dropped, the pool's allocation is undone).
     reused: usize,
     made: bool,
+    /// The quota charge of the chunks: it goes back with them, into the pool's cache.
+    charge: Option<Charge>,
 }
 
 impl Drop for PoolLease {
@@ -268,7 +270,12 @@ impl Drop for PoolLease {
         if let Some(pages) = self.pages.take() {
             let tables = core::mem::replace(&mut self.tables, KVec::new());
             let undo = (!self.made).then_some(self.reused);
-            self.pool.give_back(pages, tables, self.range.take(), undo);
+            let charge = self
+                .charge
+                .take()
+                .unwrap_or_else(|| self.pool.quota().nothing());
+            self.pool
+                .give_back(pages, tables, self.range.take(), undo, charge);
         }
     }
 }
@@ -341,7 +348,8 @@ fn give_tables(to: &mut KVec<(u32, Arc<GpuTable>)>, tables: KVec<(u32, Arc<GpuTa
 /// One mem, as its holders (a file's table, user VMAs) see it.
 pub(crate) struct Mem {
     core: Arc<MemCore>,
-    _charge: Charge,
+    /// The quota charge of a mem of no pool (a pool mem's goes with its chunks).
+    _charge: Option<Charge>,
 }
 
 impl core::ops::Deref for Mem {
@@ -381,7 +389,7 @@ pub(crate) struct MemInfo {
     pub(crate) cpu_kernel: bool,
     pub(crate) user_mappings: u32,
     pub(crate) alloc_flags: u32,
-    pub(crate) mapped_gpus: u64,
+    pub(crate) mapped_gpus: GpuSet,
     /// Its GPU kernel VA, while any GPU has it mapped in its kernel VA space.
     pub(crate) gpu_kernel: Option<u64>,
     /// Whether any GPU has it mapped in its file's user VA space.
@@ -441,7 +449,11 @@ impl Mem {
         if layout.physical_size > req.max_bytes {
             return Err(ENOSPC);
         }
-        let charge = quota.charge(layout.physical_size)?;
+        // A pool mem's charge comes from the pool, with its chunks.
+        let charge = match &req.pool {
+            None => Some(quota.charge(layout.physical_size)?),
+            Some(_) => None,
+        };
         // Sysmem beyond the machine's memory cannot be had: refused before a page is taken,
         // rather than after draining the machine (which other tasks would meet as an OOM).
         if req.gpu.is_none() && beyond_ram(layout.physical_size) {
@@ -469,6 +481,7 @@ impl Mem {
                     range: taken.range,
                     reused: taken.reused,
                     made: false,
+                    charge: Some(taken.charge),
                 };
                 (layout, storage, Some(lease))
             }
@@ -517,14 +530,14 @@ impl Mem {
                 _bytes: Counted::new(bytes_class, layout.physical_size),
                 _usage: Usage::new(req.stats_backing(), layout.physical_size, req.size),
             }),
-            GFP_KERNEL,
+            GFP_KERNEL_ACCOUNT,
         )?;
         let mem = Arc::new(
             Mem {
                 core: core.clone(),
                 _charge: charge,
             },
-            GFP_KERNEL,
+            GFP_KERNEL_ACCOUNT,
         )?;
         // Registered last; on failure `mem` is dropped, and `Mem::drop` finds nothing to remove.
         registry::insert(serial, core)?;
@@ -564,10 +577,7 @@ impl Mem {
     pub(crate) fn info(&self) -> MemInfo {
         let (cpu_kernel, mapped_gpus, gpu_kernel, gpu_user) = {
             let st = self.state.lock();
-            let mask = st
-                .gpus
-                .iter()
-                .fold(0, |m, (id, _)| m | 1u64.checked_shl(*id).unwrap_or(0));
+            let mask: GpuSet = st.gpus.iter().map(|(id, _)| *id).collect();
             (
                 st.kmap.is_some(),
                 mask,
@@ -614,8 +624,9 @@ impl Mem {
         let mut st = self.state.lock();
         st.life = Life::Freed;
         if let Some(access) = st.lease.as_ref().map(|l| l.pool.access()) {
-            // The tables of the pool's GPUs stay, for the pool's cache.
-            let kept = |id: u32| access & 1u64.checked_shl(id).unwrap_or(0) != 0;
+            // The tables of the pool's GPUs stay, for the pool's cache (which decides, under
+            // its lock, what it keeps of them: `pool::PoolState::keeps`).
+            let kept = |id: u32| access.contains(id);
             let mine = core::mem::replace(&mut st.gpus, KVec::new());
             if mine.iter().all(|(id, _)| kept(*id)) {
                 if let Some(l) = st.lease.as_mut() {

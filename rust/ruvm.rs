@@ -261,7 +261,7 @@ struct RuvmModule {
     #[pin]
     _page_tables: debugfs::File<gpu::mmu::TablesView>,
     #[pin]
-    _pools: debugfs::File<mem::pool::PoolsView>,
+    _pools: debugfs::File<mem::pool::registry::PoolsView>,
     _debugfs: debugfs::Dir,
 }
 
@@ -287,7 +287,7 @@ impl kernel::InPlaceModule for RuvmModule {
             // First, before anything that can reach it is registered; a bad parameter fails the
             // load here (`config` is `Err` then).
             _layers: Layers::new(config?)?,
-            _shrinker: bind::shrinker::Shrinker::register::<mem::pool::PoolShrink>(c"ruvm-pools")?,
+            _shrinker: bind::shrinker::Shrinker::register::<mem::pool::registry::PoolShrink>(c"ruvm-pools")?,
             _vidmem_shrinker: bind::shrinker::Shrinker::register::<gpu::VidmemShrink>(
                 c"ruvm-vidmem"
             )?,
@@ -298,7 +298,7 @@ impl kernel::InPlaceModule for RuvmModule {
             _stats <- dir.read_only_file(c"stats", audit::stats::StatsView),
             _audit <- dir.read_only_file(c"audit", audit::LiveView),
             _page_tables <- dir.read_only_file(c"page_tables", gpu::mmu::TablesView),
-            _pools <- dir.read_only_file(c"pools", mem::pool::PoolsView),
+            _pools <- dir.read_only_file(c"pools", mem::pool::registry::PoolsView),
             _debugfs: dir,
         })
     }

@@ -14,7 +14,7 @@ use super::{args, max_alloc_bytes, RuvmFile};
 
 impl RuvmFile {
     /// `RUVM_IOCTL_MEM_ALLOC`.
-    pub(super) fn mem_alloc(&self, user: UserSlice) -> Result {
+    pub(super) fn mem_alloc(&self, file: &File, user: UserSlice) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_alloc>(user)?;
         let gpu = match args.backing {
             uapi::ruvm_backing_RUVM_BACKING_SYSMEM if args.gpu == 0 => None,
@@ -44,9 +44,13 @@ impl RuvmFile {
         let handle = self.insert(mem)?;
         args.handle = handle.0;
         if let Err(e) = writer.write(&args) {
-            // The caller cannot learn the handle: nothing half-done stays behind.
+            // The caller cannot learn the handle: nothing half-done stays behind. Freed as
+            // `MEM_FREE` frees: another thread may have guessed the mmap offset and mapped
+            // it meanwhile, and its pages are zapped like any freed mem's.
             if let Some(mem) = self.remove(handle) {
-                drop(mem.retire());
+                let mut retired = mem.retire();
+                let _ = mem.zap_user(file, &mut retired);
+                drop(retired);
             }
             return Err(e);
         }
@@ -97,7 +101,7 @@ impl RuvmFile {
         }
         args.user_mappings = info.user_mappings;
         args.alloc_flags = info.alloc_flags;
-        args.mapped_gpus = info.mapped_gpus;
+        args.mapped_gpus = info.mapped_gpus.bits();
         writer.write(&args)
     }
 

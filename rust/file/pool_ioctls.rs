@@ -6,7 +6,7 @@
 use kernel::{prelude::*, sync::Arc, uaccess::UserSlice};
 
 use crate::{
-    gpu,
+    gpu::{self, set::GpuSet},
     mem::pool::{self, Pool},
     uapi,
 };
@@ -16,42 +16,39 @@ use super::{args, RuvmFile};
 impl RuvmFile {
     /// The file's pool `handle`, or `ENOENT`.
     pub(super) fn pool(&self, handle: u64) -> Result<Arc<Pool>> {
-        self.inner
-            .lock()
-            .pools
-            .0
-            .get(&handle)
-            .cloned()
-            .ok_or(ENOENT)
+        self.inner.lock().pools.get(handle).ok_or(ENOENT)
     }
 
     /// `RUVM_IOCTL_POOL_CREATE`.
     pub(super) fn pool_create(&self, user: UserSlice) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_pool_create>(user)?;
-        let pool = match args.backing {
+        let quota = &self.quota;
+        let (threshold, page_size) = (args.release_threshold, args.page_size);
+        // A place in the file's table first: the file's limit, and memory for the entry
+        // (charged to the caller), are had before the pool is made.
+        let slot = self.inner.lock().pools.slot()?;
+        let made = match args.backing {
             uapi::ruvm_backing_RUVM_BACKING_SYSMEM if args.gpu == 0 => {
-                pool::create(args.page_size, args.release_threshold)?
+                pool::create(quota, page_size, threshold)
             }
             uapi::ruvm_backing_RUVM_BACKING_VIDMEM => {
-                pool::create_vid(gpu::get(args.gpu)?, args.page_size, args.release_threshold)?
+                gpu::get(args.gpu).and_then(|g| pool::create_vid(quota, g, page_size, threshold))
             }
-            _ => return Err(EINVAL),
+            _ => Err(EINVAL),
+        };
+        let pool = match made {
+            Ok(p) => p,
+            Err(e) => {
+                self.inner.lock().pools.unused(slot);
+                return Err(e);
+            }
         };
         args.handle = pool.id();
         args.chunk_size = pool.chunk_size();
-        let inserted =
-            self.inner
-                .lock()
-                .pools
-                .0
-                .try_create_and_insert(pool.id(), pool.clone(), GFP_KERNEL);
-        if let Err(e) = inserted {
-            pool.close();
-            return Err(e);
-        }
+        self.inner.lock().pools.insert(slot, pool.clone());
         if let Err(e) = writer.write(&args) {
             // The caller cannot learn the handle: the pool goes again.
-            self.inner.lock().pools.0.remove(&pool.id());
+            let _gone = self.inner.lock().pools.remove(pool.id());
             pool.close();
             return Err(e);
         }
@@ -61,10 +58,13 @@ impl RuvmFile {
     /// `RUVM_IOCTL_POOL_DESTROY`: `EBUSY` while a mem of the pool holds its chunks.
     pub(super) fn pool_destroy(&self, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_pool_handle>(user)?;
-        let mut inner = self.inner.lock();
-        let pool = inner.pools.0.get(&args.handle).cloned().ok_or(ENOENT)?;
-        pool.destroy()?;
-        inner.pools.0.remove(&args.handle);
+        let pool = self.pool(args.handle)?;
+        // Marked under the pool's lock alone (it hands out nothing from now on), its handle
+        // taken out under the file's, and its cache given back with neither held: the file's
+        // other calls do not wait for the give-back.
+        pool.begin_destroy()?;
+        let _gone = self.inner.lock().pools.remove(args.handle);
+        pool.close();
         Ok(())
     }
 
@@ -86,7 +86,7 @@ impl RuvmFile {
         args.misses = a.misses;
         args.cached_chunks = a.cached_chunks;
         args.chunk_size = pool.chunk_size();
-        args.access = a.access;
+        args.access = a.access.bits();
         writer.write(&args)
     }
 
@@ -111,18 +111,19 @@ impl RuvmFile {
         writer.write(&args)
     }
 
-    /// `RUVM_IOCTL_POOL_SET_ACCESS`: a GPU granted must be there (`ENODEV`); any GPU id may be
-    /// revoked.
+    /// `RUVM_IOCTL_POOL_SET_ACCESS`, in the order ruvm.rst lists: `ENOENT` not a pool of the
+    /// file; `EINVAL` a vidmem pool; `ENODEV` a GPU id no set can hold (64 or more), or
+    /// granting a GPU that is not bound. Any other id may be revoked.
     pub(super) fn pool_set_access(&self, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_pool_access>(user)?;
         let pool = self.pool(args.handle)?;
         let revoke = args.flags & uapi::ruvm_pool_access_flags_RUVM_POOL_ACCESS_REVOKE != 0;
-        if args.gpu >= uapi::RUVM_MAX_GPUS {
-            return Err(ENODEV);
-        }
         if pool.vid_gpu().is_some() {
             // Vidmem is reached by its own GPU only (no peer access).
             return Err(EINVAL);
+        }
+        if args.gpu >= GpuSet::IDS {
+            return Err(ENODEV);
         }
         if !revoke {
             gpu::get(args.gpu)?;

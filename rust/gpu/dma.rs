@@ -33,6 +33,9 @@ pub(crate) type Pages = ChunkList<Counted>;
 #[pin_data]
 pub(crate) struct Tracker {
     bytes: Atomic<u64>,
+    /// The GPU's removal has begun: its tables may no longer be kept anywhere (see
+    /// [`GpuTable::keepable`]).
+    gone: Atomic<bool>,
     #[pin]
     tables: Mutex<u64>,
     /// Signalled when the last table goes.
@@ -44,6 +47,7 @@ impl Tracker {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
             bytes: Atomic::new(0),
+            gone: Atomic::new(false),
             tables <- new_mutex!(0),
             empty <- new_condvar!(),
         })
@@ -78,6 +82,12 @@ impl Tracker {
             tracker: self.clone(),
             bytes,
         }
+    }
+
+    /// The GPU's removal has begun: from now on no holder keeps a table of it (set before the
+    /// removal visits the holders, which check it under their own locks).
+    pub(crate) fn close(&self) {
+        self.gone.store(true, Relaxed);
     }
 
     /// Waits until the GPU has no table left (its removal, once no new one can be made).
@@ -160,6 +170,17 @@ impl GpuTable {
     pub(crate) fn unseen(&self) -> Unseen {
         let t = &self.tracked;
         t.tracker.unsee(self.table.count() as u64, t.bytes)
+    }
+
+    /// Whether the table may be kept: false once its GPU's removal has begun.
+    ///
+    /// The one rule for every holder of tables (a mem's state, a pool's cache): a table is
+    /// stored only under the holder's lock and only if this is true, and the removal marks the
+    /// GPU before it visits each holder under the same lock. So a table stored before the
+    /// visit is found by it, and one stored after is refused; none outlives the removal's
+    /// wait, wherever it was in transit meanwhile.
+    pub(crate) fn keepable(&self) -> bool {
+        !self.tracked.tracker.gone.load(Relaxed)
     }
 
     /// How many chunks it maps (one DMA address each).

@@ -35,8 +35,13 @@
 //!
 //! One mutex per MMU (`state`), taken under a mem's lock (mapping, unmapping) or a GPU access
 //! guard (copies), never the other way round; under it are taken the PMM's lock (vidmem tables)
-//! and the simulated translation's lock, both below it in the crate's lock order. Bytes are
-//! copied after it is released.
+//! and the simulated translation's lock, both below it in the crate's lock order.
+//!
+//! A copy holds it from the translation of a piece until the piece's bytes have moved: an
+//! unmap (which takes it to clear the entries) therefore waits for the copies in flight, and
+//! no piece ever moves bytes through an address whose mapping is gone (the pages behind it
+//! may already belong to another mem, another file's). This is uvm's rule: a GPU address is
+//! never used after the mapping that produced it is gone.
 
 use kernel::{
     new_mutex,
@@ -590,13 +595,19 @@ impl Mmu {
         st.tables = RBTree::new();
     }
 
-    /// Translates `va` of space `space` for `access`, through the TLB: the DMA address the
-    /// engine reaches it at and the bytes left in its page; a logged fault (`EFAULT`) otherwise.
-    fn translate(&self, space: u64, va: u64, access: Access) -> Result<(u64, u64)> {
+    /// Translates `va` of space `space` for `access`, through the TLB, under the MMU's lock
+    /// (`st`): the DMA address the engine reaches it at and the bytes left in its page; a
+    /// logged fault (`EFAULT`) otherwise. The address is good only while `st` is held.
+    fn translate(
+        &self,
+        st: &mut MmuState,
+        space: u64,
+        va: u64,
+        access: Access,
+    ) -> Result<(u64, u64)> {
         let tag = va >> 12;
         // CAST: the remainder is below `TLB_ENTRIES`.
         let slot = (tag % TLB_ENTRIES as u64) as usize;
-        let mut st = self.state.lock();
         if st.dead {
             return Err(ENODEV);
         }
@@ -609,7 +620,7 @@ impl Mmu {
         let (pte, page_size) = match cached {
             Some(e) => (e.pte, e.page_size),
             None => {
-                let root = Self::root_of(&st, space)
+                let root = Self::root_of(st, space)
                     .ok_or_else(|| self.fault(va, Fault::NoPde(Level::Pde3).reason()))?;
                 let mut r = |ap, addr| self.read_word(ap, addr);
                 let t = mmu_fmt::walk(&mut r, &root, va, Access::Read)
@@ -625,7 +636,6 @@ impl Mmu {
                 (t.pte, t.page_size)
             }
         };
-        drop(st);
         if access == Access::Write && pte.read_only {
             return Err(self.fault(va, Fault::ReadOnly.reason()));
         }
@@ -639,7 +649,8 @@ impl Mmu {
 
     /// The engine copies `len` bytes from GPU VA `src` to `dst` of VA space `space`, translating
     /// both as it goes; `EFAULT` (logged) at the first address that does not translate. A
-    /// pending signal stops it between pieces.
+    /// pending signal stops it between pieces. Each piece is translated and moved under the
+    /// MMU's lock, so an unmap waits for it (see "Locking").
     pub(crate) fn copy(&self, space: u64, dst: u64, src: u64, len: u64) -> Result {
         if len == 0 || dst.checked_add(len).is_none() || src.checked_add(len).is_none() {
             return Err(EINVAL);
@@ -649,11 +660,14 @@ impl Mmu {
             if kernel::current!().signal_pending() {
                 return Err(ERESTARTSYS);
             }
-            let (s, s_left) = self.translate(space, src + done, Access::Read)?;
-            let (d, d_left) = self.translate(space, dst + done, Access::Write)?;
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            let (s, s_left) = self.translate(st, space, src + done, Access::Read)?;
+            let (d, d_left) = self.translate(st, space, dst + done, Access::Write)?;
             let n = (len - done).min(s_left).min(d_left).min(MAX_PIECE as u64);
             // CAST: at most `MAX_PIECE`, a `usize`.
             self.sim.copy(self.id, d, s, n as usize)?;
+            drop(guard);
             done += n;
         }
         Ok(())

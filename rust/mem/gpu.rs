@@ -11,6 +11,7 @@ use crate::{
         dma::{GpuTable, Pages},
         mmu::KERNEL_SPACE,
         mmu_fmt::{Aperture, Pte, VA_END},
+        set::GpuSet,
         GpuAccess, GpuDev,
     },
     uapi,
@@ -161,6 +162,7 @@ impl Mem {
     /// skipped (its removal takes it out of the set). Nothing for a mem of no pool.
     pub(crate) fn map_pool_gpus(&self) -> Result {
         // The GPUs of the set with no kept table: mapped now.
+        let mut dropped: KVec<(u32, Arc<GpuTable>)> = KVec::new();
         let missing = {
             let mut guard = self.state.lock();
             let st = &mut *guard;
@@ -174,22 +176,33 @@ impl Mem {
                 &mut st.gpus,
                 core::mem::replace(&mut lease.tables, KVec::new()),
             );
-            // Those revoked since they were cached: dropped (unmapped).
-            st.gpus
-                .retain(|(id, _)| access & 1u64.checked_shl(*id).unwrap_or(0) != 0);
-            let kept = st
-                .gpus
-                .iter()
-                .fold(0u64, |m, (id, _)| m | 1u64.checked_shl(*id).unwrap_or(0));
-            access & !kept
-        };
-        for id in 0..u64::BITS {
-            if missing & (1u64 << id) == 0 {
-                continue;
+            // A table of a GPU whose removal began since the pool gave it is not kept: the
+            // removal may have visited the registry before this mem was in it (see
+            // `GpuTable::keepable`). Dropped (unmapped) with the lock released.
+            let mut i = 0;
+            while i < st.gpus.len() {
+                match st.gpus.get(i) {
+                    Some((_, t)) if !t.keepable() => {
+                        if let Ok(gone) = st.gpus.remove(i) {
+                            let _ = dropped.push(gone, GFP_KERNEL);
+                        }
+                    }
+                    _ => i += 1,
+                }
             }
-            match crate::gpu::get(id) {
-                Ok(gpu) => self.map_gpu(&gpu)?,
-                Err(_) => continue,
+            let kept: GpuSet = st.gpus.iter().map(|(id, _)| *id).collect();
+            access.minus(kept)
+        };
+        drop(dropped);
+        for id in missing.ids() {
+            // A GPU of the set that is not there, or whose removal has begun, is skipped: its
+            // removal takes it out of the set.
+            let Ok(gpu) = crate::gpu::get(id) else {
+                continue;
+            };
+            match self.map_gpu(&gpu) {
+                Err(e) if e == ENODEV => continue,
+                r => r?,
             }
         }
         Ok(())

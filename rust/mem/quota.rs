@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! What one open file may hold: a byte quota shared by the file and its mems (a mem gives its
-//! bytes back when it is dropped, even after the file's table let it go).
+//! What one open file may hold: a byte quota shared by the file, its mems and its pools' caches
+//! (a mem gives its bytes back when it is dropped, even after the file's table let it go; a
+//! pool mem's charge goes with its chunks into the pool's cache, and back to a mem that reuses
+//! them, and is given back with the chunks).
 
 use kernel::{
     prelude::*,
@@ -43,12 +45,48 @@ impl Quota {
             bytes,
         })
     }
+
+    /// A charge of no bytes, to merge others into.
+    pub(super) fn nothing(self: &Arc<Self>) -> Charge {
+        Charge {
+            quota: self.clone(),
+            bytes: 0,
+        }
+    }
 }
 
 /// Bytes taken from a [`Quota`], given back on drop.
 pub(crate) struct Charge {
     quota: Arc<Quota>,
     bytes: u64,
+}
+
+impl Charge {
+    /// Bytes charged.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Moves `bytes` (at most what it holds) into a charge of their own.
+    pub(crate) fn split(&mut self, bytes: u64) -> Charge {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        Charge {
+            quota: self.quota.clone(),
+            bytes,
+        }
+    }
+
+    /// Adds `other`'s bytes to this charge. Charges of two quotas are kept apart: `other`'s
+    /// bytes move to this charge's quota (past its limit if need be: they were charged once).
+    pub(crate) fn merge(&mut self, mut other: Charge) {
+        let bytes = core::mem::take(&mut other.bytes);
+        if !Arc::ptr_eq(&self.quota, &other.quota) {
+            other.quota.used.fetch_sub(bytes, Relaxed);
+            self.quota.used.fetch_add(bytes, Relaxed);
+        }
+        self.bytes += bytes;
+    }
 }
 
 impl Drop for Charge {

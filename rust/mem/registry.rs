@@ -101,7 +101,7 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
             }
         }
     }
-    super::pool::walk(&mut bump)?;
+    super::pool::registry::walk(&mut bump)?;
     // Vidmem storage: counted per root chunk, and DMA-mapped (one 2 MiB mapping each); kept
     // storage only as such.
     let (roots, mapped, kept) = crate::gpu::walk_vidmem()?;

@@ -25,6 +25,7 @@ use super::{
     policy::{self, Layout},
     policy_error,
     pool::{Pool, Taken},
+    quota::Charge,
     AllocRequest,
 };
 
@@ -61,6 +62,8 @@ pub(crate) struct VidPages {
     gpu: Arc<GpuDev>,
     chunks: KVVec<VidChunk>,
     pool: Option<Arc<Pool>>,
+    /// From a pool: the quota charge of the chunks, which goes back with them.
+    charge: Option<Charge>,
     /// From a pool: how many of the chunks came from its cache (the first ones). Whether the
     /// mem was made: else, dropped, the pool's allocation is undone, or (without a pool) the
     /// chunks' root storage is not kept for reuse.
@@ -79,7 +82,12 @@ impl Drop for VidPages {
         let unwritten = !self.written.load(Relaxed);
         if let Some(pool) = self.pool.take() {
             let undo = (!made).then_some(self.reused);
-            pool.give_back_vid(core::mem::replace(&mut self.chunks, KVVec::new()), undo);
+            let charge = self.charge.take().unwrap_or_else(|| pool.quota().nothing());
+            pool.give_back_vid(
+                core::mem::replace(&mut self.chunks, KVVec::new()),
+                undo,
+                charge,
+            );
         } else {
             for c in self.chunks.iter_mut() {
                 if made {
@@ -172,6 +180,7 @@ fn alloc_vidmem(gpu: &Arc<GpuDev>, layout: &Layout) -> Result<VidPages> {
         gpu: gpu.clone(),
         chunks,
         pool: None,
+        charge: None,
         reused: 0,
         made: Atomic::new(false),
         written: Atomic::new(false),
@@ -186,12 +195,13 @@ pub(super) fn from_vid_pool(
     layout: &Layout,
 ) -> Result<VidPages> {
     let count = usize::try_from(layout.chunk_count)?;
-    let (chunks, reused) = pool.take_vid(count, stop_on_signal)?;
+    let (chunks, reused, charge) = pool.take_vid(count, stop_on_signal)?;
     let n = chunks.len() as u64;
     Ok(VidPages {
         gpu: gpu.clone(),
         chunks,
         pool: Some(pool.clone()),
+        charge: Some(charge),
         reused,
         made: Atomic::new(false),
         written: Atomic::new(false),
@@ -208,7 +218,14 @@ pub(super) fn from_pool(pool: &Pool, req: &AllocRequest, layout: &Layout) -> Res
         let len = taken.reused * taken.pages.chunk_len();
         let zeroed = taken.pages.bytes().zero(0, len);
         if let Err(e) = zeroed {
-            pool.give_back(taken.pages, taken.tables, taken.range, Some(taken.reused));
+            let Taken {
+                pages,
+                tables,
+                range,
+                reused,
+                charge,
+            } = taken;
+            pool.give_back(pages, tables, range, Some(reused), charge);
             return Err(e);
         }
     }

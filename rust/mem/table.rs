@@ -47,7 +47,7 @@ impl<K: Ord, V> Table<K, V> {
     pub(crate) fn slot(&mut self) -> Result<Slot<K, V>> {
         match self.spare.pop() {
             Some(node) => Ok(Slot(node)),
-            None => Ok(Slot(RBTreeNodeReservation::new(GFP_KERNEL)?)),
+            None => Ok(Slot(RBTreeNodeReservation::new(GFP_KERNEL_ACCOUNT)?)),
         }
     }
 

@@ -1006,6 +1006,9 @@ struct ruvm_test_ce_raw {
  * semantics (Documentation/ruvm.rst, "Memory pools"). A pool belongs to the file that made it.
  */
 
+/* The most pools one open file may hold at once: RUVM_IOCTL_POOL_CREATE beyond it is ENOSPC. */
+#define RUVM_MAX_FILE_POOLS 1024
+
 /**
  * struct ruvm_pool_create - make a pool (RUVM_IOCTL_POOL_CREATE)
  *
