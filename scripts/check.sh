@@ -283,7 +283,7 @@ host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --
 # Simulated GPUs only (no edu devices): the GPU suite on faux devices, with the test ioctls on
 # for the engine's fault test.
 sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
-	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_")
+	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_ --filter adv_")
 
 job host_checks
 # The stock kernel's package test and suite (the longest job: DKMS builds in a chroot).
@@ -301,8 +301,10 @@ job guest_suite "debug kernel, simulated GPUs" debug "${sim[@]}" VM_MODARGS="sim
 # 100,000 operations on the fast kernel; then the debug kernel's checkers (KASAN, lockdep,
 # kmemleak, DMA-API debug) under a bounded run: about 200 operations a second there alone, 45 to
 # 70 beside the other runs (3,000 to 4,000 in its 60 seconds).
+# Its workers unprivileged in a 384 MiB memory cgroup (the resources oracle: kernel memory may
+# grow only as far as that group is charged).
 job fuzz_run "debug kernel, fuzzer" debug VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
-	CMD="ruvmctl fuzz --ops 100000 --duration 60 --unbind --kill --max-size 256K"
+	CMD="ruvmctl fuzz --ops 100000 --duration 60 --unbind --kill --max-size 256K --memcg 384M --unprivileged"
 job guest_suite "debug kernel, planted leaks" debug "${plant[@]}"
 job guest_suite "fast kernel" fast CMD=/selftests/run_all.sh
 # On the debug kernel, the cases a host GPU changes (the rest ran there with edu GPUs above).
@@ -312,7 +314,14 @@ job guest_suite "fast kernel, host GPU" fast "${host[@]}"
 job runner_checks
 job step "guest (fast kernel): make bench runs (tiny configuration)" bench_check
 job fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
-	CMD="ruvmctl fuzz --ops 100000 --duration 300 --unbind --kill"
+	CMD="ruvmctl fuzz --ops 100000 --duration 240 --unbind --kill --memcg 384M --unprivileged"
+# The fuzzer with root workers (privileged commands answer, no cgroup), shorter.
+job fuzz_run "fast kernel, fuzzer (root workers)" fast VM_TIMEOUT=600 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
+	CMD="ruvmctl fuzz --ops 100000 --duration 60 --unbind --kill"
+# What bounds one file: a 64 MiB quota, which a pool's cache counts in (both kernels).
+bounds=(VM_GPUS=0 VM_MODARGS="sim_gpus=1 enable_test_ioctls=1 max_file_mib=64" CMD="ruvmctl selftest --filter adv_pool --filter pool_attributes --filter pool_reuse --filter pool_close --filter pool_of_vidmem")
+job guest_suite "fast kernel, max_file_mib=64" fast "${bounds[@]}"
+job guest_suite "debug kernel, max_file_mib=64" debug "${bounds[@]}"
 job guest_suite "fast kernel, planted leaks" fast "${plant[@]}"
 job guest_suite "fast kernel, simulated GPUs" fast "${sim[@]}"
 # Each way of zeroing chunks forced (the default picks the faster at load): zeroed mems over

@@ -434,6 +434,18 @@ pub enum Cmd {
         /// The largest mem a valid allocation asks for (absurd sizes are tried too).
         #[arg(long, default_value = "8M", value_parser = parse_size)]
         max_size: u64,
+        /// Run the workers in a memory cgroup of this size (root; cgroup2's memory controller),
+        /// and fail if the kernel's slab and vmalloc memory grows more than --kmem-bound beyond
+        /// what that cgroup is charged.
+        #[arg(long, value_parser = parse_size)]
+        memcg: Option<u64>,
+        /// How far kernel memory may grow beyond the workers' charge (with --memcg).
+        #[arg(long, default_value = "48M", value_parser = parse_size)]
+        kmem_bound: u64,
+        /// The workers drop root (to uid and gid 65534) once in their cgroup; /dev/ruvm is made
+        /// world-accessible for them.
+        #[arg(long)]
+        unprivileged: bool,
     },
     /// Measure ruvm against the kernel and user space (root): every case with its baseline
     /// interleaved, a table of ratios and goals. Reports, never fails on a missed goal.

@@ -6,7 +6,10 @@
 //! processes; GPU unbind and rebind; module unload attempts; the kernel's shrinkers). The
 //! oracle checks every errno against the set `Documentation/ruvm.rst` gives for that call, and
 //! at the end that nothing is left: no mem alive, every audit counter zero once the shrinkers
-//! gave back what is kept for reuse.
+//! gave back what is kept for reuse. Three more oracles ([`oracle`]): no worker ever reads
+//! another's bytes (isolation), kernel memory grows only as far as the workers' memory cgroup
+//! is charged (resources, `--memcg`), and every GPU removal finishes in bounded time while the
+//! workers keep working (liveness).
 //!
 //! Seeded and reproducible: the seed is printed, and each worker's stream of operations is a
 //! function of the seed and its slot; the interleaving of threads is the kernel's.
@@ -28,6 +31,7 @@ use nix::{
 };
 
 mod ops;
+mod oracle;
 mod rng;
 
 pub use rng::Rng;
@@ -43,6 +47,12 @@ pub struct Spec {
     pub kill: bool,
     /// The largest size a valid allocation asks for.
     pub max_size: u64,
+    /// The workers' memory cgroup limit (bytes), for the resources oracle.
+    pub memcg: Option<u64>,
+    /// How far kernel memory may grow beyond the workers' cgroup charge (bytes).
+    pub kmem_bound: u64,
+    /// The workers drop root (uid and gid 65534) once in their cgroup.
+    pub unprivileged: bool,
 }
 
 /// Counters shared by the workers (in a shared anonymous mapping).
@@ -72,13 +82,36 @@ fn shared() -> Result<&'static Shared> {
     Ok(unsafe { &*p.as_ptr().cast::<Shared>() })
 }
 
-/// Starts one worker process in `slot`.
-fn spawn(spec: &Spec, shared: &'static Shared, slot: usize, generation: u64) -> Result<Pid> {
+/// Starts one worker process in `slot`, in the workers' memory cgroup `group` if any.
+fn spawn(
+    spec: &Spec,
+    shared: &'static Shared,
+    slot: usize,
+    generation: u64,
+    group: Option<&std::path::Path>,
+) -> Result<Pid> {
     // SAFETY: the parent is single-threaded; the child runs the worker and exits.
     match unsafe { fork() }.context("fork")? {
         ForkResult::Child => {
+            if let Some(dir) = group {
+                if let Err(e) = std::fs::write(dir.join("cgroup.procs"), "0") {
+                    println!("fuzz: PROBLEM: joining {}: {e}", dir.display());
+                    shared.problems.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if spec.unprivileged {
+                let nobody = nix::unistd::Gid::from_raw(65534);
+                let ok = nix::unistd::setgroups(&[nobody]).is_ok()
+                    && nix::unistd::setgid(nobody).is_ok()
+                    && nix::unistd::setuid(nix::unistd::Uid::from_raw(65534)).is_ok();
+                if !ok {
+                    println!("fuzz: PROBLEM: a worker could not drop root");
+                    shared.problems.fetch_add(1, Ordering::Relaxed);
+                    std::process::exit(1);
+                }
+            }
             let seed = rng::mix(spec.seed, slot as u64, generation);
-            ops::worker(seed, spec.threads, spec.max_size, shared);
+            ops::worker(seed, spec.threads, spec.max_size, spec.memcg, shared);
             std::process::exit(0)
         }
         ForkResult::Parent { child } => Ok(child),
@@ -96,11 +129,25 @@ pub fn run(spec: &Spec) -> Result<u64> {
     let anchor = Ruvm::open().context("open /dev/ruvm")?;
     let shared = shared()?;
     let mut rng = Rng::new(spec.seed ^ 0x5eed);
+    if spec.unprivileged {
+        // Unprivileged workers open the device like any user the operator lets in.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(libruvm::path(), std::fs::Permissions::from_mode(0o666))
+            .context("chmod 0666 /dev/ruvm")?;
+    }
+    let mut resources = match spec.memcg {
+        Some(max) => Some(oracle::Resources::new(max, spec.kmem_bound)?),
+        None => None,
+    };
+    let group = resources.as_ref().map(|r| r.group.dir.clone());
+    let test_ioctls = anchor.info().is_ok_and(|i| i.test_ioctls != 0);
     let start = Instant::now();
     let mut workers = Vec::new();
     for slot in 0..spec.procs {
-        workers.push((spawn(spec, shared, slot, 0)?, 0u64));
+        workers.push((spawn(spec, shared, slot, 0, group.as_deref())?, 0u64));
     }
+    let mut removals = 0u64;
+    let mut slowest = Duration::ZERO;
     let mut kills = 0u64;
     let mut unbinds = 0u64;
     let mut attaches = 0u64;
@@ -113,11 +160,46 @@ pub fn run(spec: &Spec) -> Result<u64> {
             let (pid, generation) = workers[slot];
             let _ = kill(pid, Signal::SIGKILL);
             let _ = waitpid(pid, None);
-            workers[slot] = (spawn(spec, shared, slot, generation + 1)?, generation + 1);
+            workers[slot] = (
+                spawn(spec, shared, slot, generation + 1, group.as_deref())?,
+                generation + 1,
+            );
             kills += 1;
         }
+        if spec.unbind && test_ioctls && rng.one_in(6) {
+            if let Some(took) = ops::sim_remove_add(&anchor, &mut rng, shared) {
+                removals += 1;
+                slowest = slowest.max(took);
+            }
+        }
+        if let Some(r) = resources.as_mut() {
+            if let Some(unseen) = r.sample() {
+                println!(
+                    "fuzz: PROBLEM: kernel memory (slab and vmalloc) grew {} KiB beyond what the workers' memory cgroup was charged (bound {} KiB)",
+                    unseen / 1024,
+                    spec.kmem_bound / 1024
+                );
+                shared.problems.fetch_add(1, Ordering::Relaxed);
+                // Once is enough: the bound is raised to what was seen.
+                r.raise(unseen);
+            }
+        }
         if spec.unbind && rng.one_in(6) {
-            match ops::unbind_rebind(&mut rng, shared) {
+            let t = Instant::now();
+            let did = ops::unbind_rebind(&mut rng, shared);
+            let took = t.elapsed();
+            if !matches!(did, ops::Unbound::Nothing) {
+                removals += 1;
+                slowest = slowest.max(took);
+                if took > oracle::REMOVAL_BOUND {
+                    println!(
+                        "fuzz: PROBLEM: an edu GPU's unbind took {:.1} s with the workers running",
+                        took.as_secs_f64()
+                    );
+                    shared.problems.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            match did {
                 ops::Unbound::Nothing => {}
                 ops::Unbound::Rebound => unbinds += 1,
                 ops::Unbound::Attached => {
@@ -182,6 +264,20 @@ pub fn run(spec: &Spec) -> Result<u64> {
             println!("fuzz: PROBLEM: audit class {name} is {n} after the run");
             problems += 1;
         }
+    }
+    if let Some(r) = &resources {
+        println!(
+            "fuzz: kernel memory grew at most {} KiB beyond the workers' memory cgroup charge (bound {} KiB)",
+            r.worst / 1024,
+            spec.kmem_bound / 1024
+        );
+    }
+    if removals > 0 {
+        println!(
+            "fuzz: {removals} GPU removals, the slowest {:.2} s (bound {} s)",
+            slowest.as_secs_f64(),
+            oracle::REMOVAL_BOUND.as_secs()
+        );
     }
     println!(
         "fuzz: seed {}: {total} operations in {secs:.1} s ({:.0}/s), {kills} processes killed, {unbinds} unbinds ({attaches} attached as host GPUs meanwhile), {unloads} unload attempts, {shrinks} shrinker runs, {problems} problems",

@@ -275,9 +275,15 @@ fn run(cli: Cli) -> Result<()> {
             unbind,
             kill,
             max_size,
+            memcg,
+            kmem_bound,
+            unprivileged,
         } => {
             if !(duration > 0.0 && duration.is_finite()) || procs == 0 || threads == 0 {
                 bail!("fuzz: --duration, --procs and --threads must be positive");
+            }
+            if unprivileged && memcg.is_none() {
+                bail!("fuzz: --unprivileged needs --memcg (the workers join their cgroup as root)");
             }
             fuzz::command(&fuzz::Spec {
                 seed: seed.unwrap_or_else(fuzz::clock_seed),
@@ -288,6 +294,9 @@ fn run(cli: Cli) -> Result<()> {
                 unbind,
                 kill,
                 max_size,
+                memcg,
+                kmem_bound,
+                unprivileged,
             })
         }
         Cmd::Bench {

@@ -11,6 +11,7 @@ use crate::ktap::{self, Ktap, Outcome};
 use harness::{check, Case, Context, Stop, TestResult};
 
 mod abi;
+mod adversary;
 mod audit;
 mod basic;
 mod bench;
@@ -38,6 +39,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(bench::cases());
     v.extend(hardening::cases());
     v.extend(faults::cases());
+    v.extend(adversary::cases());
     v
 }
 

@@ -20,7 +20,7 @@ use nix::{
     unistd::{fork, ForkResult},
 };
 
-use super::{Rng, Shared, GPU_IDS, PAGE_SIZES, SIZES};
+use super::{oracle, Rng, Shared, GPU_IDS, PAGE_SIZES, SIZES};
 use crate::cmd::arg;
 
 use Errno::*;
@@ -46,8 +46,15 @@ struct World {
     /// `/proc/self/mem`, to read and write mappings without a signal for a zapped one.
     proc_mem: Option<std::fs::File>,
     test_ioctls: bool,
-    /// Live bytes (module-wide) above which allocations give way to frees: this fuzzer does
-    /// not test the machine's OOM killer.
+    /// Whether this worker has `CAP_SYS_ADMIN` (else privileged commands answer `EPERM`).
+    privileged: bool,
+    /// This worker's id and tag (see [`oracle`]): every sysmem mem it makes is filled with the
+    /// tag, and no word it reads may carry another worker's.
+    id: u16,
+    tag: u64,
+    /// Memory ruvm holds (module-wide: mems, pools' caches, vidmem storage) above which
+    /// allocations give way to frees and trims: this fuzzer does not test the machine's (or
+    /// its memory cgroup's) OOM killer.
     budget: u64,
     /// The largest size a "valid" allocation asks for.
     max_size: u64,
@@ -173,6 +180,91 @@ impl World {
         }
     }
 
+    /// Fills a new sysmem mem with this worker's tag (through its kernel mapping). Another
+    /// thread may free it meanwhile; a vidmem mem has no kernel mapping and is left as the
+    /// PMM zeroed it.
+    fn tag_mem(&self, d: &Ruvm, a: &uapi::ruvm_mem_alloc) {
+        if a.backing != uapi::ruvm_backing_RUVM_BACKING_SYSMEM || d.map_kernel(a.handle).is_err() {
+            return;
+        }
+        let len = (a.chunk_size * a.chunk_count).min(8 << 20);
+        let f = arg(|f: &mut uapi::ruvm_mem_fill| {
+            f.handle = a.handle;
+            f.length = len;
+            f.seed = self.tag;
+            f.kind = uapi::ruvm_fill_kind_RUVM_FILL_PATTERN;
+        });
+        let _ = d.mem_fill(false, f);
+    }
+
+    /// The isolation oracle: reads one of this worker's mems through a user mapping of its own,
+    /// and reports any word that carries another worker's tag.
+    fn read_check(&self, d: &Ruvm, rng: &mut Rng) {
+        use std::os::unix::fs::FileExt;
+        let h = self.handle(rng);
+        let Some(f) = &self.proc_mem else { return };
+        let Ok(q) = d.mem_query(h) else { return };
+        if q.backing != uapi::ruvm_backing_RUVM_BACKING_SYSMEM {
+            return;
+        }
+        let len = (q.physical_size as usize).min(1 << 20);
+        let Ok(m) = libruvm::UserMap::new(
+            d,
+            q.mmap_offset,
+            q.physical_size as usize,
+            ProtFlags::PROT_READ,
+            MapFlags::MAP_SHARED,
+        ) else {
+            return;
+        };
+        let mut bytes = vec![0u8; len];
+        // Freed meanwhile (zapped): the read fails, and says nothing.
+        if f.read_at(&mut bytes, m.as_ptr() as u64).is_ok() {
+            if let Some((o, id)) = oracle::foreign(&bytes, self.id) {
+                self.problem(format!(
+                    "mem {h} (of this worker, {}) holds worker {id:#x}'s tag at offset {o:#x}: another file's bytes",
+                    self.id
+                ));
+            }
+        }
+    }
+
+    /// Whether ruvm holds more than the budget: mems, pools' caches and vidmem root storage
+    /// (used or kept), from the audit's live counts.
+    fn over_budget(&self, d: &Ruvm) -> bool {
+        let Ok(a) = d.audit(false) else {
+            return false;
+        };
+        let class = |c: u32| a.live.get(c as usize).copied().unwrap_or(0);
+        let roots = class(uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_ROOTS)
+            + class(uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_KEPT);
+        let held = class(uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_BYTES)
+            + class(uapi::ruvm_audit_class_RUVM_AUDIT_POOL_BYTES)
+            + roots * (2 << 20);
+        held > self.budget
+    }
+
+    /// Over budget: frees one of this worker's mems, and trims one of its pools.
+    fn give_back(&self, d: &Ruvm, rng: &mut Rng) {
+        let h = self.handle(rng);
+        if d.mem_free(h).is_ok() {
+            if let Ok(mut f) = self.freed.lock() {
+                f.insert(h);
+            }
+            if let Ok(mut hs) = self.handles.lock() {
+                hs.retain(|x| *x != h);
+            }
+        }
+        let pool = self
+            .pools
+            .lock()
+            .ok()
+            .and_then(|p| (!p.is_empty()).then(|| p[rng.below(p.len() as u64) as usize]));
+        if let Some(p) = pool {
+            let _ = d.pool_trim(p, 0);
+        }
+    }
+
     fn gpu(&self, rng: &mut Rng) -> u32 {
         if self.gpus.is_empty() || rng.one_in(8) {
             return rng.below(GPU_IDS + 2) as u32;
@@ -189,7 +281,13 @@ fn range(rng: &mut Rng) -> (u64, u64) {
 }
 
 /// The worker process: its files and threads, until the parent says stop.
-pub fn worker(seed: u64, threads: usize, max_size: u64, shared: &'static Shared) {
+pub fn worker(
+    seed: u64,
+    threads: usize,
+    max_size: u64,
+    memcg: Option<u64>,
+    shared: &'static Shared,
+) {
     let mut rng = Rng::new(seed);
     let mut files = Vec::new();
     for _ in 0..1 + rng.below(3) {
@@ -229,7 +327,13 @@ pub fn worker(seed: u64, threads: usize, max_size: u64, shared: &'static Shared)
             .open("/proc/self/mem")
             .ok(),
         test_ioctls,
-        budget: mem_total() / 4,
+        privileged: nix::unistd::geteuid().is_root(),
+        id: (std::process::id() & 0xffff) as u16,
+        tag: oracle::tag((std::process::id() & 0xffff) as u16),
+        budget: match memcg {
+            Some(max) => (mem_total() / 4).min(max / 3),
+            None => mem_total() / 4,
+        },
         max_size,
     };
     std::thread::scope(|s| {
@@ -308,7 +412,7 @@ fn one(w: &World, rng: &mut Rng) {
                 f.handle = w.handle(rng);
                 f.offset = offset;
                 f.length = length.min(1 << 20);
-                f.seed = rng.next();
+                f.seed = oracle::untagged_seed(rng.next());
                 f.kind = rng.pick(&[0, 0, 1, 2]);
             });
             let r = d.mem_fill(rng.one_in(2), f);
@@ -364,7 +468,11 @@ fn one(w: &World, rng: &mut Rng) {
             let _ = w.check("INFO", d.info(), &[]);
             let _ = w.check("STATS", d.stats(false), &[]);
             let walk = rng.one_in(4);
-            let allowed: &[Errno] = if w.test_ioctls { &[] } else { &[ENOSYS] };
+            let allowed: &[Errno] = match (w.test_ioctls, w.privileged) {
+                (false, _) => &[ENOSYS],
+                (true, false) => &[EPERM],
+                (true, true) => &[],
+            };
             let _ = w.check("AUDIT", d.audit(walk), allowed);
         }
         16 => malformed(w, d, rng),
@@ -373,9 +481,14 @@ fn one(w: &World, rng: &mut Rng) {
         22 => race(w, d, rng),
         21 => files(w, rng),
         23..=25 => gpu_va(w, d, rng),
+        26 => w.read_check(d, rng),
         28..=29 => pools(w, d, rng),
         _ => {
-            // Vidmem, which has its own rules and allocator.
+            // Vidmem, which has its own rules and allocator (its storage is the system's memory).
+            if w.over_budget(d) {
+                w.give_back(d, rng);
+                return;
+            }
             let size = rng.pick(&SIZES).min(w.max_size);
             let r = d.vidmem_alloc(w.gpu(rng), size, rng.pick(&PAGE_SIZES), 0);
             if let Some(a) = w.check(
@@ -403,17 +516,9 @@ fn mem_total() -> u64 {
 }
 
 fn alloc(w: &World, d: &Ruvm, rng: &mut Rng) {
-    if d.info().is_ok_and(|i| i.live_bytes > w.budget) {
+    if w.over_budget(d) {
         // Over budget: give back instead.
-        let h = w.handle(rng);
-        if d.mem_free(h).is_ok() {
-            if let Ok(mut f) = w.freed.lock() {
-                f.insert(h);
-            }
-            if let Ok(mut hs) = w.handles.lock() {
-                hs.retain(|x| *x != h);
-            }
-        }
+        w.give_back(d, rng);
         return;
     }
     // Mostly sizes the guest can hold; sometimes absurd ones, which must be refused.
@@ -428,6 +533,7 @@ fn alloc(w: &World, d: &Ruvm, rng: &mut Rng) {
     }
     let r = d.mem_alloc(size, rng.pick(&PAGE_SIZES), flags);
     if let Some(a) = w.check("MEM_ALLOC", r, &[EINVAL, EOVERFLOW, ENOSPC]) {
+        w.tag_mem(d, &a);
         if let Ok(mut hs) = w.handles.lock() {
             hs.push(a.handle);
         }
@@ -489,6 +595,12 @@ fn gpu_va(w: &World, d: &Ruvm, rng: &mut Rng) {
             w.check("MEM_GPU_VA", r, &[ENOENT, ENODEV, ENXIO]);
         }
         _ => {
+            // The kernel VA space holds every file's mems, so a privileged copy there through
+            // a VA whose mem another thread freed may reach another file's mem: rightly, but
+            // past what the isolation oracle can tell from a defect. A privileged worker copies
+            // through its file's user VAs only; an unprivileged one tries both (the kernel
+            // space answers EPERM).
+            let user = user || w.privileged;
             // From the start of the kernel window or a user VA, to another place there.
             let base = if user {
                 va
@@ -533,12 +645,16 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
                 w.check(
                     "POOL_CREATE (vidmem)",
                     d.call(cmd::POOL_CREATE, &mut c),
-                    &[EINVAL, ENODEV, ENXIO],
+                    &[EINVAL, ENODEV, ENXIO, ENOSPC],
                 )
                 .map(|()| c.handle)
             } else {
-                w.check("POOL_CREATE", d.pool_create(page, threshold), &[EINVAL])
-                    .map(|(h, _)| h)
+                w.check(
+                    "POOL_CREATE",
+                    d.pool_create(page, threshold),
+                    &[EINVAL, ENOSPC],
+                )
+                .map(|(h, _)| h)
             };
             if let Some(h) = made {
                 if let Ok(mut p) = w.pools.lock() {
@@ -547,12 +663,20 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
             }
         }
         1 => {
-            if d.info().is_ok_and(|i| i.live_bytes > w.budget) {
+            if w.over_budget(d) {
+                w.give_back(d, rng);
                 return;
             }
             let size = rng.pick(&SIZES).min(w.max_size);
             let flags = rng.pick(&[0, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO, 2]);
-            let r = if rng.one_in(3) {
+            let (r, allowed): (_, &[Errno]) = if rng.one_in(3) {
+                // Now and then more than any GPU's vidmem (and at most the largest mem), which
+                // must be refused leaving nothing behind.
+                let size = if rng.one_in(8) {
+                    d.info().map_or(size, |i| i.max_alloc_bytes)
+                } else {
+                    size
+                };
                 let mut a = uapi::ruvm_mem_alloc {
                     size,
                     flags,
@@ -561,15 +685,19 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
                     pool,
                     ..Default::default()
                 };
-                d.call(cmd::MEM_ALLOC, &mut a).map(|()| a)
+                (
+                    d.call(cmd::MEM_ALLOC, &mut a).map(|()| a),
+                    &[ENOENT, EINVAL, EOVERFLOW, ENOSPC, EINTR, ENODEV, ENOMEM],
+                )
             } else {
-                d.pool_alloc(pool, size, flags)
+                // A sysmem pool skips a GPU of its access set that is going: never ENODEV.
+                (
+                    d.pool_alloc(pool, size, flags),
+                    &[ENOENT, EINVAL, EOVERFLOW, ENOSPC, EINTR, ENOMEM],
+                )
             };
-            if let Some(a) = w.check(
-                "MEM_ALLOC (pool)",
-                r,
-                &[ENOENT, EINVAL, EOVERFLOW, ENOSPC, EINTR, ENODEV, ENOMEM],
-            ) {
+            if let Some(a) = w.check("MEM_ALLOC (pool)", r, allowed) {
+                w.tag_mem(d, &a);
                 if let Ok(mut hs) = w.handles.lock() {
                     hs.push(a.handle);
                 }
@@ -631,7 +759,11 @@ fn malformed(w: &World, d: &Ruvm, rng: &mut Rng) {
         pad: 1,
         ..Default::default()
     };
-    let want = if w.test_ioctls { EINVAL } else { ENOSYS };
+    let want = match (w.test_ioctls, w.privileged) {
+        (false, _) => ENOSYS,
+        (true, false) => EPERM,
+        (true, true) => EINVAL,
+    };
     match d.call(cmd::TEST_LEAK, &mut l) {
         Err(e) if e == want => {}
         r => w.problem(format!("TEST_LEAK with a bad pad: {r:?}, wanted {want}")),
@@ -957,6 +1089,52 @@ fn attach_for_a_moment(rng: &mut Rng, dev: &str, problem: &dyn Fn(String)) {
     if let Err(e) = d.gpu_attach(false, dom, bus, devfn) {
         problem(format!("GPU_DETACH of {dev}: {e}"));
     }
+}
+
+/// Removes a simulated GPU (`RUVM_IOCTL_TEST_SIM_GPU`, from the parent) while the workers use
+/// it, and brings it back: the removal must finish within [`oracle::REMOVAL_BOUND`]. Its time,
+/// or `None` when there is no simulated GPU.
+pub fn sim_remove_add(
+    d: &Ruvm,
+    rng: &mut Rng,
+    shared: &'static Shared,
+) -> Option<std::time::Duration> {
+    let sims: Vec<u32> = d
+        .gpus()
+        .ok()?
+        .iter()
+        .filter(|g| {
+            g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM
+                && g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
+        })
+        .map(|g| g.id)
+        .collect();
+    if sims.is_empty() {
+        return None;
+    }
+    let problem = |what: String| {
+        println!("fuzz: PROBLEM: {what}");
+        shared.problems.fetch_add(1, Ordering::Relaxed);
+    };
+    let g = rng.pick(&sims);
+    let t = std::time::Instant::now();
+    let removed = d.test_sim_gpu(g, false);
+    let took = t.elapsed();
+    if let Err(e) = removed {
+        problem(format!("TEST_SIM_GPU remove of GPU {g}: {e}"));
+        return None;
+    }
+    if took > oracle::REMOVAL_BOUND {
+        problem(format!(
+            "the removal of simulated GPU {g} took {:.1} s with the workers running",
+            took.as_secs_f64()
+        ));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(rng.below(100)));
+    if let Err(e) = d.test_sim_gpu(g, true) {
+        problem(format!("TEST_SIM_GPU add of GPU {g}: {e}"));
+    }
+    Some(took)
 }
 
 /// Tries to unload the module while files are open: it must refuse.

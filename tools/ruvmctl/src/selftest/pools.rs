@@ -667,10 +667,29 @@ fn pool_bad_inputs() -> TestResult {
             &format!("attribute {attr}"),
         )?;
     }
-    expect_errno(d.pool_access(p, 31, true), Errno::ENODEV, "grant GPU 31")?;
-    expect_errno(d.pool_access(p, 64, false), Errno::ENODEV, "revoke GPU 64")?;
-    d.pool_access(p, 31, false)
-        .ctx("revoke a GPU not in the set")?;
+    // Ids up to 63 fit the access set: granting one that is not bound is ENODEV, revoking any
+    // of them succeeds; 64 or more is ENODEV either way.
+    for id in [31, 32, 40, 63] {
+        expect_errno(
+            d.pool_access(p, id, true),
+            Errno::ENODEV,
+            &format!("grant GPU {id} (not bound)"),
+        )?;
+        d.pool_access(p, id, false)
+            .ctx(&format!("revoke GPU {id}, not in the set"))?;
+    }
+    for id in [64, 65, u32::MAX] {
+        expect_errno(
+            d.pool_access(p, id, true),
+            Errno::ENODEV,
+            &format!("grant GPU {id}"),
+        )?;
+        expect_errno(
+            d.pool_access(p, id, false),
+            Errno::ENODEV,
+            &format!("revoke GPU {id}"),
+        )?;
+    }
     // Another file's pool is not this file's.
     let other = Ruvm::open().ctx("open")?;
     expect_errno(other.pool_get(p), Errno::ENOENT, "another file's pool")?;
@@ -824,14 +843,18 @@ fn pool_of_vidmem() -> TestResult {
     check!(
         info.backing == uapi::ruvm_backing_RUVM_BACKING_VIDMEM
             && info.gpu == g
-            && info.chunk_size == 64 * K,
-        "POOL_GET of a vidmem pool: {info:?}"
+            && info.chunk_size == 64 * K
+            && info.access == 1u64 << g,
+        "POOL_GET of a vidmem pool (its access set is its GPU): {info:?}"
     );
-    expect_errno(
-        d.pool_access(p, g, true),
-        Errno::EINVAL,
-        "access on a vidmem pool",
-    )?;
+    // EINVAL before any GPU id is looked at: a vidmem pool has no access to set.
+    for (id, on) in [(g, true), (g, false), (40, true), (64, false)] {
+        expect_errno(
+            d.pool_access(p, id, on),
+            Errno::EINVAL,
+            &format!("access of GPU {id} on a vidmem pool"),
+        )?;
+    }
     expect_errno(
         d.pool_alloc(p, 64 * K, 0),
         Errno::EINVAL,

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The fuzzer's oracles beyond each call's errno (Documentation/testing.rst, "The fuzzer"):
+//!
+//! - *isolation*: every worker fills each mem it makes with its own tag, and reads mems back
+//!   through their user mappings; a word carrying another worker's tag is another file's byte
+//!   reaching this one, whatever path put it there (a pool's reuse, an engine copy by handle or
+//!   by VA, a user or kernel mapping);
+//! - *resources*: with `--memcg`, the workers run in a memory cgroup of their own (unprivileged
+//!   with `--unprivileged`), and the kernel's slab and vmalloc memory may grow beyond what that
+//!   group is charged by a bound only (`--kmem-bound`), sampled all along the run;
+//! - *liveness*: every GPU removal the fuzzer makes (an edu unbind, a simulated GPU's removal)
+//!   finishes within [`REMOVAL_BOUND`] while the workers keep working.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+
+use crate::cgroup::MemGroup;
+
+/// How long a GPU's removal may take under load before it counts as hung.
+pub const REMOVAL_BOUND: Duration = Duration::from_secs(10);
+
+/// The top byte of every tag word.
+const MARK: u64 = 0xf1;
+/// Where a tag's low 24 bits start: words at offsets up to 64 MiB either way of where they were
+/// written (a copy within one file moves them) keep the rest of the tag intact.
+const MIDDLE: u64 = 0x80_0000;
+
+/// The tag of worker `id`: the fill pattern's seed (`RUVM_FILL_PATTERN`: the word at byte
+/// offset `o` is `tag + o / 8`). Bits 63..56 the mark, 55..40 the id, 39..24 the id inverted
+/// (so that a run of one byte, or a word with one byte changed, is never a tag), 23..0 the
+/// position.
+pub fn tag(id: u16) -> u64 {
+    let id = u64::from(id);
+    (MARK << 56) | (id << 40) | ((id ^ 0xffff) << 24) | MIDDLE
+}
+
+/// The worker whose tag the word `w`, read at byte offset `o` of a mem, carries, if any.
+pub fn tag_id(w: u64, o: u64) -> Option<u16> {
+    let s = w.wrapping_sub(o / 8);
+    let id = (s >> 40) & 0xffff;
+    let check = (s >> 24) & 0xffff;
+    (s >> 56 == MARK && id ^ check == 0xffff).then_some(id as u16)
+}
+
+/// The first word of `bytes` (read from byte offset 0 of a mem) that carries another worker's
+/// tag than `mine`: its offset and that worker's id.
+pub fn foreign(bytes: &[u8], mine: u16) -> Option<(u64, u16)> {
+    bytes.chunks_exact(8).enumerate().find_map(|(i, c)| {
+        let o = (i * 8) as u64;
+        let w = u64::from_le_bytes(c.try_into().ok()?);
+        tag_id(w, o).filter(|&id| id != mine).map(|id| (o, id))
+    })
+}
+
+/// Random fill seeds are kept clear of the tags' mark.
+pub fn untagged_seed(seed: u64) -> u64 {
+    seed & 0x00ff_ffff_ffff_ffff
+}
+
+/// A field of `/proc/meminfo`, in bytes.
+fn meminfo(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.split(':').next() == Some(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A field of a cgroup's `memory.stat`, in bytes.
+fn stat(group: &MemGroup, field: &str) -> Option<u64> {
+    let text = group.read("memory.stat").ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix(field)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// The resources oracle: the workers' memory cgroup, and the kernel's slab and vmalloc bytes
+/// when the run began.
+pub struct Resources {
+    pub group: MemGroup,
+    base: u64,
+    bound: u64,
+    /// The most kernel memory seen grown beyond the group's charge.
+    pub worst: u64,
+}
+
+impl Resources {
+    /// A group for the workers, limited to `max` bytes, checked against `bound`.
+    pub fn new(max: u64, bound: u64) -> Result<Self> {
+        let group = MemGroup::new("ruvm-fuzz").context("a memory cgroup for the workers")?;
+        group
+            .write("memory.max", &max.to_string())
+            .context("memory.max")?;
+        let base = Self::kernel_bytes().context("/proc/meminfo")?;
+        Ok(Self {
+            group,
+            base,
+            bound,
+            worst: 0,
+        })
+    }
+
+    fn kernel_bytes() -> Option<u64> {
+        Some(meminfo("Slab")? + meminfo("VmallocUsed")?)
+    }
+
+    /// Reports nothing more below `seen` (a problem is reported once).
+    pub fn raise(&mut self, seen: u64) {
+        self.bound = self.bound.max(seen.saturating_mul(2));
+    }
+
+    /// Samples: how far kernel memory grew beyond the workers' charge, if more than the bound.
+    pub fn sample(&mut self) -> Option<u64> {
+        let now = Self::kernel_bytes()?;
+        let charged = stat(&self.group, "slab")? + stat(&self.group, "vmalloc").unwrap_or(0);
+        let unseen = now.saturating_sub(self.base).saturating_sub(charged);
+        self.worst = self.worst.max(unseen);
+        (unseen > self.bound).then_some(unseen)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_decode_where_written_and_after_a_move() {
+        for id in [0u16, 1, 0x1234, 0xffff] {
+            let t = tag(id);
+            for o in [0u64, 8, 4096, 8 << 20] {
+                assert_eq!(tag_id(t + o / 8, o), Some(id));
+                // Copied 64 MiB away either way, it is still the same worker's.
+                assert_eq!(tag_id(t + o / 8, o + (64 << 20) - 8), Some(id));
+                assert_eq!(tag_id(t + (o + (64 << 20) - 8) / 8, o), Some(id));
+            }
+        }
+    }
+
+    #[test]
+    fn no_byte_run_or_one_byte_change_is_a_tag() {
+        for b in 0..=255u8 {
+            let w = u64::from_le_bytes([b; 8]);
+            for o in [0u64, 8, 4096, 1 << 20] {
+                assert_eq!(tag_id(w, o), None, "byte {b:#x} at {o}");
+            }
+        }
+        let t = tag(0x4242);
+        for byte in 0..8 {
+            for add in 1..=255u8 {
+                let mut bytes = t.to_le_bytes();
+                bytes[byte] = bytes[byte].wrapping_add(add);
+                let w = u64::from_le_bytes(bytes);
+                assert!(
+                    tag_id(w, 0).is_none_or(|id| id == 0x4242),
+                    "byte {byte} + {add}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn untagged_seeds_make_no_tag() {
+        for seed in [0u64, u64::MAX, 0xf1ff_ffff_ffff_ffff, 0xf100_0000_0000_0000] {
+            let s = untagged_seed(seed);
+            for o in [0u64, 8, 1 << 20] {
+                assert_eq!(tag_id(s + o / 8, o), None);
+            }
+        }
+    }
+
+    #[test]
+    fn foreign_finds_the_first_other_worker() {
+        let mut bytes = Vec::new();
+        for i in 0..4u64 {
+            bytes.extend_from_slice(&(tag(7) + i).to_le_bytes());
+        }
+        assert_eq!(foreign(&bytes, 7), None);
+        bytes[16..24].copy_from_slice(&(tag(9) + 2).to_le_bytes());
+        assert_eq!(foreign(&bytes, 7), Some((16, 9)));
+    }
+}

@@ -1,0 +1,796 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! ruvm tested as an adversary would test it: one file must never see another's bytes, the
+//! kernel memory spent for a caller must be bounded and charged to it, and a GPU's removal must
+//! finish while users keep working. Each case replays one of the defects found that way
+//! (Documentation/testing.rst, "Adversary cases").
+
+use std::{
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use nix::{
+    errno::Errno,
+    sys::{
+        mman::{MapFlags, ProtFlags},
+        signal::{kill, Signal},
+        wait::waitpid,
+    },
+    unistd::{fork, ForkResult},
+};
+
+use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::shared::live;
+use crate::cgroup::MemGroup;
+use libruvm::{cmd, uapi, Ruvm, UserMap};
+
+const K: u64 = 1024;
+const M: u64 = 1024 * K;
+const ZERO: u32 = uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO;
+const POOL_CHUNKS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_POOL_CHUNKS as usize;
+const DMA_MAPPINGS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize;
+
+/// How long a GPU's removal may take while users keep working before it counts as hung.
+const REMOVAL_BOUND: Duration = Duration::from_secs(10);
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "adv_ce_copy_va_never_reads_another_files_bytes",
+            run: adv_ce_copy_va_never_reads_another_files_bytes,
+        },
+        Case {
+            name: "adv_gpu_removal_finishes_while_pools_are_busy",
+            run: adv_gpu_removal_finishes_while_pools_are_busy,
+        },
+        Case {
+            name: "adv_pool_revoke_leaves_no_cached_table",
+            run: adv_pool_revoke_leaves_no_cached_table,
+        },
+        Case {
+            name: "adv_failed_vidmem_pool_alloc_keeps_nothing",
+            run: adv_failed_vidmem_pool_alloc_keeps_nothing,
+        },
+        Case {
+            name: "adv_pools_per_file_are_bounded_and_charged",
+            run: adv_pools_per_file_are_bounded_and_charged,
+        },
+        Case {
+            name: "adv_pool_cache_counts_in_the_file_quota",
+            run: adv_pool_cache_counts_in_the_file_quota,
+        },
+        Case {
+            name: "adv_alloc_efault_leaves_no_mapping",
+            run: adv_alloc_efault_leaves_no_mapping,
+        },
+        Case {
+            name: "adv_pool_destroy_does_not_stall_the_file",
+            run: adv_pool_destroy_does_not_stall_the_file,
+        },
+    ]
+}
+
+/// A present simulated GPU (the ones with an MMU and a removal test ioctl).
+fn sim_gpu(d: &Ruvm) -> Result<u32, Stop> {
+    d.gpus()
+        .ctx("GPU_LIST")?
+        .iter()
+        .find(|g| {
+            g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
+                && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM
+        })
+        .map(|g| g.id)
+        .ok_or_else(|| Stop::Skip("no simulated GPU (sim_gpus=N)".into()))
+}
+
+/// Fills `[0, len)` of `h` with `byte` through its kernel mapping.
+fn fill_byte(d: &Ruvm, h: u64, len: u64, byte: u8) -> Result<(), Errno> {
+    d.map_kernel(h)?;
+    d.mem_fill(
+        false,
+        uapi::ruvm_mem_fill {
+            handle: h,
+            length: len,
+            seed: u64::from(byte),
+            kind: uapi::ruvm_fill_kind_RUVM_FILL_BYTE,
+            ..Default::default()
+        },
+    )
+    .map(drop)
+}
+
+/// Runs `f` in a forked child until the parent kills it; the child's pid.
+fn spawn_child(f: impl FnOnce()) -> Result<nix::unistd::Pid, Stop> {
+    // SAFETY: called before the case starts any thread; the child only makes syscalls and
+    // touches memory, then exits without returning.
+    match unsafe { fork() }.ctx("fork")? {
+        ForkResult::Child => {
+            f();
+            std::process::exit(0)
+        }
+        ForkResult::Parent { child } => Ok(child),
+    }
+}
+
+/// Ends a child of [`spawn_child`].
+fn end_child(pid: nix::unistd::Pid) {
+    let _ = kill(pid, Signal::SIGKILL);
+    let _ = waitpid(pid, None);
+}
+
+/// The victim's byte: a file that never shares anything fills its mems with it.
+const VICTIM: u8 = 0xa5;
+/// The copier's own byte.
+const MINE: u8 = 0x11;
+
+/// Keeps the calling thread (or process) on CPU `n`: the thread that frees the copier's source
+/// and the victim share CPU 0, so that a page one frees is the next the other allocates (the
+/// per-CPU free lists hand back the last page freed); the copier runs on CPU 1.
+fn on_cpu(n: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(n).is_ok() {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+}
+
+/// A copy through the file's user VAs (`CE_COPY_VA`, anyone's) while another thread frees the
+/// source and maps a new one at the same VA, and another process keeps filling fresh mems mapped
+/// for the same GPU with its own byte: every copy that succeeds moved the copier's own bytes.
+/// (The engine translated a VA, let the MMU's lock go, and then reached whatever page the
+/// address had come to map: another file's, after the free.)
+fn adv_ce_copy_va_never_reads_another_files_bytes() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let g = sim_gpu(&d)?;
+    let victim = spawn_child(move || {
+        on_cpu(0);
+        let Ok(v) = Ruvm::open() else { return };
+        let mut ring = std::collections::VecDeque::new();
+        loop {
+            if let Ok(a) = v.mem_alloc(4 * K, 0, 0) {
+                let _ = fill_byte(&v, a.handle, 4 * K, VICTIM);
+                let _ = v.mem_gpu(true, a.handle, g);
+                ring.push_back(a.handle);
+            }
+            if ring.len() > 32 {
+                if let Some(h) = ring.pop_front() {
+                    let _ = v.mem_free(h);
+                }
+            }
+        }
+    })?;
+    let r = copy_race(&d, g);
+    end_child(victim);
+    r
+}
+
+fn copy_race(d: &Ruvm, g: u32) -> TestResult {
+    const SRC: u64 = 0x10_0000_0000;
+    const DST: u64 = 0x20_0000_0000;
+    // One page: the victim takes the page the free gave back.
+    const LEN: u64 = 4 * K;
+    let dst = d.mem_alloc(LEN, 0, ZERO).ctx("alloc dst")?;
+    d.map_gpu_user(dst.handle, g, DST, false)
+        .ctx("MAP_GPU_USER dst")?;
+    let q = d.mem_query(dst.handle).ctx("MEM_QUERY")?;
+    let view = UserMap::of_mem(d, &q).ctx("mmap dst")?;
+    let new_src = || -> Result<u64, Errno> {
+        let a = d.mem_alloc(LEN, 0, ZERO)?;
+        fill_byte(d, a.handle, LEN, MINE)?;
+        d.map_gpu_user(a.handle, g, SRC, false)?;
+        Ok(a.handle)
+    };
+    let first = new_src().ctx("source")?;
+    let stop = AtomicBool::new(false);
+    let src = AtomicU64::new(first);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    on_cpu(1);
+    let (copies, wrong) = std::thread::scope(|s| {
+        let churn = s.spawn(|| {
+            on_cpu(0);
+            while !stop.load(Ordering::Relaxed) {
+                let _ = d.mem_free(src.load(Ordering::Relaxed));
+                // The victim's turn: its next page is the one just freed.
+                let _ = nix::sched::sched_yield();
+                match new_src() {
+                    Ok(h) => src.store(h, Ordering::Relaxed),
+                    Err(e) => return Err(format!("a new source: {e}")),
+                }
+            }
+            Ok(())
+        });
+        let mut copies = 0u64;
+        let mut tries = 0u64;
+        let mut wrong = None;
+        let mut bytes = vec![0u8; LEN as usize];
+        while Instant::now() < deadline && wrong.is_none() {
+            for i in 0..bytes.len() {
+                view.write(i, 0);
+            }
+            // EFAULT (an MMU fault) while the source is away is expected; the pieces before
+            // the fault were copied, and must be the copier's own too.
+            let copied = d.ce_copy_va(g, DST, SRC, LEN, true).is_ok();
+            copies += u64::from(copied);
+            tries += 1;
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = view.read(i);
+            }
+            let bad = |&b: &u8| b != MINE && (copied || b != 0);
+            if let Some(i) = bytes.iter().position(bad) {
+                let victims = bytes.iter().filter(|&&b| b == VICTIM).count();
+                wrong = Some((i, bytes[i], victims));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let churned = churn.join();
+        ((copies, tries), (wrong, churned))
+    });
+    let (copies, tries) = copies;
+    let (wrong, churned) = wrong;
+    churned
+        .map_err(|_| Stop::Fail("the churning thread panicked".into()))?
+        .map_err(Stop::Fail)?;
+    if let Some((at, b, victims)) = wrong {
+        return Err(Stop::Fail(format!(
+            "a copy moved byte {b:#x} at {at} ({victims} of the {LEN} bytes were another file's {VICTIM:#x})"
+        )));
+    }
+    println!(
+        "# {tries} copies through a VA whose mem was freed and replaced meanwhile ({copies} whole, the others stopped by an MMU fault)"
+    );
+    check!(copies > 0, "no copy succeeded");
+    let _ = d.mem_free(src.load(Ordering::Relaxed));
+    d.mem_free(dst.handle).ctx("free")
+}
+
+/// Removes simulated GPU `g` in a thread and waits up to [`REMOVAL_BOUND`]; `stop` is set once
+/// it returned or timed out (then `on_hang` runs, which must let it finish, and the case
+/// fails). The removal's time.
+fn timed_removal(
+    d: &Ruvm,
+    g: u32,
+    stop: &AtomicBool,
+    on_hang: impl FnOnce(),
+) -> Result<Duration, Stop> {
+    let done = AtomicBool::new(false);
+    let t = Instant::now();
+    let (r, took) = std::thread::scope(|s| {
+        let remover = s.spawn(|| {
+            let r = d.test_sim_gpu(g, false);
+            done.store(true, Ordering::Relaxed);
+            r
+        });
+        while !done.load(Ordering::Relaxed) && t.elapsed() < REMOVAL_BOUND {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let took = t.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        let hung = !done.load(Ordering::Relaxed);
+        if hung {
+            on_hang();
+        }
+        (remover.join(), (took, hung))
+    });
+    let (took, hung) = took;
+    let r = r.map_err(|_| Stop::Fail("the remover panicked".into()))?;
+    match r {
+        Err(Errno::ENOSYS) | Err(Errno::EPERM) => {
+            return Err(Stop::Skip("needs enable_test_ioctls=1 and root".into()))
+        }
+        r => r.ctx("TEST_SIM_GPU remove")?,
+    }
+    check!(
+        !hung,
+        "the removal of GPU {g} did not finish within {REMOVAL_BOUND:?} while users worked"
+    );
+    Ok(took)
+}
+
+/// A GPU's removal while threads allocate and free from a sysmem pool that maps its chunks for
+/// the GPU, and from a vidmem pool of it: the removal finishes in bounded time (a table in
+/// transit between a mem and the pool's cache used to escape it, and the removal slept until
+/// the user freed the mem); no sysmem pool allocation fails because the GPU is going (it is
+/// skipped); the vidmem pool keeps no chunk of the gone GPU.
+fn adv_gpu_removal_finishes_while_pools_are_busy() -> TestResult {
+    const ROUNDS: usize = 24;
+    let d = Ruvm::open().ctx("open")?;
+    let g = sim_gpu(&d)?;
+    // Pools made before the busy one, granted the GPU: its removal visits them first, after
+    // the mems, which widens the window in which a table moves from a mem the removal already
+    // visited to a pool it has not (or back).
+    let mut ballast = Vec::new();
+    for _ in 0..900 {
+        ballast.push(d.pool_create(0, 0).ctx("POOL_CREATE")?.0);
+    }
+    let mut slowest = Duration::ZERO;
+    for round in 0..ROUNDS {
+        for &p in &ballast {
+            d.pool_access(p, g, true).ctx("POOL_SET_ACCESS")?;
+        }
+        let took = removal_round(&d, g).map_err(|e| match e {
+            Stop::Fail(m) => Stop::Fail(format!("round {round}: {m}")),
+            s => s,
+        })?;
+        slowest = slowest.max(took);
+    }
+    println!(
+        "# {ROUNDS} removals with 3 threads allocating and freeing: the slowest took {slowest:?}"
+    );
+    for p in ballast {
+        d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    }
+    Ok(())
+}
+
+/// One removal of `g` under pool users, and its return.
+fn removal_round(d: &Ruvm, g: u32) -> Result<Duration, Stop> {
+    let (p, _) = d.pool_create(64 * K, u64::MAX).ctx("POOL_CREATE")?;
+    d.pool_access(p, g, true).ctx("POOL_SET_ACCESS")?;
+    let mut c = uapi::ruvm_pool_create {
+        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+        gpu: g,
+        page_size: 64 * K,
+        release_threshold: u64::MAX,
+        ..Default::default()
+    };
+    let vid = match d.call(cmd::POOL_CREATE, &mut c) {
+        Ok(()) => Some(c.handle),
+        Err(Errno::ENXIO) => None,
+        Err(e) => return Err(Stop::Fail(format!("vidmem POOL_CREATE: {e}"))),
+    };
+    let stop = AtomicBool::new(false);
+    let bad = std::sync::Mutex::new(Vec::new());
+    let held = std::sync::Mutex::new(Vec::new());
+    let r = std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let (stop, bad, held) = (&stop, &bad, &held);
+            s.spawn(move || {
+                let mut mine = std::collections::VecDeque::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let r = match (t, vid) {
+                        (2, Some(v)) => {
+                            let mut a = uapi::ruvm_mem_alloc {
+                                size: 128 * K,
+                                backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+                                gpu: g,
+                                pool: v,
+                                ..Default::default()
+                            };
+                            d.call(cmd::MEM_ALLOC, &mut a)
+                                .map(|()| a)
+                                .map_err(|e| (e, true))
+                        }
+                        _ => d.pool_alloc(p, 64 * K * (t + 1), 0).map_err(|e| (e, false)),
+                    };
+                    match r {
+                        Ok(a) => mine.push_back(a.handle),
+                        // A vidmem pool of a gone GPU: ENODEV, as documented.
+                        Err((Errno::ENODEV, true)) => {}
+                        Err((e, _)) => {
+                            if let Ok(mut b) = bad.lock() {
+                                b.push(format!("thread {t}: MEM_ALLOC: {e}"));
+                            }
+                        }
+                    }
+                    if mine.len() > 2 {
+                        if let Some(h) = mine.pop_front() {
+                            let _ = d.mem_free(h);
+                        }
+                    }
+                }
+                if let Ok(mut h) = held.lock() {
+                    h.extend(mine);
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        // On a hang the users stop; the mems they hold are freed below, after which the
+        // removal (which waited for them) finishes and the scope can end.
+        timed_removal(d, g, &stop, || {
+            std::thread::sleep(Duration::from_millis(200));
+            for h in held.lock().map(|h| h.clone()).unwrap_or_default() {
+                let _ = d.mem_free(h);
+            }
+        })
+    });
+    for h in held.lock().map(|h| h.clone()).unwrap_or_default() {
+        let _ = d.mem_free(h);
+    }
+    let back = d.test_sim_gpu(g, true);
+    let took = r?;
+    back.ctx("TEST_SIM_GPU add")?;
+    let bad = bad.lock().map(|b| b.clone()).unwrap_or_default();
+    check!(
+        bad.is_empty(),
+        "{} allocations failed while the GPU went, the first: {}",
+        bad.len(),
+        bad.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
+    );
+    let a = d.pool_get(p).ctx("POOL_GET")?;
+    check!(
+        a.access & (1u64 << g) == 0,
+        "GPU {g} is still in the pool's access set after its removal: {:#x}",
+        a.access
+    );
+    if let Some(v) = vid {
+        let a = d.pool_get(v).ctx("POOL_GET vidmem")?;
+        check!(
+            a.cached_chunks == 0 && a.used_current == 0,
+            "the vidmem pool of the gone GPU holds {} cached chunks, {} bytes in use",
+            a.cached_chunks,
+            a.used_current
+        );
+        d.pool_destroy(v).ctx("POOL_DESTROY vidmem")?;
+    }
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    Ok(took)
+}
+
+/// Revoking a GPU from a pool while threads allocate and free from it: once the threads are
+/// done, no cached list is still DMA-mapped for the GPU (a free that read the access set before
+/// the revoke used to cache its table after it).
+fn adv_pool_revoke_leaves_no_cached_table() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let g = sim_gpu(&d)?;
+    let before = live(&d)?;
+    let (p, _) = d.pool_create(64 * K, u64::MAX).ctx("POOL_CREATE")?;
+    for round in 0..20 {
+        d.pool_access(p, g, true).ctx("grant")?;
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok(a) = d.pool_alloc(p, 64 * K, 0) {
+                            let _ = d.mem_free(a.handle);
+                        }
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20 + round));
+            let _ = d.pool_access(p, g, false);
+            std::thread::sleep(Duration::from_millis(5));
+            stop.store(true, Ordering::Relaxed);
+        });
+        let now = live(&d)?;
+        check!(
+            now[DMA_MAPPINGS] == before[DMA_MAPPINGS],
+            "round {round}: {} DMA mappings more than before, with GPU {g} revoked and no mem alive",
+            now[DMA_MAPPINGS] - before[DMA_MAPPINGS]
+        );
+    }
+    d.pool_destroy(p).ctx("POOL_DESTROY")
+}
+
+/// /proc/meminfo's VmallocUsed, in bytes.
+fn vmalloc_used() -> Result<u64, Stop> {
+    super::shared::meminfo("VmallocUsed")
+}
+
+/// A vidmem pool allocation larger than the GPU's vidmem is refused before anything is
+/// allocated, and leaves no memory behind (its cache's room used to be grown to the whole
+/// request first: 16 MiB of vmalloc for 1000 MiB of 4 KiB chunks, never given back).
+fn adv_failed_vidmem_pool_alloc_keeps_nothing() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let info = d.info().ctx("INFO")?;
+    let Some(g) = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .find(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0 && g.vidmem_size > 0)
+    else {
+        return Err(Stop::Skip("no GPU with vidmem".into()));
+    };
+    // As large as a mem may be: its chunks' bookkeeping alone is megabytes.
+    let size = info.max_alloc_bytes;
+    if size <= g.vidmem_size {
+        return Err(Stop::Skip("max_alloc_mib is below the GPU's vidmem".into()));
+    }
+    let before = vmalloc_used()?;
+    let mut pools = Vec::new();
+    for _ in 0..8 {
+        let mut c = uapi::ruvm_pool_create {
+            backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+            gpu: g.id,
+            page_size: 4 * K,
+            ..Default::default()
+        };
+        d.call(cmd::POOL_CREATE, &mut c).ctx("POOL_CREATE")?;
+        let mut a = uapi::ruvm_mem_alloc {
+            size,
+            backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+            gpu: g.id,
+            pool: c.handle,
+            ..Default::default()
+        };
+        expect_errno(
+            d.call(cmd::MEM_ALLOC, &mut a),
+            Errno::ENOMEM,
+            "a vidmem pool allocation larger than the GPU's vidmem",
+        )?;
+        pools.push(c.handle);
+    }
+    let grew = vmalloc_used()?.saturating_sub(before);
+    check!(
+        grew < 2 * M,
+        "8 refused allocations left {grew} bytes of vmalloc behind"
+    );
+    for p in pools {
+        let a = d.pool_get(p).ctx("POOL_GET")?;
+        check!(
+            a.reserved_current == 0 && a.misses == 0,
+            "a refused allocation changed the pool: reserved {}, misses {}",
+            a.reserved_current,
+            a.misses
+        );
+        d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    }
+    Ok(())
+}
+
+/// A file holds at most RUVM_MAX_FILE_POOLS pools (`ENOSPC` beyond, a place freed by a destroy
+/// is usable again), each charged to the creating process's memory cgroup, and a file with
+/// that many closes at once.
+fn adv_pools_per_file_are_bounded_and_charged() -> TestResult {
+    let max = uapi::RUVM_MAX_FILE_POOLS as usize;
+    let charged = MemGroup::available();
+    let group = if charged {
+        Some(MemGroup::new("ruvm-adv-pools").ctx("memory cgroup")?)
+    } else {
+        None
+    };
+    // The pools are made by a child in the group, which reports through its exit status.
+    let dir = group.as_ref().map(|g| g.dir.clone());
+    let st = super::harness::in_child(move || {
+        if let Some(dir) = &dir {
+            if std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string()).is_err() {
+                return 10;
+            }
+        }
+        let Ok(d) = Ruvm::open() else { return 11 };
+        let current = || -> u64 {
+            dir.as_ref()
+                .and_then(|p| std::fs::read_to_string(p.join("memory.current")).ok())
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let before = current();
+        let mut pools = Vec::new();
+        for _ in 0..max {
+            match d.pool_create(0, 0) {
+                Ok((p, _)) => pools.push(p),
+                Err(_) => return 12,
+            }
+        }
+        if d.pool_create(0, 0) != Err(Errno::ENOSPC) {
+            return 13;
+        }
+        let after = current();
+        // At least 128 bytes a pool (each is a few hundred): charged, not free.
+        if dir.is_some() && after.saturating_sub(before) < (max as u64) * 128 {
+            eprintln!(
+                "# {max} pools charged {} bytes",
+                after.saturating_sub(before)
+            );
+            return 14;
+        }
+        if d.pool_destroy(pools[0]).is_err() || d.pool_create(0, 0).is_err() {
+            return 15;
+        }
+        let t = Instant::now();
+        drop(d);
+        println!(
+            "# {max} pools: {} bytes charged; the close took {:?}",
+            after.saturating_sub(before),
+            t.elapsed()
+        );
+        0
+    })?;
+    match st {
+        nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+        nix::sys::wait::WaitStatus::Exited(_, 13) => Err(Stop::Fail(format!(
+            "pool {} of one file was not refused with ENOSPC",
+            max + 1
+        ))),
+        nix::sys::wait::WaitStatus::Exited(_, 14) => Err(Stop::Fail(
+            "the pools were not charged to the creating process's memory cgroup".into(),
+        )),
+        st => Err(Stop::Fail(format!("the child ended {st:?}"))),
+    }
+}
+
+/// A pool's cached bytes count in its file's quota (`max_file_mib`): a file whose pool caches
+/// its whole quota cannot allocate past it, and gets the room back by trimming the pool.
+fn adv_pool_cache_counts_in_the_file_quota() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let quota = d.info().ctx("INFO")?.max_file_bytes;
+    if quota > 64 * M {
+        return Err(Stop::Skip(format!(
+            "the file quota is {} MiB; this case runs with max_file_mib=64 or less",
+            quota / M
+        )));
+    }
+    let (p, _) = d.pool_create(64 * K, u64::MAX).ctx("POOL_CREATE")?;
+    let a = d
+        .pool_alloc(p, quota, 0)
+        .ctx("a pool mem of the whole quota")?;
+    d.mem_free(a.handle).ctx("free")?;
+    let cached = d.pool_get(p).ctx("POOL_GET")?.cached_chunks * 64 * K;
+    check!(cached == quota, "the pool caches {cached} of {quota} bytes");
+    expect_errno(
+        d.mem_alloc(64 * K, 0, 0),
+        Errno::ENOSPC,
+        "a mem past the quota its pool's cache fills",
+    )?;
+    // A second pool cannot cache past it either.
+    let (p2, _) = d.pool_create(64 * K, u64::MAX).ctx("POOL_CREATE")?;
+    expect_errno(
+        d.pool_alloc(p2, 64 * K, 0),
+        Errno::ENOSPC,
+        "a second pool's mem past the quota",
+    )?;
+    // The cache itself serves the same file: a hit needs no room.
+    let b = d
+        .pool_alloc(p, quota, 0)
+        .ctx("a pool hit of the whole quota")?;
+    d.mem_free(b.handle).ctx("free")?;
+    d.pool_trim(p, 0).ctx("POOL_TRIM")?;
+    let c = d
+        .mem_alloc(64 * K, 0, 0)
+        .ctx("a mem once the pool is trimmed")?;
+    d.mem_free(c.handle).ctx("free")?;
+    d.pool_destroy(p2).ctx("POOL_DESTROY")?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")
+}
+
+/// `MEM_ALLOC` whose result cannot be written back (its argument in a read-only page) frees
+/// the mem as `MEM_FREE` would, while another thread maps the mmap offset it would have had:
+/// that mapping's pages are zapped, so it faults rather than reaching freed chunks.
+fn adv_alloc_efault_leaves_no_mapping() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let page = 4096usize;
+    // A read-only page holding the argument.
+    // SAFETY: a fresh private anonymous mapping of one page, used through its pointer only.
+    let arg = unsafe {
+        nix::sys::mman::mmap_anonymous(
+            None,
+            std::num::NonZeroUsize::new(page).ok_or(Stop::Fail("page".into()))?,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_PRIVATE,
+        )
+    }
+    .ctx("mmap")?;
+    let a = uapi::ruvm_mem_alloc {
+        size: 4 * K,
+        flags: ZERO,
+        ..Default::default()
+    };
+    // SAFETY: the page is ours and large enough for the structure.
+    unsafe { arg.as_ptr().cast::<uapi::ruvm_mem_alloc>().write(a) };
+    // SAFETY: the mapping made above.
+    unsafe { nix::sys::mman::mprotect(arg, page, ProtFlags::PROT_READ) }.ctx("mprotect")?;
+    let stop = AtomicBool::new(false);
+    let found = AtomicU64::new(0);
+    let leaked = std::sync::Mutex::new(None);
+    let deadline = Instant::now() + Duration::from_secs(8);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // The offsets handed out rise by one 2 MiB slot a mem: map the next few.
+            let probe = d.mem_alloc(4 * K, 0, 0).ok();
+            let base = probe.map_or(0, |p| p.mmap_offset);
+            if let Some(p) = probe {
+                let _ = d.mem_free(p.handle);
+            }
+            let mut next = base;
+            while !stop.load(Ordering::Relaxed) {
+                next += 2 * M;
+                for _ in 0..2000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let Ok(m) = UserMap::new(
+                        &d,
+                        next,
+                        page,
+                        ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                        MapFlags::MAP_SHARED,
+                    ) else {
+                        continue;
+                    };
+                    found.fetch_add(1, Ordering::Relaxed);
+                    // Wait for the allocation's call to be over, then the pages must be gone.
+                    std::thread::sleep(Duration::from_millis(2));
+                    if readable(m.as_ptr()) {
+                        if let Ok(mut l) = leaked.lock() {
+                            *l = Some(next);
+                        }
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    break;
+                }
+            }
+        });
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            // SAFETY: the argument is in a page of ours that is not writable: the kernel reads
+            // it and cannot write the result back (EFAULT).
+            let r = unsafe { d.ioctl_ptr(cmd::MEM_ALLOC.nr, arg.as_ptr().cast()) };
+            if r != Err(Errno::EFAULT) {
+                stop.store(true, Ordering::Relaxed);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    if let Some(off) = leaked.lock().ok().and_then(|l| *l) {
+        return Err(Stop::Fail(format!(
+            "a mapping of offset {off:#x}, made while its MEM_ALLOC failed with EFAULT, still reaches its pages"
+        )));
+    }
+    println!(
+        "# {} mappings of a failing allocation's offset made, each faulting once it failed",
+        found.load(Ordering::Relaxed)
+    );
+    Ok(())
+}
+
+/// Whether the byte at `p` (in a mapping of ours) can be read: through /proc/self/mem, which
+/// faults the page in as an access would and reports an error where the access would get
+/// SIGBUS.
+fn readable(p: *mut u8) -> bool {
+    use std::os::unix::fs::FileExt;
+    let Ok(f) = std::fs::File::open("/proc/self/mem") else {
+        return false;
+    };
+    let mut b = [0u8; 1];
+    f.read_at(&mut b, p as u64).is_ok()
+}
+
+/// `POOL_DESTROY` gives its cache back without holding the file's lock: another thread's calls
+/// on the file go on meanwhile (they used to wait for the whole give-back: 10 s on the debug
+/// kernel for 128 MiB of 4 KiB lists).
+fn adv_pool_destroy_does_not_stall_the_file() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    let (p, _) = d.pool_create(4 * K, u64::MAX).ctx("POOL_CREATE")?;
+    let keep = d.mem_alloc(4 * K, 0, 0).ctx("alloc")?;
+    // 8192 lists of one chunk each, cached.
+    let mut hs = Vec::new();
+    for _ in 0..8192 {
+        hs.push(d.pool_alloc(p, 4 * K, 0).ctx("pool alloc")?.handle);
+    }
+    for h in hs {
+        d.mem_free(h).ctx("free")?;
+    }
+    let done = AtomicBool::new(false);
+    let (took, worst) = std::thread::scope(|s| {
+        let q = s.spawn(|| {
+            let mut worst = Duration::ZERO;
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let _ = d.mem_query(keep.handle);
+                worst = worst.max(t.elapsed());
+            }
+            worst
+        });
+        std::thread::sleep(Duration::from_millis(5));
+        let t = Instant::now();
+        let r = d.pool_destroy(p);
+        let took = t.elapsed();
+        done.store(true, Ordering::Relaxed);
+        (r.map(|()| took), q.join().unwrap_or(Duration::MAX))
+    });
+    let took = took.ctx("POOL_DESTROY")?;
+    println!("# the destroy took {took:?}; the slowest MEM_QUERY meanwhile {worst:?}");
+    // A query waits for bookkeeping only; a destroy that held the file's lock throughout made
+    // one wait for most of it.
+    check!(
+        took < Duration::from_millis(20) || worst < took / 2,
+        "a MEM_QUERY waited {worst:?} of the destroy's {took:?}"
+    );
+    d.mem_free(keep.handle).ctx("free")?;
+    let now = live(&d)?;
+    check!(
+        now[POOL_CHUNKS] == 0,
+        "{} pool chunks left",
+        now[POOL_CHUNKS]
+    );
+    Ok(())
+}
