@@ -12,6 +12,7 @@ pub(crate) mod dma;
 pub(crate) mod errno;
 pub(crate) mod fops;
 pub(crate) mod global;
+pub(crate) mod lru;
 pub(crate) mod maple;
 pub(crate) mod meminfo;
 pub(crate) mod pages;

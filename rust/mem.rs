@@ -74,7 +74,7 @@ pub(crate) fn init() -> Result {
     plant::init();
     offsets::init()?;
     gpu_va::init()?;
-    pool::registry::init();
+    pool::registry::init()?;
     crate::gpu::set_removal_hook(drop_gpu);
     Ok(())
 }

@@ -37,9 +37,11 @@
 //! 10. leaves, under which nothing of ruvm is taken: a GPU's table tracker (`gpu/dma.rs`), a
 //!     simulated GPU's translation (`gpu/sim.rs`), an edu engine's busy mutex (`gpu/edu.rs`), a
 //!     chunk list's bytes mutex (`bind/pages.rs`), the planted leaks (`mem/plant.rs`), the mmap
-//!     offset space (`mem/offsets.rs`), the GPU kernel VA window (`mem/gpu_va.rs`), and the
-//!     audit's unload state (`audit.rs`), under which registering pins a user page (taking
-//!     the mmap lock of the caller, which holds no ruvm lock then).
+//!     offset space (`mem/offsets.rs`), the GPU kernel VA window (`mem/gpu_va.rs`), the pools'
+//!     shrinker handle and the kernel's `list_lru` lock of that shrinker, taken under a pool's
+//!     mutex (`mem/pool/registry.rs`, `bind/lru.rs`), and the audit's unload state
+//!     (`audit.rs`), under which registering pins a user page (taking the mmap lock of the
+//!     caller, which holds no ruvm lock then).
 //!
 //! User memory is never touched with a ruvm lock held, but for the fault path (1 then 6).
 
@@ -242,9 +244,8 @@ impl Drop for Layers {
 /// so far in the reverse order, the layers' state last.
 #[pin_data(PinnedDrop)]
 struct RuvmModule {
+    /// The layers' state (the pools' memcg-aware shrinker with it: `mem/pool/registry.rs`).
     _layers: Layers,
-    /// The pools' caches, given back under memory pressure.
-    _shrinker: bind::shrinker::Shrinker,
     /// The vidmem storage the PMMs keep, given back under memory pressure.
     _vidmem_shrinker: bind::shrinker::Shrinker,
     #[pin]
@@ -287,7 +288,6 @@ impl kernel::InPlaceModule for RuvmModule {
             // First, before anything that can reach it is registered; a bad parameter fails the
             // load here (`config` is `Err` then).
             _layers: Layers::new(config?)?,
-            _shrinker: bind::shrinker::Shrinker::register::<mem::pool::registry::PoolShrink>(c"ruvm-pools")?,
             _vidmem_shrinker: bind::shrinker::Shrinker::register::<gpu::VidmemShrink>(
                 c"ruvm-vidmem"
             )?,

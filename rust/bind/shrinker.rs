@@ -78,7 +78,7 @@ unsafe extern "C" fn scan<S: Shrink>(
 /// What the C `mm_account_reclaimed_pages` (a static inline) does: pages freed outside LRU
 /// reclaim count as the reclaiming task's progress, so that a direct reclaim that got its
 /// memory from us does not conclude it made none (and invoke the OOM killer).
-fn account_reclaimed(pages: ffi::c_ulong) {
+pub(super) fn account_reclaimed(pages: ffi::c_ulong) {
     let task = kernel::task::Task::current_raw();
     // SAFETY: `task` is the current task, alive for the call; `reclaim_state` is set by the
     // reclaim path this callback runs under (or NULL outside reclaim), points at that path's

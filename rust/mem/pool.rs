@@ -48,6 +48,7 @@ use kernel::{
 
 use crate::{
     audit::{Class, Counted},
+    bind::lru::Anchor,
     gpu::{dma::GpuTable, set::GpuSet, GpuDev},
 };
 
@@ -100,6 +101,8 @@ struct PoolState {
     /// A vidmem pool's cached chunks (a flat free list; its room is kept at least the pool's
     /// reserved chunks, so that chunks coming back never need an allocation).
     vcache: KVVec<vid::CachedVid>,
+    /// A sysmem pool's place on the shrinker's list (its cached pages, for the count).
+    anchor: Option<Anchor>,
     /// Destroyed, or its file closed: chunks that come back are freed.
     closed: bool,
     /// A vidmem pool whose GPU went: chunks that come back are freed, none are handed out.
@@ -185,9 +188,6 @@ pub(crate) struct Pool {
     /// The access set as of its last change, for readers that do not take the lock (a free
     /// sorting its tables early; the lock's copy decides).
     access: Atomic<u64>,
-    /// The cached bytes as of the last change, for the shrinker's count (which must not wait
-    /// for the lock).
-    cached: Atomic<u64>,
     #[pin]
     state: Mutex<PoolState>,
     _audit: Counted,
@@ -254,7 +254,6 @@ impl Pool {
                 chunk_size,
                 quota: quota.clone(),
                 access: Atomic::new(initial.bits()),
-                cached: Atomic::new(0),
                 state <- new_mutex!(PoolState {
                     cache: Fifo::new(),
                     cached: 0,
@@ -267,6 +266,7 @@ impl Pool {
                     misses: 0,
                     access: initial,
                     vcache: KVVec::new(),
+                    anchor: None,
                     closed: false,
                     dead: false,
                 }),
@@ -274,6 +274,11 @@ impl Pool {
             }),
             GFP_KERNEL_ACCOUNT,
         )?;
+        if pool.vid.is_none() {
+            // Vidmem is not the system's memory: not the shrinker's.
+            let anchor = registry::anchor(pool.id)?;
+            pool.state.lock().anchor = Some(anchor);
+        }
         registry::insert(&pool)?;
         Ok(pool)
     }
@@ -319,14 +324,12 @@ impl Pool {
         }
     }
 
-    /// Notes the cached bytes for the shrinker's count, the pool's and every pool's.
+    /// Notes the cached pages for the shrinker (under the pool's lock, so that the anchor's
+    /// changes come in order).
     fn publish(&self, st: &PoolState) {
-        if self.vid.is_some() {
-            // Vidmem is not the system's memory: not the shrinker's.
-            return;
+        if let Some(a) = &st.anchor {
+            a.set_pages(st.cached / kernel::page::PAGE_SIZE as u64);
         }
-        let old = self.cached.xchg(st.cached, Relaxed);
-        registry::published(old, st.cached);
     }
 
     /// Gives back cache lists, oldest first, one at a time (each dropped with the lock

@@ -4,20 +4,26 @@
 //! `/sys/kernel/debug/ruvm/pools`. A red-black tree by handle, so that a pool leaves it in
 //! O(log n) whatever the number of pools (closing a file of many pools is linear).
 //!
-//! This file owns the pool registry lock (`POOLS`, lock order 5), taken before a pool's.
+//! The shrinker (`ruvm-pools`) is memory-cgroup aware: each sysmem pool has an anchor on the
+//! list of the cgroup it was made in while its cache holds pages ([`crate::bind::lru`]), so a
+//! cgroup's own reclaim (its `memory.max` reached) gives back its pools' caches, as global
+//! reclaim does every cgroup's.
+//!
+//! This file owns the pool registry lock (`POOLS`, lock order 5), taken before a pool's, and
+//! the shrinker's handle (`SHRINKER`, a leaf: held only to clone it).
 
 use kernel::{
     prelude::*,
     rbtree::{RBTree, RBTreeNode},
-    sync::{
-        atomic::{ordering::Relaxed, Atomic},
-        Arc,
-    },
+    sync::Arc,
 };
 
 use crate::{
     audit::Class,
-    bind::{global::global, shrinker::Shrink},
+    bind::{
+        global::global,
+        lru::{Anchor, LruShrink, LruShrinker},
+    },
 };
 
 use super::Pool;
@@ -30,25 +36,41 @@ global! {
     static POOLS: Mutex<Option<Pools>> = None;
 }
 
+global! {
+    /// The pools' shrinker and its list, while the module is loaded.
+    static SHRINKER: Mutex<Option<Arc<LruShrinker>>> = None;
+}
+
 /// Runs `f` on the registry under its lock (`None` before init and after exit).
 fn with<R>(f: impl FnOnce(&mut Pools) -> R) -> Option<R> {
     POOLS.lock()?.as_mut().map(f)
 }
 
-/// The cached bytes of every sysmem pool, as last published (the shrinker's count).
-static CACHED: Atomic<u64> = Atomic::new(0);
-
-/// Makes the pool registry usable (module init).
-pub(crate) fn init() {
+/// Makes the pool registry usable and registers the pools' shrinker (module init).
+pub(crate) fn init() -> Result {
     POOLS.init();
+    SHRINKER.init();
     if let Some(mut p) = POOLS.lock() {
         *p = Some(RBTree::new());
     }
+    let shrinker = LruShrinker::new::<PoolShrink>(c"ruvm-pools")?;
+    if let Some(mut s) = SHRINKER.lock() {
+        *s = Some(shrinker);
+    }
+    Ok(())
 }
 
-/// Lets go of the registry's memory at unload (every pool was closed with its file).
+/// Lets go of the registry's memory and the shrinker at unload (every pool was closed with its
+/// file, and its anchor went with it).
 pub(crate) fn exit() {
     let _all = POOLS.lock().and_then(|mut p| p.take());
+    let _shrinker = SHRINKER.lock().and_then(|mut s| s.take());
+}
+
+/// A sysmem pool's anchor on the shrinker's list (charged to the caller's memory cgroup).
+pub(super) fn anchor(pool: u64) -> Result<Anchor> {
+    let shrinker = SHRINKER.lock().and_then(|s| s.clone()).ok_or(ENODEV)?;
+    Anchor::new(&shrinker, pool)
 }
 
 /// Enters a new pool (its node charged to the caller's memory cgroup).
@@ -65,12 +87,6 @@ pub(super) fn remove(pool: &Pool) {
     let _node = with(|p| p.remove_node(&pool.id)).flatten();
 }
 
-/// A pool's cached bytes went from `old` to `new`.
-pub(super) fn published(old: u64, new: u64) {
-    // Modulo 2^64: a decrease wraps back.
-    CACHED.fetch_add(new.wrapping_sub(old), Relaxed);
-}
-
 /// GPU `id` is going: it leaves every pool's access set, and the cached tables of it are
 /// dropped (before the GPU's removal waits for its tables); a vidmem pool of it dies.
 pub(crate) fn drop_gpu(id: u32) {
@@ -81,37 +97,35 @@ pub(crate) fn drop_gpu(id: u32) {
     });
 }
 
-/// The pools' cache under memory pressure (registered by the module as its shrinker).
+/// The pools' caches under memory pressure (the module's memcg-aware shrinker).
 pub(crate) struct PoolShrink;
 
-impl Shrink for PoolShrink {
-    /// Cached pages of every pool, as last published (no lock).
-    fn count() -> u64 {
-        CACHED.load(Relaxed) / kernel::page::PAGE_SIZE as u64
-    }
-
-    /// Gives back cached lists, the oldest of the first pool with any, until `pages` pages
+impl LruShrink for PoolShrink {
+    /// Gives back cached lists, the oldest of each pool of `keys` in turn, until `pages` pages
     /// went: how many did. Each list is taken out under the registry's and its pool's locks
     /// (only tried: another reclaimer may hold them) and dropped with both released, so that
     /// concurrent reclaimers are held up by bookkeeping only.
-    fn scan(pages: u64) -> u64 {
+    fn shrink(keys: &[u64], pages: u64) -> u64 {
         let page = kernel::page::PAGE_SIZE as u64;
         let mut freed = 0;
-        while freed < pages {
-            let entry = {
-                let Some(guard) = POOLS.try_lock() else {
+        for key in keys {
+            while freed < pages {
+                let entry = {
+                    let Some(guard) = POOLS.try_lock() else {
+                        return freed;
+                    };
+                    let found = guard
+                        .as_ref()
+                        .and_then(|pools| pools.get(key))
+                        .and_then(|p| p.take_oldest());
+                    found
+                };
+                let Some(e) = entry else {
                     break;
                 };
-                let found = guard
-                    .as_ref()
-                    .and_then(|pools| pools.values().find_map(|p| p.take_oldest()));
-                found
-            };
-            let Some(e) = entry else {
-                break;
-            };
-            freed += e.bytes() / page;
-            drop(e);
+                freed += e.bytes() / page;
+                drop(e);
+            }
         }
         freed
     }
