@@ -223,15 +223,7 @@ unsafe extern "C" fn scan<S: LruShrink>(
         (*sc).nr_to_scan
     };
     let noted = keys.keys.get(..keys.n).unwrap_or(&[]);
-    match S::shrink(noted, u64::try_from(want).unwrap_or(u64::MAX)) {
-        // `SHRINK_STOP` (`~0UL`): no progress now (a lock was taken), do not insist.
-        0 => !0,
-        n => {
-            let n = ffi::c_ulong::try_from(n).unwrap_or(ffi::c_ulong::MAX - 2);
-            super::shrinker::account_reclaimed(n);
-            n
-        }
-    }
+    super::shrinker::scanned(S::shrink(noted, u64::try_from(want).unwrap_or(u64::MAX)))
 }
 
 impl LruShrinker {

@@ -64,8 +64,13 @@ unsafe extern "C" fn scan<S: Shrink>(
 ) -> ffi::c_ulong {
     // SAFETY: reclaim passes a valid `shrink_control` for the call.
     let want = unsafe { (*sc).nr_to_scan };
-    match S::scan(u64::try_from(want).unwrap_or(u64::MAX)) {
-        // `SHRINK_STOP` (`~0UL`): no progress now (a lock was taken), do not insist.
+    scanned(S::scan(u64::try_from(want).unwrap_or(u64::MAX)))
+}
+
+/// What a scan callback returns for `freed` pages given back, which count as the reclaiming
+/// task's progress: `SHRINK_STOP` (`~0UL`) for none (a lock was taken: do not insist).
+pub(super) fn scanned(freed: u64) -> ffi::c_ulong {
+    match freed {
         0 => !0,
         n => {
             let n = ffi::c_ulong::try_from(n).unwrap_or(ffi::c_ulong::MAX - 2);
@@ -78,7 +83,7 @@ unsafe extern "C" fn scan<S: Shrink>(
 /// What the C `mm_account_reclaimed_pages` (a static inline) does: pages freed outside LRU
 /// reclaim count as the reclaiming task's progress, so that a direct reclaim that got its
 /// memory from us does not conclude it made none (and invoke the OOM killer).
-pub(super) fn account_reclaimed(pages: ffi::c_ulong) {
+fn account_reclaimed(pages: ffi::c_ulong) {
     let task = kernel::task::Task::current_raw();
     // SAFETY: `task` is the current task, alive for the call; `reclaim_state` is set by the
     // reclaim path this callback runs under (or NULL outside reclaim), points at that path's

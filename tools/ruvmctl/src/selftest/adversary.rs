@@ -21,7 +21,7 @@ use nix::{
 };
 
 use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
-use super::shared::live;
+use super::shared::{live, sim_gpu, vid_alloc, vid_pool, vidmem_gpu};
 use crate::cgroup::MemGroup;
 use libruvm::{cmd, uapi, Ruvm, UserMap};
 
@@ -73,19 +73,6 @@ pub fn cases() -> Vec<Case> {
             run: adv_pool_destroy_does_not_stall_the_file,
         },
     ]
-}
-
-/// A present simulated GPU (the ones with an MMU and a removal test ioctl).
-fn sim_gpu(d: &Ruvm) -> Result<u32, Stop> {
-    d.gpus()
-        .ctx("GPU_LIST")?
-        .iter()
-        .find(|g| {
-            g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
-                && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM
-        })
-        .map(|g| g.id)
-        .ok_or_else(|| Stop::Skip("no simulated GPU (sim_gpus=N)".into()))
 }
 
 /// Fills `[0, len)` of `h` with `byte` through its kernel mapping.
@@ -330,15 +317,8 @@ fn adv_gpu_removal_finishes_while_pools_are_busy() -> TestResult {
 fn removal_round(d: &Ruvm, g: u32) -> Result<Duration, Stop> {
     let (p, _) = d.pool_create(64 * K, u64::MAX).ctx("POOL_CREATE")?;
     d.pool_access(p, g, true).ctx("POOL_SET_ACCESS")?;
-    let mut c = uapi::ruvm_pool_create {
-        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
-        gpu: g,
-        page_size: 64 * K,
-        release_threshold: u64::MAX,
-        ..Default::default()
-    };
-    let vid = match d.call(cmd::POOL_CREATE, &mut c) {
-        Ok(()) => Some(c.handle),
+    let vid = match vid_pool(d, g, 64 * K, u64::MAX) {
+        Ok(h) => Some(h),
         Err(Errno::ENXIO) => None,
         Err(e) => return Err(Stop::Fail(format!("vidmem POOL_CREATE: {e}"))),
     };
@@ -477,14 +457,7 @@ fn vmalloc_used() -> Result<u64, Stop> {
 fn adv_failed_vidmem_pool_alloc_keeps_nothing() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let info = d.info().ctx("INFO")?;
-    let Some(g) = d
-        .gpus()
-        .ctx("GPU_LIST")?
-        .into_iter()
-        .find(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0 && g.vidmem_size > 0)
-    else {
-        return Err(Stop::Skip("no GPU with vidmem".into()));
-    };
+    let g = vidmem_gpu(&d)?;
     // As large as a mem may be: its chunks' bookkeeping alone is megabytes.
     let size = info.max_alloc_bytes;
     if size <= g.vidmem_size {
@@ -493,26 +466,13 @@ fn adv_failed_vidmem_pool_alloc_keeps_nothing() -> TestResult {
     let before = vmalloc_used()?;
     let mut pools = Vec::new();
     for _ in 0..8 {
-        let mut c = uapi::ruvm_pool_create {
-            backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
-            gpu: g.id,
-            page_size: 4 * K,
-            ..Default::default()
-        };
-        d.call(cmd::POOL_CREATE, &mut c).ctx("POOL_CREATE")?;
-        let mut a = uapi::ruvm_mem_alloc {
-            size,
-            backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
-            gpu: g.id,
-            pool: c.handle,
-            ..Default::default()
-        };
+        let p = vid_pool(&d, g.id, 4 * K, 0).ctx("POOL_CREATE")?;
         expect_errno(
-            d.call(cmd::MEM_ALLOC, &mut a),
+            vid_alloc(&d, p, g.id, size),
             Errno::ENOMEM,
             "a vidmem pool allocation larger than the GPU's vidmem",
         )?;
-        pools.push(c.handle);
+        pools.push(p);
     }
     let grew = vmalloc_used()?.saturating_sub(before);
     check!(

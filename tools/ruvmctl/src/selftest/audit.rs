@@ -17,7 +17,7 @@ use super::harness::{
 };
 use libruvm::{self as dev, uapi, Ruvm, UserMap};
 
-use super::shared::{drop_kept, same_but, VIDMEM_KEPT};
+use super::shared::{drop_kept, same_but, vidmem_gpu, VIDMEM_KEPT};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -166,14 +166,7 @@ fn audit_counts_vidmem_and_its_storage() -> TestResult {
     if !test_ioctls(&d)? {
         return Err(Stop::Skip("the walk needs enable_test_ioctls=1".into()));
     }
-    let Some(g) = d
-        .gpus()
-        .ctx("GPU_LIST")?
-        .into_iter()
-        .find(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0 && g.vidmem_size > 0)
-    else {
-        return Err(Stop::Skip("no GPU with vidmem".into()));
-    };
+    let g = vidmem_gpu(&d)?;
     let vbytes = uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_BYTES as usize;
     let vchunks = uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_CHUNKS as usize;
     let vroots = uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_ROOTS as usize;

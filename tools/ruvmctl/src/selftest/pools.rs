@@ -7,7 +7,9 @@
 use nix::errno::Errno;
 
 use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
-use super::shared::{fill, live, meminfo, mismatches, touch_in_child};
+use super::shared::{
+    fill, live, meminfo, mismatches, sim_gpu, touch_in_child, vid_alloc, vid_pool,
+};
 use libruvm::{cmd, uapi, Ruvm, UserMap};
 
 const K: u64 = 1024;
@@ -288,19 +290,6 @@ fn nonzero_bytes(d: &Ruvm, h: u64) -> Result<usize, Stop> {
     let q = d.mem_query(h).ctx("MEM_QUERY")?;
     let map = UserMap::of_mem(d, &q).ctx("mmap")?;
     Ok((0..map.len()).filter(|&i| map.read(i) != 0).count())
-}
-
-/// A present simulated GPU, or a skip.
-fn sim_gpu(d: &Ruvm) -> Result<u32, Stop> {
-    d.gpus()
-        .ctx("GPU_LIST")?
-        .iter()
-        .find(|g| {
-            g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
-                && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM
-        })
-        .map(|g| g.id)
-        .ok_or_else(|| Stop::Skip("no simulated GPU (sim_gpus=N)".into()))
 }
 
 fn pool_reuse_is_real_and_never_stale() -> TestResult {
@@ -793,32 +782,6 @@ fn pool_shrinks_under_memory_pressure() -> TestResult {
         after.reserved
     );
     d.pool_destroy(p).ctx("POOL_DESTROY")
-}
-
-/// Creates a vidmem pool of `gpu` (chunks of `page_size`): its handle.
-fn vid_pool(d: &Ruvm, gpu: u32, page_size: u64, threshold: u64) -> Result<u64, Errno> {
-    let mut c = uapi::ruvm_pool_create {
-        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
-        gpu,
-        page_size,
-        release_threshold: threshold,
-        ..Default::default()
-    };
-    d.call(cmd::POOL_CREATE, &mut c)?;
-    Ok(c.handle)
-}
-
-/// Allocates `size` of vidmem of `gpu` from `pool`.
-fn vid_alloc(d: &Ruvm, pool: u64, gpu: u32, size: u64) -> Result<uapi::ruvm_mem_alloc, Errno> {
-    let mut a = uapi::ruvm_mem_alloc {
-        size,
-        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
-        gpu,
-        pool,
-        ..Default::default()
-    };
-    d.call(cmd::MEM_ALLOC, &mut a)?;
-    Ok(a)
 }
 
 /// A vidmem pool on a simulated GPU with vidmem: chunks from the PMM, reused (the same GPU

@@ -3,7 +3,7 @@
 //! Steps several groups of cases share: the audit's live counts, and the seeded pattern
 //! written and checked through a mem's kernel mapping.
 
-use libruvm::{uapi, Ruvm};
+use libruvm::{cmd, uapi, Errno, Ruvm};
 
 use super::harness::{Context, Stop, TestResult};
 
@@ -104,4 +104,57 @@ pub(super) fn mismatches(d: &Ruvm, h: u64, len: u64, seed: u64) -> Result<u64, S
     d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
     let v = d.mem_fill(true, pattern(h, len, seed)).ctx("MEM_VERIFY")?;
     Ok(v.mismatches)
+}
+
+/// A present simulated GPU (the ones with an MMU, and a removal test ioctl), or a skip.
+pub(super) fn sim_gpu(d: &Ruvm) -> Result<u32, Stop> {
+    d.gpus()
+        .ctx("GPU_LIST")?
+        .iter()
+        .find(|g| {
+            g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
+                && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM
+        })
+        .map(|g| g.id)
+        .ok_or_else(|| Stop::Skip("no simulated GPU (sim_gpus=N)".into()))
+}
+
+/// A present GPU with vidmem, or a skip.
+pub(super) fn vidmem_gpu(d: &Ruvm) -> Result<uapi::ruvm_gpu_info, Stop> {
+    d.gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .find(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0 && g.vidmem_size > 0)
+        .ok_or_else(|| Stop::Skip("no GPU with vidmem".into()))
+}
+
+/// A pool of `gpu`'s vidmem with chunks of `page_size` bytes and release threshold `threshold`.
+pub(super) fn vid_pool(d: &Ruvm, gpu: u32, page_size: u64, threshold: u64) -> Result<u64, Errno> {
+    let mut c = uapi::ruvm_pool_create {
+        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+        gpu,
+        page_size,
+        release_threshold: threshold,
+        ..Default::default()
+    };
+    d.call(cmd::POOL_CREATE, &mut c)?;
+    Ok(c.handle)
+}
+
+/// Allocates `size` of vidmem of `gpu` from `pool`.
+pub(super) fn vid_alloc(
+    d: &Ruvm,
+    pool: u64,
+    gpu: u32,
+    size: u64,
+) -> Result<uapi::ruvm_mem_alloc, Errno> {
+    let mut a = uapi::ruvm_mem_alloc {
+        size,
+        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+        gpu,
+        pool,
+        ..Default::default()
+    };
+    d.call(cmd::MEM_ALLOC, &mut a)?;
+    Ok(a)
 }
