@@ -227,8 +227,12 @@ impl GpuAccess<'_> {
     }
 
     /// Copies `len` bytes (at most [`Self::max_piece`]) from DMA address `src` to `dst` with
-    /// the GPU's engine.
+    /// the GPU's engine; `ENODEV` once the GPU's removal has begun (a long copy stops at its
+    /// next piece, so the removal waits for one piece only).
     pub(crate) fn copy(&self, dst: u64, src: u64, len: usize) -> Result {
+        if self.gpu.res.tracker.is_closed() {
+            return Err(ENODEV);
+        }
         match (self.engine()?, &self.gpu.res.sim) {
             (Engine::Edu(e), _) => e.copy(dst, src, len),
             (Engine::Sim, Some(sim)) => sim.copy(self.gpu.id, dst, src, len),
@@ -459,9 +463,11 @@ pub(crate) fn register(
 /// is left (all while the device is still bound); its entry stays, marked gone. Its vidmem mems
 /// stay, unusable (`ENODEV`) but free to free.
 pub(crate) fn unregister(dev: &GpuDev) {
-    dev.revoke();
-    // Before the hook visits the tables' holders (see `GpuTable::keepable`).
+    // Before the guards are waited for: a copy in flight stops at its next piece (so removal
+    // waits for one piece, not a whole copy), and before the hook visits the tables' holders
+    // (see `GpuTable::keepable`).
     dev.res.tracker.close();
+    dev.revoke();
     let hook = GPUS.lock().and_then(|r| r.on_remove);
     if let Some(hook) = hook {
         hook(dev.id);

@@ -318,17 +318,27 @@ impl PinnedDrop for MemCore {
         // Every table left goes back with the chunks (a mem dropped without being freed, at
         // file close, still has them in `gpus`); the pool keeps those of its GPUs, and the
         // mmap offset range with the chunks.
-        let lease = {
+        // Its GPU virtual mappings go first, as in a free (uvm_mem's order: user, kernel, then
+        // the VA offset, then the tables): no PTE may still point at an address the pool is
+        // given (and may give back) with the tables.
+        let (mappings, lease) = {
             let mut st = this.state.lock();
+            let mappings = (
+                core::mem::replace(&mut st.gpu_user, KVec::new()),
+                core::mem::replace(&mut st.gpu_kernel, KVec::new()),
+                st.kva.take(),
+            );
+            st.user_va = None;
             let mut lease = st.lease.take();
             if let Some(l) = lease.as_mut() {
                 let gpus = core::mem::replace(&mut st.gpus, KVec::new());
                 give_tables(&mut l.tables, gpus);
                 l.range = this.mmap.take();
             }
-            lease
+            (mappings, lease)
         };
-        // Given back with the lock released.
+        // Unmapped, then given back, with the lock released.
+        drop(mappings);
         drop(lease);
     }
 }

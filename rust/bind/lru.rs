@@ -100,8 +100,19 @@ unsafe fn anchor_of(item: *mut bindings::list_head) -> *mut AnchorObj {
     item.cast()
 }
 
-/// Walk callback of the count: adds up the anchors' pages into `*arg` (a `u64`), and takes an
-/// anchor with none off the list.
+/// What the count's walk adds up.
+struct Tally {
+    pages: u64,
+    /// Anchors met with pages.
+    seen: u64,
+}
+
+/// The most anchors one count walks (under the list's spinlock); beyond it the total is
+/// estimated from those walked.
+const COUNT_WALK: ffi::c_ulong = 1024;
+
+/// Walk callback of the count: adds up the anchors' pages into `*arg` (a [`Tally`]), and takes
+/// an anchor with none off the list.
 ///
 /// # Safety
 ///
@@ -119,9 +130,12 @@ unsafe extern "C" fn count_one(
         unsafe { bindings::list_lru_isolate(list, item) };
         return bindings::lru_status::LRU_REMOVED;
     }
-    // SAFETY: `arg` is the `u64` `count` passed.
-    unsafe { *arg.cast::<u64>() += pages };
-    bindings::lru_status::LRU_SKIP
+    // SAFETY: `arg` is the `Tally` `count` passed.
+    let tally = unsafe { &mut *arg.cast::<Tally>() };
+    tally.pages = tally.pages.saturating_add(pages);
+    tally.seen += 1;
+    // Moved to the tail: the next count walks others first.
+    bindings::lru_status::LRU_ROTATE
 }
 
 /// Keys noted by a scan.
@@ -150,7 +164,8 @@ unsafe extern "C" fn scan_one(
         keys.n += 1;
         return bindings::lru_status::LRU_ROTATE;
     }
-    bindings::lru_status::LRU_STOP
+    // Not `LRU_STOP`, which 7.2 expects returned with the list's lock dropped.
+    bindings::lru_status::LRU_SKIP
 }
 
 /// The list of this shrinker, for a callback.
@@ -174,19 +189,28 @@ unsafe extern "C" fn count(
     shrinker: *mut bindings::shrinker,
     sc: *mut bindings::shrink_control,
 ) -> ffi::c_ulong {
-    let mut pages: u64 = 0;
-    let mut all: ffi::c_ulong = ffi::c_ulong::MAX;
+    let mut tally = Tally { pages: 0, seen: 0 };
+    let mut walk = COUNT_WALK;
     // SAFETY: the list is this shrinker's; `sc` is valid for the call; the callback gets the
-    // `u64` it expects.
-    unsafe {
+    // `Tally` it expects.
+    let listed = unsafe {
+        let lru = lru_of(shrinker);
         bindings::list_lru_walk_one(
-            lru_of(shrinker),
+            lru,
             (*sc).nid,
             (*sc).memcg,
             Some(count_one),
-            core::ptr::from_mut(&mut pages).cast(),
-            &mut all,
-        )
+            core::ptr::from_mut(&mut tally).cast(),
+            &mut walk,
+        );
+        bindings::list_lru_count_one(lru, (*sc).nid, (*sc).memcg)
+    };
+    // A list longer than one walk: the rest estimated at the walked anchors' mean.
+    let listed = u64::try_from(listed).unwrap_or(u64::MAX);
+    let pages = match tally.seen {
+        0 => 0,
+        n if listed > n => tally.pages / n * listed,
+        _ => tally.pages,
     };
     match pages {
         // `SHRINK_EMPTY` (`~0UL - 1`): nothing here (the cgroup's bit may be cleared).

@@ -125,9 +125,14 @@ impl RuvmFile {
         if args.gpu >= GpuSet::IDS {
             return Err(ENODEV);
         }
-        if !revoke {
-            gpu::get(args.gpu)?;
+        if revoke {
+            return pool.set_access(args.gpu, false);
         }
-        pool.set_access(args.gpu, !revoke)
+        // Granted under an access guard: a GPU whose removal has begun is refused (`ENODEV`),
+        // and one that is bound stays so until the grant is in the set, where its removal
+        // finds it.
+        let gpu = gpu::get(args.gpu)?;
+        let _access = gpu.access()?;
+        pool.set_access(args.gpu, true)
     }
 }

@@ -85,9 +85,15 @@ impl Tracker {
     }
 
     /// The GPU's removal has begun: from now on no holder keeps a table of it (set before the
-    /// removal visits the holders, which check it under their own locks).
+    /// removal visits the holders, which check it under their own locks), and copies stop at
+    /// their next piece.
     pub(crate) fn close(&self) {
         self.gone.store(true, Relaxed);
+    }
+
+    /// Whether the GPU's removal has begun.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.gone.load(Relaxed)
     }
 
     /// Waits until the GPU has no table left (its removal, once no new one can be made).

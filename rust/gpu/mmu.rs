@@ -660,6 +660,10 @@ impl Mmu {
             if kernel::current!().signal_pending() {
                 return Err(ERESTARTSYS);
             }
+            // The GPU is going: stop at this piece (its removal waits for the copy).
+            if self.tracker.is_closed() {
+                return Err(ENODEV);
+            }
             let mut guard = self.state.lock();
             let st = &mut *guard;
             let (s, s_left) = self.translate(st, space, src + done, Access::Read)?;

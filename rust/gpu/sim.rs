@@ -182,7 +182,7 @@ impl SimRecords {
                 pages: table.pages().clone(),
                 chunk,
             };
-            let node = RBTreeNode::new(key, mapping, GFP_KERNEL)?;
+            let node = RBTreeNode::new(key, mapping, GFP_KERNEL_ACCOUNT)?;
             records.keys.push(key, GFP_KERNEL)?;
             records.iommu.maps.lock().insert(node);
         }

@@ -209,11 +209,11 @@ pub(super) fn from_vid_pool(
     })
 }
 
-/// Takes the chunks of `layout` from `pool` (sysmem), zeroing the reused ones when `req`
-/// asks for zeroed memory (new ones are allocated zeroed).
+/// Takes the chunks of `layout` from `pool` (sysmem), zeroing the reused ones (the file's own
+/// earlier bytes) when `req` asks for zeroed memory; new ones are always allocated zeroed.
 pub(super) fn from_pool(pool: &Pool, req: &AllocRequest, layout: &Layout) -> Result<Taken> {
     let count = usize::try_from(layout.chunk_count)?;
-    let taken = pool.take(count, req.zero, stop_on_signal)?;
+    let taken = pool.take(count, stop_on_signal)?;
     if req.zero && taken.reused > 0 {
         let len = taken.reused * taken.pages.chunk_len();
         let zeroed = taken.pages.bytes().zero(0, len);
@@ -238,7 +238,9 @@ fn alloc_chunks(req: &AllocRequest, mut layout: Layout) -> Result<(Layout, Arc<P
     let page = PAGE_SIZE as u64;
     loop {
         let fallback_left = req.fallback && layout.chunk_size > page;
-        match try_alloc_chunks(&layout, req.zero, fallback_left) {
+        // Every fresh chunk is zeroed, asked or not: a page the allocator hands out may hold
+        // another file's bytes, or the kernel's (uvm_mem zeroes what it exposes to user space).
+        match try_alloc_chunks(&layout, true, fallback_left) {
             Err(e) if e == ENOMEM && fallback_left => {
                 layout = policy::layout_with_chunk(req.size, layout.chunk_size / 2)
                     .map_err(policy_error)?;

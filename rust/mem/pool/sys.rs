@@ -106,16 +106,12 @@ impl PoolState {
 
 impl Pool {
     /// Takes `count` chunks for a mem: a cached list of exactly `count` chunks whole (with the
-    /// tables the pool may keep), else cached chunks first and new ones (zeroed with `zero`)
-    /// for the rest, charged to the file's quota first (`ENOSPC`). `stop` is asked before each
-    /// new chunk. On failure the pool holds what it held (but for tables dropped to take lists
-    /// apart), its attributes unchanged.
-    pub(crate) fn take(
-        &self,
-        count: usize,
-        zero: bool,
-        mut stop: impl FnMut() -> Result,
-    ) -> Result<Taken> {
+    /// tables the pool may keep), else cached chunks first and new ones (always zeroed: fresh
+    /// pages may hold another file's bytes) for the rest, charged to the file's quota first
+    /// (`ENOSPC`). `stop` is asked before each new chunk. On failure the pool holds what it held
+    /// (but for tables dropped to take lists apart), its attributes unchanged; `ENOENT` if the
+    /// pool was destroyed meanwhile.
+    pub(crate) fn take(&self, count: usize, mut stop: impl FnMut() -> Result) -> Result<Taken> {
         let bytes = (count as u64)
             .checked_mul(self.chunk_size)
             .ok_or(EOVERFLOW)?;
@@ -205,7 +201,7 @@ impl Pool {
             .filter(|&b| b > 0)
             .map(|b| self.quota.charge(b));
         let flags = ChunkFlags {
-            zero,
+            zero: true,
             fail_fast: false,
         };
         let mut failed = match topped {
@@ -267,23 +263,34 @@ impl Pool {
             Some(e) if !st.closed => st.cache(e),
             e => e,
         };
-        let r = made.map(|pages| {
-            st.used += bytes;
-            st.hits += reused as u64;
-            st.misses += (count - reused) as u64;
-            st.note_highs();
-            charge.merge(cached_charge);
-            Taken {
-                pages,
-                tables: KVec::new(),
-                reused,
-                range: None,
-                charge,
+        // Destroyed meanwhile (a destroy that found nothing lent out): the mem is not made,
+        // its new list freed with the lock released.
+        let mut late = None;
+        let r = match made {
+            Ok(pages) if st.closed => {
+                late = Some(pages);
+                Err(ENOENT)
             }
-        });
+            Ok(pages) => {
+                st.used += bytes;
+                st.hits += reused as u64;
+                st.misses += (count - reused) as u64;
+                st.note_highs();
+                charge.merge(cached_charge);
+                Ok(Taken {
+                    pages,
+                    tables: KVec::new(),
+                    reused,
+                    range: None,
+                    charge,
+                })
+            }
+            Err(e) => Err(e),
+        };
         self.publish(&st);
         drop(st);
         drop(refused);
+        drop(late);
         r
     }
 

@@ -144,6 +144,12 @@ impl Pool {
             drop(refused);
             return Err(e);
         }
+        if st.closed {
+            // Destroyed meanwhile: the mem is not made, its chunks go back to the PMM.
+            drop(st);
+            drop(out);
+            return Err(ENOENT);
+        }
         st.used += bytes;
         st.hits += reused as u64;
         st.misses += (count - reused) as u64;

@@ -185,9 +185,7 @@ pub fn run(spec: &Spec) -> Result<u64> {
             }
         }
         if spec.unbind && rng.one_in(6) {
-            let t = Instant::now();
-            let did = ops::unbind_rebind(&mut rng, shared);
-            let took = t.elapsed();
+            let (did, took) = oracle::timed(|| ops::unbind_rebind(&mut rng, shared));
             if !matches!(did, ops::Unbound::Nothing) {
                 removals += 1;
                 slowest = slowest.max(took);

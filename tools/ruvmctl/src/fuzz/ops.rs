@@ -1117,9 +1117,7 @@ pub fn sim_remove_add(
         shared.problems.fetch_add(1, Ordering::Relaxed);
     };
     let g = rng.pick(&sims);
-    let t = std::time::Instant::now();
-    let removed = d.test_sim_gpu(g, false);
-    let took = t.elapsed();
+    let (removed, took) = oracle::timed(|| d.test_sim_gpu(g, false));
     if let Err(e) = removed {
         problem(format!("TEST_SIM_GPU remove of GPU {g}: {e}"));
         return None;

@@ -18,8 +18,69 @@ use anyhow::{Context as _, Result};
 
 use crate::cgroup::MemGroup;
 
-/// How long a GPU's removal may take under load before it counts as hung.
+/// How long a GPU's removal may take under load before it counts as hung (the default of
+/// `--removal-bound`).
 pub const REMOVAL_BOUND: Duration = Duration::from_secs(10);
+
+/// How long a removal may take before the fuzzer shows what the blocked tasks wait for.
+const SLOW: Duration = Duration::from_secs(5);
+
+/// Runs `remove` (a GPU's removal) and returns how long it took; if it takes longer than
+/// [`SLOW`], prints the kernel stack of every task blocked in the kernel meanwhile (from
+/// `/proc/PID/task/TID/stack`, root only), once: what a slow removal waits for.
+pub fn timed<R: Send>(remove: impl FnOnce() -> R + Send) -> (R, Duration) {
+    let start = std::time::Instant::now();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if start.elapsed() > SLOW {
+                    println!("fuzz: a GPU removal is taking over {SLOW:?}; tasks blocked now:");
+                    print!("{}", blocked_stacks());
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let r = remove();
+        let took = start.elapsed();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = watcher.join();
+        (r, took)
+    })
+}
+
+/// The kernel stacks of the tasks in uninterruptible sleep (state D), one block each.
+fn blocked_stacks() -> String {
+    let mut out = String::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // The state follows the command name's closing parenthesis.
+            let state = stat.rsplit_once(')').map(|(_, r)| r.trim_start());
+            if !state.is_some_and(|s| s.starts_with('D')) {
+                continue;
+            }
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            let stack = std::fs::read_to_string(t.path().join("stack")).unwrap_or_default();
+            out.push_str(&format!(
+                "fuzz:   task {} ({}):\n",
+                t.file_name().to_string_lossy(),
+                comm.trim()
+            ));
+            for l in stack.lines() {
+                out.push_str(&format!("fuzz:     {l}\n"));
+            }
+        }
+    }
+    out
+}
 
 /// The top byte of every tag word.
 const MARK: u64 = 0xf1;
