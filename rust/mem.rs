@@ -540,14 +540,14 @@ impl Mem {
                 _bytes: Counted::new(bytes_class, layout.physical_size),
                 _usage: Usage::new(req.stats_backing(), layout.physical_size, req.size),
             }),
-            GFP_KERNEL_ACCOUNT,
+            GFP_KERNEL,
         )?;
         let mem = Arc::new(
             Mem {
                 core: core.clone(),
                 _charge: charge,
             },
-            GFP_KERNEL_ACCOUNT,
+            GFP_KERNEL,
         )?;
         // Registered last; on failure `mem` is dropped, and `Mem::drop` finds nothing to remove.
         registry::insert(serial, core)?;
