@@ -670,10 +670,12 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
             let size = rng.pick(&SIZES).min(w.max_size);
             let flags = rng.pick(&[0, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO, 2]);
             let (r, allowed): (_, &[Errno]) = if rng.one_in(3) {
-                // Now and then more than any GPU's vidmem (and at most the largest mem), which
-                // must be refused leaving nothing behind.
+                // Now and then more than any GPU's vidmem (three quarters of what one mem and one
+                // file may hold, so that the quota lets it through to the pool), which must be
+                // refused leaving nothing behind.
                 let size = if rng.one_in(8) {
-                    d.info().map_or(size, |i| i.max_alloc_bytes)
+                    d.info()
+                        .map_or(size, |i| i.max_alloc_bytes.min(i.max_file_bytes) / 4 * 3)
                 } else {
                     size
                 };
