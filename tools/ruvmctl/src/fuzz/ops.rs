@@ -629,7 +629,8 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
         .ok()
         .and_then(|p| (!p.is_empty()).then(|| p[rng.below(p.len() as u64) as usize]))
         .unwrap_or(rng.pick(&[0, 1, u64::MAX]));
-    match rng.below(7) {
+    match rng.below(8) {
+        7 => vid_pool_beyond(w, d, rng),
         0 => {
             let page = rng.pick(&[0, 4096, 65536, 2 << 20, 3 << 10, 4 << 20]);
             let threshold = rng.pick(&[0, 65536, 1 << 20, u64::MAX]);
@@ -736,6 +737,53 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
                     p.retain(|x| *x != pool);
                 }
             }
+        }
+    }
+}
+
+/// A vidmem pool of 4 KiB chunks on a GPU with vidmem, kept, asked for more than the GPU has
+/// (three quarters of what one mem and one file may hold, so that the quota lets it through):
+/// refused (`ENOMEM`), and nothing may stay behind for it, charged or not (the resources
+/// oracle; a refused request once left megabytes of uncharged vmalloc in the pool).
+fn vid_pool_beyond(w: &World, d: &Ruvm, rng: &mut Rng) {
+    if w.sims.is_empty() {
+        return;
+    }
+    let g = rng.pick(&w.sims);
+    let mut c = uapi::ruvm_pool_create {
+        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+        gpu: g,
+        page_size: 4096,
+        ..Default::default()
+    };
+    let made = w.check(
+        "POOL_CREATE (vidmem, 4 KiB)",
+        d.call(cmd::POOL_CREATE, &mut c),
+        &[ENODEV, ENXIO, ENOSPC],
+    );
+    if made.is_none() {
+        return;
+    }
+    if let Ok(mut p) = w.pools.lock() {
+        p.push(c.handle);
+    }
+    let Ok(info) = d.info() else { return };
+    let mut a = uapi::ruvm_mem_alloc {
+        size: info.max_alloc_bytes.min(info.max_file_bytes) / 4 * 3,
+        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+        gpu: g,
+        pool: c.handle,
+        ..Default::default()
+    };
+    let r = d.call(cmd::MEM_ALLOC, &mut a).map(|()| a);
+    if let Some(a) = w.check(
+        "MEM_ALLOC (vidmem pool, beyond the GPU)",
+        r,
+        &[ENODEV, ENOSPC, EINTR, ENOENT],
+    ) {
+        // A GPU with that much vidmem: a mem like any other.
+        if let Ok(mut hs) = w.handles.lock() {
+            hs.push(a.handle);
         }
     }
 }
