@@ -36,7 +36,7 @@ use crate::{
     mem::{
         pool::{self, Pool},
         quota::Quota,
-        table::Table,
+        tree::KeptTree,
         Handle, Mem, Origin,
     },
     uapi,
@@ -108,9 +108,9 @@ struct Entry {
 /// their chunks go back to.
 struct FileInner {
     /// Every mem of the file, by handle.
-    mems: Table<Handle, Entry>,
+    mems: KeptTree<Handle, Entry>,
     /// The handle of the mem at each mmap offset.
-    offsets: Table<u64, Handle>,
+    offsets: KeptTree<u64, Handle>,
     spaces: UserSpaces,
     pools: FilePools,
 }
@@ -199,8 +199,8 @@ impl MiscDevice for RuvmFile {
         let me = KBox::try_pin_init(
             try_pin_init!(RuvmFile {
                 inner <- new_mutex!(FileInner {
-                    mems: Table::new(SPARE)?,
-                    offsets: Table::new(SPARE)?,
+                    mems: KeptTree::new(SPARE)?,
+                    offsets: KeptTree::new(SPARE)?,
                     spaces: UserSpaces {
                         id: mmu::new_space_id(),
                         mmus: KVec::new(),

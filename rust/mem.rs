@@ -60,7 +60,7 @@ pub(crate) mod pool;
 pub(crate) mod quota;
 pub(crate) mod registry;
 pub(crate) mod storage;
-pub(crate) mod table;
+pub(crate) mod tree;
 
 use policy::{Backing, Layout, PolicyError};
 use quota::{Charge, Quota};

@@ -10,13 +10,13 @@
 //! [`new_space_id`]); each is a tree of its own. A space's tables go when nothing is mapped in
 //! it; the file's close destroys what is left of its spaces ([`Mmu::destroy_space`]).
 //!
-//! # Tables
+//! # PageTables
 //!
 //! Every table and directory takes 4 KiB of the GPU's memory: a vidmem chunk when the GPU has
 //! vidmem (aperture video), else a zeroed sysmem page DMA-mapped for the GPU (aperture system
 //! coherent, at its DMA address). A table is allocated when a mapping first needs it and freed
 //! when it empties (the tree's rules, [`mmu_tree`]); the root goes when nothing is mapped, so
-//! an idle GPU holds no page-table memory. Tables are counted by the audit (`pt_tables`,
+//! an idle GPU holds no page-table memory. PageTables are counted by the audit (`pt_tables`,
 //! `pt_bytes`).
 //!
 //! # The walk
@@ -100,8 +100,8 @@ enum TableStore {
     Vid { _chunk: VidChunk },
 }
 
-/// One table or directory, counted while it lives.
-struct Table {
+/// One page table or directory, counted while it lives.
+struct PageTable {
     store: TableStore,
     /// Its bytes, for the tree's own reads and writes (the engine goes through its DMA
     /// translation instead): the pages, and the table's offset in them.
@@ -110,7 +110,7 @@ struct Table {
     _bytes: Counted,
 }
 
-impl Table {
+impl PageTable {
     /// The word at byte `offset` of the table.
     fn read(&self, offset: usize) -> Option<u64> {
         let (pages, at) = &self.bytes;
@@ -167,7 +167,7 @@ const WORDS_AT_ONCE: usize = 64;
 
 /// The table holding byte address `addr`, and `addr`'s offset in it: tables are 4 KiB,
 /// aligned to 4 KiB.
-fn table_at(map: &RBTree<u64, Table>, addr: u64) -> Option<(&Table, usize)> {
+fn table_at(map: &RBTree<u64, PageTable>, addr: u64) -> Option<(&PageTable, usize)> {
     let base = addr & !(TABLE_BYTES - 1);
     // CAST: below 4 KiB.
     map.get(&base).map(|t| (t, (addr - base) as usize))
@@ -188,7 +188,7 @@ struct MmuState {
     /// Every VA space with something mapped, by id: its tree.
     spaces: KVec<(u64, Tree)>,
     /// Every table, by address: who owns its memory (not read by the walk).
-    tables: RBTree<u64, Table>,
+    tables: RBTree<u64, PageTable>,
     tlb: [Option<TlbEntry>; TLB_ENTRIES],
     /// The GPU is gone: every table freed, nothing more is mapped.
     dead: bool,
@@ -228,15 +228,15 @@ fn tree_error(e: TreeError) -> Error {
 
 /// The tables of one MMU as the tree sees them: words read and written where the engine
 /// reads them, tables allocated from the GPU's memory.
-struct Tables<'a> {
+struct PageTables<'a> {
     mmu: &'a Mmu,
-    map: &'a mut RBTree<u64, Table>,
+    map: &'a mut RBTree<u64, PageTable>,
 }
 
-impl Tables<'_> {
+impl PageTables<'_> {
     /// The table holding the `n` words from `addr` on in `aperture`, and `addr`'s offset in
     /// it; `None` unless they are all in one table of this MMU's aperture.
-    fn words(&self, aperture: Aperture, addr: u64, n: usize) -> Option<(&Table, usize)> {
+    fn words(&self, aperture: Aperture, addr: u64, n: usize) -> Option<(&PageTable, usize)> {
         if aperture != self.mmu.table_aperture() {
             return None;
         }
@@ -246,14 +246,14 @@ impl Tables<'_> {
     }
 }
 
-impl TableReader for Tables<'_> {
+impl TableReader for PageTables<'_> {
     fn read(&mut self, aperture: Aperture, addr: u64) -> Option<u64> {
         let (t, offset) = self.words(aperture, addr, 1)?;
         t.read(offset)
     }
 }
 
-impl TableMem for Tables<'_> {
+impl TableMem for PageTables<'_> {
     fn write(&mut self, aperture: Aperture, addr: u64, value: u64) -> Result<(), TreeError> {
         let (t, offset) = self.words(aperture, addr, 1).ok_or(TreeError::Unreadable)?;
         t.write(offset, value).map_err(|_| TreeError::Unreadable)
@@ -338,7 +338,7 @@ impl Mmu {
     }
 
     /// A new zeroed table, and where it is.
-    fn new_table(&self) -> Result<(Table, Pde)> {
+    fn new_table(&self) -> Result<(PageTable, Pde)> {
         let (store, bytes, addr) = match &self.pmm {
             Some(pmm) => {
                 // Stored chunks are zeroed as they are handed out.
@@ -369,7 +369,7 @@ impl Mmu {
         if addr % TABLE_BYTES != 0 {
             return Err(EINVAL);
         }
-        let table = Table {
+        let table = PageTable {
             store,
             bytes,
             _tables: Counted::new(Class::PtTables, 1),
@@ -426,7 +426,7 @@ impl Mmu {
     fn destroy_in(&self, st: &mut MmuState, space: u64) {
         let tree = Self::space_index(st, space).and_then(|i| st.spaces.remove(i).ok());
         if let Some((_, tree)) = tree {
-            let mut m = Tables {
+            let mut m = PageTables {
                 mmu: self,
                 map: &mut st.tables,
             };
@@ -469,7 +469,7 @@ impl Mmu {
             return Err(ENODEV);
         }
         if Self::space_index(st, space).is_none() {
-            let mut m = Tables {
+            let mut m = PageTables {
                 mmu: self,
                 map: &mut st.tables,
             };
@@ -477,7 +477,7 @@ impl Mmu {
             let root = tree.root();
             if st.spaces.push((space, tree), GFP_KERNEL).is_err() {
                 // The tree holds its root only: free it.
-                let mut m = Tables {
+                let mut m = PageTables {
                     mmu: self,
                     map: &mut st.tables,
                 };
@@ -487,7 +487,7 @@ impl Mmu {
         }
         let i = Self::space_index(st, space).ok_or(EINVAL)?;
         let tree = &st.spaces.get(i).ok_or(EINVAL)?.1;
-        let mut m = Tables {
+        let mut m = PageTables {
             mmu: self,
             map: &mut st.tables,
         };
@@ -530,7 +530,7 @@ impl Mmu {
     #[allow(clippy::too_many_arguments)]
     fn map_some(
         tree: &Tree,
-        m: &mut Tables<'_>,
+        m: &mut PageTables<'_>,
         va: u64,
         page_size: u64,
         done: u64,
@@ -567,7 +567,7 @@ impl Mmu {
             .and_then(|i| st.spaces.get(i))
             .map(|(_, t)| t);
         if let Some(tree) = tree {
-            let mut m = Tables {
+            let mut m = PageTables {
                 mmu: self,
                 map: &mut st.tables,
             };

@@ -17,12 +17,12 @@ use crate::{
     gpu::{mmu::TABLE_BYTES, pmm::CHUNK_MAX},
 };
 
-use super::{plant, storage::Storage, table::Table, Life, MemCore};
+use super::{plant, storage::Storage, tree::KeptTree, Life, MemCore};
 
 /// Every live mem by serial, with the nodes of mems that left kept for the next ones (a mem's
 /// insertion then allocates nothing).
 struct Registry {
-    mems: Table<u64, Arc<MemCore>>,
+    mems: KeptTree<u64, Arc<MemCore>>,
 }
 
 /// How many nodes the registry keeps for reuse.
@@ -37,7 +37,7 @@ global! {
 pub(super) fn init() -> Result {
     MEMS.init();
     *MEMS.lock().ok_or(ENODEV)? = Some(Registry {
-        mems: Table::new(SPARE)?,
+        mems: KeptTree::new(SPARE)?,
     });
     Ok(())
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! A red-black tree that keeps the nodes of the entries it loses for the next ones: the tables
-//! of live mems (the registry, a file's handles and offsets), where a freed mem's entries are
+//! A red-black tree that keeps the nodes of the entries it loses for the next ones (called a
+//! tree, not a table, so that no reader of a removal path mistakes it for a DMA table or a page
+//! table): the indexes of live mems (the registry, a file's handles and offsets), where a freed mem's entries are
 //! soon followed by a new mem's, then allocate nothing.
 
 use kernel::{
@@ -10,15 +11,15 @@ use kernel::{
 };
 
 /// An [`RBTree`] and the nodes of removed entries, up to a fixed number.
-pub(crate) struct Table<K, V> {
+pub(crate) struct KeptTree<K, V> {
     tree: RBTree<K, V>,
     spare: KVec<RBTreeNodeReservation<K, V>>,
 }
 
-/// A node for one insertion into a [`Table`]: a kept one, or a new one.
+/// A node for one insertion into a [`KeptTree`]: a kept one, or a new one.
 pub(crate) struct Slot<K, V>(RBTreeNodeReservation<K, V>);
 
-impl<K: Ord, V> Table<K, V> {
+impl<K: Ord, V> KeptTree<K, V> {
     /// An empty table that keeps up to `keep` nodes.
     pub(crate) fn new(keep: usize) -> Result<Self> {
         Ok(Self {
