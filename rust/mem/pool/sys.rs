@@ -155,20 +155,39 @@ impl Pool {
             have += e.pages.chunk_count();
             n += 1;
         }
-        // Everything the rest needs is allocated now, before the cache changes: a failure
-        // from here on never loses a cached chunk to a failed allocation. So is the charge of
-        // the chunks the cache cannot give.
+        // Everything the rest needs is allocated now, before the cache changes (a failure from
+        // here on never loses a cached chunk to a failed allocation), and with the lock
+        // released (a reclaim this allocation triggers may then take this pool's cache). So is
+        // the charge of the chunks the cache cannot give.
+        drop(st);
         let fresh = (count.saturating_sub(have) as u64) * self.chunk_size;
         let mut charge = self.quota.charge(fresh)?;
         let mut list = ChunkList::slot(count)?;
         let mut back = ChunkList::slot(have)?;
         let mut chunks: KVVec<Chunk> = KVVec::with_capacity(count.max(have), GFP_KERNEL_ACCOUNT)?;
         let mut lists = KVec::with_capacity(n, GFP_KERNEL)?;
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(ENOENT);
+        }
+        // The cache may have changed meanwhile: lists are taken, newest first, only as far as
+        // the room made for them goes (fewer chunks than counted are made up with new ones).
         let mut held = 0;
-        for _ in 0..n {
-            let Some(e) = st.cache.len().checked_sub(1).and_then(|i| st.take_entry(i)) else {
+        let mut apart_room = have;
+        while lists.len() < n {
+            let fits = st
+                .cache
+                .iter()
+                .next_back()
+                .is_some_and(|e| e.pages.chunk_count() <= apart_room);
+            let taken = fits
+                .then(|| st.cache.len().checked_sub(1))
+                .flatten()
+                .and_then(|i| st.take_entry(i));
+            let Some(e) = taken else {
                 break;
             };
+            apart_room -= e.pages.chunk_count();
             held += e.bytes();
             // Room was reserved: this does not allocate.
             let _ = lists.push(e, GFP_KERNEL);

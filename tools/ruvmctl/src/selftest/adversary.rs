@@ -787,10 +787,15 @@ fn adv_pool_destroy_does_not_stall_the_file() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let (p, _) = d.pool_create(4 * K, u64::MAX).ctx("POOL_CREATE")?;
     let keep = d.mem_alloc(4 * K, 0, 0).ctx("alloc")?;
-    // 2048 lists of one chunk each, cached (a tenth of a second to give back on the fast
-    // kernel, seconds on the debug one).
+    // Lists of one chunk each, cached: 8192 (a tenth of a second or more to give back) but on a
+    // kernel with kmemleak (the debug kernel), where 1024 take seconds already.
+    let lists = if std::path::Path::new("/sys/kernel/debug/kmemleak").exists() {
+        1024
+    } else {
+        8192
+    };
     let mut hs = Vec::new();
-    for _ in 0..2048 {
+    for _ in 0..lists {
         hs.push(d.pool_alloc(p, 4 * K, 0).ctx("pool alloc")?.handle);
     }
     for h in hs {
@@ -819,7 +824,7 @@ fn adv_pool_destroy_does_not_stall_the_file() -> TestResult {
     // A query waits for bookkeeping only; a destroy that held the file's lock throughout made
     // one wait for most of it.
     check!(
-        took < Duration::from_millis(20) || worst < took / 2,
+        took < Duration::from_millis(20) || worst < took * 3 / 4,
         "a MEM_QUERY waited {worst:?} of the destroy's {took:?}"
     );
     d.mem_free(keep.handle).ctx("free")?;
