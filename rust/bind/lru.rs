@@ -279,7 +279,10 @@ impl LruShrinker {
             unsafe { bindings::kmem_cache_destroy(cache.as_ptr()) };
             return Err(ENOMEM);
         };
-        let lru = match KBox::new(Opaque::<bindings::list_lru>::uninit(), GFP_KERNEL) {
+        // Zeroed, not merely uninitialised: `__list_lru_init` reads its lockdep `key` (set by
+        // `list_lru_init_memcg_key` only), and a stale one there is "not registered" to lockdep
+        // (seen on a reload of the module on the debug kernel).
+        let lru = match KBox::new(Opaque::<bindings::list_lru>::zeroed(), GFP_KERNEL) {
             Ok(l) => l,
             Err(e) => {
                 // SAFETY: allocated above and not registered; made above, nothing in it.
@@ -290,8 +293,9 @@ impl LruShrinker {
                 return Err(e.into());
             }
         };
-        // SAFETY: `lru` is memory for a list not initialised yet; `shrinker` is allocated (its
-        // id assigned) and not registered, as `list_lru_init_memcg` needs.
+        // SAFETY: `lru` is zeroed memory for a list not initialised yet (no lockdep key);
+        // `shrinker` is allocated (its id assigned) and not registered, as
+        // `list_lru_init_memcg` needs.
         let r = unsafe { bindings::__list_lru_init(lru.get(), true, shrinker.as_ptr()) };
         if r != 0 {
             // SAFETY: as above.
