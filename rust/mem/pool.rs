@@ -319,7 +319,12 @@ impl Pool {
             used_high: st.used_high,
             hits: st.hits,
             misses: st.misses,
-            cached_chunks: st.cached.checked_div(self.chunk_size).unwrap_or(0),
+            // Chunks an allocation under way took out of the cache count as cached until it
+            // ends, so that `reserved == used + cached_chunks * chunk_size` holds at all times,
+            // as ruvm.rst promises.
+            cached_chunks: (st.cached + st.inflight)
+                .checked_div(self.chunk_size)
+                .unwrap_or(0),
             access: st.access,
         }
     }
