@@ -81,6 +81,10 @@ pub(crate) enum Class {
     PoolBytes,
     /// Vidmem root storage kept for reuse after its root emptied (2 MiB each).
     VidmemKept,
+    /// Operations queued on streams, not yet retired.
+    StreamOps,
+    /// References to mems those operations hold.
+    StreamMems,
 }
 
 /// The names used in reports and by ruvmctl, by class index.
@@ -113,8 +117,8 @@ const NAMES: [&str; CLASSES] = [
     "pool_chunks",
     "pool_bytes",
     "vidmem_kept",
-    "class_28",
-    "class_29",
+    "stream_ops",
+    "stream_mems",
 ];
 
 impl Class {
@@ -141,6 +145,8 @@ impl Class {
             Class::PoolChunks => uapi::ruvm_audit_class_RUVM_AUDIT_POOL_CHUNKS,
             Class::PoolBytes => uapi::ruvm_audit_class_RUVM_AUDIT_POOL_BYTES,
             Class::VidmemKept => uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_KEPT,
+            Class::StreamOps => uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_OPS,
+            Class::StreamMems => uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_MEMS,
         };
         i as usize
     }

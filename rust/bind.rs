@@ -7,9 +7,11 @@
 //! and `uapi`, and holds no module state (module-wide locks are declared by their owners with
 //! [`global::global!`]).
 
+pub(crate) mod completion;
 pub(crate) mod cred;
 pub(crate) mod dma;
 pub(crate) mod errno;
+pub(crate) mod fence;
 pub(crate) mod fops;
 pub(crate) mod global;
 pub(crate) mod lru;
@@ -22,3 +24,4 @@ pub(crate) mod shrinker;
 pub(crate) mod upin;
 pub(crate) mod vma;
 pub(crate) mod vmap;
+pub(crate) mod workqueue;

@@ -48,6 +48,7 @@ mod bench_ioctls;
 mod gpu_ioctls;
 mod mem_ioctls;
 mod pool_ioctls;
+mod stream_ioctls;
 mod test_ioctls;
 
 /// What the module's parameters say about files (set once at module init).
@@ -107,6 +108,8 @@ struct Entry {
 /// order: the mems (and their GPU user mappings) go before the spaces, and before the pools
 /// their chunks go back to.
 struct FileInner {
+    /// Its streams (cancelled first at close: their queued work holds mems) and events.
+    streams: stream_ioctls::FileStreams,
     /// Every mem of the file, by handle.
     mems: KeptTree<Handle, Entry>,
     /// The handle of the mem at each mmap offset.
@@ -199,6 +202,7 @@ impl MiscDevice for RuvmFile {
         let me = KBox::try_pin_init(
             try_pin_init!(RuvmFile {
                 inner <- new_mutex!(FileInner {
+                    streams: stream_ioctls::FileStreams::new(),
                     mems: KeptTree::new(SPARE)?,
                     offsets: KeptTree::new(SPARE)?,
                     spaces: UserSpaces {
@@ -252,6 +256,16 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_POOL_SET => me.pool_set(user)?,
             uapi::RUVM_IOCTL_POOL_TRIM => me.pool_trim(user)?,
             uapi::RUVM_IOCTL_POOL_SET_ACCESS => me.pool_set_access(user)?,
+            uapi::RUVM_IOCTL_STREAM_CREATE => me.stream_create(user)?,
+            uapi::RUVM_IOCTL_STREAM_DESTROY => me.stream_destroy(user)?,
+            uapi::RUVM_IOCTL_STREAM_SUBMIT => me.stream_submit(user)?,
+            uapi::RUVM_IOCTL_STREAM_QUERY => me.stream_query(user)?,
+            uapi::RUVM_IOCTL_STREAM_SYNC => me.stream_sync(user)?,
+            uapi::RUVM_IOCTL_EVENT_CREATE => me.event_create(user)?,
+            uapi::RUVM_IOCTL_EVENT_DESTROY => me.event_destroy(user)?,
+            uapi::RUVM_IOCTL_EVENT_QUERY => me.event_query(user)?,
+            uapi::RUVM_IOCTL_EVENT_SYNC => me.event_sync(user)?,
+            uapi::RUVM_IOCTL_EVENT_EXPORT => me.event_export(user)?,
             uapi::RUVM_IOCTL_MEM_GPU_VA => me.mem_gpu_va(user)?,
             uapi::RUVM_IOCTL_CE_COPY_VA => me.ce_copy_va(user)?,
             uapi::RUVM_IOCTL_GPU_PT_WALK => me.gpu_pt_walk(user)?,

@@ -9,7 +9,7 @@
 //! # Layers
 //!
 //! Each module imports only the ones below it: `ruvm.rs` (this file) → [`file`] (the ioctl
-//! surface and `mmap`) → [`mem`] (the mem object and its parts) → [`gpu`] (registry, engines,
+//! surface and `mmap`) → [`stream`] (streams and events) → [`mem`] (the mem object and its parts) → [`gpu`] (registry, engines,
 //! PMM) → [`audit`] (counters, statistics, reports) → [`bind`] (the binding layer) → [`uapi`].
 //! Calls that must go up are callbacks installed at init (a GPU's removal drops the mems'
 //! tables through [`gpu::set_removal_hook`]).
@@ -21,20 +21,27 @@
 //! 1. the mmap lock of a process (a user fault, an `mmap` and a VMA's close hold it when they
 //!    take a file's or a mem's lock; a free takes it, holding no ruvm lock, to wait for an
 //!    `mmap` that filled a VMA);
-//! 2. a file's table mutex (`file.rs`), released before anything below is taken;
-//! 3. the host GPU list (`gpu/host.rs`), held across an attach or a detach, or the list of
+//! 2. a stream's submission mutex (`stream.rs`), held across one submission's checks and
+//!    planning, under which the file's table mutex, mems' and GPUs' locks are taken;
+//! 3. a file's table mutex (`file.rs`), released before anything below is taken, but a
+//!    stream's state mutex (to ask whether a destroyed stream still has work);
+//! 4. a stream's state mutex (`stream.rs`): under it only a GPU's users mutex and leaves; the
+//!    engine runs no piece with it held;
+//! 5. the host GPU list (`gpu/host.rs`), held across an attach or a detach, or the list of
 //!    simulated GPUs (`gpu/sim.rs`), held across a removal or a return (never both);
-//! 4. a GPU's users mutex (`gpu.rs`), held only to count access guards; a guard itself holds
-//!    nothing, and a GPU's removal waits for the guards with no other lock held but 3 (no
+//! 6. a GPU's users mutex (`gpu.rs`), held only to count access guards; a guard itself holds
+//!    nothing, and a GPU's removal waits for the guards with no other lock held but 5 (no
 //!    guard holder takes it);
-//! 5. the mem registry (`mem/registry.rs`), or the pool registry (`mem/pool.rs`; never both),
+//! 7. the mem registry (`mem/registry.rs`), or the pool registry (`mem/pool.rs`; never both),
 //!    then a pool's mutex (its bookkeeping only; the shrinker only tries these two);
-//! 6. a mem's state mutex (`mem.rs`);
-//! 7. a simulated GPU's MMU mutex (`gpu/mmu.rs`): its page tables, written under it;
-//! 8. the GPU registry (`gpu.rs`): PMMs and MMUs are visited after it is released, but by the
-//!    vidmem shrinker, which only tries it and, under it, each PMM's mutex;
-//! 9. a PMM's mutex (`gpu/pmm.rs`; its chunk tree, `gpu/chunks.rs`, is under it);
-//! 10. leaves, under which nothing of ruvm is taken: a GPU's table tracker (`gpu/dma.rs`), a
+//! 8. a mem's state mutex (`mem.rs`);
+//! 9. a simulated GPU's MMU mutex (`gpu/mmu.rs`): its page tables, written under it;
+//! 10. the GPU registry (`gpu.rs`): PMMs and MMUs are visited after it is released, but by the
+//!     vidmem shrinker, which only tries it and, under it, each PMM's mutex;
+//! 11. a PMM's mutex (`gpu/pmm.rs`; its chunk tree, `gpu/chunks.rs`, is under it);
+//! 12. leaves, under which nothing of ruvm is taken: the streams' engines' registry, an
+//!     engine's ready and blocked lists, an operation's fence and start time, an event's point
+//!     (`stream/`), a GPU's table tracker (`gpu/dma.rs`), a
 //!     simulated GPU's translation (`gpu/sim.rs`), an edu engine's busy mutex (`gpu/edu.rs`), a
 //!     chunk list's bytes mutex (`bind/pages.rs`), the planted leaks (`mem/plant.rs`), the mmap
 //!     offset space (`mem/offsets.rs`), the GPU kernel VA window (`mem/gpu_va.rs`), the pools'
@@ -43,7 +50,7 @@
 //!     (`audit.rs`), under which registering pins a user page (taking the mmap lock of the
 //!     caller, which holds no ruvm lock then).
 //!
-//! User memory is never touched with a ruvm lock held, but for the fault path (1 then 6).
+//! User memory is never touched with a ruvm lock held, but for the fault path (1 then 8).
 
 use kernel::{
     debugfs, driver,
@@ -57,6 +64,7 @@ mod bind;
 mod file;
 mod gpu;
 mod mem;
+mod stream;
 mod uapi;
 
 /// The module version, from the top-level `VERSION` file (exported by `Kbuild`).
@@ -218,6 +226,7 @@ impl Layers {
         audit::init(level);
         gpu::init(config);
         mem::init()?;
+        stream::engine::init()?;
         Ok(layers)
     }
 }
@@ -227,6 +236,8 @@ impl Drop for Layers {
         // The planted leaks held for the unload report, and the registries' references. The
         // GPU sources (later fields) unregister their GPUs after this; that finds nothing left
         // to drop.
+        // The streams' runners first (idempotent: the unload did it already).
+        stream::engine::exit();
         let freed = mem::exit();
         gpu::drain();
         if freed > 0 && audit::level() > 0 {
@@ -309,7 +320,10 @@ impl PinnedDrop for RuvmModule {
     fn drop(self: Pin<&mut Self>) {
         // No file can be open here: each open file holds a module reference (`bind::fops`),
         // and each user mapping holds its file. The vidmem storage the PMMs keep for reuse goes
-        // first; what is still counted then has leaked.
+        // first; what is still counted then has leaked. Before it, the streams' runners end:
+        // every operation is retired and every fence signalled then.
+        stream::engine::exit();
+        bind::fence::quiesce();
         gpu::release_kept();
         let live = audit::live();
         let leaked = audit::report_unload(&live);

@@ -72,4 +72,11 @@ plain_old_data!(
     ruvm_pool_set,
     ruvm_pool_trim,
     ruvm_pool_access,
+    ruvm_stream_create,
+    ruvm_stream_handle,
+    ruvm_op,
+    ruvm_stream_submit,
+    ruvm_stream_query,
+    ruvm_stream_sync,
+    ruvm_event,
 );

@@ -10,3 +10,9 @@ pub(crate) fn eopnotsupp() -> Error {
     // CAST: EOPNOTSUPP is 95, which fits a `c_int`.
     Error::from_errno(-(kernel::bindings::EOPNOTSUPP as i32))
 }
+
+/// `ECANCELED`: what an operation of a stream that was cancelled ends with (its fence says so).
+pub(crate) fn ecanceled() -> Error {
+    // CAST: ECANCELED is 125, which fits a `c_int`.
+    Error::from_errno(-(kernel::bindings::ECANCELED as i32))
+}

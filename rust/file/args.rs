@@ -130,4 +130,10 @@ spec! {
         flags: uapi::ruvm_gpu_user_flags_RUVM_GPU_USER_READ_ONLY,
         zero: [reserved]
     }
+    ruvm_stream_create { flags: 0, zero: [reserved] }
+    ruvm_stream_handle { flags: 0, zero: [pad, reserved] }
+    ruvm_stream_submit { flags: 0, zero: [reserved] }
+    ruvm_stream_query { flags: 0, zero: [reserved] }
+    ruvm_stream_sync { flags: uapi::ruvm_sync_flags_RUVM_SYNC_ALL, zero: [reserved] }
+    ruvm_event { flags: 0, zero: [reserved] }
 }

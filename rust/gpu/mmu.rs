@@ -649,32 +649,46 @@ impl Mmu {
 
     /// The engine copies `len` bytes from GPU VA `src` to `dst` of VA space `space`, translating
     /// both as it goes; `EFAULT` (logged) at the first address that does not translate. A
-    /// pending signal stops it between pieces. Each piece is translated and moved under the
-    /// MMU's lock, so an unmap waits for it (see "Locking").
+    /// pending signal stops it between pieces.
     pub(crate) fn copy(&self, space: u64, dst: u64, src: u64, len: u64) -> Result {
-        if len == 0 || dst.checked_add(len).is_none() || src.checked_add(len).is_none() {
-            return Err(EINVAL);
-        }
+        check_copy(dst, src, len)?;
         let mut done = 0;
         while done < len {
             if kernel::current!().signal_pending() {
                 return Err(ERESTARTSYS);
             }
-            // The GPU is going: stop at this piece (its removal waits for the copy).
-            if self.tracker.is_closed() {
-                return Err(ENODEV);
-            }
-            let mut guard = self.state.lock();
-            let st = &mut *guard;
-            let (s, s_left) = self.translate(st, space, src + done, Access::Read)?;
-            let (d, d_left) = self.translate(st, space, dst + done, Access::Write)?;
-            let n = (len - done).min(s_left).min(d_left).min(MAX_PIECE as u64);
-            // CAST: at most `MAX_PIECE`, a `usize`.
-            self.sim.copy(self.id, d, s, n as usize)?;
-            drop(guard);
-            done += n;
+            done += self.copy_piece(space, dst, src, len, done)?;
         }
         Ok(())
+    }
+
+    /// One piece of a copy [`check_copy`] accepted, from byte `done` on: returns its length.
+    /// It is translated and moved under the MMU's lock, so an unmap waits for it (see
+    /// "Locking"). `ENODEV` once the GPU is going.
+    pub(crate) fn copy_piece(
+        &self,
+        space: u64,
+        dst: u64,
+        src: u64,
+        len: u64,
+        done: u64,
+    ) -> Result<u64> {
+        if done >= len {
+            return Err(EINVAL);
+        }
+        // The GPU is going: stop at this piece (its removal waits for the copy).
+        if self.tracker.is_closed() {
+            return Err(ENODEV);
+        }
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let (s, s_left) = self.translate(st, space, src + done, Access::Read)?;
+        let (d, d_left) = self.translate(st, space, dst + done, Access::Write)?;
+        let n = (len - done).min(s_left).min(d_left).min(MAX_PIECE as u64);
+        // CAST: at most `MAX_PIECE`, a `usize`.
+        self.sim.copy(self.id, d, s, n as usize)?;
+        drop(guard);
+        Ok(n)
     }
 
     /// Walks `va` of space `space` as the engine would (without the TLB), recording every word
@@ -886,3 +900,12 @@ impl kernel::debugfs::Writer for TablesView {
 
 // The tree's root fits the table memory.
 const _: () = assert!(mmu_tree::ROOT_SIZE <= TABLE_BYTES);
+
+/// `EINVAL` unless a VA copy of `len` bytes from `src` to `dst` is one the engine can try: at
+/// least a byte, and neither range wrapping around.
+pub(crate) fn check_copy(dst: u64, src: u64, len: u64) -> Result {
+    if len == 0 || dst.checked_add(len).is_none() || src.checked_add(len).is_none() {
+        return Err(EINVAL);
+    }
+    Ok(())
+}

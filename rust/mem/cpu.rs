@@ -66,6 +66,59 @@ impl Fill {
 /// mapping of the source page into a buffer, then written into the destination page.
 const COPY_PIECE: usize = kernel::page::PAGE_SIZE;
 
+/// A fill of a range of a mem through its CPU kernel mapping, planned when it is asked for: the
+/// range checked, the mapping (and with it the pages) held until the plan goes, whatever the
+/// mem's owner does meanwhile. Run piece by piece, synchronously or on a stream.
+pub(crate) struct CpuFill {
+    _mem: Arc<Mem>,
+    map: Arc<KernelMapping>,
+    offset: usize,
+    len: usize,
+    fill: Fill,
+}
+
+/// The most bytes one [`CpuFill::piece`] writes.
+const FILL_PIECE: usize = 2 << 20;
+
+impl CpuFill {
+    /// `EINVAL`/`EOVERFLOW` for a range outside the mem, `ENXIO` if it has no CPU kernel
+    /// mapping.
+    pub(crate) fn plan(mem: &Arc<Mem>, offset: u64, len: u64, fill: Fill) -> Result<Self> {
+        let (offset, len) = mem.range(offset, len)?;
+        let map = mem.kmap()?;
+        Ok(Self {
+            _mem: mem.clone(),
+            map,
+            offset,
+            len,
+            fill,
+        })
+    }
+
+    /// Bytes to write.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Writes the next piece (at most 2 MiB), from byte `done` of the fill on; returns its
+    /// length. Allocates nothing.
+    pub(crate) fn piece(&self, done: usize) -> Result<usize> {
+        let n = self.len.checked_sub(done).ok_or(EINVAL)?.min(FILL_PIECE);
+        let mut bytes = self.map.map.bytes();
+        let mut buf = [0u8; 256];
+        let mut at = 0;
+        while at < n {
+            let k = (n - at).min(buf.len());
+            let piece = buf.get_mut(..k).ok_or(EINVAL)?;
+            let o = self.offset + done + at;
+            self.fill.generate(o, piece);
+            bytes.write(o, piece)?;
+            at += k;
+        }
+        Ok(n)
+    }
+}
+
 impl Mem {
     /// Maps the mem for the CPU kernel (vmap of every page). Idempotent.
     pub(crate) fn map_cpu_kernel(&self) -> Result {
@@ -91,18 +144,11 @@ impl Mem {
     }
 
     /// Writes the pattern (or a byte) over a range, through the CPU kernel mapping.
-    pub(crate) fn fill(&self, offset: u64, len: u64, fill: Fill) -> Result {
-        let (offset, len) = self.range(offset, len)?;
-        let map = self.kmap()?;
-        let mut bytes = map.map.bytes();
-        let mut buf = [0u8; 512];
+    pub(crate) fn fill(self: &Arc<Self>, offset: u64, len: u64, fill: Fill) -> Result {
+        let plan = CpuFill::plan(self, offset, len, fill)?;
         let mut done = 0;
-        while done < len {
-            let n = (len - done).min(buf.len());
-            let piece = buf.get_mut(..n).ok_or(EINVAL)?;
-            fill.generate(offset + done, piece);
-            bytes.write(offset + done, piece)?;
-            done += n;
+        while done < plan.len() {
+            done += plan.piece(done)?;
         }
         Ok(())
     }

@@ -28,6 +28,8 @@ use super::{
 enum EngineView<'a> {
     Table(Arc<GpuTable>),
     Vid(&'a VidPages),
+    /// Nothing: every address fails (`ENXIO`).
+    None,
 }
 
 impl EngineView<'_> {
@@ -37,7 +39,101 @@ impl EngineView<'_> {
         match self {
             EngineView::Table(t) => t.addr(offset),
             EngineView::Vid(v) => access.pmm()?.engine_addr(v.phys(offset, chunk)?),
+            EngineView::None => Err(ENXIO),
         }
+    }
+}
+
+/// A copy by a GPU's copy engine between two mems, planned when it is asked for: both ranges
+/// checked, each mem's view on the GPU taken (a sysmem mem's DMA table is held, so the mapping
+/// outlives the copy whatever the mems' owner does meanwhile, and both mems stay alive until
+/// the plan goes). Run piece by piece ([`EngineCopy::piece`]), synchronously or on a stream.
+pub(crate) struct EngineCopy {
+    dst: Arc<Mem>,
+    src: Arc<Mem>,
+    /// Each mem's DMA table on the GPU (`None` for vidmem).
+    dst_table: Option<Arc<GpuTable>>,
+    src_table: Option<Arc<GpuTable>>,
+    dst_offset: usize,
+    src_offset: usize,
+    len: usize,
+    /// The engine's largest piece.
+    max: usize,
+}
+
+impl EngineCopy {
+    /// Plans the copy of `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` by
+    /// `gpu`'s engine: `EINVAL`/`EOVERFLOW` for a range outside a mem, `ENXIO` for a sysmem mem
+    /// not mapped on the GPU, `EINVAL`/`ENODEV` for a vidmem mem of another GPU or of a GPU
+    /// unbound since, `ENODEV` if the GPU has no engine or is going.
+    pub(crate) fn plan(
+        gpu: &GpuDev,
+        dst: Arc<Mem>,
+        dst_offset: u64,
+        src: Arc<Mem>,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<Self> {
+        let max = gpu.access()?.max_piece()?;
+        let (dst_offset, len) = dst.range(dst_offset, len)?;
+        let (src_offset, _) = src.range(src_offset, len as u64)?;
+        let table = |m: &Mem| -> Result<Option<Arc<GpuTable>>> {
+            match m.engine_view(gpu)? {
+                EngineView::Table(t) => Ok(Some(t)),
+                EngineView::Vid(_) | EngineView::None => Ok(None),
+            }
+        };
+        let (dst_table, src_table) = (table(&dst)?, table(&src)?);
+        if let Storage::Vid(v) = &dst.storage {
+            v.may_be_written();
+        }
+        // Both chunk sizes are checked here, so `piece` cannot fail on them.
+        dst.chunk_len()?;
+        src.chunk_len()?;
+        Ok(Self {
+            dst,
+            src,
+            dst_table,
+            src_table,
+            dst_offset,
+            src_offset,
+            len,
+            max,
+        })
+    }
+
+    /// Bytes to copy.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Moves the next piece, from byte `done` of the copy on; returns its length. A piece
+    /// stays inside one chunk of each mem (chunks are contiguous only inside). `ENODEV` once
+    /// the GPU's removal has begun.
+    pub(crate) fn piece(&self, access: &GpuAccess<'_>, done: usize) -> Result<usize> {
+        if done >= self.len {
+            return Err(EINVAL);
+        }
+        let (dc, sc) = (self.dst.chunk_len()?, self.src.chunk_len()?);
+        let (s, d) = (self.src_offset + done, self.dst_offset + done);
+        let piece = (self.len - done)
+            .min(self.max)
+            .min(sc - s % sc)
+            .min(dc - d % dc);
+        let s_addr = view(&self.src, &self.src_table).addr(access, s, sc)?;
+        let d_addr = view(&self.dst, &self.dst_table).addr(access, d, dc)?;
+        access.copy(d_addr, s_addr, piece)?;
+        Ok(piece)
+    }
+}
+
+/// The view of `mem` a plan holds: its table, or for vidmem its own memory.
+fn view<'a>(mem: &'a Mem, table: &Option<Arc<GpuTable>>) -> EngineView<'a> {
+    match (table, &mem.storage) {
+        (_, Storage::Vid(v)) => EngineView::Vid(v),
+        (Some(t), _) => EngineView::Table(t.clone()),
+        // A sysmem plan always holds a table; an empty view fails every address.
+        (None, _) => EngineView::None,
     }
 }
 
@@ -386,35 +482,23 @@ impl Mem {
     /// pieces (the call restarts, or fails with `EINTR`).
     pub(crate) fn ce_copy(
         gpu: &GpuDev,
-        dst: &Mem,
+        dst: &Arc<Mem>,
         dst_offset: u64,
-        src: &Mem,
+        src: &Arc<Mem>,
         src_offset: u64,
         len: u64,
     ) -> Result {
+        let copy = EngineCopy::plan(gpu, dst.clone(), dst_offset, src.clone(), src_offset, len)?;
         let access = gpu.access()?;
-        let max = access.max_piece()?;
-        let (dst_offset, len) = dst.range(dst_offset, len)?;
-        let (src_offset, _) = src.range(src_offset, len as u64)?;
-        let (dv, sv) = (dst.engine_view(gpu)?, src.engine_view(gpu)?);
-        if let EngineView::Vid(v) = &dv {
-            v.may_be_written();
-        }
-        let (dc, sc) = (dst.chunk_len()?, src.chunk_len()?);
         let mut done = 0;
-        while done < len {
+        while done < copy.len() {
             if kernel::current!().signal_pending() {
                 return Err(ERESTARTSYS);
             }
-            let (s, d) = (src_offset + done, dst_offset + done);
-            // A piece stays inside one chunk of each mem: chunks are contiguous only inside.
-            let piece = (len - done).min(max).min(sc - s % sc).min(dc - d % dc);
-            let (s_addr, d_addr) = (sv.addr(&access, s, sc)?, dv.addr(&access, d, dc)?);
-            access.copy(d_addr, s_addr, piece)?;
-            done += piece;
+            done += copy.piece(&access, done)?;
         }
-        // The views (and any table they hold) go before the access guard.
-        drop((dv, sv));
+        // The plan (and any table it holds) goes before the access guard.
+        drop(copy);
         drop(access);
         Ok(())
     }

@@ -90,10 +90,17 @@ struct ruvm_info {
  * POOL_TRIM, POOL_SET_ACCESS, and ruvm_mem_alloc.pool.
  */
 #define RUVM_FEATURE_POOLS (1ULL << 9)
+/*
+ * Streams and events on kernel fences (CUDA's streams and events): STREAM_CREATE,
+ * STREAM_DESTROY, STREAM_SUBMIT, STREAM_QUERY, STREAM_SYNC, EVENT_CREATE, EVENT_DESTROY,
+ * EVENT_QUERY, EVENT_SYNC, EVENT_EXPORT.
+ */
+#define RUVM_FEATURE_STREAMS (1ULL << 10)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
-	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS)
+	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS |                   \
+	 RUVM_FEATURE_STREAMS)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -319,6 +326,8 @@ enum ruvm_audit_class {
 	RUVM_AUDIT_POOL_CHUNKS = 25,	/* chunks cached by pools (free, kept for reuse) */
 	RUVM_AUDIT_POOL_BYTES = 26,	/* their bytes */
 	RUVM_AUDIT_VIDMEM_KEPT = 27,	/* root storage kept for reuse, its root empty (2 MiB each) */
+	RUVM_AUDIT_STREAM_OPS = 28,	/* operations queued on streams, not yet retired */
+	RUVM_AUDIT_STREAM_MEMS = 29,	/* references to mems those operations hold */
 	RUVM_AUDIT_CLASSES = 30,
 };
 
@@ -1223,6 +1232,237 @@ struct ruvm_test_plant {
 	__u64 reserved[2];
 };
 
+/*
+ * Streams and events (Documentation/ruvm.rst, "Streams and events"). A stream is a queue of
+ * operations of one file on one GPU's copy engine, run in order and asynchronously; an event
+ * is a point recorded on a stream: a dma_fence, which can be exported as a sync_file.
+ */
+
+/* The most streams one open file may hold: RUVM_IOCTL_STREAM_CREATE beyond it is ENOSPC. */
+#define RUVM_MAX_FILE_STREAMS 64
+/* The most events one open file may hold: RUVM_IOCTL_EVENT_CREATE beyond it is ENOSPC. */
+#define RUVM_MAX_FILE_EVENTS 4096
+/* The most operations one RUVM_IOCTL_STREAM_SUBMIT carries. */
+#define RUVM_MAX_SUBMIT_OPS 256
+/* The most operations queued on one stream, not yet retired: a submit beyond it is EAGAIN. */
+#define RUVM_MAX_STREAM_OPS 16384
+/* The longest any wait may be (ms): a wait op, RUVM_IOCTL_STREAM_SYNC, RUVM_IOCTL_EVENT_SYNC. */
+#define RUVM_WAIT_MAX_MS 60000
+
+/**
+ * struct ruvm_stream_create - make a stream on a GPU (RUVM_IOCTL_STREAM_CREATE)
+ *
+ * ENODEV if the GPU is not present, EOPNOTSUPP if it has no copy engine, ENOSPC at
+ * RUVM_MAX_FILE_STREAMS.
+ *
+ * @gpu:      (in)  the GPU's id
+ * @flags:    (in)  must be 0
+ * @handle:   (out) the stream's handle, never 0
+ * @context:  (out) the dma_fence context of the stream's timeline
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_stream_create {
+	__u32 gpu;
+	__u32 flags;
+	__u64 handle;
+	__u64 context;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_stream_handle - name a stream (RUVM_IOCTL_STREAM_DESTROY)
+ *
+ * DESTROY returns at once, as cudaStreamDestroy does: the handle is gone, and the work
+ * already queued runs to its end (or until the file is closed), every fence signalling.
+ *
+ * @handle:   (in) the stream
+ * @flags:    (in) must be 0
+ * @pad:      (in) must be 0
+ * @reserved: (in) must be 0
+ */
+struct ruvm_stream_handle {
+	__u64 handle;
+	__u32 flags;
+	__u32 pad;
+	__u64 reserved[2];
+};
+
+/* ruvm_op.kind */
+enum ruvm_op_kind {
+	/*
+	 * Engine copy of @length bytes from mem @src at @src_offset to mem @dst at @dst_offset,
+	 * as RUVM_IOCTL_CE_COPY does (a sysmem mem must be mapped on the stream's GPU when the op
+	 * is submitted, a vidmem mem must be that GPU's).
+	 */
+	RUVM_OP_COPY = 1,
+	/*
+	 * Engine copy of @length bytes from GPU VA @src to @dst, as RUVM_IOCTL_CE_COPY_VA does:
+	 * @flags is enum ruvm_va_space_flags (the kernel VA space needs CAP_SYS_ADMIN); an MMU
+	 * fault fails the op with EFAULT.
+	 */
+	RUVM_OP_COPY_VA = 2,
+	/*
+	 * Writes @length bytes of mem @dst at @dst_offset with enum ruvm_fill_kind @fill_kind and
+	 * seed @value, as RUVM_IOCTL_MEM_FILL does (the mem must be mapped for the CPU kernel
+	 * when the op is submitted).
+	 */
+	RUVM_OP_FILL = 3,
+	/* Records event @value at this point of the stream (cudaEventRecord). */
+	RUVM_OP_RECORD = 4,
+	/*
+	 * Waits for the point event @value was last recorded at when the op was submitted
+	 * (cudaStreamWaitEvent); an event never recorded is complete.
+	 */
+	RUVM_OP_WAIT_EVENT = 5,
+	/* Waits for the fence of sync_file fd @value (any driver's). */
+	RUVM_OP_WAIT_FD = 6,
+};
+
+/**
+ * struct ruvm_op - one operation of RUVM_IOCTL_STREAM_SUBMIT
+ *
+ * Every field an operation's kind does not name must be 0 (EINVAL otherwise).
+ *
+ * @kind:       enum ruvm_op_kind
+ * @flags:      COPY_VA: enum ruvm_va_space_flags; otherwise 0
+ * @dst:        COPY, FILL: the destination mem's handle; COPY_VA: the destination VA
+ * @dst_offset: COPY, FILL: the offset in it
+ * @src:        COPY: the source mem's handle; COPY_VA: the source VA
+ * @src_offset: COPY: the offset in it
+ * @length:     COPY, COPY_VA, FILL: bytes, > 0
+ * @value:      FILL: the seed; RECORD, WAIT_EVENT: the event's handle; WAIT_FD: the fd
+ * @fill_kind:  FILL: enum ruvm_fill_kind
+ * @timeout_ms: WAIT_EVENT, WAIT_FD: how long the wait may last, 1 to RUVM_WAIT_MAX_MS; when
+ *              it passes first, the op fails with ETIMEDOUT
+ * @reserved:   0
+ */
+struct ruvm_op {
+	__u32 kind;
+	__u32 flags;
+	__u64 dst;
+	__u64 dst_offset;
+	__u64 src;
+	__u64 src_offset;
+	__u64 length;
+	__u64 value;
+	__u32 fill_kind;
+	__u32 timeout_ms;
+	__u64 reserved;
+};
+
+/**
+ * struct ruvm_stream_submit - queue operations on a stream (RUVM_IOCTL_STREAM_SUBMIT)
+ *
+ * Every operation is checked before any is queued: on an error nothing is queued. Returns at
+ * once; the operations run in order, after every operation submitted to the stream before
+ * them. Errors: ENOENT (no such stream, mem or event), EINVAL (a bad field, a range outside a
+ * mem, an fd that is not a sync_file, @count 0 or above RUVM_MAX_SUBMIT_OPS), ENXIO (a mem not
+ * mapped as the op needs), ENODEV (the GPU is gone), EPERM (the kernel VA space without
+ * CAP_SYS_ADMIN), EIO (the stream is in error: RUVM_IOCTL_STREAM_QUERY says why), EAGAIN
+ * (RUVM_MAX_STREAM_OPS would be queued), EFAULT (@ops unreadable).
+ *
+ * @handle:      (in)  the stream
+ * @flags:       (in)  must be 0
+ * @count:       (in)  operations
+ * @ops:         (in)  user pointer to @count struct ruvm_op
+ * @first_seqno: (out) the stream timeline's seqno of the first operation; operation i has
+ *                     @first_seqno + i
+ * @reserved:    (in)  must be 0
+ */
+struct ruvm_stream_submit {
+	__u64 handle;
+	__u32 flags;
+	__u32 count;
+	__u64 ops;
+	__u64 first_seqno;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_stream_query - a stream's state (RUVM_IOCTL_STREAM_QUERY)
+ *
+ * @handle:       (in)  the stream
+ * @flags:        (in)  must be 0
+ * @gpu:          (out) its GPU
+ * @submitted:    (out) the seqno of the last operation submitted (0: none yet)
+ * @completed:    (out) the seqno of the last operation retired, run or not
+ * @error:        (out) 0, or the errno of the first operation that failed: from then on the
+ *                      stream is in error (Documentation/ruvm.rst, "Errors are sticky")
+ * @pad:          (out) 0
+ * @failed_seqno: (out) with @error: the seqno of the operation that failed
+ * @current_done: (out) bytes the operation running now has moved
+ * @current_len:  (out) its length (0: none running)
+ * @reserved:     (in)  must be 0
+ */
+struct ruvm_stream_query {
+	__u64 handle;
+	__u32 flags;
+	__u32 gpu;
+	__u64 submitted;
+	__u64 completed;
+	__u32 error;
+	__u32 pad;
+	__u64 failed_seqno;
+	__u64 current_done;
+	__u64 current_len;
+	__u64 reserved[2];
+};
+
+/* ruvm_stream_sync.flags */
+enum ruvm_sync_flags {
+	/* Every stream of the file (cudaDeviceSynchronize): @handle must be 0. */
+	RUVM_SYNC_ALL = 1 << 0,
+};
+
+/**
+ * struct ruvm_stream_sync - wait until a stream's work is done (RUVM_IOCTL_STREAM_SYNC)
+ *
+ * Waits until every operation submitted before the call has retired. 0 if they all ran; EIO
+ * if the stream is (with RUVM_SYNC_ALL: any stream is) in error; ETIMEDOUT when @timeout_ms
+ * passed first; EINTR on a signal.
+ *
+ * @handle:     (in) the stream (0 with RUVM_SYNC_ALL)
+ * @flags:      (in) enum ruvm_sync_flags
+ * @timeout_ms: (in) 1 to RUVM_WAIT_MAX_MS
+ * @reserved:   (in) must be 0
+ */
+struct ruvm_stream_sync {
+	__u64 handle;
+	__u32 flags;
+	__u32 timeout_ms;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_event - an event (RUVM_IOCTL_EVENT_CREATE, _DESTROY, _QUERY, _SYNC, _EXPORT)
+ *
+ * An event holds the point it was last recorded at (RUVM_OP_RECORD), a dma_fence of the
+ * stream's timeline; an event never recorded is complete. CREATE: ENOSPC at
+ * RUVM_MAX_FILE_EVENTS. DESTROY: the point lives on in whoever holds its fence. QUERY: @status,
+ * @stream, @seqno. SYNC: waits for the point: 0, the errno it signalled with, ETIMEDOUT, or
+ * EINTR. EXPORT: a new sync_file fd (close-on-exec) of the point (a signalled fence if never
+ * recorded).
+ *
+ * @handle:     (in; out for CREATE) the event, never 0
+ * @flags:      (in)  must be 0
+ * @timeout_ms: (in)  SYNC: 1 to RUVM_WAIT_MAX_MS; otherwise 0
+ * @status:     (out) QUERY: 0 pending, 1 signalled, or -errno it signalled with
+ * @fd:         (out) EXPORT: the sync_file
+ * @stream:     (out) QUERY: the stream it was last recorded on (0: never)
+ * @seqno:      (out) QUERY: the point's seqno on that stream's timeline
+ * @reserved:   (in)  must be 0
+ */
+struct ruvm_event {
+	__u64 handle;
+	__u32 flags;
+	__u32 timeout_ms;
+	__s32 status;
+	__s32 fd;
+	__u64 stream;
+	__u64 seqno;
+	__u64 reserved[2];
+};
+
 /* Command numbers, also in an enum so that bindgen sees them as constants. */
 enum {
 	RUVM_IOCTL_INFO = _IOWR(RUVM_IOCTL_MAGIC, 0x00, struct ruvm_info),
@@ -1257,6 +1497,16 @@ enum {
 	RUVM_IOCTL_POOL_SET = _IOWR(RUVM_IOCTL_MAGIC, 0x34, struct ruvm_pool_set),
 	RUVM_IOCTL_POOL_TRIM = _IOWR(RUVM_IOCTL_MAGIC, 0x35, struct ruvm_pool_trim),
 	RUVM_IOCTL_POOL_SET_ACCESS = _IOWR(RUVM_IOCTL_MAGIC, 0x36, struct ruvm_pool_access),
+	RUVM_IOCTL_STREAM_CREATE = _IOWR(RUVM_IOCTL_MAGIC, 0x40, struct ruvm_stream_create),
+	RUVM_IOCTL_STREAM_DESTROY = _IOWR(RUVM_IOCTL_MAGIC, 0x41, struct ruvm_stream_handle),
+	RUVM_IOCTL_STREAM_SUBMIT = _IOWR(RUVM_IOCTL_MAGIC, 0x42, struct ruvm_stream_submit),
+	RUVM_IOCTL_STREAM_QUERY = _IOWR(RUVM_IOCTL_MAGIC, 0x43, struct ruvm_stream_query),
+	RUVM_IOCTL_STREAM_SYNC = _IOWR(RUVM_IOCTL_MAGIC, 0x44, struct ruvm_stream_sync),
+	RUVM_IOCTL_EVENT_CREATE = _IOWR(RUVM_IOCTL_MAGIC, 0x45, struct ruvm_event),
+	RUVM_IOCTL_EVENT_DESTROY = _IOWR(RUVM_IOCTL_MAGIC, 0x46, struct ruvm_event),
+	RUVM_IOCTL_EVENT_QUERY = _IOWR(RUVM_IOCTL_MAGIC, 0x47, struct ruvm_event),
+	RUVM_IOCTL_EVENT_SYNC = _IOWR(RUVM_IOCTL_MAGIC, 0x48, struct ruvm_event),
+	RUVM_IOCTL_EVENT_EXPORT = _IOWR(RUVM_IOCTL_MAGIC, 0x49, struct ruvm_event),
 	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =

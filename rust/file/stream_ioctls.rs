@@ -1,0 +1,298 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The stream and event ioctls: make and destroy a file's streams and events, submit work,
+//! query and wait, export an event as a sync_file.
+
+use kernel::{
+    prelude::*,
+    rbtree::RBTree,
+    sync::Arc,
+    uaccess::{UserPtr, UserSlice},
+};
+
+use crate::{
+    mem::Mem,
+    stream::{event::Event, op::Lookup, StreamCore},
+    uapi,
+};
+
+use super::{args, RuvmFile};
+
+/// The most streams and events of one file.
+const MAX_STREAMS: usize = uapi::RUVM_MAX_FILE_STREAMS as usize;
+const MAX_EVENTS: usize = uapi::RUVM_MAX_FILE_EVENTS as usize;
+
+/// A file's streams and events, by handle. A destroyed stream with work still queued stays in
+/// `retiring` (counted against the file's limit) until that work is retired, so that closing
+/// the file cancels it too.
+pub(super) struct FileStreams {
+    streams: RBTree<u64, Arc<StreamCore>>,
+    retiring: KVec<Arc<StreamCore>>,
+    events: RBTree<u64, Arc<Event>>,
+    next: u64,
+}
+
+impl FileStreams {
+    pub(super) fn new() -> Self {
+        Self {
+            streams: RBTree::new(),
+            retiring: KVec::new(),
+            events: RBTree::new(),
+            next: 1,
+        }
+    }
+
+    fn handle(&mut self) -> u64 {
+        let h = self.next;
+        self.next += 1;
+        h
+    }
+}
+
+impl Drop for FileStreams {
+    fn drop(&mut self) {
+        for s in Iterator::chain(self.streams.values(), self.retiring.iter()) {
+            s.cancel();
+        }
+    }
+}
+
+/// The mems, events and VA spaces a submission names, looked up in the file.
+struct FileLookup<'a>(&'a RuvmFile);
+
+impl Lookup for FileLookup<'_> {
+    fn mem(&self, handle: u64) -> Result<Arc<Mem>> {
+        self.0.mem(handle)
+    }
+
+    fn event(&self, handle: u64) -> Result<Arc<Event>> {
+        self.0.event(handle)
+    }
+
+    fn va_space(&self, flags: u32) -> Result<u64> {
+        self.0.va_space(flags)
+    }
+}
+
+impl RuvmFile {
+    /// The file's stream `handle`, or `ENOENT`.
+    fn stream(&self, handle: u64) -> Result<Arc<StreamCore>> {
+        self.inner
+            .lock()
+            .streams
+            .streams
+            .get(&handle)
+            .cloned()
+            .ok_or(ENOENT)
+    }
+
+    /// The file's event `handle`, or `ENOENT`.
+    fn event(&self, handle: u64) -> Result<Arc<Event>> {
+        self.inner
+            .lock()
+            .streams
+            .events
+            .get(&handle)
+            .cloned()
+            .ok_or(ENOENT)
+    }
+
+    /// `RUVM_IOCTL_STREAM_CREATE`.
+    pub(super) fn stream_create(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_stream_create>(user)?;
+        let handle = {
+            let mut inner = self.inner.lock();
+            let fs = &mut inner.streams;
+            fs.retiring.retain(|s| s.busy());
+            if fs.streams.iter().count() + fs.retiring.len() >= MAX_STREAMS {
+                return Err(ENOSPC);
+            }
+            fs.handle()
+        };
+        let stream = StreamCore::new(args.gpu, handle)?;
+        args.handle = handle;
+        args.context = stream.context();
+        {
+            let mut inner = self.inner.lock();
+            let fs = &mut inner.streams;
+            if fs.streams.iter().count() + fs.retiring.len() >= MAX_STREAMS {
+                return Err(ENOSPC);
+            }
+            fs.streams
+                .try_create_and_insert(handle, stream, GFP_KERNEL_ACCOUNT)?;
+        }
+        if let Err(e) = writer.write(&args) {
+            // The caller cannot learn the handle: the stream goes again.
+            let _gone = self.inner.lock().streams.streams.remove(&handle);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_STREAM_DESTROY`: the handle goes at once; queued work goes on.
+    pub(super) fn stream_destroy(&self, user: UserSlice) -> Result {
+        let args = args::read::<uapi::ruvm_stream_handle>(user)?;
+        let mut inner = self.inner.lock();
+        let fs = &mut inner.streams;
+        let stream = fs.streams.remove(&args.handle).ok_or(ENOENT)?;
+        stream.destroy();
+        fs.retiring.retain(|s| s.busy());
+        if stream.busy() {
+            // Room for it was there: it was counted in the table a moment ago.
+            fs.retiring.push(stream, GFP_KERNEL_ACCOUNT)?;
+        }
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_STREAM_SUBMIT`.
+    pub(super) fn stream_submit(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_stream_submit>(user)?;
+        let stream = self.stream(args.handle)?;
+        args.first_seqno = stream.submit(
+            UserPtr::from_addr(usize::try_from(args.ops).map_err(|_| EFAULT)?),
+            args.count,
+            &FileLookup(self),
+        )?;
+        // The work is queued whatever happens to the answer.
+        writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_STREAM_QUERY`.
+    pub(super) fn stream_query(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_stream_query>(user)?;
+        let info = self.stream(args.handle)?.info();
+        args.gpu = info.gpu;
+        args.submitted = info.submitted;
+        args.completed = info.completed;
+        (args.error, args.failed_seqno) = match info.error {
+            // CAST: an errno, positive and small.
+            Some((e, seqno)) => ((-e.to_errno()) as u32, seqno),
+            None => (0, 0),
+        };
+        args.pad = 0;
+        (args.current_done, args.current_len) = info.progress;
+        writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_STREAM_SYNC`: one stream, or with `RUVM_SYNC_ALL` every stream of the file.
+    pub(super) fn stream_sync(&self, user: UserSlice) -> Result {
+        let args = args::read::<uapi::ruvm_stream_sync>(user)?;
+        check_timeout(args.timeout_ms)?;
+        if args.flags & uapi::ruvm_sync_flags_RUVM_SYNC_ALL == 0 {
+            return self.stream(args.handle)?.sync(args.timeout_ms);
+        }
+        if args.handle != 0 {
+            return Err(EINVAL);
+        }
+        let all = {
+            let inner = self.inner.lock();
+            let fs = &inner.streams;
+            let n = fs.streams.iter().count() + fs.retiring.len();
+            let mut all = KVec::with_capacity(n, GFP_KERNEL)?;
+            for s in Iterator::chain(fs.streams.values(), fs.retiring.iter()) {
+                all.push(s.clone(), GFP_KERNEL)?;
+            }
+            all
+        };
+        // One deadline for all: each waits at most what is left of it.
+        let start = kernel::time::Instant::<kernel::time::Monotonic>::now();
+        let mut failed = false;
+        for s in all.iter() {
+            let spent = u32::try_from(start.elapsed().as_millis()).unwrap_or(u32::MAX);
+            let left = args.timeout_ms.saturating_sub(spent).max(1);
+            match s.sync(left) {
+                Ok(()) => {}
+                Err(e) if e == EIO => failed = true,
+                Err(e) => return Err(e),
+            }
+        }
+        if failed {
+            return Err(EIO);
+        }
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_EVENT_CREATE`.
+    pub(super) fn event_create(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_event>(user)?;
+        if args.timeout_ms != 0 {
+            return Err(EINVAL);
+        }
+        let event = Arc::pin_init(Event::new(), GFP_KERNEL_ACCOUNT)?;
+        let handle = {
+            let mut inner = self.inner.lock();
+            let fs = &mut inner.streams;
+            if fs.events.iter().count() >= MAX_EVENTS {
+                return Err(ENOSPC);
+            }
+            let h = fs.handle();
+            fs.events
+                .try_create_and_insert(h, event, GFP_KERNEL_ACCOUNT)?;
+            h
+        };
+        args.handle = handle;
+        if let Err(e) = writer.write(&args) {
+            let _gone = self.inner.lock().streams.events.remove(&handle);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_EVENT_DESTROY`.
+    pub(super) fn event_destroy(&self, user: UserSlice) -> Result {
+        let args = args::read::<uapi::ruvm_event>(user)?;
+        if args.timeout_ms != 0 {
+            return Err(EINVAL);
+        }
+        let _gone = self
+            .inner
+            .lock()
+            .streams
+            .events
+            .remove(&args.handle)
+            .ok_or(ENOENT)?;
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_EVENT_QUERY`.
+    pub(super) fn event_query(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_event>(user)?;
+        if args.timeout_ms != 0 {
+            return Err(EINVAL);
+        }
+        let state = self.event(args.handle)?.state();
+        args.status = state.status;
+        args.stream = state.stream;
+        args.seqno = state.seqno;
+        args.fd = -1;
+        writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_EVENT_SYNC`.
+    pub(super) fn event_sync(&self, user: UserSlice) -> Result {
+        let args = args::read::<uapi::ruvm_event>(user)?;
+        check_timeout(args.timeout_ms)?;
+        self.event(args.handle)?.sync(args.timeout_ms)
+    }
+
+    /// `RUVM_IOCTL_EVENT_EXPORT`: the fd is installed only once its number reached the caller.
+    pub(super) fn event_export(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_event>(user)?;
+        if args.timeout_ms != 0 {
+            return Err(EINVAL);
+        }
+        let exported = self.event(args.handle)?.export()?;
+        args.fd = i32::try_from(exported.fd())?;
+        writer.write(&args)?;
+        exported.install();
+        Ok(())
+    }
+}
+
+/// `EINVAL` unless a wait's timeout is 1 to `RUVM_WAIT_MAX_MS`.
+fn check_timeout(ms: u32) -> Result {
+    if ms == 0 || ms > uapi::RUVM_WAIT_MAX_MS {
+        return Err(EINVAL);
+    }
+    Ok(())
+}

@@ -1,0 +1,414 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Streams and events: ordered, asynchronous work of a file on a GPU's engine, on kernel fences
+//! (CUDA's streams and events; UVM's channels and trackers).
+//!
+//! A stream ([`StreamCore`]) is a queue of operations ([`op`]) of one file on one GPU, and a
+//! dma_fence timeline of its own: operation n of the stream has seqno n on it. Its GPU's engine
+//! ([`engine`]) runs the operations in order, a piece at a time, going round the GPU's streams.
+//! An event ([`event`]) is the point a RECORD operation put it at: that operation's fence,
+//! which user space can hold as a sync_file.
+//!
+//! # Errors are sticky
+//!
+//! The first operation that fails (an MMU fault, the GPU removed, a wait that timed out or
+//! whose fence failed) puts the stream in error: its errno and seqno are kept; every later
+//! operation of the stream is retired without running, its fence (if it records one) signalled
+//! with the same errno; submitting to it fails with `EIO`.
+//!
+//! # Teardown: every fence signals
+//!
+//! A destroyed stream's work goes on to its end (as `cudaStreamDestroy`'s). Cancelling a stream
+//! (its file's release) retires every queued operation at once with `ECANCELED`; the one the
+//! engine is running stops at its next piece. A GPU's removal fails the operations of its
+//! streams with `ENODEV` (a blocked wait within one tick). At unload no stream is left and the
+//! runners are waited for ([`engine::exit`]).
+
+use kernel::{
+    list::{
+        impl_list_arc_safe, impl_list_item, AtomicTracker, List, ListArc, ListLinks, TryNewListArc,
+    },
+    new_condvar, new_mutex,
+    prelude::*,
+    sync::{Arc, CondVar, Mutex},
+    time::msecs_to_jiffies,
+    uaccess::UserPtr,
+};
+
+use crate::{
+    bind::{
+        errno,
+        fence::{self, NAME_LEN},
+    },
+    uapi,
+};
+
+pub(crate) mod engine;
+pub(crate) mod event;
+pub(crate) mod op;
+
+use engine::Engine;
+use op::{Lookup, Op, Recorded, Step};
+
+/// The most operations queued on one stream.
+const MAX_QUEUED: u64 = uapi::RUVM_MAX_STREAM_OPS as u64;
+/// The most operations of one submission.
+pub(crate) const MAX_SUBMIT: u32 = uapi::RUVM_MAX_SUBMIT_OPS;
+
+/// A stream's queue and counters.
+struct StreamState {
+    /// Operations not retired, in order; the engine takes the first while it runs a piece.
+    queue: List<Op>,
+    /// How many (at most [`MAX_QUEUED`]).
+    queued: u64,
+    /// The seqno of the last operation submitted, and of the last retired.
+    submitted: u64,
+    completed: u64,
+    /// The first failure: its error and seqno.
+    error: Option<(Error, u64)>,
+    /// Cancelled (its file is going): nothing more runs.
+    cancelled: bool,
+    /// Destroyed: its handle is gone, nothing more is submitted.
+    destroyed: bool,
+    /// The running operation's bytes moved and length.
+    progress: (u64, u64),
+}
+
+impl StreamState {
+    /// `ENOENT` once destroyed or cancelled (the handle is gone), `EIO` in error.
+    fn may_submit(&self) -> Result {
+        if self.destroyed || self.cancelled {
+            return Err(ENOENT);
+        }
+        if self.error.is_some() {
+            return Err(EIO);
+        }
+        Ok(())
+    }
+}
+
+/// A stream.
+#[pin_data]
+pub(crate) struct StreamCore {
+    handle: u64,
+    context: u64,
+    name: [u8; NAME_LEN],
+    engine: Arc<Engine>,
+    /// Held across one submission's checks and planning, so that submissions to the stream
+    /// take their seqnos one after the other (the engine never takes it).
+    #[pin]
+    submitting: Mutex<()>,
+    #[pin]
+    state: Mutex<StreamState>,
+    /// Notified when an operation retires.
+    #[pin]
+    retired: CondVar,
+    #[pin]
+    links: ListLinks,
+    #[pin]
+    tracker: AtomicTracker,
+}
+
+impl_list_arc_safe! {
+    impl ListArcSafe<0> for StreamCore { tracked_by tracker: AtomicTracker; }
+}
+impl_list_item! {
+    impl ListItem<0> for StreamCore { using ListLinks { self.links }; }
+}
+
+/// Where the engine puts a stream after a step.
+pub(crate) enum After {
+    /// Back on the ready list.
+    Ready,
+    /// On the blocked list.
+    Blocked,
+    /// On no list (nothing to run now).
+    Idle,
+}
+
+/// What `RUVM_IOCTL_STREAM_QUERY` reports.
+pub(crate) struct StreamInfo {
+    pub(crate) gpu: u32,
+    pub(crate) submitted: u64,
+    pub(crate) completed: u64,
+    pub(crate) error: Option<(Error, u64)>,
+    pub(crate) progress: (u64, u64),
+}
+
+/// Writes `gpu<G>-stream<H>` into a timeline name.
+fn timeline_name(gpu: u32, handle: u64) -> [u8; NAME_LEN] {
+    let mut name = [0u8; NAME_LEN];
+    let mut w = NameWriter {
+        buf: &mut name,
+        at: 0,
+    };
+    let _ = core::fmt::Write::write_fmt(&mut w, format_args!("gpu{gpu}-stream{handle}"));
+    name
+}
+
+struct NameWriter<'a> {
+    buf: &'a mut [u8; NAME_LEN],
+    at: usize,
+}
+
+impl core::fmt::Write for NameWriter<'_> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        for b in s.bytes() {
+            // One byte stays NUL.
+            if self.at + 1 < NAME_LEN {
+                self.buf[self.at] = b;
+                self.at += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StreamCore {
+    /// A stream `handle` on GPU `gpu`: `ENODEV` if it is not present, `EOPNOTSUPP` without a
+    /// copy engine.
+    pub(crate) fn new(gpu: u32, handle: u64) -> Result<Arc<Self>> {
+        let dev = op::engine_gpu(gpu)?;
+        let engine = engine::of(dev)?;
+        let name = timeline_name(gpu, handle);
+        Arc::pin_init(
+            try_pin_init!(StreamCore {
+                handle,
+                context: fence::new_context(),
+                name,
+                engine,
+                submitting <- new_mutex!(()),
+                state <- new_mutex!(StreamState {
+                    queue: List::new(),
+                    queued: 0,
+                    submitted: 0,
+                    completed: 0,
+                    error: None,
+                    cancelled: false,
+                    destroyed: false,
+                    progress: (0, 0),
+                }),
+                retired <- new_condvar!(),
+                links <- ListLinks::new(),
+                tracker <- AtomicTracker::new(),
+            }),
+            GFP_KERNEL_ACCOUNT,
+        )
+    }
+
+    /// Its dma_fence context.
+    pub(crate) fn context(&self) -> u64 {
+        self.context
+    }
+
+    /// Checks and queues `count` operations read from `ops`: all or none. Returns the seqno of
+    /// the first.
+    pub(crate) fn submit(
+        self: &Arc<Self>,
+        ops: UserPtr,
+        count: u32,
+        files: &dyn Lookup,
+    ) -> Result<u64> {
+        if count == 0 || count > MAX_SUBMIT {
+            return Err(EINVAL);
+        }
+        let n = usize::try_from(count)?;
+        // Read whole before any lock is taken (a fault on it takes the mmap lock).
+        let mut reader = kernel::uaccess::UserSlice::new(
+            ops,
+            n.checked_mul(core::mem::size_of::<uapi::ruvm_op>())
+                .ok_or(EINVAL)?,
+        )
+        .reader();
+        let mut raw = KVec::<uapi::ruvm_op>::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+        for _ in 0..n {
+            raw.push(reader.read::<uapi::ruvm_op>()?, GFP_KERNEL_ACCOUNT)?;
+        }
+        let _submitting = self.submitting.lock();
+        let first = {
+            let st = self.state.lock();
+            st.may_submit()?;
+            if st.queued + u64::from(count) > MAX_QUEUED {
+                return Err(EAGAIN);
+            }
+            st.submitted + 1
+        };
+        let mut planned = List::<Op>::new();
+        let mut records = KVec::<Recorded>::new();
+        for (op, seqno) in raw.iter().zip(first..) {
+            planned.push_back(op::plan(
+                op,
+                files,
+                &self.engine,
+                (self.context, seqno, &self.name),
+                &mut records,
+            )?);
+        }
+        {
+            let mut st = self.state.lock();
+            // Destroyed, cancelled or in error meanwhile; the engine only retires, so there is
+            // room still.
+            st.may_submit()?;
+            st.queue.push_all_back(&mut planned);
+            st.queued += u64::from(count);
+            st.submitted += u64::from(count);
+        }
+        for r in records.into_iter() {
+            r.event.record(r.fence, self.handle, r.seqno);
+        }
+        self.engine.make_ready(self.clone());
+        Ok(first)
+    }
+
+    /// Its counters now.
+    pub(crate) fn info(&self) -> StreamInfo {
+        let st = self.state.lock();
+        StreamInfo {
+            gpu: self.engine.gpu().id,
+            submitted: st.submitted,
+            completed: st.completed,
+            error: st.error,
+            progress: st.progress,
+        }
+    }
+
+    /// Waits until every operation submitted before the call is retired: `EIO` if the stream
+    /// is in error, `ETIMEDOUT`, `EINTR`.
+    pub(crate) fn sync(&self, timeout_ms: u32) -> Result {
+        let mut left = msecs_to_jiffies(timeout_ms);
+        let mut st = self.state.lock();
+        let target = st.submitted;
+        while st.completed < target {
+            match self.retired.wait_interruptible_timeout(&mut st, left) {
+                kernel::sync::CondVarTimeoutResult::Timeout => {
+                    if st.completed >= target {
+                        break;
+                    }
+                    return Err(ETIMEDOUT);
+                }
+                kernel::sync::CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
+                kernel::sync::CondVarTimeoutResult::Woken { jiffies } => left = jiffies,
+            }
+        }
+        if st.error.is_some() {
+            return Err(EIO);
+        }
+        Ok(())
+    }
+
+    /// Its handle is gone: nothing more is submitted; queued work goes on.
+    pub(crate) fn destroy(&self) {
+        self.state.lock().destroyed = true;
+    }
+
+    /// Whether it has work not retired.
+    pub(crate) fn busy(&self) -> bool {
+        self.state.lock().queued > 0
+    }
+
+    /// Cancels it (its file is going): every queued operation is retired now with `ECANCELED`
+    /// (dropped here, their fences signalled); the one the engine runs stops at its next
+    /// piece.
+    pub(crate) fn cancel(self: &Arc<Self>) {
+        let taken = {
+            let mut st = self.state.lock();
+            st.cancelled = true;
+            let taken = core::mem::replace(&mut st.queue, List::new());
+            st.completed = st.submitted;
+            st.queued = 0;
+            self.retired.notify_all();
+            taken
+        };
+        for op in taken.iter() {
+            op.signal(Err(errno::ecanceled()));
+        }
+        drop(taken);
+        // A blocked stream leaves the blocked list (its queue is empty now).
+        self.engine.kick();
+    }
+
+    /// Whether it has an operation to run now (not blocked).
+    fn has_ready_work(&self) -> bool {
+        !self.state.lock().queue.is_empty()
+    }
+
+    /// Whether a blocked stream may go on (see [`op::Op::may_go_on`]).
+    fn may_go_on(&self, engine: &Engine) -> bool {
+        let mut st = self.state.lock();
+        if st.cancelled || st.error.is_some() {
+            return true;
+        }
+        let mut cursor = st.queue.cursor_front();
+        match cursor.peek_next() {
+            None => true,
+            Some(op) => op.may_go_on(engine),
+        }
+    }
+
+    /// One step of the engine on this stream: the next piece of its first operation, or, in
+    /// error or cancelled, the retirement of what is queued. Retired operations go to
+    /// `retired`, dropped by the engine once it is out of its signalling section.
+    fn step(&self, engine: &Engine, retired: &mut List<Op>) -> After {
+        let (op, failed) = {
+            let mut st = self.state.lock();
+            let Some(op) = st.queue.pop_front() else {
+                return After::Idle;
+            };
+            st.progress = (
+                op.done.load(kernel::sync::atomic::ordering::Relaxed),
+                op.len(),
+            );
+            (op, st.error.map(|(e, _)| e))
+        };
+        if let Some(e) = failed {
+            self.retire(op, Err(e), retired);
+            return After::Ready;
+        }
+        let step = op.step(engine);
+        let mut st = self.state.lock();
+        if st.cancelled {
+            drop(st);
+            self.retire(op, Err(errno::ecanceled()), retired);
+            return After::Idle;
+        }
+        match step {
+            Ok(Step::More) => {
+                st.queue.push_front(op);
+                After::Ready
+            }
+            Ok(Step::Blocked) => {
+                st.queue.push_front(op);
+                After::Blocked
+            }
+            Ok(Step::Done) => {
+                drop(st);
+                self.retire(op, Ok(()), retired);
+                After::Ready
+            }
+            Err(e) => {
+                let e = if e == ERESTARTSYS { EINTR } else { e };
+                st.error = Some((e, op.seqno));
+                drop(st);
+                self.retire(op, Err(e), retired);
+                After::Ready
+            }
+        }
+    }
+
+    /// Retires `op` with `result`: counted as completed, its fence signalled (the fence-
+    /// signalling section: no allocation, no lock an allocating path holds).
+    fn retire(&self, op: ListArc<Op>, result: Result, retired: &mut List<Op>) {
+        let _signalling = fence::Signalling::begin();
+        {
+            let mut st = self.state.lock();
+            if !st.cancelled {
+                st.completed = op.seqno;
+            }
+            st.queued = st.queued.saturating_sub(1);
+            st.progress = (0, 0);
+            self.retired.notify_all();
+        }
+        op.signal(result);
+        retired.push_back(op);
+    }
+}

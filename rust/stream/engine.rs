@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A GPU's engine as streams see it: one runner per GPU (a work item on the module's own
+//! queue, so two GPUs' runners run at once and none outlives the module) that goes round the
+//! GPU's ready streams a piece at a time, so streams of one GPU share the engine fairly.
+//!
+//! A stream is on at most one of the engine's two lists: `ready` (it has work it can run) or
+//! `blocked` (its next operation waits for a fence). A blocked stream goes back to `ready` when
+//! its fence signals (the fence's callback wakes the runner, [`Wake`]), when its wait's
+//! deadline passes or when the GPU goes: while any stream is blocked, a tick wakes the runner
+//! every [`TICK_MS`] to look.
+//!
+//! The runner signals fences: everything it does between taking a stream and retiring an
+//! operation allocates nothing and takes only the streams' and the engine's own locks, which
+//! no allocating or waiting path holds (the fence-signalling rule); operations it retires are
+//! dropped (their memory given back) after that section ends.
+
+use kernel::{
+    impl_has_delayed_work, impl_has_work,
+    list::{List, ListArc},
+    new_delayed_work, new_spinlock, new_work,
+    prelude::*,
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc, SpinLock,
+    },
+    time::{msecs_to_jiffies, Delta, Instant, Monotonic},
+    workqueue::{DelayedWork, Work, WorkItem},
+};
+
+use crate::{
+    bind::{fence::Wake, global::global, workqueue::ModuleQueue},
+    gpu::GpuDev,
+};
+
+use super::{op::Op, StreamCore};
+
+/// How often a runner with blocked streams looks at them again, at most.
+const TICK_MS: u32 = 100;
+/// How long a runner goes on before it lets other work of the queue run.
+const SLICE_MS: i64 = 10;
+
+/// The queue every runner runs on.
+static QUEUE: ModuleQueue = ModuleQueue::new();
+
+/// One GPU's engine.
+#[pin_data]
+pub(crate) struct Engine {
+    gpu: Arc<GpuDev>,
+    #[pin]
+    ready: SpinLock<List<StreamCore>>,
+    #[pin]
+    blocked: SpinLock<List<StreamCore>>,
+    #[pin]
+    work: Work<Engine, 0>,
+    #[pin]
+    tick: DelayedWork<Engine, 1>,
+    /// A tick is queued.
+    ticking: Atomic<bool>,
+    /// The module is going: no more ticks.
+    stopping: Atomic<bool>,
+}
+
+impl_has_work! {
+    impl HasWork<Self, 0> for Engine { self.work }
+}
+impl_has_delayed_work! {
+    impl HasDelayedWork<Self, 1> for Engine { self.tick }
+}
+
+impl Engine {
+    fn new(gpu: Arc<GpuDev>) -> Result<Arc<Self>> {
+        Arc::pin_init(
+            try_pin_init!(Engine {
+                gpu,
+                ready <- new_spinlock!(List::new()),
+                blocked <- new_spinlock!(List::new()),
+                work <- new_work!("ruvm stream engine"),
+                tick <- new_delayed_work!("ruvm stream tick"),
+                ticking: Atomic::new(false),
+                stopping: Atomic::new(false),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    /// Its GPU.
+    pub(crate) fn gpu(&self) -> &GpuDev {
+        &self.gpu
+    }
+
+    /// Makes the runner run (again) soon. Any context.
+    pub(crate) fn kick(self: &Arc<Self>) {
+        if let Some(q) = QUEUE.get() {
+            let _ = q.enqueue::<Arc<Engine>, 0>(self.clone());
+        }
+    }
+
+    /// Puts `stream` on the ready list (if it is on no list and not being run) and kicks the
+    /// runner.
+    pub(super) fn make_ready(self: &Arc<Self>, stream: Arc<StreamCore>) {
+        if let Ok(s) = ListArc::try_from_arc(stream) {
+            self.ready.lock().push_back(s);
+            self.kick();
+        }
+    }
+
+    /// Moves the blocked streams that may go on to the ready list; says whether any stays
+    /// blocked.
+    fn unblock(&self) -> bool {
+        let mut all = core::mem::replace(&mut *self.blocked.lock(), List::new());
+        let mut still = List::new();
+        while let Some(s) = all.pop_front() {
+            if s.may_go_on(self) {
+                self.ready.lock().push_back(s);
+            } else {
+                still.push_back(s);
+            }
+        }
+        let mut blocked = self.blocked.lock();
+        blocked.push_all_back(&mut still);
+        !blocked.is_empty()
+    }
+
+    /// The runner: a piece of work of each ready stream in turn, until none is ready or its
+    /// slice is over (then it queues itself again).
+    fn run(self: &Arc<Self>) {
+        let start = Instant::<Monotonic>::now();
+        let mut retired = List::<Op>::new();
+        {
+            self.unblock();
+            loop {
+                let Some(stream) = self.ready.lock().pop_front() else {
+                    break;
+                };
+                let state = stream.step(self, &mut retired);
+                match state {
+                    super::After::Ready => self.ready.lock().push_back(stream),
+                    super::After::Blocked => self.blocked.lock().push_back(stream),
+                    super::After::Idle => {
+                        // Off every list first, then a last look: work submitted meanwhile
+                        // found it on none only after this.
+                        let stream = stream.into_arc();
+                        if stream.has_ready_work() {
+                            if let Ok(s) = ListArc::try_from_arc(stream) {
+                                self.ready.lock().push_back(s);
+                            }
+                        }
+                    }
+                }
+                if start.elapsed() > Delta::from_millis(SLICE_MS) {
+                    self.kick();
+                    break;
+                }
+            }
+        }
+        // Outside the signalling section: what retired operations held goes now.
+        drop(retired);
+        if !self.blocked.lock().is_empty() {
+            self.arm_tick();
+        }
+    }
+
+    fn arm_tick(self: &Arc<Self>) {
+        if self.stopping.load(Relaxed) || self.ticking.xchg(true, Relaxed) {
+            return;
+        }
+        let queued = QUEUE.get().map(|q| {
+            q.enqueue_delayed::<Arc<Engine>, 1>(self.clone(), msecs_to_jiffies(TICK_MS))
+                .is_ok()
+        });
+        if queued != Some(true) {
+            self.ticking.store(false, Relaxed);
+        }
+    }
+}
+
+impl WorkItem<0> for Engine {
+    type Pointer = Arc<Engine>;
+
+    fn run(this: Arc<Engine>) {
+        Engine::run(&this);
+    }
+}
+
+impl WorkItem<1> for Engine {
+    type Pointer = Arc<Engine>;
+
+    fn run(this: Arc<Engine>) {
+        this.ticking.store(false, Relaxed);
+        this.kick();
+    }
+}
+
+impl Wake for Engine {
+    /// A fence a blocked stream waits for signalled: the runner looks at its blocked streams
+    /// when it runs.
+    fn wake(this: &Arc<Self>) {
+        this.kick();
+    }
+}
+
+global! {
+    /// Every GPU's engine, made with the GPU's first stream.
+    static ENGINES: Mutex<KVec<Arc<Engine>>> = KVec::new();
+}
+
+/// The engine of `gpu`, made if it has none yet.
+pub(super) fn of(gpu: Arc<GpuDev>) -> Result<Arc<Engine>> {
+    let mut all = ENGINES.lock().ok_or(ENODEV)?;
+    if let Some(e) = all.iter().find(|e| Arc::ptr_eq(&e.gpu, &gpu)) {
+        return Ok(e.clone());
+    }
+    // An engine of an earlier binding of the same GPU id is forgotten (its streams keep it).
+    all.retain(|e| e.gpu.id != gpu.id);
+    let e = Engine::new(gpu)?;
+    all.push(e.clone(), GFP_KERNEL)?;
+    Ok(e)
+}
+
+/// Makes the queue the runners run on (module init).
+pub(crate) fn init() -> Result {
+    ENGINES.init();
+    QUEUE.init(c"ruvm-streams")
+}
+
+/// At unload, with no file open: stops the ticks, waits for every runner to end (every
+/// operation is then retired, every fence signalled), frees the queue and forgets the engines.
+pub(crate) fn exit() {
+    let engines = ENGINES
+        .lock()
+        .map(|mut all| core::mem::replace(&mut *all, KVec::new()))
+        .unwrap_or_default();
+    for e in engines.iter() {
+        e.stopping.store(true, Relaxed);
+    }
+    // A tick already queued fires within `TICK_MS`; none is queued after `stopping`.
+    let deadline = Instant::<Monotonic>::now();
+    while engines.iter().any(|e| e.ticking.load(Relaxed))
+        && deadline.elapsed() < Delta::from_millis(i64::from(TICK_MS) * 20)
+    {
+        kernel::time::delay::fsleep(Delta::from_millis(5));
+    }
+    QUEUE.destroy();
+    drop(engines);
+}

@@ -1,0 +1,366 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! One operation of a stream: checked and planned when it is submitted (every handle looked up,
+//! every range checked, every mem and mapping it needs held), run piece by piece by its GPU's
+//! engine ([`super::engine`]), and retired once, its fence (if it records one) signalled with
+//! its result.
+//!
+//! What an operation holds keeps its memory alive: a copy holds both mems and their DMA tables,
+//! a fill the CPU kernel mapping, so a mem freed with work queued on it keeps its chunks until
+//! that work is retired (uvm_mem waits on its trackers the same way).
+
+use kernel::{
+    list::{impl_list_arc_safe, impl_list_item, ListArc, ListLinks},
+    new_spinlock,
+    prelude::*,
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc, SpinLock,
+    },
+    time::{Delta, Instant, Monotonic},
+};
+
+use crate::{
+    audit::{Class, Counted},
+    bind::fence::{Fence, OwnFence, Watch},
+    gpu::{self, mmu, GpuAccess},
+    mem::{
+        cpu::{CpuFill, Fill},
+        gpu::EngineCopy,
+        Mem,
+    },
+    uapi,
+};
+
+use super::{engine::Engine, event::Event};
+
+/// What an operation needs from the file that submits it.
+pub(crate) trait Lookup {
+    /// The file's mem `handle` (`ENOENT`).
+    fn mem(&self, handle: u64) -> Result<Arc<Mem>>;
+    /// The file's event `handle` (`ENOENT`).
+    fn event(&self, handle: u64) -> Result<Arc<Event>>;
+    /// The VA space `flags` names (`EPERM` for the kernel's without `CAP_SYS_ADMIN`).
+    fn va_space(&self, flags: u32) -> Result<u64>;
+}
+
+/// What an operation does.
+pub(super) enum Work {
+    Copy(EngineCopy),
+    CopyVa {
+        space: u64,
+        dst: u64,
+        src: u64,
+        len: u64,
+    },
+    Fill(CpuFill),
+    /// Records an event: its fence is the operation's.
+    Record,
+    /// Waits for a fence, at most `timeout` from when the stream reaches it.
+    Wait {
+        watch: Pin<KBox<Watch<Engine>>>,
+        timeout: Delta,
+    },
+    /// Nothing (a wait for an event never recorded).
+    Nop,
+}
+
+/// One queued operation.
+#[pin_data]
+pub(crate) struct Op {
+    pub(super) seqno: u64,
+    pub(super) work: Work,
+    /// Bytes moved so far (copies, fills).
+    pub(super) done: Atomic<u64>,
+    /// When the stream first reached it (a wait's deadline counts from then).
+    #[pin]
+    started: SpinLock<Option<Instant<Monotonic>>>,
+    /// A recording operation's fence, taken when it is signalled.
+    #[pin]
+    fence: SpinLock<Option<OwnFence>>,
+    _op: Counted,
+    _mems: Counted,
+    #[pin]
+    links: ListLinks,
+}
+
+impl_list_arc_safe! {
+    impl ListArcSafe<0> for Op { untracked; }
+}
+impl_list_item! {
+    impl ListItem<0> for Op { using ListLinks { self.links }; }
+}
+
+/// How a step of an operation ended.
+pub(super) enum Step {
+    /// It is done.
+    Done,
+    /// More pieces are left.
+    More,
+    /// It waits for a fence not yet signalled.
+    Blocked,
+}
+
+impl Op {
+    fn new(seqno: u64, work: Work, fence: Option<OwnFence>, mems: u64) -> Result<ListArc<Op>> {
+        ListArc::pin_init(
+            try_pin_init!(Op {
+                seqno,
+                work,
+                done: Atomic::new(0),
+                started <- new_spinlock!(None),
+                fence <- new_spinlock!(fence),
+                _op: Counted::new(Class::StreamOps, 1),
+                _mems: Counted::new(Class::StreamMems, mems),
+                links <- ListLinks::new(),
+            }),
+            GFP_KERNEL_ACCOUNT,
+        )
+    }
+
+    /// Bytes the operation moves (0 for those that move none).
+    pub(super) fn len(&self) -> u64 {
+        match &self.work {
+            Work::Copy(c) => c.len() as u64,
+            Work::CopyVa { len, .. } => *len,
+            Work::Fill(f) => f.len() as u64,
+            _ => 0,
+        }
+    }
+
+    /// Runs the operation's next piece on `engine`'s GPU (at most one piece: the engine goes
+    /// round the streams between pieces).
+    pub(super) fn step(&self, engine: &Engine) -> Result<Step> {
+        let done = self.done.load(Relaxed);
+        let moved = match &self.work {
+            Work::Nop | Work::Record => return Ok(Step::Done),
+            Work::Wait { .. } => return self.wait_step(engine),
+            Work::Copy(c) => {
+                let access = engine.gpu().access()?;
+                c.piece(&access, usize::try_from(done)?)? as u64
+            }
+            Work::CopyVa {
+                space,
+                dst,
+                src,
+                len,
+            } => {
+                let access = engine.gpu().access()?;
+                access.mmu()?.copy_piece(*space, *dst, *src, *len, done)?
+            }
+            Work::Fill(f) => {
+                // The GPU's removal fails the stream's work, fills included.
+                let _access: GpuAccess<'_> = engine.gpu().access()?;
+                f.piece(usize::try_from(done)?)? as u64
+            }
+        };
+        let done = done + moved;
+        self.done.store(done, Relaxed);
+        Ok(if done >= self.len() {
+            Step::Done
+        } else {
+            Step::More
+        })
+    }
+
+    /// A wait's step: done if its fence signalled (failed with the fence's error if it
+    /// signalled one), `ETIMEDOUT` past its deadline, `ENODEV` if the GPU is going, otherwise
+    /// blocked with its callback armed (which wakes the engine).
+    fn wait_step(&self, engine: &Engine) -> Result<Step> {
+        let Work::Wait { watch, timeout } = &self.work else {
+            return Ok(Step::Done);
+        };
+        let started = *self
+            .started
+            .lock()
+            .get_or_insert_with(Instant::<Monotonic>::now);
+        loop {
+            match watch.fence().status() {
+                0 => {}
+                s if s < 0 => return Err(Error::from_errno(s)),
+                _ => return Ok(Step::Done),
+            }
+            if started.elapsed() >= *timeout {
+                return Err(ETIMEDOUT);
+            }
+            if engine.gpu().access().is_err() {
+                return Err(ENODEV);
+            }
+            if watch.as_ref().arm() {
+                return Ok(Step::Blocked);
+            }
+            // Signalled between the check and the arming: look again.
+        }
+    }
+
+    /// Whether a blocked wait may go on: its fence signalled, its deadline passed, or the GPU
+    /// is going (the next step then ends it).
+    pub(super) fn may_go_on(&self, engine: &Engine) -> bool {
+        let Work::Wait { watch, timeout } = &self.work else {
+            return true;
+        };
+        let started = *self.started.lock();
+        watch.fence().is_signalled()
+            || started.is_none_or(|t| t.elapsed() >= *timeout)
+            || engine.gpu().access().is_err()
+    }
+
+    /// Signals the operation's fence (if it records one) with `result`. Allocates nothing.
+    pub(super) fn signal(&self, result: Result) {
+        if let Some(f) = self.fence.lock().take() {
+            f.signal(result);
+        }
+    }
+}
+
+/// An event recorded by a submission, moved only once the whole submission is queued.
+pub(super) struct Recorded {
+    pub(super) event: Arc<Event>,
+    pub(super) fence: Fence,
+    pub(super) seqno: u64,
+}
+
+/// Reads, checks and plans one operation of a submission, at `seqno` of the stream's timeline
+/// `context` (named `name`) on `engine`'s GPU. A RECORD adds to `records`; a WAIT_EVENT sees the
+/// last of those for its event (a submission is the same as its operations one by one).
+pub(super) fn plan(
+    op: &uapi::ruvm_op,
+    files: &dyn Lookup,
+    engine: &Arc<Engine>,
+    (context, seqno, name): (u64, u64, &[u8]),
+    records: &mut KVec<Recorded>,
+) -> Result<ListArc<Op>> {
+    let gpu = engine.gpu();
+    let zero = |fields: &[u64]| -> Result {
+        if op.reserved != 0 || fields.iter().any(|f| *f != 0) {
+            return Err(EINVAL);
+        }
+        Ok(())
+    };
+    let wait_timeout = |ms: u32| -> Result<Delta> {
+        if ms == 0 || ms > uapi::RUVM_WAIT_MAX_MS {
+            return Err(EINVAL);
+        }
+        Ok(Delta::from_millis(i64::from(ms)))
+    };
+    match op.kind {
+        uapi::ruvm_op_kind_RUVM_OP_COPY => {
+            zero(&[
+                u64::from(op.flags),
+                op.value,
+                u64::from(op.fill_kind),
+                u64::from(op.timeout_ms),
+            ])?;
+            if op.length == 0 {
+                return Err(EINVAL);
+            }
+            let (dst, src) = (files.mem(op.dst)?, files.mem(op.src)?);
+            let copy = EngineCopy::plan(gpu, dst, op.dst_offset, src, op.src_offset, op.length)?;
+            Op::new(seqno, Work::Copy(copy), None, 2)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_COPY_VA => {
+            zero(&[
+                op.dst_offset,
+                op.src_offset,
+                op.value,
+                u64::from(op.fill_kind),
+                u64::from(op.timeout_ms),
+            ])?;
+            if op.flags & !uapi::ruvm_va_space_flags_RUVM_VA_USER != 0 {
+                return Err(EINVAL);
+            }
+            mmu::check_copy(op.dst, op.src, op.length)?;
+            let space = files.va_space(op.flags)?;
+            gpu.access()?.mmu()?;
+            let work = Work::CopyVa {
+                space,
+                dst: op.dst,
+                src: op.src,
+                len: op.length,
+            };
+            Op::new(seqno, work, None, 0)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_FILL => {
+            zero(&[
+                u64::from(op.flags),
+                op.src,
+                op.src_offset,
+                u64::from(op.timeout_ms),
+            ])?;
+            if op.length == 0 {
+                return Err(EINVAL);
+            }
+            let fill = match op.fill_kind {
+                uapi::ruvm_fill_kind_RUVM_FILL_PATTERN => Fill::Pattern(op.value),
+                // CAST: the low 8 bits are the byte, as RUVM_IOCTL_MEM_FILL's.
+                uapi::ruvm_fill_kind_RUVM_FILL_BYTE => Fill::Byte(op.value as u8),
+                _ => return Err(EINVAL),
+            };
+            gpu.access()?;
+            let mem = files.mem(op.dst)?;
+            let plan = CpuFill::plan(&mem, op.dst_offset, op.length, fill)?;
+            Op::new(seqno, Work::Fill(plan), None, 1)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_RECORD => {
+            zero(&[
+                u64::from(op.flags),
+                op.dst,
+                op.dst_offset,
+                op.src,
+                op.src_offset,
+                op.length,
+                u64::from(op.fill_kind),
+                u64::from(op.timeout_ms),
+            ])?;
+            let event = files.event(op.value)?;
+            let fence = OwnFence::new(context, seqno, name, crate::bind::fence::Flags::USER)?;
+            let shared = fence.share();
+            records.push(
+                Recorded {
+                    event,
+                    fence: shared,
+                    seqno,
+                },
+                GFP_KERNEL_ACCOUNT,
+            )?;
+            Op::new(seqno, Work::Record, Some(fence), 0)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT | uapi::ruvm_op_kind_RUVM_OP_WAIT_FD => {
+            zero(&[
+                u64::from(op.flags),
+                op.dst,
+                op.dst_offset,
+                op.src,
+                op.src_offset,
+                op.length,
+                u64::from(op.fill_kind),
+            ])?;
+            let timeout = wait_timeout(op.timeout_ms)?;
+            let fence = if op.kind == uapi::ruvm_op_kind_RUVM_OP_WAIT_FD {
+                Some(Fence::from_sync_file(op.value)?)
+            } else {
+                let event = files.event(op.value)?;
+                match records.iter().rev().find(|r| Arc::ptr_eq(&r.event, &event)) {
+                    Some(r) => Some(r.fence.clone()),
+                    None => event.point(),
+                }
+            };
+            let Some(fence) = fence else {
+                return Op::new(seqno, Work::Nop, None, 0);
+            };
+            let watch = KBox::pin_init(Watch::new(fence, engine.clone()), GFP_KERNEL_ACCOUNT)?;
+            Op::new(seqno, Work::Wait { watch, timeout }, None, 0)
+        }
+        _ => Err(EINVAL),
+    }
+}
+
+/// Whether the GPU `id` names can run streams: present (`ENODEV`) and with a copy engine
+/// (`EOPNOTSUPP`).
+pub(super) fn engine_gpu(id: u32) -> Result<Arc<gpu::GpuDev>> {
+    let gpu = gpu::get(id)?;
+    if !gpu.has_engine() {
+        return Err(crate::bind::errno::eopnotsupp());
+    }
+    Ok(gpu)
+}
