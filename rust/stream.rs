@@ -70,7 +70,8 @@ struct StreamState {
     cancelled: bool,
     /// Destroyed: its handle is gone, nothing more is submitted.
     destroyed: bool,
-    /// The running operation's bytes moved and length.
+    /// The seqno of the operation the engine is on (0: none), its bytes moved and length.
+    current: u64,
     progress: (u64, u64),
 }
 
@@ -132,6 +133,7 @@ pub(crate) struct StreamInfo {
     pub(crate) submitted: u64,
     pub(crate) completed: u64,
     pub(crate) error: Option<(Error, u64)>,
+    pub(crate) current: u64,
     pub(crate) progress: (u64, u64),
 }
 
@@ -186,6 +188,7 @@ impl StreamCore {
                     error: None,
                     cancelled: false,
                     destroyed: false,
+                    current: 0,
                     progress: (0, 0),
                 }),
                 retired <- new_condvar!(),
@@ -268,6 +271,7 @@ impl StreamCore {
             submitted: st.submitted,
             completed: st.completed,
             error: st.error,
+            current: st.current,
             progress: st.progress,
         }
     }
@@ -313,14 +317,19 @@ impl StreamCore {
         let taken = {
             let mut st = self.state.lock();
             st.cancelled = true;
-            let taken = core::mem::replace(&mut st.queue, List::new());
-            st.completed = st.submitted;
-            st.queued = 0;
-            self.retired.notify_all();
-            taken
+            core::mem::replace(&mut st.queue, List::new())
         };
+        // Their fences first: whoever sees the stream idle sees them signalled.
         for op in taken.iter() {
             op.signal(Err(errno::ecanceled()));
+        }
+        {
+            let mut st = self.state.lock();
+            st.completed = st.submitted;
+            st.queued = 0;
+            st.current = 0;
+            st.progress = (0, 0);
+            self.retired.notify_all();
         }
         drop(taken);
         // A blocked stream leaves the blocked list (its queue is empty now).
@@ -399,16 +408,18 @@ impl StreamCore {
     /// signalling section: no allocation, no lock an allocating path holds).
     fn retire(&self, op: ListArc<Op>, result: Result, retired: &mut List<Op>) {
         let _signalling = fence::Signalling::begin();
+        // The fence first: whoever sees the operation completed sees its fence signalled.
+        op.signal(result);
         {
             let mut st = self.state.lock();
             if !st.cancelled {
                 st.completed = op.seqno;
             }
             st.queued = st.queued.saturating_sub(1);
+            st.current = 0;
             st.progress = (0, 0);
             self.retired.notify_all();
         }
-        op.signal(result);
         retired.push_back(op);
     }
 }

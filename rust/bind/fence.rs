@@ -100,9 +100,9 @@ impl Fence {
         flags & (1 << DMA_FENCE_FLAG_SIGNALED_BIT) != 0 || self.status() != 0
     }
 
-    /// Waits until it signals, at most `timeout_ms`: `Ok` if it signalled without an error,
-    /// its error if it signalled with one, `ETIMEDOUT`, or `EINTR` on a signal.
-    pub(crate) fn wait(&self, timeout_ms: u32) -> Result {
+    /// Waits until it signals, at most `timeout_ms`: its status then (1, or the negative errno
+    /// it signalled with); `ETIMEDOUT`, or `EINTR` on a signal.
+    pub(crate) fn wait(&self, timeout_ms: u32) -> Result<i32> {
         let jiffies = msecs_to_jiffies(timeout_ms);
         let jiffies = isize::try_from(jiffies).map_err(|_| EINVAL)?;
         // SAFETY: the fence is live; an interruptible wait of at most `jiffies`.
@@ -113,8 +113,7 @@ impl Fence {
         }
         match self.status() {
             0 => Err(ETIMEDOUT),
-            s if s < 0 => Err(Error::from_errno(s)),
-            _ => Ok(()),
+            s => Ok(s),
         }
     }
 

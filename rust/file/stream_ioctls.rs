@@ -170,15 +170,16 @@ impl RuvmFile {
             None => (0, 0),
         };
         args.pad = 0;
+        args.current_seqno = info.current;
         (args.current_done, args.current_len) = info.progress;
         writer.write(&args)
     }
 
-    /// `RUVM_IOCTL_STREAM_SYNC`: one stream, or with `RUVM_SYNC_ALL` every stream of the file.
+    /// `RUVM_IOCTL_STREAM_SYNC`: one stream, or with `RUVM_SYNC_EVERY_STREAM` every stream of the file.
     pub(super) fn stream_sync(&self, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_stream_sync>(user)?;
         check_timeout(args.timeout_ms)?;
-        if args.flags & uapi::ruvm_sync_flags_RUVM_SYNC_ALL == 0 {
+        if args.flags & uapi::ruvm_sync_flags_RUVM_SYNC_EVERY_STREAM == 0 {
             return self.stream(args.handle)?.sync(args.timeout_ms);
         }
         if args.handle != 0 {

@@ -201,9 +201,7 @@ impl pci::Driver for EduDriver {
     ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
         pin_init::pin_init_scope(move || {
             let engine = prepare(pdev)?;
-            let vector = *pdev
-                .alloc_irq_vectors(1, 1, pci::IrqTypes::all())?
-                .start();
+            let vector = *pdev.alloc_irq_vectors(1, 1, pci::IrqTypes::all())?.start();
             let handler = EduIrq {
                 engine: engine.clone(),
             };

@@ -67,12 +67,15 @@ impl Event {
         }
     }
 
-    /// Waits for its point (at most `timeout_ms`): `Ok`, the error it signalled with,
-    /// `ETIMEDOUT` or `EINTR`.
+    /// Waits for its point (at most `timeout_ms`): `Ok`, `EIO` if it signalled with an error
+    /// (its status says which), `ETIMEDOUT` or `EINTR`.
     pub(crate) fn sync(&self, timeout_ms: u32) -> Result {
-        match self.point() {
-            None => Ok(()),
-            Some(f) => f.wait(timeout_ms),
+        let Some(f) = self.point() else {
+            return Ok(());
+        };
+        match f.wait(timeout_ms)? {
+            s if s < 0 => Err(EIO),
+            _ => Ok(()),
         }
     }
 

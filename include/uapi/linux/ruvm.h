@@ -1356,8 +1356,9 @@ struct ruvm_op {
  * Every operation is checked before any is queued: on an error nothing is queued. Returns at
  * once; the operations run in order, after every operation submitted to the stream before
  * them. Errors: ENOENT (no such stream, mem or event), EINVAL (a bad field, a range outside a
- * mem, an fd that is not a sync_file, @count 0 or above RUVM_MAX_SUBMIT_OPS), ENXIO (a mem not
- * mapped as the op needs), ENODEV (the GPU is gone), EPERM (the kernel VA space without
+ * mem, an fd that is not a sync_file, @count 0 or above RUVM_MAX_SUBMIT_OPS), EOVERFLOW (COPY,
+ * FILL: an offset + length past 2^64, as RUVM_IOCTL_CE_COPY), ENXIO (a mem not mapped as the
+ * op needs), ENODEV (the GPU is gone), EPERM (the kernel VA space without
  * CAP_SYS_ADMIN), EIO (the stream is in error: RUVM_IOCTL_STREAM_QUERY says why), EAGAIN
  * (RUVM_MAX_STREAM_OPS would be queued), EFAULT (@ops unreadable).
  *
@@ -1366,7 +1367,7 @@ struct ruvm_op {
  * @count:       (in)  operations
  * @ops:         (in)  user pointer to @count struct ruvm_op
  * @first_seqno: (out) the stream timeline's seqno of the first operation; operation i has
- *                     @first_seqno + i
+ *                     @first_seqno + i (a stream's first operation has seqno 1)
  * @reserved:    (in)  must be 0
  */
 struct ruvm_stream_submit {
@@ -1390,8 +1391,10 @@ struct ruvm_stream_submit {
  *                      stream is in error (Documentation/ruvm.rst, "Errors are sticky")
  * @pad:          (out) 0
  * @failed_seqno: (out) with @error: the seqno of the operation that failed
- * @current_done: (out) bytes the operation running now has moved
- * @current_len:  (out) its length (0: none running)
+ * @current_seqno: (out) the seqno of the operation the engine is on (running, or waiting for
+ *                      a fence), 0 if none
+ * @current_done: (out) bytes it has moved
+ * @current_len:  (out) bytes it moves (0 for operations that move none)
  * @reserved:     (in)  must be 0
  */
 struct ruvm_stream_query {
@@ -1403,6 +1406,7 @@ struct ruvm_stream_query {
 	__u32 error;
 	__u32 pad;
 	__u64 failed_seqno;
+	__u64 current_seqno;
 	__u64 current_done;
 	__u64 current_len;
 	__u64 reserved[2];
@@ -1411,17 +1415,17 @@ struct ruvm_stream_query {
 /* ruvm_stream_sync.flags */
 enum ruvm_sync_flags {
 	/* Every stream of the file (cudaDeviceSynchronize): @handle must be 0. */
-	RUVM_SYNC_ALL = 1 << 0,
+	RUVM_SYNC_EVERY_STREAM = 1 << 0,
 };
 
 /**
  * struct ruvm_stream_sync - wait until a stream's work is done (RUVM_IOCTL_STREAM_SYNC)
  *
- * Waits until every operation submitted before the call has retired. 0 if they all ran; EIO
- * if the stream is (with RUVM_SYNC_ALL: any stream is) in error; ETIMEDOUT when @timeout_ms
- * passed first; EINTR on a signal.
+ * Waits until every operation submitted before the call has retired (every fence among them
+ * signalled). 0 if they all ran; EIO if the stream is (with RUVM_SYNC_EVERY_STREAM: any
+ * stream is) in error; ETIMEDOUT when @timeout_ms passed first; EINTR on a signal.
  *
- * @handle:     (in) the stream (0 with RUVM_SYNC_ALL)
+ * @handle:     (in) the stream (0 with RUVM_SYNC_EVERY_STREAM)
  * @flags:      (in) enum ruvm_sync_flags
  * @timeout_ms: (in) 1 to RUVM_WAIT_MAX_MS
  * @reserved:   (in) must be 0
@@ -1439,11 +1443,12 @@ struct ruvm_stream_sync {
  * An event holds the point it was last recorded at (RUVM_OP_RECORD), a dma_fence of the
  * stream's timeline; an event never recorded is complete. CREATE: ENOSPC at
  * RUVM_MAX_FILE_EVENTS. DESTROY: the point lives on in whoever holds its fence. QUERY: @status,
- * @stream, @seqno. SYNC: waits for the point: 0, the errno it signalled with, ETIMEDOUT, or
+ * @stream, @seqno. SYNC: waits for the point: 0 if it signalled without an error, EIO if it
+ * signalled with one (QUERY's @status says which), ETIMEDOUT if @timeout_ms passed first, or
  * EINTR. EXPORT: a new sync_file fd (close-on-exec) of the point (a signalled fence if never
  * recorded).
  *
- * @handle:     (in; out for CREATE) the event, never 0
+ * @handle:     (in) the event; (out) for CREATE, never 0 (its input is ignored)
  * @flags:      (in)  must be 0
  * @timeout_ms: (in)  SYNC: 1 to RUVM_WAIT_MAX_MS; otherwise 0
  * @status:     (out) QUERY: 0 pending, 1 signalled, or -errno it signalled with
