@@ -202,7 +202,7 @@ impl MiscDevice for RuvmFile {
         let me = KBox::try_pin_init(
             try_pin_init!(RuvmFile {
                 inner <- new_mutex!(FileInner {
-                    streams: stream_ioctls::FileStreams::new(),
+                    streams: stream_ioctls::FileStreams::new()?,
                     mems: KeptTree::new(SPARE)?,
                     offsets: KeptTree::new(SPARE)?,
                     spaces: UserSpaces {
@@ -258,7 +258,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_POOL_SET_ACCESS => me.pool_set_access(user)?,
             uapi::RUVM_IOCTL_STREAM_CREATE => me.stream_create(user)?,
             uapi::RUVM_IOCTL_STREAM_DESTROY => me.stream_destroy(user)?,
-            uapi::RUVM_IOCTL_STREAM_SUBMIT => me.stream_submit(user)?,
+            uapi::RUVM_IOCTL_STREAM_SUBMIT => me.stream_submit(user, arg)?,
             uapi::RUVM_IOCTL_STREAM_QUERY => me.stream_query(user)?,
             uapi::RUVM_IOCTL_STREAM_SYNC => me.stream_sync(user)?,
             uapi::RUVM_IOCTL_EVENT_CREATE => me.event_create(user)?,

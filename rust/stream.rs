@@ -30,7 +30,10 @@ use kernel::{
     },
     new_condvar, new_mutex,
     prelude::*,
-    sync::{Arc, CondVar, Mutex},
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc, CondVar, Mutex,
+    },
     time::msecs_to_jiffies,
     uaccess::UserPtr,
 };
@@ -50,10 +53,48 @@ pub(crate) mod op;
 use engine::Engine;
 use op::{Lookup, Op, Recorded, Step};
 
-/// The most operations queued on one stream.
+/// The most operations queued on one file's streams.
 const MAX_QUEUED: u64 = uapi::RUVM_MAX_STREAM_OPS as u64;
+
+/// How many operations a file's streams hold, not yet retired: each operation holds one unit
+/// ([`Charge`]) from its planning to its drop, so a file's queued work is bounded
+/// ([`MAX_QUEUED`]) whatever its number of streams.
+pub(crate) struct Budget {
+    queued: Atomic<u64>,
+}
+
+impl Budget {
+    pub(crate) fn new() -> Self {
+        Self {
+            queued: Atomic::new(0),
+        }
+    }
+
+    /// One unit for an operation; `EAGAIN` at the file's limit.
+    pub(crate) fn take(self: &Arc<Self>) -> Result<Charge> {
+        if self.queued.fetch_add(1, Relaxed) >= MAX_QUEUED {
+            // Adding 2^64 - 1 takes one away (the addition wraps).
+            self.queued.add(u64::MAX, Relaxed);
+            return Err(EAGAIN);
+        }
+        Ok(Charge(self.clone()))
+    }
+}
+
+/// One unit of a file's [`Budget`], given back on drop.
+pub(crate) struct Charge(Arc<Budget>);
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        // Takes one away (see `take`).
+        self.0.queued.add(u64::MAX, Relaxed);
+    }
+}
 /// The most operations of one submission.
 pub(crate) const MAX_SUBMIT: u32 = uapi::RUVM_MAX_SUBMIT_OPS;
+/// The most operations one step of the engine retires without running them (a stream in
+/// error, records): then the engine goes on to the next stream.
+const RETIRE_BATCH: usize = 64;
 
 /// A stream's queue and counters.
 struct StreamState {
@@ -76,15 +117,16 @@ struct StreamState {
 }
 
 impl StreamState {
-    /// `ENOENT` once destroyed or cancelled (the handle is gone), `EIO` in error.
-    fn may_submit(&self) -> Result {
+    /// `ENOENT` once destroyed or cancelled (the handle is gone), `EIO` in error, `ENODEV` once
+    /// the GPU is going.
+    fn may_submit(&self, engine: &Engine) -> Result {
         if self.destroyed || self.cancelled {
             return Err(ENOENT);
         }
         if self.error.is_some() {
             return Err(EIO);
         }
-        Ok(())
+        engine.gpu().access().map(|_| ())
     }
 }
 
@@ -95,6 +137,8 @@ pub(crate) struct StreamCore {
     context: u64,
     name: [u8; NAME_LEN],
     engine: Arc<Engine>,
+    /// Its file's budget of queued operations.
+    budget: Arc<Budget>,
     /// Held across one submission's checks and planning, so that submissions to the stream
     /// take their seqnos one after the other (the engine never takes it).
     #[pin]
@@ -169,7 +213,7 @@ impl core::fmt::Write for NameWriter<'_> {
 impl StreamCore {
     /// A stream `handle` on GPU `gpu`: `ENODEV` if it is not present, `EOPNOTSUPP` without a
     /// copy engine.
-    pub(crate) fn new(gpu: u32, handle: u64) -> Result<Arc<Self>> {
+    pub(crate) fn new(gpu: u32, handle: u64, budget: Arc<Budget>) -> Result<Arc<Self>> {
         let dev = op::engine_gpu(gpu)?;
         let engine = engine::of(dev)?;
         let name = timeline_name(gpu, handle);
@@ -179,6 +223,7 @@ impl StreamCore {
                 context: fence::new_context(),
                 name,
                 engine,
+                budget,
                 submitting <- new_mutex!(()),
                 state <- new_mutex!(StreamState {
                     queue: List::new(),
@@ -230,10 +275,7 @@ impl StreamCore {
         let _submitting = self.submitting.lock();
         let first = {
             let st = self.state.lock();
-            st.may_submit()?;
-            if st.queued + u64::from(count) > MAX_QUEUED {
-                return Err(EAGAIN);
-            }
+            st.may_submit(&self.engine)?;
             st.submitted + 1
         };
         let mut planned = List::<Op>::new();
@@ -244,14 +286,13 @@ impl StreamCore {
                 files,
                 &self.engine,
                 (self.context, seqno, &self.name),
-                &mut records,
+                (&mut records, self.budget.take()?),
             )?);
         }
         {
             let mut st = self.state.lock();
-            // Destroyed, cancelled or in error meanwhile; the engine only retires, so there is
-            // room still.
-            st.may_submit()?;
+            // Destroyed, cancelled, in error or its GPU going meanwhile.
+            st.may_submit(&self.engine)?;
             st.queue.push_all_back(&mut planned);
             st.queued += u64::from(count);
             st.submitted += u64::from(count);
@@ -294,7 +335,9 @@ impl StreamCore {
                 kernel::sync::CondVarTimeoutResult::Woken { jiffies } => left = jiffies,
             }
         }
-        if st.error.is_some() {
+        // In error by one of the operations waited for (one submitted after the call may
+        // have failed too: not this call's business).
+        if st.error.is_some_and(|(_, seqno)| seqno <= target) {
             return Err(EIO);
         }
         Ok(())
@@ -310,27 +353,28 @@ impl StreamCore {
         self.state.lock().queued > 0
     }
 
-    /// Cancels it (its file is going): every queued operation is retired now with `ECANCELED`
-    /// (dropped here, their fences signalled); the one the engine runs stops at its next
-    /// piece.
+    /// Cancels it (its file is going): every queued operation is retired now with `ECANCELED`,
+    /// its fence signalled in order (under the lock, so after any the engine retired before);
+    /// the one the engine runs (never one with a fence) stops at its next piece.
     pub(crate) fn cancel(self: &Arc<Self>) {
         let taken = {
             let mut st = self.state.lock();
             st.cancelled = true;
-            core::mem::replace(&mut st.queue, List::new())
-        };
-        // Their fences first: whoever sees the stream idle sees them signalled.
-        for op in taken.iter() {
-            op.signal(Err(errno::ecanceled()));
-        }
-        {
-            let mut st = self.state.lock();
+            let taken = core::mem::replace(&mut st.queue, List::new());
+            {
+                let _signalling = fence::Signalling::begin();
+                for op in taken.iter() {
+                    op.signal(Err(errno::ecanceled()));
+                }
+            }
             st.completed = st.submitted;
             st.queued = 0;
             st.current = 0;
             st.progress = (0, 0);
             self.retired.notify_all();
-        }
+            taken
+        };
+        // What they held goes with the lock released.
         drop(taken);
         // A blocked stream leaves the blocked list (its queue is empty now).
         self.engine.kick();
@@ -354,34 +398,53 @@ impl StreamCore {
         }
     }
 
-    /// One step of the engine on this stream: the next piece of its first operation, or, in
-    /// error or cancelled, the retirement of what is queued. Retired operations go to
+    /// One step of the engine on this stream: the next piece of its first operation. Before
+    /// it, under the lock, operations that do no work (records) are retired in order, and in
+    /// error every operation is (at most [`RETIRE_BATCH`] a step). Retired operations go to
     /// `retired`, dropped by the engine once it is out of its signalling section.
     fn step(&self, engine: &Engine, retired: &mut List<Op>) -> After {
-        let (op, failed) = {
-            let mut st = self.state.lock();
-            let Some(op) = st.queue.pop_front() else {
-                return After::Idle;
-            };
-            st.progress = (
-                op.done.load(kernel::sync::atomic::ordering::Relaxed),
-                op.len(),
-            );
-            (op, st.error.map(|(e, _)| e))
+        let op = {
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            let mut n = 0;
+            loop {
+                if n == RETIRE_BATCH {
+                    return After::Ready;
+                }
+                n += 1;
+                let Some(op) = st.queue.pop_front() else {
+                    return After::Idle;
+                };
+                if let Some((e, _)) = st.error {
+                    self.retire_locked(st, op, Err(e), retired);
+                    continue;
+                }
+                if op.is_instant() {
+                    // The GPU's removal fails these too, in order with the rest.
+                    match engine.gpu().access() {
+                        Ok(_) => self.retire_locked(st, op, Ok(()), retired),
+                        Err(e) => {
+                            st.error = Some((e, op.seqno));
+                            self.retire_locked(st, op, Err(e), retired);
+                        }
+                    }
+                    continue;
+                }
+                st.current = op.seqno;
+                st.progress = (op.done.load(Relaxed), op.len());
+                break op;
+            }
         };
-        if let Some(e) = failed {
-            self.retire(op, Err(e), retired);
-            return After::Ready;
-        }
         let step = op.step(engine);
-        let mut st = self.state.lock();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
         if st.cancelled {
-            drop(st);
-            self.retire(op, Err(errno::ecanceled()), retired);
+            self.retire_locked(st, op, Err(errno::ecanceled()), retired);
             return After::Idle;
         }
         match step {
             Ok(Step::More) => {
+                st.progress = (op.done.load(Relaxed), op.len());
                 st.queue.push_front(op);
                 After::Ready
             }
@@ -390,36 +453,37 @@ impl StreamCore {
                 After::Blocked
             }
             Ok(Step::Done) => {
-                drop(st);
-                self.retire(op, Ok(()), retired);
+                self.retire_locked(st, op, Ok(()), retired);
                 After::Ready
             }
             Err(e) => {
                 let e = if e == ERESTARTSYS { EINTR } else { e };
                 st.error = Some((e, op.seqno));
-                drop(st);
-                self.retire(op, Err(e), retired);
+                self.retire_locked(st, op, Err(e), retired);
                 After::Ready
             }
         }
     }
 
-    /// Retires `op` with `result`: counted as completed, its fence signalled (the fence-
-    /// signalling section: no allocation, no lock an allocating path holds).
-    fn retire(&self, op: ListArc<Op>, result: Result, retired: &mut List<Op>) {
+    /// Retires `op` with `result`, under the stream's lock: its fence signalled first (so
+    /// whoever sees it completed sees its fence signalled), then counted. The fence-signalling
+    /// section: it allocates nothing and takes no lock an allocating or waiting path holds.
+    fn retire_locked(
+        &self,
+        st: &mut StreamState,
+        op: ListArc<Op>,
+        result: Result,
+        retired: &mut List<Op>,
+    ) {
         let _signalling = fence::Signalling::begin();
-        // The fence first: whoever sees the operation completed sees its fence signalled.
         op.signal(result);
-        {
-            let mut st = self.state.lock();
-            if !st.cancelled {
-                st.completed = op.seqno;
-            }
-            st.queued = st.queued.saturating_sub(1);
-            st.current = 0;
-            st.progress = (0, 0);
-            self.retired.notify_all();
+        if !st.cancelled {
+            st.completed = op.seqno;
         }
+        st.queued = st.queued.saturating_sub(1);
+        st.current = 0;
+        st.progress = (0, 0);
+        self.retired.notify_all();
         retired.push_back(op);
     }
 }

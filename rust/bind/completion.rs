@@ -26,11 +26,11 @@ impl Done {
         })
     }
 
-    /// Forgets any earlier signal (only while nobody waits: the one waiter calls it before it
-    /// starts what will signal).
+    /// Forgets any earlier signal (`reinit_completion`: the count only, the lock untouched,
+    /// so a late signal racing it is harmless: the waiter then confirms with the device).
     pub(crate) fn reset(&self) {
-        // SAFETY: the completion is initialised and has no waiter (the caller's promise).
-        unsafe { bindings::init_completion(self.inner.get()) };
+        // SAFETY: the completion is initialised; `done` is what `reinit_completion` clears.
+        unsafe { core::ptr::addr_of_mut!((*self.inner.get()).done).write_volatile(0) };
     }
 
     /// Signals one waiter. Any context.

@@ -12,7 +12,7 @@ use kernel::{
 
 use crate::{
     mem::Mem,
-    stream::{event::Event, op::Lookup, StreamCore},
+    stream::{event::Event, op::Lookup, Budget, StreamCore},
     uapi,
 };
 
@@ -26,6 +26,8 @@ const MAX_EVENTS: usize = uapi::RUVM_MAX_FILE_EVENTS as usize;
 /// `retiring` (counted against the file's limit) until that work is retired, so that closing
 /// the file cancels it too.
 pub(super) struct FileStreams {
+    /// The bound on the operations its streams hold.
+    budget: Arc<Budget>,
     streams: RBTree<u64, Arc<StreamCore>>,
     retiring: KVec<Arc<StreamCore>>,
     events: RBTree<u64, Arc<Event>>,
@@ -33,13 +35,14 @@ pub(super) struct FileStreams {
 }
 
 impl FileStreams {
-    pub(super) fn new() -> Self {
-        Self {
+    pub(super) fn new() -> Result<Self> {
+        Ok(Self {
+            budget: Arc::new(Budget::new(), GFP_KERNEL_ACCOUNT)?,
             streams: RBTree::new(),
             retiring: KVec::new(),
             events: RBTree::new(),
             next: 1,
-        }
+        })
     }
 
     fn handle(&mut self) -> u64 {
@@ -100,16 +103,16 @@ impl RuvmFile {
     /// `RUVM_IOCTL_STREAM_CREATE`.
     pub(super) fn stream_create(&self, user: UserSlice) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_stream_create>(user)?;
-        let handle = {
+        let (handle, budget) = {
             let mut inner = self.inner.lock();
             let fs = &mut inner.streams;
             fs.retiring.retain(|s| s.busy());
             if fs.streams.iter().count() + fs.retiring.len() >= MAX_STREAMS {
                 return Err(ENOSPC);
             }
-            fs.handle()
+            (fs.handle(), fs.budget.clone())
         };
-        let stream = StreamCore::new(args.gpu, handle)?;
+        let stream = StreamCore::new(args.gpu, handle, budget)?;
         args.handle = handle;
         args.context = stream.context();
         {
@@ -134,26 +137,40 @@ impl RuvmFile {
         let args = args::read::<uapi::ruvm_stream_handle>(user)?;
         let mut inner = self.inner.lock();
         let fs = &mut inner.streams;
+        if !fs.streams.iter().any(|(h, _)| *h == args.handle) {
+            return Err(ENOENT);
+        }
+        // Room to keep it first: once its handle is gone nothing may fail, or its work would
+        // be out of the file's reach (a close must cancel it).
+        fs.retiring.retain(|s| s.busy());
+        fs.retiring.reserve(1, GFP_KERNEL_ACCOUNT)?;
         let stream = fs.streams.remove(&args.handle).ok_or(ENOENT)?;
         stream.destroy();
-        fs.retiring.retain(|s| s.busy());
         if stream.busy() {
-            // Room for it was there: it was counted in the table a moment ago.
-            fs.retiring.push(stream, GFP_KERNEL_ACCOUNT)?;
+            // Within the room reserved: cannot fail.
+            let _ = fs.retiring.push_within_capacity(stream);
         }
         Ok(())
     }
 
-    /// `RUVM_IOCTL_STREAM_SUBMIT`.
-    pub(super) fn stream_submit(&self, user: UserSlice) -> Result {
+    /// `RUVM_IOCTL_STREAM_SUBMIT` (`arg`: the structure's address).
+    pub(super) fn stream_submit(&self, user: UserSlice, arg: usize) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_stream_submit>(user)?;
         let stream = self.stream(args.handle)?;
+        // The answer must be writable before anything is queued (`EFAULT` queues nothing);
+        // written again once the seqno is known.
+        UserSlice::new(
+            UserPtr::from_addr(arg),
+            core::mem::size_of::<uapi::ruvm_stream_submit>(),
+        )
+        .writer()
+        .write(&args)?;
         args.first_seqno = stream.submit(
             UserPtr::from_addr(usize::try_from(args.ops).map_err(|_| EFAULT)?),
             args.count,
             &FileLookup(self),
         )?;
-        // The work is queued whatever happens to the answer.
+        // The work is queued: unless the caller unmapped the structure meanwhile, this works.
         writer.write(&args)
     }
 
@@ -197,20 +214,25 @@ impl RuvmFile {
         };
         // One deadline for all: each waits at most what is left of it.
         let start = kernel::time::Instant::<kernel::time::Monotonic>::now();
-        let mut failed = false;
+        // A stream in error is said (EIO) before a timeout or a signal met on another.
+        let mut result = Ok(());
         for s in all.iter() {
             let spent = u32::try_from(start.elapsed().as_millis()).unwrap_or(u32::MAX);
             let left = args.timeout_ms.saturating_sub(spent).max(1);
             match s.sync(left) {
                 Ok(()) => {}
-                Err(e) if e == EIO => failed = true,
-                Err(e) => return Err(e),
+                Err(e) if e == EIO => result = Err(EIO),
+                Err(e) => {
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                    if e == EINTR {
+                        break;
+                    }
+                }
             }
         }
-        if failed {
-            return Err(EIO);
-        }
-        Ok(())
+        result
     }
 
     /// `RUVM_IOCTL_EVENT_CREATE`.

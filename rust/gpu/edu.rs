@@ -97,6 +97,19 @@ impl EduEngine {
         }
         // edu addresses 28 bits: the low 32 bits are the whole address.
         let (src, dst) = (u32::try_from(src)?, u32::try_from(dst)?);
+        // A transfer that timed out may still run: edu ignores the DMA registers until it ends,
+        // so its end (and its interrupt) is waited for before this one is set up.
+        if self.read(REG_DMA_CMD)? & CMD_START != 0 {
+            for _ in 0..2 {
+                self.done.wait(TRANSFER_TIMEOUT_MS);
+                if self.read(REG_DMA_CMD)? & CMD_START == 0 {
+                    break;
+                }
+            }
+            if self.read(REG_DMA_CMD)? & CMD_START != 0 {
+                return Err(ETIMEDOUT);
+            }
+        }
         self.write(src, REG_DMA_SRC)?;
         self.write(dst, REG_DMA_DST)?;
         self.write(u32::try_from(len)?, REG_DMA_COUNT)?;

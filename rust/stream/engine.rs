@@ -21,7 +21,10 @@ use kernel::{
     new_delayed_work, new_spinlock, new_work,
     prelude::*,
     sync::{
-        atomic::{ordering::Relaxed, Atomic},
+        atomic::{
+            ordering::{Acquire, Full, Release},
+            Atomic,
+        },
         Arc, SpinLock,
     },
     time::{msecs_to_jiffies, Delta, Instant, Monotonic},
@@ -82,6 +85,13 @@ impl Engine {
             }),
             GFP_KERNEL,
         )
+    }
+
+    /// Whether nothing is queued on it: both lists empty, no tick queued.
+    fn idle(&self) -> bool {
+        self.ready.lock().is_empty()
+            && self.blocked.lock().is_empty()
+            && !self.ticking.load(Acquire)
     }
 
     /// Its GPU.
@@ -161,8 +171,15 @@ impl Engine {
         }
     }
 
+    /// Queues a tick, unless one is queued or the module is going. `ticking` is set before
+    /// `stopping` is read, and [`exit`] sets `stopping` before it reads `ticking` (both fully
+    /// ordered): either this sees `stopping`, or `exit` sees the tick and waits for it.
     fn arm_tick(self: &Arc<Self>) {
-        if self.stopping.load(Relaxed) || self.ticking.xchg(true, Relaxed) {
+        if self.ticking.xchg(true, Full) {
+            return;
+        }
+        if self.stopping.load(Acquire) {
+            self.ticking.store(false, Release);
             return;
         }
         let queued = QUEUE.get().map(|q| {
@@ -170,7 +187,7 @@ impl Engine {
                 .is_ok()
         });
         if queued != Some(true) {
-            self.ticking.store(false, Relaxed);
+            self.ticking.store(false, Release);
         }
     }
 }
@@ -187,7 +204,10 @@ impl WorkItem<1> for Engine {
     type Pointer = Arc<Engine>;
 
     fn run(this: Arc<Engine>) {
-        this.ticking.store(false, Relaxed);
+        // Cleared first, so that the runner it kicks may queue the next tick. The kick is safe
+        // after `exit` saw it clear: this item runs on the queue `exit` destroys, which waits
+        // for it (and lets it queue the runner there).
+        this.ticking.store(false, Release);
         this.kick();
     }
 }
@@ -211,8 +231,9 @@ pub(super) fn of(gpu: Arc<GpuDev>) -> Result<Arc<Engine>> {
     if let Some(e) = all.iter().find(|e| Arc::ptr_eq(&e.gpu, &gpu)) {
         return Ok(e.clone());
     }
-    // An engine of an earlier binding of the same GPU id is forgotten (its streams keep it).
-    all.retain(|e| e.gpu.id != gpu.id);
+    // An engine of an earlier binding is forgotten once idle (nothing on its lists, no tick:
+    // its GPU is gone, so no stream of it blocks again); until then it stays, for `exit`.
+    all.retain(|e| e.gpu.id != gpu.id || !e.idle());
     let e = Engine::new(gpu)?;
     all.push(e.clone(), GFP_KERNEL)?;
     Ok(e)
@@ -232,13 +253,19 @@ pub(crate) fn exit() {
         .map(|mut all| core::mem::replace(&mut *all, KVec::new()))
         .unwrap_or_default();
     for e in engines.iter() {
-        e.stopping.store(true, Relaxed);
+        e.stopping.xchg(true, Full);
     }
-    // A tick already queued fires within `TICK_MS`; none is queued after `stopping`.
-    let deadline = Instant::<Monotonic>::now();
-    while engines.iter().any(|e| e.ticking.load(Relaxed))
-        && deadline.elapsed() < Delta::from_millis(i64::from(TICK_MS) * 20)
-    {
+    // A tick already queued fires within `TICK_MS` (none is queued after `stopping`): the
+    // queue is not destroyed under a pending timer.
+    let start = Instant::<Monotonic>::now();
+    let mut said = false;
+    while engines.iter().any(|e| e.ticking.load(Acquire)) {
+        if !said && start.elapsed() > Delta::from_millis(i64::from(TICK_MS) * 100) {
+            // Never seen: a queued timer fires. Said, and waited for still (destroying the
+            // queue under it would be a use after free).
+            pr_err!("a stream engine's tick has not fired in 10 s\n");
+            said = true;
+        }
         kernel::time::delay::fsleep(Delta::from_millis(5));
     }
     QUEUE.destroy();

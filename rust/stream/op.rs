@@ -32,7 +32,7 @@ use crate::{
     uapi,
 };
 
-use super::{engine::Engine, event::Event};
+use super::{engine::Engine, event::Event, Charge};
 
 /// What an operation needs from the file that submits it.
 pub(crate) trait Lookup {
@@ -80,6 +80,8 @@ pub(crate) struct Op {
     fence: SpinLock<Option<OwnFence>>,
     _op: Counted,
     _mems: Counted,
+    /// Its unit of its file's budget of queued operations.
+    _charge: Charge,
     #[pin]
     links: ListLinks,
 }
@@ -102,7 +104,13 @@ pub(super) enum Step {
 }
 
 impl Op {
-    fn new(seqno: u64, work: Work, fence: Option<OwnFence>, mems: u64) -> Result<ListArc<Op>> {
+    fn new(
+        seqno: u64,
+        work: Work,
+        fence: Option<OwnFence>,
+        mems: u64,
+        charge: Charge,
+    ) -> Result<ListArc<Op>> {
         ListArc::pin_init(
             try_pin_init!(Op {
                 seqno,
@@ -112,6 +120,7 @@ impl Op {
                 fence <- new_spinlock!(fence),
                 _op: Counted::new(Class::StreamOps, 1),
                 _mems: Counted::new(Class::StreamMems, mems),
+                _charge: charge,
                 links <- ListLinks::new(),
             }),
             GFP_KERNEL_ACCOUNT,
@@ -207,9 +216,16 @@ impl Op {
 
     /// Signals the operation's fence (if it records one) with `result`. Allocates nothing.
     pub(super) fn signal(&self, result: Result) {
-        if let Some(f) = self.fence.lock().take() {
+        let fence = self.fence.lock().take();
+        if let Some(f) = fence {
             f.signal(result);
         }
+    }
+
+    /// Whether it does no work on the engine (a record, a wait for nothing): retired as soon as
+    /// the stream reaches it.
+    pub(super) fn is_instant(&self) -> bool {
+        matches!(self.work, Work::Record | Work::Nop)
     }
 }
 
@@ -228,7 +244,7 @@ pub(super) fn plan(
     files: &dyn Lookup,
     engine: &Arc<Engine>,
     (context, seqno, name): (u64, u64, &[u8]),
-    records: &mut KVec<Recorded>,
+    (records, charge): (&mut KVec<Recorded>, Charge),
 ) -> Result<ListArc<Op>> {
     let gpu = engine.gpu();
     let zero = |fields: &[u64]| -> Result {
@@ -256,7 +272,7 @@ pub(super) fn plan(
             }
             let (dst, src) = (files.mem(op.dst)?, files.mem(op.src)?);
             let copy = EngineCopy::plan(gpu, dst, op.dst_offset, src, op.src_offset, op.length)?;
-            Op::new(seqno, Work::Copy(copy), None, 2)
+            Op::new(seqno, Work::Copy(copy), None, 2, charge)
         }
         uapi::ruvm_op_kind_RUVM_OP_COPY_VA => {
             zero(&[
@@ -278,7 +294,7 @@ pub(super) fn plan(
                 src: op.src,
                 len: op.length,
             };
-            Op::new(seqno, work, None, 0)
+            Op::new(seqno, work, None, 0, charge)
         }
         uapi::ruvm_op_kind_RUVM_OP_FILL => {
             zero(&[
@@ -299,7 +315,7 @@ pub(super) fn plan(
             gpu.access()?;
             let mem = files.mem(op.dst)?;
             let plan = CpuFill::plan(&mem, op.dst_offset, op.length, fill)?;
-            Op::new(seqno, Work::Fill(plan), None, 1)
+            Op::new(seqno, Work::Fill(plan), None, 1, charge)
         }
         uapi::ruvm_op_kind_RUVM_OP_RECORD => {
             zero(&[
@@ -323,7 +339,7 @@ pub(super) fn plan(
                 },
                 GFP_KERNEL_ACCOUNT,
             )?;
-            Op::new(seqno, Work::Record, Some(fence), 0)
+            Op::new(seqno, Work::Record, Some(fence), 0, charge)
         }
         uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT | uapi::ruvm_op_kind_RUVM_OP_WAIT_FD => {
             zero(&[
@@ -346,10 +362,10 @@ pub(super) fn plan(
                 }
             };
             let Some(fence) = fence else {
-                return Op::new(seqno, Work::Nop, None, 0);
+                return Op::new(seqno, Work::Nop, None, 0, charge);
             };
             let watch = KBox::pin_init(Watch::new(fence, engine.clone()), GFP_KERNEL_ACCOUNT)?;
-            Op::new(seqno, Work::Wait { watch, timeout }, None, 0)
+            Op::new(seqno, Work::Wait { watch, timeout }, None, 0, charge)
         }
         _ => Err(EINVAL),
     }

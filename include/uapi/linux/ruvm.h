@@ -1244,7 +1244,10 @@ struct ruvm_test_plant {
 #define RUVM_MAX_FILE_EVENTS 4096
 /* The most operations one RUVM_IOCTL_STREAM_SUBMIT carries. */
 #define RUVM_MAX_SUBMIT_OPS 256
-/* The most operations queued on one stream, not yet retired: a submit beyond it is EAGAIN. */
+/*
+ * The most operations queued on one file's streams, not yet retired (destroyed streams' work
+ * included): a submit beyond it is EAGAIN.
+ */
 #define RUVM_MAX_STREAM_OPS 16384
 /* The longest any wait may be (ms): a wait op, RUVM_IOCTL_STREAM_SYNC, RUVM_IOCTL_EVENT_SYNC. */
 #define RUVM_WAIT_MAX_MS 60000
@@ -1360,7 +1363,8 @@ struct ruvm_op {
  * FILL: an offset + length past 2^64, as RUVM_IOCTL_CE_COPY), ENXIO (a mem not mapped as the
  * op needs), ENODEV (the GPU is gone), EPERM (the kernel VA space without
  * CAP_SYS_ADMIN), EIO (the stream is in error: RUVM_IOCTL_STREAM_QUERY says why), EAGAIN
- * (RUVM_MAX_STREAM_OPS would be queued), EFAULT (@ops unreadable).
+ * (RUVM_MAX_STREAM_OPS would be queued), EFAULT (@ops unreadable, or this structure not
+ * writable: checked before anything is queued).
  *
  * @handle:      (in)  the stream
  * @flags:       (in)  must be 0
