@@ -361,21 +361,22 @@ impl StreamCore {
             let mut st = self.state.lock();
             st.cancelled = true;
             let taken = core::mem::replace(&mut st.queue, List::new());
-            {
-                let _signalling = fence::Signalling::begin();
-                for op in taken.iter() {
-                    op.signal(Err(errno::ecanceled()));
-                }
+            let _signalling = fence::Signalling::begin();
+            for op in taken.iter() {
+                op.signal(Err(errno::ecanceled()));
             }
+            taken
+        };
+        // What they held goes with the lock released, before the stream says it is idle.
+        drop(taken);
+        {
+            let mut st = self.state.lock();
             st.completed = st.submitted;
             st.queued = 0;
             st.current = 0;
             st.progress = (0, 0);
             self.retired.notify_all();
-            taken
-        };
-        // What they held goes with the lock released.
-        drop(taken);
+        }
         // A blocked stream leaves the blocked list (its queue is empty now).
         self.engine.kick();
     }
@@ -400,9 +401,31 @@ impl StreamCore {
 
     /// One step of the engine on this stream: the next piece of its first operation. Before
     /// it, under the lock, operations that do no work (records) are retired in order, and in
-    /// error every operation is (at most [`RETIRE_BATCH`] a step). Retired operations go to
-    /// `retired`, dropped by the engine once it is out of its signalling section.
-    fn step(&self, engine: &Engine, retired: &mut List<Op>) -> After {
+    /// error every operation is (at most [`RETIRE_BATCH`] a step). The operations retired are
+    /// dropped (what they held given back) with the lock released and out of the signalling
+    /// section, and only then counted completed: after `STREAM_SYNC` nothing of them is left.
+    fn step(&self, engine: &Engine) -> After {
+        let mut retired = List::<Op>::new();
+        let after = self.step_in(engine, &mut retired);
+        let mut last = None;
+        let mut n = 0u64;
+        while let Some(op) = retired.pop_front() {
+            last = Some(op.seqno);
+            n += 1;
+            drop(op);
+        }
+        if let Some(seqno) = last {
+            let mut st = self.state.lock();
+            if !st.cancelled {
+                st.completed = st.completed.max(seqno);
+            }
+            st.queued = st.queued.saturating_sub(n);
+            self.retired.notify_all();
+        }
+        after
+    }
+
+    fn step_in(&self, engine: &Engine, retired: &mut List<Op>) -> After {
         let op = {
             let mut guard = self.state.lock();
             let st = &mut *guard;
@@ -465,9 +488,9 @@ impl StreamCore {
         }
     }
 
-    /// Retires `op` with `result`, under the stream's lock: its fence signalled first (so
-    /// whoever sees it completed sees its fence signalled), then counted. The fence-signalling
-    /// section: it allocates nothing and takes no lock an allocating or waiting path holds.
+    /// Retires `op` with `result`, under the stream's lock: its fence signalled (the caller
+    /// counts it completed once it is dropped). The fence-signalling section: it allocates
+    /// nothing and takes no lock an allocating or waiting path holds.
     fn retire_locked(
         &self,
         st: &mut StreamState,
@@ -477,13 +500,8 @@ impl StreamCore {
     ) {
         let _signalling = fence::Signalling::begin();
         op.signal(result);
-        if !st.cancelled {
-            st.completed = op.seqno;
-        }
-        st.queued = st.queued.saturating_sub(1);
         st.current = 0;
         st.progress = (0, 0);
-        self.retired.notify_all();
         retired.push_back(op);
     }
 }

@@ -36,7 +36,7 @@ use crate::{
     gpu::GpuDev,
 };
 
-use super::{op::Op, StreamCore};
+use super::StreamCore;
 
 /// How often a runner with blocked streams looks at them again, at most.
 const TICK_MS: u32 = 100;
@@ -136,14 +136,13 @@ impl Engine {
     /// slice is over (then it queues itself again).
     fn run(self: &Arc<Self>) {
         let start = Instant::<Monotonic>::now();
-        let mut retired = List::<Op>::new();
         {
             self.unblock();
             loop {
                 let Some(stream) = self.ready.lock().pop_front() else {
                     break;
                 };
-                let state = stream.step(self, &mut retired);
+                let state = stream.step(self);
                 match state {
                     super::After::Ready => self.ready.lock().push_back(stream),
                     super::After::Blocked => self.blocked.lock().push_back(stream),
@@ -164,8 +163,6 @@ impl Engine {
                 }
             }
         }
-        // Outside the signalling section: what retired operations held goes now.
-        drop(retired);
         if !self.blocked.lock().is_empty() {
             self.arm_tick();
         }
