@@ -69,7 +69,7 @@ struct Family {
     doc: &'static str,
 }
 
-const FAMILIES: [Family; 5] = [
+const FAMILIES: [Family; 6] = [
     Family {
         table: "FEATURES",
         source: Source::Defines("RUVM_FEATURE_"),
@@ -99,6 +99,12 @@ const FAMILIES: [Family; 5] = [
         source: Source::Enum("ruvm_gpu_kind"),
         strip: "RUVM_GPU_KIND_",
         doc: "The values of `ruvm_gpu_info.kind` (`enum ruvm_gpu_kind`).",
+    },
+    Family {
+        table: "OP_KINDS",
+        source: Source::Enum("ruvm_op_kind"),
+        strip: "RUVM_OP_",
+        doc: "The values of `ruvm_op.kind` (`enum ruvm_op_kind`).",
     },
 ];
 

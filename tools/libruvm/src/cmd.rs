@@ -100,6 +100,26 @@ commands! {
     POOL_TRIM: ruvm_pool_trim = RUVM_IOCTL_POOL_TRIM;
     /// Which GPUs a pool's chunks stay DMA-mapped for.
     POOL_SET_ACCESS: ruvm_pool_access = RUVM_IOCTL_POOL_SET_ACCESS;
+    /// Make a stream on a GPU.
+    STREAM_CREATE: ruvm_stream_create = RUVM_IOCTL_STREAM_CREATE;
+    /// Destroy a stream (its queued work runs on).
+    STREAM_DESTROY: ruvm_stream_handle = RUVM_IOCTL_STREAM_DESTROY;
+    /// Queue operations on a stream.
+    STREAM_SUBMIT: ruvm_stream_submit = RUVM_IOCTL_STREAM_SUBMIT;
+    /// A stream's progress and error.
+    STREAM_QUERY: ruvm_stream_query = RUVM_IOCTL_STREAM_QUERY;
+    /// Wait until a stream's (or every stream's) work is done.
+    STREAM_SYNC: ruvm_stream_sync = RUVM_IOCTL_STREAM_SYNC;
+    /// Make an event.
+    EVENT_CREATE: ruvm_event = RUVM_IOCTL_EVENT_CREATE;
+    /// Destroy an event.
+    EVENT_DESTROY: ruvm_event = RUVM_IOCTL_EVENT_DESTROY;
+    /// Where an event was last recorded, and whether that point has signalled.
+    EVENT_QUERY: ruvm_event = RUVM_IOCTL_EVENT_QUERY;
+    /// Wait for an event's point.
+    EVENT_SYNC: ruvm_event = RUVM_IOCTL_EVENT_SYNC;
+    /// An event's point as a sync_file.
+    EVENT_EXPORT: ruvm_event = RUVM_IOCTL_EVENT_EXPORT;
     /// Where a GPU sees a mem in its kernel VA space.
     MEM_GPU_VA: ruvm_mem_gpu_va = RUVM_IOCTL_MEM_GPU_VA;
     /// Copy with a GPU's copy engine through GPU virtual addresses.

@@ -84,6 +84,12 @@ ioctl_args!(
     uapi::ruvm_pool_set,
     uapi::ruvm_pool_trim,
     uapi::ruvm_pool_access,
+    uapi::ruvm_stream_create,
+    uapi::ruvm_stream_handle,
+    uapi::ruvm_stream_submit,
+    uapi::ruvm_stream_query,
+    uapi::ruvm_stream_sync,
+    uapi::ruvm_event,
 );
 
 /// The `enum ruvm_va_space_flags` of a VA space: the caller's user VA space, or the kernel's.

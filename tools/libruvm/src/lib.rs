@@ -7,7 +7,8 @@
 //! compile. Structures, command numbers and constants come from the uapi header
 //! (`include/uapi/linux/ruvm.h`, the one source of truth) through bindgen ([`uapi`]); the names
 //! of its feature and flag bits are generated from it too ([`names`]). [`UserMap`] maps a mem
-//! into the process.
+//! into the process. Streams and events have their own calls ([`Ruvm::stream_submit`] of
+//! [`op`]s, [`Ruvm::event_export`]) and [`sync_file`] reads the fences they export.
 //!
 //! ```no_run
 //! use libruvm::{cmd, uapi, Ruvm};
@@ -26,6 +27,9 @@
 pub mod cmd;
 mod dev;
 pub mod names;
+pub mod op;
+mod stream;
+pub mod sync_file;
 pub mod uapi;
 
 pub use cmd::Cmd;

@@ -74,6 +74,7 @@ mod tests {
         assert!(names.iter().all(|n| !n.starts_with("0x")), "{names:?}");
         assert!(names.contains(&"vidmem".to_owned()));
         assert!(names.contains(&"gpu-list".to_owned()));
+        assert!(names.contains(&"streams".to_owned()));
     }
 
     #[test]
@@ -88,6 +89,8 @@ mod tests {
         assert_eq!(bit_names(GPU_FLAGS, 3), vec!["present", "copy-engine"]);
         assert_eq!(value_name(GPU_KINDS, 3), "sim");
         assert_eq!(value_name(GPU_KINDS, 9), "unknown (9)");
+        assert_eq!(value_name(OP_KINDS, 6), "wait-fd");
+        assert_eq!(OP_KINDS.len(), 6);
     }
 
     #[test]

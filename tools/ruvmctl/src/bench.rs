@@ -6,8 +6,9 @@
 //! absolute speed means nothing (TCG). It reports, never asserts: the exit status says only
 //! whether every case could run.
 //!
-//! The cases are in [`cases`]; the goals and the table in [`report`]; the size-scaling SVG in
-//! [`svg`] (drawn on the host from the JSON the guest prints).
+//! The cases are in [`cases`] (the stream cases in [`streams`]); the goals and the table in
+//! [`report`]; the size-scaling SVG in [`svg`] (drawn on the host from the JSON the guest
+//! prints).
 
 use std::time::Instant;
 
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod cases;
 pub mod report;
+pub mod streams;
 pub mod svg;
 
 /// How much to run.
@@ -28,7 +30,9 @@ pub struct Spec {
 }
 
 /// The groups of cases, in the order they run.
-pub const GROUPS: [&str; 9] = ["g1", "g2", "g3", "g4", "g5", "copy", "mem", "va", "pool"];
+pub const GROUPS: [&str; 10] = [
+    "g1", "g2", "g3", "g4", "g5", "copy", "mem", "va", "pool", "streams",
+];
 
 /// One case: ruvm's way and the baseline's, sample by sample (nanoseconds, or bytes for the
 /// memory cases), pairs in the order measured.

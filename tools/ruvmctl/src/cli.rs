@@ -143,6 +143,112 @@ pub enum PoolAction {
     },
 }
 
+/// A wait's bound in milliseconds: 1 to RUVM_WAIT_MAX_MS.
+fn parse_timeout_ms(s: &str) -> Result<u32, String> {
+    let max = libruvm::uapi::RUVM_WAIT_MAX_MS;
+    match s.parse::<u32>() {
+        Ok(ms) if (1..=max).contains(&ms) => Ok(ms),
+        _ => Err(format!(
+            "'{s}' is not a number of milliseconds from 1 to {max}"
+        )),
+    }
+}
+
+/// `ruvmctl stream ...`.
+#[derive(Subcommand)]
+pub enum StreamAction {
+    /// Make a stream on a GPU with a copy engine (RUVM_IOCTL_STREAM_CREATE); prints its handle
+    /// and fence context. A stream belongs to the file: use --fd across commands.
+    Create {
+        /// The GPU whose copy engine runs the stream's work.
+        #[arg(long)]
+        gpu: u32,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Destroy a stream (RUVM_IOCTL_STREAM_DESTROY): returns at once, and the work already
+    /// queued runs to its end.
+    Destroy {
+        stream: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// A stream's progress, and its error if one of its operations failed
+    /// (RUVM_IOCTL_STREAM_QUERY).
+    Query {
+        stream: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Wait until the work submitted to a stream, or with --all to every stream of the file,
+    /// is done (RUVM_IOCTL_STREAM_SYNC). Exits 1 if a stream is in error or on the timeout.
+    Sync {
+        /// The stream (none with --all).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        stream: Option<u64>,
+        /// Every stream of the file.
+        #[arg(long)]
+        all: bool,
+        /// The longest wait, in milliseconds.
+        #[arg(long, default_value = "60000", value_parser = parse_timeout_ms)]
+        timeout_ms: u32,
+        #[command(flatten)]
+        json: Json,
+    },
+}
+
+/// `ruvmctl event ...`.
+#[derive(Subcommand)]
+pub enum EventAction {
+    /// Make an event (RUVM_IOCTL_EVENT_CREATE); one never recorded is complete. An event
+    /// belongs to the file: use --fd across commands.
+    Create {
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Destroy an event (RUVM_IOCTL_EVENT_DESTROY); its point lives on in the fences exported.
+    Destroy {
+        event: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Record the event at the end of a stream's work so far (RUVM_OP_RECORD); prints the
+    /// point's seqno.
+    Record {
+        event: u64,
+        /// The stream.
+        #[arg(long)]
+        stream: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Where the event was last recorded and whether that point has signalled
+    /// (RUVM_IOCTL_EVENT_QUERY).
+    Query {
+        event: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Wait for the event's point (RUVM_IOCTL_EVENT_SYNC). Exits 1 if it signalled with an
+    /// error or on the timeout.
+    Sync {
+        event: u64,
+        /// The longest wait, in milliseconds.
+        #[arg(long, default_value = "60000", value_parser = parse_timeout_ms)]
+        timeout_ms: u32,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Export the event's point as a sync_file (RUVM_IOCTL_EVENT_EXPORT) and show what it
+    /// holds (SYNC_IOC_FILE_INFO): its status, driver, timeline and signal time. The
+    /// descriptor is ruvmctl's, closed when it exits.
+    Export {
+        event: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+}
+
 #[derive(Subcommand)]
 pub enum Cmd {
     /// Show the loaded module's version, ABI, features and live mems (RUVM_IOCTL_INFO).
@@ -299,11 +405,36 @@ pub enum Cmd {
         json: Json,
     },
     /// Copy bytes between mems with a GPU's copy engine, through their DMA tables for it
-    /// (RUVM_IOCTL_CE_COPY). Slow on the test GPUs: ~0.2 s per 4 KiB.
+    /// (RUVM_IOCTL_CE_COPY). Slow on the test GPUs: ~0.2 s per 4 KiB. With --async --stream S
+    /// the copy is queued on stream S of that GPU (RUVM_OP_COPY), then waited for with a
+    /// progress bar on a terminal, unless --no-wait.
     CeCopy {
         gpu: u32,
         #[command(flatten)]
         copy: CopyArgs,
+        /// Queue the copy on a stream instead of copying now.
+        #[arg(long = "async", requires = "stream")]
+        asynchronous: bool,
+        /// With --async: the stream (of GPU GPU) to queue it on.
+        #[arg(long, requires = "asynchronous")]
+        stream: Option<u64>,
+        /// With --async: return once it is queued.
+        #[arg(long, requires = "asynchronous")]
+        no_wait: bool,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Streams of work on a GPU's copy engine (RUVM_IOCTL_STREAM_*), run in order and
+    /// asynchronously. A stream belongs to the file: use --fd across commands.
+    Stream {
+        #[command(subcommand)]
+        action: StreamAction,
+    },
+    /// Events: points recorded on streams, exported as sync_files (RUVM_IOCTL_EVENT_*). An
+    /// event belongs to the file: use --fd across commands.
+    Event {
+        #[command(subcommand)]
+        action: EventAction,
     },
     /// A mem's DMA addresses for a GPU, one per chunk (RUVM_IOCTL_MEM_DMA_ADDRS; root only).
     DmaAddrs {
@@ -460,7 +591,8 @@ pub enum Cmd {
         /// host: see bench-report).
         #[arg(long)]
         json: bool,
-        /// Run only this group of cases (g1, g2, g3, g4, g5, copy, mem; repeat for several).
+        /// Run only this group of cases (g1, g2, g3, g4, g5, copy, mem, va, pool, streams;
+        /// repeat for several).
         #[arg(long)]
         only: Vec<String>,
     },

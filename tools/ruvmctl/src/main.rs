@@ -28,7 +28,7 @@ mod pattern;
 mod selftest;
 mod units;
 
-use cli::{Cli, Cmd, GpuAction, PoolAction};
+use cli::{Cli, Cmd, EventAction, GpuAction, PoolAction, StreamAction};
 use output::{emit, Done};
 
 /// Runs one command.
@@ -187,7 +187,69 @@ fn run(cli: Cli) -> Result<()> {
             va,
             json,
         } => emit(&cmd::gpu_va::pt_dump(&d()?, gpu, va, user)?, json.json),
-        Cmd::CeCopy { gpu, copy } => emit(&cmd::gpu::ce_copy(&d()?, gpu, &copy)?, false),
+        Cmd::CeCopy {
+            gpu,
+            copy,
+            stream: Some(stream),
+            no_wait,
+            json,
+            ..
+        } => emit(
+            &cmd::stream::ce_copy_async(&d()?, gpu, &copy, stream, no_wait, !json.json)?,
+            json.json,
+        ),
+        Cmd::CeCopy {
+            gpu, copy, json, ..
+        } => emit(&cmd::gpu::ce_copy(&d()?, gpu, &copy)?, json.json),
+        Cmd::Stream { action } => match action {
+            StreamAction::Create { gpu, json } => emit(
+                &cmd::stream::create(&d()?, gpu, fd.is_none() && !json.json)?,
+                json.json,
+            ),
+            StreamAction::Destroy { stream, json } => {
+                emit(&cmd::stream::destroy(&d()?, stream)?, json.json)
+            }
+            StreamAction::Query { stream, json } => {
+                emit(&cmd::stream::query(&d()?, stream)?, json.json)
+            }
+            StreamAction::Sync {
+                stream,
+                all,
+                timeout_ms,
+                json,
+            } => {
+                let which = if all { None } else { stream };
+                emit(&cmd::stream::sync(&d()?, which, timeout_ms)?, json.json)
+            }
+        },
+        Cmd::Event { action } => match action {
+            EventAction::Create { json } => emit(
+                &cmd::stream::event_create(&d()?, fd.is_none() && !json.json)?,
+                json.json,
+            ),
+            EventAction::Destroy { event, json } => {
+                emit(&cmd::stream::event_destroy(&d()?, event)?, json.json)
+            }
+            EventAction::Record {
+                event,
+                stream,
+                json,
+            } => emit(&cmd::stream::event_record(&d()?, event, stream)?, json.json),
+            EventAction::Query { event, json } => {
+                emit(&cmd::stream::event_query(&d()?, event)?, json.json)
+            }
+            EventAction::Sync {
+                event,
+                timeout_ms,
+                json,
+            } => emit(
+                &cmd::stream::event_sync(&d()?, event, timeout_ms)?,
+                json.json,
+            ),
+            EventAction::Export { event, json } => {
+                emit(&cmd::stream::event_export(&d()?, event)?, json.json)
+            }
+        },
         Cmd::DmaAddrs { handle, gpu, json } => {
             emit(&cmd::gpu::dma_addrs(&d()?, handle, gpu)?, json.json)
         }

@@ -23,6 +23,7 @@ pub(crate) mod harness;
 mod mem;
 mod pools;
 mod shared;
+mod streams;
 mod vidmem;
 
 /// Every case, in the order they run.
@@ -36,6 +37,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(gpu_va::cases());
     v.extend(vidmem::cases());
     v.extend(pools::cases());
+    v.extend(streams::cases());
     v.extend(bench::cases());
     v.extend(hardening::cases());
     v.extend(faults::cases());

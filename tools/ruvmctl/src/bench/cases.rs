@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The cases of `ruvmctl bench`, each with its baseline measured in the same run. Ids name the
-//! goal they serve (`g1`..`g5`, `copy`, `mem`); `report` holds the goals themselves.
+//! goal they serve (`g1`..`g5`, `copy`, `mem`, `va`, `pool`, `stream`); `report` holds the goals
+//! themselves. The stream cases are in [`super::streams`].
 
 use std::num::NonZeroUsize;
 
@@ -127,11 +128,11 @@ fn gpu_of(d: &Ruvm, kind: u32, engine: bool) -> Result<Option<u32>> {
 }
 
 /// What the cases share.
-struct Ctx<'a> {
-    d: &'a Ruvm,
-    spec: Spec,
+pub(super) struct Ctx<'a> {
+    pub(super) d: &'a Ruvm,
+    pub(super) spec: Spec,
     /// A simulated GPU, for vidmem and its copy engine.
-    sim: u32,
+    pub(super) sim: u32,
     /// The GPU big mems are DMA-mapped for: a host GPU (behind the IOMMU, a 32-bit window) if
     /// the module has one, else the simulated GPU.
     big: u32,
@@ -142,7 +143,7 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn case(&self, id: String, what: &str, baseline: &str, unit: &str) -> Case {
+    pub(super) fn case(&self, id: String, what: &str, baseline: &str, unit: &str) -> Case {
         Case {
             id,
             what: what.to_owned(),
@@ -178,7 +179,7 @@ fn batch(size: u64) -> u64 {
 }
 
 /// Times `n` runs of `f`, per run.
-fn per_op(n: u64, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+pub(super) fn per_op(n: u64, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
     let t = time(&mut || {
         for _ in 0..n {
             f()?;
@@ -208,7 +209,18 @@ pub fn run_all(d: &Ruvm, spec: &Spec, groups: &[String], out: &mut dyn FnMut(Cas
         edu,
     };
     type Group = fn(&Ctx, &mut dyn FnMut(Case)) -> Result<()>;
-    let all: [Group; 9] = [g1, g2, g3, g4, g5, copies, memory, va, pool];
+    let all: [Group; 10] = [
+        g1,
+        g2,
+        g3,
+        g4,
+        g5,
+        copies,
+        memory,
+        va,
+        pool,
+        super::streams::streams,
+    ];
     for (name, run) in super::GROUPS.iter().zip(all) {
         if groups.is_empty() || groups.iter().any(|g| g == name) {
             run(&c, out)?;

@@ -249,6 +249,28 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
             rows.push(r);
         }
     }
+    // Streams: a queued (RECORD + WAIT_EVENT) pair at most half a bare ioctl; an async copy at
+    // least 0.9x a synchronous one's throughput (the inverse of the time ratio, as for the
+    // copies); two GPUs' streams together in at most 3/4 of the time of one after the other.
+    for (id, limit, measure, target) in [
+        ("stream.submit", 0.5, "per pair / per ioctl", None),
+        (
+            "stream.copy_async",
+            1.0 / 0.9,
+            "ruvm/base time",
+            Some("<= 1.111 (throughput >= 0.9x)"),
+        ),
+        ("stream.two_gpus", 0.75, "together / in turn", None),
+    ] {
+        if let Some(c) = get(id) {
+            let mut r = ratio_row("Streams", c, Target::AtMost(limit));
+            r.measure = measure.into();
+            if let Some(t) = target {
+                r.target = t.into();
+            }
+            rows.push(r);
+        }
+    }
     // Memory: the baseline samples hold the resolution of a reading, per chunk; a figure
     // whose resolution is coarser than a quarter of its goal is shown for information only.
     for c in with_prefix("mem.") {
@@ -351,6 +373,42 @@ mod tests {
             four.map(|r| (r.value, r.verdict.as_str())),
             Some((1.2, "MISS"))
         );
+    }
+
+    #[test]
+    fn stream_goals_read_each_case_as_its_ratio() {
+        let case = |id: &str, ruvm: f64, base: f64| Case {
+            id: id.into(),
+            what: id.into(),
+            baseline: String::new(),
+            unit: "ns".into(),
+            ruvm: vec![ruvm; 3],
+            base: vec![base; 3],
+            size: 0,
+        };
+        let res = Results {
+            cases: vec![
+                case("stream.submit", 40.0, 100.0),
+                // 0.95x the synchronous copy's throughput: PASS; 0.8x would be a MISS.
+                case("stream.copy_async", 100.0 / 0.95, 100.0),
+                case("stream.two_gpus", 80.0, 100.0),
+            ],
+            ..Default::default()
+        };
+        let rows = evaluate(&res);
+        let got: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|r| (r.what.as_str(), r.target.as_str(), r.verdict.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("stream.submit", "<= 0.5", "PASS"),
+                ("stream.copy_async", "<= 1.111 (throughput >= 0.9x)", "PASS"),
+                ("stream.two_gpus", "<= 0.75", "MISS"),
+            ]
+        );
+        assert!(rows.iter().all(|r| r.goal == "Streams"));
     }
 
     #[test]

@@ -261,7 +261,55 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
         ..Default::default()
     };
     row!(&d, p, t, cmd::TEST_SIM_GPU, sim, known: 0, zero: [pad, reserved]);
+    if d.info().ctx("INFO")?.features & u64::from(uapi::RUVM_FEATURE_STREAMS) != 0 {
+        stream_rows(&d, p)?;
+    }
     Ok(())
+}
+
+/// The stream and event commands: each template names no stream, event or GPU that exists
+/// (ENOENT, ENODEV), but for EVENT_CREATE, which would succeed.
+fn stream_rows(d: &Ruvm, p: &(Probe, Option<&str>)) -> TestResult {
+    let e = Errno::EINVAL;
+    let absent = {
+        let gpus = d.gpus().ctx("GPU_LIST")?;
+        (0..uapi::RUVM_MAX_GPUS)
+            .find(|id| !gpus.iter().any(|g| g.id == *id))
+            .unwrap_or(u32::MAX)
+    };
+    let create = uapi::ruvm_stream_create {
+        gpu: absent,
+        ..Default::default()
+    };
+    row!(d, p, e, cmd::STREAM_CREATE, create, known: 0, zero: [reserved]);
+    row!(d, p, e, cmd::STREAM_DESTROY, uapi::ruvm_stream_handle::default(),
+        known: 0, zero: [pad, reserved]);
+    let event = d.event_create().ctx("EVENT_CREATE")?;
+    let ops = [libruvm::op::record(event)];
+    let submit = uapi::ruvm_stream_submit {
+        count: 1,
+        ops: ops.as_ptr() as u64,
+        ..Default::default()
+    };
+    row!(d, p, e, cmd::STREAM_SUBMIT, submit, known: 0, zero: [reserved]);
+    row!(d, p, e, cmd::STREAM_QUERY, uapi::ruvm_stream_query::default(),
+        known: 0, zero: [reserved]);
+    let sync = uapi::ruvm_stream_sync {
+        timeout_ms: 1,
+        ..Default::default()
+    };
+    row!(d, p, e, cmd::STREAM_SYNC, sync,
+        known: uapi::ruvm_sync_flags_RUVM_SYNC_EVERY_STREAM, zero: [reserved]);
+    row!(d, p, e, cmd::EVENT_CREATE, uapi::ruvm_event::default(), known: 0, zero: [reserved]);
+    for c in [cmd::EVENT_DESTROY, cmd::EVENT_QUERY, cmd::EVENT_EXPORT] {
+        row!(d, p, e, c, uapi::ruvm_event::default(), known: 0, zero: [reserved]);
+    }
+    let sync = uapi::ruvm_event {
+        timeout_ms: 1,
+        ..Default::default()
+    };
+    row!(d, p, e, cmd::EVENT_SYNC, sync, known: 0, zero: [reserved]);
+    d.event_destroy(event).ctx("EVENT_DESTROY")
 }
 
 fn abi_unknown_flags_are_einval() -> TestResult {

@@ -11,7 +11,7 @@
 
 use std::fs;
 
-use libruvm::{self as dev, uapi, Ruvm};
+use libruvm::{self as dev, op, uapi, Ruvm};
 use nix::errno::Errno;
 
 use super::{
@@ -274,6 +274,45 @@ fn fault_sweep_ioctls() -> TestResult {
                 op: Box::new(move || {
                     d.ce_copy(id, b, 0, a, 0, 64 << 10)?;
                     Ok(undo(|| Ok(())))
+                }),
+            });
+            // Streams: making one, a submission of every kind that allocates (a copy, a
+            // fill, a record and a wait on its event), and an event's export.
+            scenarios.push(Scenario {
+                name: format!("stream create on GPU {id}"),
+                op: Box::new(move || {
+                    let s = d.stream_create(id)?;
+                    Ok(undo(move || {
+                        d.stream_destroy(s.handle).ctx("stream destroy")
+                    }))
+                }),
+            });
+            d.map_kernel(b).ctx("map kernel")?;
+            let stream = d.stream_create(id).ctx("stream create")?.handle;
+            let event = d.event_create().ctx("event create")?;
+            scenarios.push(Scenario {
+                name: format!("stream submit on GPU {id}"),
+                op: Box::new(move || {
+                    let ops = [
+                        op::copy(b, 0, a, 0, 64 << 10),
+                        op::fill_byte(b, 0, 4096, 0x5a),
+                        op::record(event),
+                        op::wait_event(event, 10_000),
+                    ];
+                    d.stream_submit(stream, &ops)?;
+                    Ok(undo(move || {
+                        d.stream_sync(stream, 10_000).ctx("stream sync")
+                    }))
+                }),
+            });
+            scenarios.push(Scenario {
+                name: "event export".into(),
+                op: Box::new(move || {
+                    let fd = d.event_export(event)?;
+                    Ok(undo(move || {
+                        drop(fd);
+                        Ok(())
+                    }))
                 }),
             });
             Some((a, b))

@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The operations of a stream (`struct ruvm_op`, `RUVM_IOCTL_STREAM_SUBMIT`), one constructor
+//! per `enum ruvm_op_kind`.
+//!
+//! Each sets the fields its kind names and leaves every other one 0, as the module requires;
+//! the result is a plain `uapi::ruvm_op`, so a test can still set a field by hand to see it
+//! refused.
+//!
+//! ```no_run
+//! use libruvm::{op, Ruvm};
+//!
+//! let dev = Ruvm::open()?;
+//! let s = dev.stream_create(0)?.handle;
+//! let e = dev.event_create()?;
+//! let (src, dst) = (1, 2); // sysmem mems mapped on GPU 0 (RUVM_IOCTL_MEM_MAP_GPU)
+//! dev.stream_submit(s, &[op::copy(dst, 0, src, 0, 4096), op::record(e)])?;
+//! dev.event_sync(e, 1000)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use crate::uapi;
+
+/// `RUVM_OP_COPY`: `length` bytes from mem `src` at `src_offset` to mem `dst` at `dst_offset`,
+/// by the stream's GPU's copy engine.
+pub fn copy(dst: u64, dst_offset: u64, src: u64, src_offset: u64, length: u64) -> uapi::ruvm_op {
+    uapi::ruvm_op {
+        kind: uapi::ruvm_op_kind_RUVM_OP_COPY,
+        dst,
+        dst_offset,
+        src,
+        src_offset,
+        length,
+        ..Default::default()
+    }
+}
+
+/// `RUVM_OP_COPY_VA`: `length` bytes from GPU VA `src` to `dst`, of the kernel VA space or,
+/// with `user`, of the file's user VA space.
+pub fn copy_va(dst: u64, src: u64, length: u64, user: bool) -> uapi::ruvm_op {
+    uapi::ruvm_op {
+        kind: uapi::ruvm_op_kind_RUVM_OP_COPY_VA,
+        flags: if user {
+            uapi::ruvm_va_space_flags_RUVM_VA_USER
+        } else {
+            0
+        },
+        dst,
+        src,
+        length,
+        ..Default::default()
+    }
+}
+
+/// `RUVM_OP_FILL` with the seeded pattern of `seed` (`RUVM_FILL_PATTERN`).
+pub fn fill_pattern(dst: u64, offset: u64, length: u64, seed: u64) -> uapi::ruvm_op {
+    uapi::ruvm_op {
+        kind: uapi::ruvm_op_kind_RUVM_OP_FILL,
+        dst,
+        dst_offset: offset,
+        length,
+        value: seed,
+        fill_kind: uapi::ruvm_fill_kind_RUVM_FILL_PATTERN,
+        ..Default::default()
+    }
+}
+
+/// `RUVM_OP_FILL` with byte `byte` (`RUVM_FILL_BYTE`).
+pub fn fill_byte(dst: u64, offset: u64, length: u64, byte: u8) -> uapi::ruvm_op {
+    uapi::ruvm_op {
+        fill_kind: uapi::ruvm_fill_kind_RUVM_FILL_BYTE,
+        value: u64::from(byte),
+        ..fill_pattern(dst, offset, length, 0)
+    }
+}
+
+/// `RUVM_OP_RECORD`: event `event`'s point becomes this operation.
+pub fn record(event: u64) -> uapi::ruvm_op {
+    uapi::ruvm_op {
+        kind: uapi::ruvm_op_kind_RUVM_OP_RECORD,
+        value: event,
+        ..Default::default()
+    }
+}
+
+/// `RUVM_OP_WAIT_EVENT`: wait, at most `timeout_ms`, for the point event `event` has when the
+/// operation is submitted.
+pub fn wait_event(event: u64, timeout_ms: u32) -> uapi::ruvm_op {
+    uapi::ruvm_op {
+        kind: uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT,
+        value: event,
+        timeout_ms,
+        ..Default::default()
+    }
+}
+
+/// `RUVM_OP_WAIT_FD`: wait, at most `timeout_ms`, for the fence of sync_file `fd` (taken when
+/// the operation is submitted: the descriptor may be closed after).
+pub fn wait_fd(fd: BorrowedFd<'_>, timeout_ms: u32) -> uapi::ruvm_op {
+    wait_raw_fd(fd.as_raw_fd(), timeout_ms)
+}
+
+/// [`wait_fd`] with any descriptor number, open or not (for the module's refusals).
+pub fn wait_raw_fd(fd: i32, timeout_ms: u32) -> uapi::ruvm_op {
+    uapi::ruvm_op {
+        kind: uapi::ruvm_op_kind_RUVM_OP_WAIT_FD,
+        // CAST: a descriptor number is not negative; a negative one (for tests) keeps its bits.
+        value: fd as u32 as u64,
+        timeout_ms,
+        ..Default::default()
+    }
+}
+
+/// The name of an operation's kind (`copy`, `wait-fd`, ...), for messages.
+pub fn kind_name(op: &uapi::ruvm_op) -> String {
+    crate::names::value_name(crate::names::OP_KINDS, u64::from(op.kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields each kind names, as the header documents them.
+    fn used(op: &uapi::ruvm_op) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        for (name, set) in [
+            ("flags", op.flags != 0),
+            ("dst", op.dst != 0),
+            ("dst_offset", op.dst_offset != 0),
+            ("src", op.src != 0),
+            ("src_offset", op.src_offset != 0),
+            ("length", op.length != 0),
+            ("value", op.value != 0),
+            ("fill_kind", op.fill_kind != 0),
+            ("timeout_ms", op.timeout_ms != 0),
+            ("reserved", op.reserved != 0),
+        ] {
+            if set {
+                v.push(name);
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn each_kind_sets_only_its_fields() {
+        assert_eq!(
+            used(&copy(1, 2, 3, 4, 5)),
+            ["dst", "dst_offset", "src", "src_offset", "length"]
+        );
+        assert_eq!(
+            used(&copy_va(1, 2, 3, true)),
+            ["flags", "dst", "src", "length"]
+        );
+        assert_eq!(used(&copy_va(1, 2, 3, false)), ["dst", "src", "length"]);
+        assert_eq!(
+            used(&fill_byte(1, 2, 3, 0x5a)),
+            ["dst", "dst_offset", "length", "value", "fill_kind"]
+        );
+        assert_eq!(
+            used(&fill_pattern(1, 2, 3, 4)),
+            ["dst", "dst_offset", "length", "value"]
+        );
+        assert_eq!(used(&record(7)), ["value"]);
+        assert_eq!(used(&wait_event(7, 10)), ["value", "timeout_ms"]);
+        assert_eq!(used(&wait_raw_fd(3, 10)), ["value", "timeout_ms"]);
+        assert_eq!(wait_raw_fd(-1, 1).value, 0xffff_ffff);
+    }
+
+    #[test]
+    fn kinds_are_named_from_the_header() {
+        assert_eq!(kind_name(&copy(1, 0, 2, 0, 1)), "copy");
+        assert_eq!(kind_name(&copy_va(1, 2, 3, true)), "copy-va");
+        assert_eq!(kind_name(&fill_byte(1, 0, 1, 0)), "fill");
+        assert_eq!(kind_name(&record(1)), "record");
+        assert_eq!(kind_name(&wait_event(1, 1)), "wait-event");
+        assert_eq!(kind_name(&wait_raw_fd(1, 1)), "wait-fd");
+        let bad = uapi::ruvm_op {
+            kind: 99,
+            ..Default::default()
+        };
+        assert_eq!(kind_name(&bad), "unknown (99)");
+    }
+
+    #[test]
+    fn the_op_has_the_documented_layout() {
+        assert_eq!(std::mem::size_of::<uapi::ruvm_op>(), 72);
+        assert_eq!(std::mem::align_of::<uapi::ruvm_op>(), 8);
+    }
+}

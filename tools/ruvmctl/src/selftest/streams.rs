@@ -1,0 +1,1044 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Streams and events: operations run in order and asynchronously on a GPU's engine, streams
+//! of two GPUs at once, waits on another stream's event and on another driver's fence
+//! (sw_sync), sticky errors, every fence signalled when the file goes (closed, or its process
+//! killed), the GPU goes or the stream is destroyed, and each command's errnos.
+//!
+//! Data moves through the engine and is checked through another path than the one that wrote
+//! it (the user mapping against the kernel's). Fences are read back as sync_files
+//! (`SYNC_IOC_FILE_INFO`): status, names while pending, signal times. sw_sync (a timeline this
+//! test advances, `CONFIG_SW_SYNC`) holds a stream where a case needs it held; without it
+//! those cases skip, or hold the stream with long copies.
+//!
+//! Here: order, overlap, waits, sticky errors, batches. [`going`]: the file, the process, the
+//! GPU or the stream going with work queued. [`refusals`]: every errno of the commands.
+
+use std::{
+    os::fd::{AsFd, OwnedFd},
+    time::{Duration, Instant},
+};
+
+use nix::errno::Errno;
+
+use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::shared::{live, mismatches, sim_gpu};
+use crate::pattern;
+use libruvm::{
+    op,
+    sync_file::{self, FenceInfo, SwSyncTimeline},
+    uapi, Ruvm, UserMap,
+};
+
+mod going;
+mod refusals;
+
+const K: u64 = 1024;
+const M: u64 = 1024 * K;
+const STREAM_OPS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_OPS as usize;
+const STREAM_MEMS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_MEMS as usize;
+/// The bound of a test's waits that something releases (a sw_sync fence, work ahead).
+const WAIT_MS: u32 = 20_000;
+/// How long a stream's work may take to notice its file, GPU or fence went.
+const SIGNAL_BOUND: Duration = Duration::from_secs(10);
+/// A user VA for the tests, well away from 0 and from the kernel window.
+const USER_VA: u64 = 0x10_0000_0000;
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "stream_copy_chain_in_order",
+            run: stream_copy_chain_in_order,
+        },
+        Case {
+            name: "stream_two_gpus_overlap",
+            run: stream_two_gpus_overlap,
+        },
+        Case {
+            name: "stream_waits_for_another_streams_event",
+            run: stream_waits_for_another_streams_event,
+        },
+        Case {
+            name: "stream_waits_for_sw_sync",
+            run: stream_waits_for_sw_sync,
+        },
+        Case {
+            name: "stream_wait_timeout_is_sticky",
+            run: stream_wait_timeout_is_sticky,
+        },
+        Case {
+            name: "stream_fault_is_sticky",
+            run: stream_fault_is_sticky,
+        },
+        Case {
+            name: "stream_kill_with_1000_ops_signals_every_fence",
+            run: going::stream_kill_with_1000_ops_signals_every_fence,
+        },
+        Case {
+            name: "stream_close_with_work_queued",
+            run: going::stream_close_with_work_queued,
+        },
+        Case {
+            name: "stream_gpu_removal_mid_stream",
+            run: going::stream_gpu_removal_mid_stream,
+        },
+        Case {
+            name: "stream_destroy_lets_work_finish",
+            run: going::stream_destroy_lets_work_finish,
+        },
+        Case {
+            name: "stream_bad_inputs",
+            run: refusals::stream_bad_inputs,
+        },
+        Case {
+            name: "stream_submit_batch_cost",
+            run: stream_submit_batch_cost,
+        },
+    ]
+}
+
+// --- what the cases share ------------------------------------------------------------------
+
+/// Skips unless the module has streams.
+fn need_streams(d: &Ruvm) -> TestResult {
+    let features = d.info().ctx("INFO")?.features;
+    if features & u64::from(uapi::RUVM_FEATURE_STREAMS) == 0 {
+        return Err(Stop::Skip(
+            "the module has no streams (RUVM_FEATURE_STREAMS)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The device and a simulated GPU, or a skip.
+fn setup() -> Result<(Ruvm, u32), Stop> {
+    let d = Ruvm::open().ctx("open")?;
+    need_streams(&d)?;
+    let g = sim_gpu(&d)?;
+    Ok((d, g))
+}
+
+/// Every present simulated GPU.
+fn sim_gpus(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>, Stop> {
+    Ok(d.gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .filter(super::gpu::sim)
+        .collect())
+}
+
+/// A sysmem mem of `size` bytes (2 MiB chunks from 2 MiB on, else pages), mapped for the CPU
+/// kernel and on `gpu` (MEM_MAP_GPU), holding the pattern of `seed` (written through the
+/// kernel mapping), or zeroes.
+fn mem_on(d: &Ruvm, gpu: u32, size: u64, seed: Option<u64>) -> Result<u64, Stop> {
+    let chunk = if size >= 2 * M { 2 * M } else { 0 };
+    mem_of(d, gpu, size, chunk, seed)
+}
+
+/// [`mem_on`] with chunks of `chunk` bytes.
+fn mem_of(d: &Ruvm, gpu: u32, size: u64, chunk: u64, seed: Option<u64>) -> Result<u64, Stop> {
+    let flags = if seed.is_none() {
+        uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO
+    } else {
+        0
+    };
+    let h = d.mem_alloc(size, chunk, flags).ctx("MEM_ALLOC")?.handle;
+    d.map_kernel(h).ctx("MAP_CPU_KERNEL")?;
+    d.mem_gpu(true, h, gpu).ctx("MEM_MAP_GPU")?;
+    if let Some(s) = seed {
+        let f = uapi::ruvm_mem_fill {
+            handle: h,
+            length: size,
+            seed: s,
+            ..Default::default()
+        };
+        d.mem_fill(false, f).ctx("MEM_FILL")?;
+    }
+    Ok(h)
+}
+
+/// Writes the pattern of `seed` into `[0, len)` of `h` through a user mapping.
+fn user_fill(d: &Ruvm, h: u64, len: u64, seed: u64) -> TestResult {
+    let q = d.mem_query(h).ctx("MEM_QUERY")?;
+    let map = UserMap::of_mem(d, &q).ctx("mmap")?;
+    for o in 0..len {
+        map.write(o as usize, pattern::byte_at(seed, o));
+    }
+    Ok(())
+}
+
+/// Bytes of `[0, len)` of `h`, read through a user mapping, that are not `want(offset)`; and
+/// the first such offset.
+fn user_mismatches(
+    d: &Ruvm,
+    h: u64,
+    len: u64,
+    want: impl Fn(u64) -> u8,
+) -> Result<(u64, Option<u64>), Stop> {
+    user_samples(d, h, len, 1, want)
+}
+
+/// [`user_mismatches`] of every `step`th byte and the last (for mems too big to read whole
+/// in an emulated guest).
+fn user_samples(
+    d: &Ruvm,
+    h: u64,
+    len: u64,
+    step: usize,
+    want: impl Fn(u64) -> u8,
+) -> Result<(u64, Option<u64>), Stop> {
+    let q = d.mem_query(h).ctx("MEM_QUERY")?;
+    let map = UserMap::of_mem(d, &q).ctx("mmap")?;
+    let mut bad = 0;
+    let mut first = None;
+    for o in (0..len).step_by(step).chain(len.checked_sub(1)) {
+        if map.read(o as usize) != want(o) {
+            bad += 1;
+            first.get_or_insert(o);
+        }
+    }
+    Ok((bad, first))
+}
+
+/// Bytes of `[0, len)` of `h` that are not `byte`, through the kernel mapping (MEM_VERIFY).
+fn byte_mismatches(d: &Ruvm, h: u64, len: u64, byte: u8) -> Result<u64, Stop> {
+    let f = uapi::ruvm_mem_fill {
+        handle: h,
+        length: len,
+        seed: u64::from(byte),
+        kind: uapi::ruvm_fill_kind_RUVM_FILL_BYTE,
+        ..Default::default()
+    };
+    Ok(d.mem_fill(true, f).ctx("MEM_VERIFY")?.mismatches)
+}
+
+/// CLOCK_MONOTONIC now, in ns: the clock of a fence's timestamp.
+fn monotonic_ns() -> u64 {
+    let mut ts = nix::libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: one timespec, written by the call.
+    unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_MONOTONIC, &mut ts) };
+    // CAST: the monotonic clock is never negative.
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The one fence of sync_file `f`.
+fn fence_of(f: &impl AsFd, what: &str) -> Result<FenceInfo, Stop> {
+    let info = sync_file::info(f).ctx(&format!("SYNC_IOC_FILE_INFO of {what}"))?;
+    check!(
+        info.status == info.fences.first().map_or(99, |x| x.status),
+        "{what}: the file's status {} is not its fence's ({:?})",
+        info.status,
+        info.fences
+    );
+    info.fence()
+        .cloned()
+        .ok_or_else(|| Stop::Fail(format!("{what}: {} fences, not one", info.fences.len())))
+}
+
+/// Event `e` exported, and its fence.
+fn exported(d: &Ruvm, e: u64, what: &str) -> Result<(OwnedFd, FenceInfo), Stop> {
+    let f = d.event_export(e).ctx(&format!("EVENT_EXPORT of {what}"))?;
+    let info = fence_of(&f, what)?;
+    Ok((f, info))
+}
+
+/// Event `e`'s point, which must have signalled already (exported and read at once, not
+/// polled): after a STREAM_SYNC that covered it, even one that said EIO, as the module signals
+/// a fence before it counts its operation retired.
+fn settled(d: &Ruvm, e: u64, what: &str) -> Result<FenceInfo, Stop> {
+    let (_, info) = exported(d, e, what)?;
+    check!(
+        info.status != 0,
+        "{what}: still pending after a STREAM_SYNC that covered it: {info:?}"
+    );
+    Ok(info)
+}
+
+/// Waits (at most [`SIGNAL_BOUND`]) until sync_file `f` has signalled; its fence then.
+fn signalled(f: &impl AsFd, what: &str) -> Result<FenceInfo, Stop> {
+    let t = Instant::now();
+    let done = sync_file::wait(f, SIGNAL_BOUND).ctx(&format!("poll of {what}"))?;
+    check!(
+        done,
+        "{what}: not signalled after {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let info = fence_of(f, what)?;
+    check!(info.status != 0, "{what}: polls ready but its status is 0");
+    Ok(info)
+}
+
+/// A pending fence of ruvm's says which stream it is of: driver `ruvm`, timeline
+/// `gpu<G>-stream<H>`, and (the sync_file's name, when the kernel makes it) `ruvm-<timeline>
+/// <context>-<seqno>`, cut at 31 bytes.
+fn check_pending_names(
+    f: &impl AsFd,
+    gpu: u32,
+    stream: &uapi::ruvm_stream_create,
+    seqno: u64,
+    what: &str,
+) -> TestResult {
+    let info = sync_file::info(f).ctx(&format!("SYNC_IOC_FILE_INFO of {what}"))?;
+    let fence = info
+        .fence()
+        .ok_or_else(|| Stop::Fail(format!("{what}: {} fences", info.fences.len())))?;
+    check!(fence.status == 0, "{what}: not pending ({})", fence.status);
+    let timeline = format!("gpu{gpu}-stream{}", stream.handle);
+    check!(
+        fence.driver == "ruvm" && fence.timeline == timeline,
+        "{what}: driver {:?} timeline {:?}, wanted \"ruvm\" and {timeline:?}",
+        fence.driver,
+        fence.timeline
+    );
+    check!(fence.timestamp_ns == 0, "{what}: pending with a timestamp");
+    let mut name = format!("ruvm-{timeline}{}-{seqno}", stream.context);
+    name.truncate(31);
+    // The name is read after the status: it says "detached-driver..." if the fence signalled
+    // in between, which a held stream does not.
+    check!(
+        info.name == name,
+        "{what}: sync_file name {:?}, wanted {name:?} (context {}, seqno {seqno})",
+        info.name,
+        stream.context
+    );
+    Ok(())
+}
+
+/// Waits (at most [`SIGNAL_BOUND`]) until the engine is on operation `seqno` of stream `s`
+/// (`current_seqno`): for a wait held by a fence, which the engine stays on until it signals.
+/// Its state then.
+fn engine_on(d: &Ruvm, s: u64, seqno: u64, what: &str) -> Result<uapi::ruvm_stream_query, Stop> {
+    let t = Instant::now();
+    loop {
+        let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+        if q.current_seqno == seqno {
+            return Ok(q);
+        }
+        if t.elapsed() > SIGNAL_BOUND || q.completed >= seqno || q.error != 0 {
+            return Err(Stop::Fail(format!(
+                "{what}: the engine is not on seqno {seqno} (current_seqno {}): {q:?}",
+                q.current_seqno
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits (at most 5 s) until no stream operation is queued anywhere and none holds a mem.
+fn drained(d: &Ruvm, when: &str) -> TestResult {
+    let t = Instant::now();
+    loop {
+        let l = live(d)?;
+        if l[STREAM_OPS] == 0 && l[STREAM_MEMS] == 0 {
+            return Ok(());
+        }
+        if t.elapsed() > Duration::from_secs(5) {
+            return Err(Stop::Fail(format!(
+                "{when}: stream_ops={} stream_mems={} after 5 s, wanted 0",
+                l[STREAM_OPS], l[STREAM_MEMS]
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Mounts debugfs at /sys/kernel/debug if nothing is mounted there (root only; the test
+/// guest's init mounts it).
+fn ensure_debugfs() {
+    let dir = std::path::Path::new("/sys/kernel/debug");
+    let empty = dir.read_dir().is_ok_and(|mut d| d.next().is_none());
+    if empty {
+        // SAFETY: C strings that live across the call; mount(2) reads them only.
+        let _ = unsafe {
+            nix::libc::mount(
+                c"debugfs".as_ptr(),
+                c"/sys/kernel/debug".as_ptr(),
+                c"debugfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+    }
+}
+
+/// A new sw_sync timeline, or a skip (Debian's kernels lack `CONFIG_SW_SYNC`).
+fn sw_sync() -> Result<SwSyncTimeline, Stop> {
+    sw_sync_or_none()?
+        .ok_or_else(|| Stop::Skip(format!("no {} (CONFIG_SW_SYNC)", sync_file::SW_SYNC_PATH)))
+}
+
+/// A new sw_sync timeline, `None` without sw_sync.
+fn sw_sync_or_none() -> Result<Option<SwSyncTimeline>, Stop> {
+    ensure_debugfs();
+    match SwSyncTimeline::open() {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Stop::Fail(format!("opening sw_sync: {e}"))),
+    }
+}
+
+/// The audit names the two stream classes `stream_ops` and `stream_mems` (when debugfs says).
+fn check_class_names() -> TestResult {
+    if let Some(names) = libruvm::names::audit_classes() {
+        check!(
+            names[STREAM_OPS] == "stream_ops" && names[STREAM_MEMS] == "stream_mems",
+            "audit classes {STREAM_OPS} and {STREAM_MEMS} are named {:?} and {:?}",
+            names[STREAM_OPS],
+            names[STREAM_MEMS]
+        );
+    }
+    Ok(())
+}
+
+/// The errno of a negative fence status.
+fn errno_of(status: i32) -> Option<Errno> {
+    (status < 0).then(|| Errno::from_raw(-status))
+}
+
+// --- order, overlap, waits -------------------------------------------------------------------
+
+/// COPY A->B, RECORD e1, COPY B->C, RECORD e2, COPY C->D, RECORD e3 in one submit: D ends as
+/// A (each copy read what the one before wrote), and the three fences signalled in order, at
+/// times between the submit and now, every one already when STREAM_SYNC returned.
+fn stream_copy_chain_in_order() -> TestResult {
+    let (d, g) = setup()?;
+    // An odd size over 64 KiB chunks: the engine's 2 MiB pieces cross chunks.
+    let size = 3 * M + 5 * K + 17;
+    let seed = 0x5eed_c0de;
+    let a = mem_of(&d, g, size, 64 * K, Some(1))?;
+    user_fill(&d, a, size, seed)?;
+    let b = mem_of(&d, g, size, 64 * K, Some(2))?;
+    let c = mem_of(&d, g, size, 64 * K, Some(3))?;
+    let dd = mem_of(&d, g, size, 64 * K, Some(4))?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?;
+    check!(s.handle != 0, "stream handle 0");
+    let e: Vec<u64> = (0..3)
+        .map(|_| d.event_create())
+        .collect::<Result<_, _>>()
+        .ctx("EVENT_CREATE")?;
+    let before = monotonic_ns();
+    let first = d
+        .stream_submit(
+            s.handle,
+            &[
+                op::copy(b, 0, a, 0, size),
+                op::record(e[0]),
+                op::copy(c, 0, b, 0, size),
+                op::record(e[1]),
+                op::copy(dd, 0, c, 0, size),
+                op::record(e[2]),
+            ],
+        )
+        .ctx("STREAM_SUBMIT")?;
+    check!(first >= 1, "first seqno {first}");
+    d.stream_sync(s.handle, WAIT_MS).ctx("STREAM_SYNC")?;
+    let after = monotonic_ns();
+    let q = d.stream_query(s.handle).ctx("STREAM_QUERY")?;
+    check!(
+        q.gpu == g
+            && q.submitted == first + 5
+            && q.completed == first + 5
+            && q.error == 0
+            && q.current_seqno == 0
+            && q.current_len == 0,
+        "after the sync: {q:?}, wanted gpu {g}, submitted = completed = {}, no error, none running",
+        first + 5
+    );
+    for (h, name) in [(b, "B"), (c, "C"), (dd, "D")] {
+        let bad = mismatches(&d, h, size, seed)?;
+        check!(bad == 0, "{name}: {bad} bytes are not A's");
+    }
+    // STREAM_SYNC returned: every operation is retired, and the module signals a record's
+    // fence before it counts the record retired, so every one has signalled (checked at once,
+    // not polled).
+    let mut times = Vec::new();
+    for (i, &ev) in e.iter().enumerate() {
+        let qe = d.event_query(ev).ctx("EVENT_QUERY")?;
+        let seqno = first + 1 + 2 * i as u64;
+        check!(
+            qe.status == 1 && qe.stream == s.handle && qe.seqno == seqno,
+            "e{}: {qe:?}, wanted status 1 on stream {} seqno {seqno}",
+            i + 1,
+            s.handle
+        );
+        let (_f, info) = exported(&d, ev, &format!("e{}", i + 1))?;
+        check!(info.status == 1, "e{}: status {}", i + 1, info.status);
+        d.event_sync(ev, 1)
+            .ctx(&format!("EVENT_SYNC of e{}, signalled", i + 1))?;
+        times.push(info.timestamp_ns);
+    }
+    check!(
+        before <= times[0] && times[0] <= times[1] && times[1] <= times[2] && times[2] <= after,
+        "signal times {times:?} are not in order between the submit ({before}) and the sync's return ({after})"
+    );
+    check!(
+        times[0] < times[2],
+        "e1 and e3 signalled at the same ns ({}) with two copies between",
+        times[0]
+    );
+    d.stream_destroy(s.handle).ctx("STREAM_DESTROY")?;
+    for h in [a, b, c, dd] {
+        d.mem_free(h).ctx("MEM_FREE")?;
+    }
+    drained(&d, "after the chain")
+}
+
+/// One stream on each of two simulated GPUs, 32 MiB each: their copies run at the same time
+/// (each one's [start, end] overlaps the other's), and both are right.
+fn stream_two_gpus_overlap() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    need_streams(&d)?;
+    let gpus = sim_gpus(&d)?;
+    let [g1, g2] = match gpus.as_slice() {
+        [a, b, ..] => [a.id, b.id],
+        _ => return Err(Stop::Skip("needs two simulated GPUs (sim_gpus=2)".into())),
+    };
+    let size = 32 * M;
+    let gate = sw_sync_or_none()?;
+    let mut last = String::new();
+    // The workers may be late to start on a busy host: three tries before calling the
+    // streams serialised.
+    for attempt in 1..=3 {
+        let mut runs = Vec::new();
+        for (i, g) in [g1, g2].into_iter().enumerate() {
+            let seed = 0x1000 * (attempt + 1) + i as u64;
+            let src = mem_on(&d, g, size, Some(seed))?;
+            let dst = mem_on(&d, g, size, None)?;
+            let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+            let start = d.event_create().ctx("EVENT_CREATE")?;
+            let end = d.event_create().ctx("EVENT_CREATE")?;
+            runs.push((g, seed, src, dst, s, start, end));
+        }
+        // With sw_sync both streams start on one fence; without, one after the other.
+        let fence = match &gate {
+            Some(t) => Some(
+                t.create_fence(attempt as u32, "start")
+                    .ctx("CREATE_FENCE")?,
+            ),
+            None => None,
+        };
+        for &(_, _, src, dst, s, start, end) in &runs {
+            let mut ops = Vec::new();
+            if let Some(f) = &fence {
+                ops.push(op::wait_fd(f.as_fd(), WAIT_MS));
+            }
+            ops.extend([
+                op::record(start),
+                op::copy(dst, 0, src, 0, size),
+                op::record(end),
+            ]);
+            d.stream_submit(s, &ops).ctx("STREAM_SUBMIT")?;
+        }
+        if let Some(t) = &gate {
+            t.inc(1).ctx("SW_SYNC_IOC_INC")?;
+        }
+        d.sync_every_stream(60_000)
+            .ctx("STREAM_SYNC of every stream")?;
+        let mut spans = Vec::new();
+        for &(g, seed, src, dst, s, start, end) in &runs {
+            let t0 = settled(&d, start, "start")?;
+            let t1 = settled(&d, end, "end")?;
+            check!(
+                t0.status == 1 && t1.status == 1 && t0.timestamp_ns <= t1.timestamp_ns,
+                "GPU {g}: start {t0:?}, end {t1:?}"
+            );
+            spans.push((t0.timestamp_ns, t1.timestamp_ns));
+            let bad = mismatches(&d, dst, size, seed)?;
+            check!(bad == 0, "GPU {g}: {bad} bytes of the copy are wrong");
+            let (ubad, at) = user_samples(&d, dst, size, 4093, |o| pattern::byte_at(seed, o))?;
+            check!(
+                ubad == 0,
+                "GPU {g}: the user mapping sees {ubad} wrong bytes, the first at {at:?}"
+            );
+            d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+            for h in [src, dst] {
+                d.mem_free(h).ctx("MEM_FREE")?;
+            }
+        }
+        let ((s1, e1), (s2, e2)) = (spans[0], spans[1]);
+        let base = s1.min(s2);
+        let ms = |ns: u64| (ns - base) as f64 / 1e6;
+        last = format!(
+            "GPU {g1} copied over [{:.3}, {:.3}] ms, GPU {g2} over [{:.3}, {:.3}] ms",
+            ms(s1),
+            ms(e1),
+            ms(s2),
+            ms(e2)
+        );
+        if s1 < e2 && s2 < e1 {
+            println!("# {last}");
+            return drained(&d, "after the two streams");
+        }
+        println!("# attempt {attempt}: no overlap: {last}");
+    }
+    Err(Stop::Fail(format!(
+        "the two GPUs' streams never ran at once in 3 tries: {last}"
+    )))
+}
+
+/// Stream 1 waits for a sw_sync fence, then FILLs A with 0x5a and records e; stream 2 (of
+/// another GPU if there is one) waits for e, then copies A to B. Nothing moves while the fence
+/// is held (each stream's engine stays on its wait: `current_seqno`; EVENT_SYNC of e ends with
+/// ETIMEDOUT, its own timeout); everything does once it signals.
+fn stream_waits_for_another_streams_event() -> TestResult {
+    let (d, g) = setup()?;
+    let tl = sw_sync()?;
+    let g2 = sim_gpus(&d)?
+        .iter()
+        .map(|x| x.id)
+        .find(|&x| x != g)
+        .unwrap_or(g);
+    let size = M + 3 * K;
+    let a = mem_on(&d, g2, size, Some(21))?;
+    let b = mem_on(&d, g2, size, Some(22))?;
+    let s1 = d.stream_create(g).ctx("STREAM_CREATE 1")?;
+    let s2 = d.stream_create(g2).ctx("STREAM_CREATE 2")?;
+    let e = d.event_create().ctx("EVENT_CREATE")?;
+    let fence = tl.create_fence(1, "gate").ctx("CREATE_FENCE")?;
+    let first1 = d
+        .stream_submit(
+            s1.handle,
+            &[
+                op::wait_fd(fence.as_fd(), WAIT_MS),
+                op::fill_byte(a, 0, size, 0x5a),
+                op::record(e),
+            ],
+        )
+        .ctx("STREAM_SUBMIT 1")?;
+    // The fence was taken at submit: the descriptor may go.
+    drop(fence);
+    let first2 = d
+        .stream_submit(
+            s2.handle,
+            &[op::wait_event(e, WAIT_MS), op::copy(b, 0, a, 0, size)],
+        )
+        .ctx("STREAM_SUBMIT 2")?;
+    let qe = d.event_query(e).ctx("EVENT_QUERY")?;
+    check!(
+        qe.status == 0 && qe.stream == s1.handle && qe.seqno == first1 + 2,
+        "e while held: {qe:?}, wanted pending on stream {} seqno {}",
+        s1.handle,
+        first1 + 2
+    );
+    let (ef, _) = exported(&d, e, "e")?;
+    check_pending_names(&ef, g, &s1, first1 + 2, "e")?;
+    // Each engine stays on its stream's wait: stream 1's WAIT_FD, stream 2's WAIT_EVENT.
+    engine_on(&d, s1.handle, first1, "stream 1's WAIT_FD")?;
+    engine_on(&d, s2.handle, first2, "stream 2's WAIT_EVENT")?;
+    std::thread::sleep(Duration::from_millis(200));
+    let q1 = d.stream_query(s1.handle).ctx("STREAM_QUERY 1")?;
+    let q2 = d.stream_query(s2.handle).ctx("STREAM_QUERY 2")?;
+    check!(
+        q1.completed + 1 == first1
+            && q1.submitted == first1 + 2
+            && q1.current_seqno == first1
+            && q1.current_len == 0,
+        "stream 1 moved while held: {q1:?}, wanted its engine on the WAIT_FD, seqno {first1}"
+    );
+    check!(
+        q2.completed + 1 == first2 && q2.submitted == first2 + 1 && q2.current_seqno == first2,
+        "stream 2 moved while stream 1 was held: {q2:?}, wanted its engine on the WAIT_EVENT, seqno {first2}"
+    );
+    // EVENT_SYNC of the held point: ETIMEDOUT once its own timeout passed, not before.
+    let t = Instant::now();
+    expect_errno(
+        d.event_sync(e, 50),
+        Errno::ETIMEDOUT,
+        "EVENT_SYNC of a held point, 50 ms",
+    )?;
+    let took = t.elapsed();
+    check!(
+        took >= Duration::from_millis(45),
+        "EVENT_SYNC of 50 ms timed out after {took:?}"
+    );
+    check!(
+        mismatches(&d, a, size, 21)? == 0,
+        "A changed while its FILL was held"
+    );
+    let (bad, at) = user_mismatches(&d, b, size, |o| pattern::byte_at(22, o))?;
+    check!(
+        bad == 0,
+        "B changed ({bad} bytes, the first at {at:?}) while its copy waited"
+    );
+    tl.inc(1).ctx("SW_SYNC_IOC_INC")?;
+    d.event_sync(e, WAIT_MS)
+        .ctx("EVENT_SYNC once the fence signalled")?;
+    d.stream_sync(s1.handle, WAIT_MS).ctx("STREAM_SYNC 1")?;
+    d.stream_sync(s2.handle, WAIT_MS).ctx("STREAM_SYNC 2")?;
+    check!(byte_mismatches(&d, a, size, 0x5a)? == 0, "A is not 0x5a");
+    let (bad, at) = user_mismatches(&d, b, size, |_| 0x5a)?;
+    check!(
+        bad == 0,
+        "B: {bad} bytes are not 0x5a through the user mapping, the first at {at:?}"
+    );
+    let info = signalled(&ef, "e")?;
+    check!(info.status == 1, "e signalled with {}", info.status);
+    for s in [s1.handle, s2.handle] {
+        d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    }
+    for h in [a, b] {
+        d.mem_free(h).ctx("MEM_FREE")?;
+    }
+    drained(&d, "after the waits")
+}
+
+/// WAIT_FD on a sw_sync fence, then a copy: held while the fence is, done once it signals.
+fn stream_waits_for_sw_sync() -> TestResult {
+    let (d, g) = setup()?;
+    let tl = sw_sync()?;
+    let size = 256 * K + 7;
+    let a = mem_on(&d, g, size, Some(31))?;
+    let b = mem_on(&d, g, size, Some(32))?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let fence = tl.create_fence(2, "gate").ctx("CREATE_FENCE")?;
+    let first = d
+        .stream_submit(
+            s,
+            &[
+                op::wait_fd(fence.as_fd(), WAIT_MS),
+                op::copy(b, 0, a, 0, size),
+            ],
+        )
+        .ctx("STREAM_SUBMIT")?;
+    engine_on(&d, s, first, "the WAIT_FD")?;
+    std::thread::sleep(Duration::from_millis(200));
+    let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+    check!(
+        q.submitted == first + 1
+            && q.completed + 1 == first
+            && q.error == 0
+            && q.current_seqno == first
+            && q.current_len == 0,
+        "while the fence is held: {q:?}, wanted the engine on the WAIT_FD, seqno {first}"
+    );
+    check!(
+        mismatches(&d, b, size, 32)? == 0,
+        "B changed while the copy waited for the fence"
+    );
+    // One step short of the fence's value: still held.
+    tl.inc(1).ctx("SW_SYNC_IOC_INC")?;
+    std::thread::sleep(Duration::from_millis(50));
+    let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+    check!(
+        q.completed < q.submitted && q.current_seqno == first,
+        "the wait ended before the fence's value: {q:?}"
+    );
+    tl.inc(1).ctx("SW_SYNC_IOC_INC")?;
+    d.stream_sync(s, WAIT_MS).ctx("STREAM_SYNC")?;
+    let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+    check!(
+        q.completed == first + 1 && q.error == 0 && q.current_seqno == 0,
+        "after the fence: {q:?}, wanted everything retired, the engine on nothing"
+    );
+    let (bad, at) = user_mismatches(&d, b, size, |o| pattern::byte_at(31, o))?;
+    check!(
+        bad == 0,
+        "B: {bad} bytes are not A's through the user mapping, the first at {at:?}"
+    );
+    check!(
+        fence_of(&fence, "the sw_sync fence")?.status == 1,
+        "the sw_sync fence is not signalled"
+    );
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    for h in [a, b] {
+        d.mem_free(h).ctx("MEM_FREE")?;
+    }
+    drained(&d, "after the wait")
+}
+
+// --- errors ----------------------------------------------------------------------------------
+
+/// A wait that times out fails its stream with ETIMEDOUT for good: the record after it
+/// signals that error (EVENT_QUERY's status; EVENT_SYNC of it is EIO), submits and syncs are
+/// EIO. A wait on a fence that signalled with an error (a sw_sync timeline closed: ENOENT; an
+/// event that failed) fails with that error.
+fn stream_wait_timeout_is_sticky() -> TestResult {
+    let (d, g) = setup()?;
+    let tl = sw_sync()?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let e = d.event_create().ctx("EVENT_CREATE")?;
+    let fence = tl.create_fence(1, "never").ctx("CREATE_FENCE")?;
+    let t = Instant::now();
+    let first = d
+        .stream_submit(s, &[op::wait_fd(fence.as_fd(), 100), op::record(e)])
+        .ctx("STREAM_SUBMIT")?;
+    expect_errno(
+        d.stream_sync(s, 5000),
+        Errno::EIO,
+        "STREAM_SYNC after a wait timed out",
+    )?;
+    let took = t.elapsed();
+    check!(
+        took >= Duration::from_millis(95),
+        "the 100 ms wait failed after {took:?}"
+    );
+    let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+    check!(
+        q.error == Errno::ETIMEDOUT as u32
+            && q.failed_seqno == first
+            && q.submitted == first + 1
+            && q.completed == first + 1
+            && q.current_seqno == 0,
+        "{q:?}: wanted error ETIMEDOUT at seqno {first}, both operations retired, the engine on nothing"
+    );
+    let info = settled(&d, e, "e")?;
+    check!(
+        errno_of(info.status) == Some(Errno::ETIMEDOUT),
+        "the exported record: status {}, wanted -ETIMEDOUT",
+        info.status
+    );
+    let qe = d.event_query(e).ctx("EVENT_QUERY")?;
+    check!(
+        qe.status == -(Errno::ETIMEDOUT as i32) && qe.stream == s && qe.seqno == first + 1,
+        "the record after the failed wait: {qe:?}"
+    );
+    // EVENT_SYNC says EIO for a point that signalled with an error (ETIMEDOUT is only its
+    // own timeout); EVENT_QUERY's status said which error.
+    expect_errno(
+        d.event_sync(e, 1000),
+        Errno::EIO,
+        "EVENT_SYNC of a point that failed with ETIMEDOUT",
+    )?;
+    let e2 = d.event_create().ctx("EVENT_CREATE")?;
+    expect_errno(
+        d.stream_submit(s, &[op::record(e2)]),
+        Errno::EIO,
+        "a submit to a stream in error",
+    )?;
+    expect_errno(d.stream_sync(s, 1000), Errno::EIO, "a second STREAM_SYNC")?;
+    expect_errno(d.sync_every_stream(1000), Errno::EIO, "STREAM_SYNC of all")?;
+    let q2 = d.stream_query(s).ctx("STREAM_QUERY")?;
+    check!(
+        q2.submitted == q.submitted && q2.error == q.error && q2.failed_seqno == q.failed_seqno,
+        "the refused submit changed the stream: {q2:?}"
+    );
+    check!(
+        d.event_query(e2).ctx("EVENT_QUERY")?.stream == 0,
+        "the refused submit recorded its event"
+    );
+    // The fence signalling later changes nothing.
+    tl.inc(1).ctx("SW_SYNC_IOC_INC")?;
+    expect_errno(
+        d.stream_sync(s, 1000),
+        Errno::EIO,
+        "STREAM_SYNC after the fence",
+    )?;
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+
+    // Waits on fences that failed: ENOENT (a sw_sync timeline closed with the fence pending),
+    // and e's ETIMEDOUT through WAIT_EVENT.
+    let tl2 = SwSyncTimeline::open().ctx("sw_sync")?;
+    let orphan = tl2.create_fence(1, "orphan").ctx("CREATE_FENCE")?;
+    drop(tl2);
+    check!(
+        errno_of(fence_of(&orphan, "the orphan")?.status) == Some(Errno::ENOENT),
+        "a sw_sync fence of a closed timeline is not -ENOENT"
+    );
+    for (wait, want, what) in [
+        (
+            op::wait_fd(orphan.as_fd(), WAIT_MS),
+            Errno::ENOENT,
+            "WAIT_FD",
+        ),
+        (op::wait_event(e, WAIT_MS), Errno::ETIMEDOUT, "WAIT_EVENT"),
+    ] {
+        let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+        let r = d.event_create().ctx("EVENT_CREATE")?;
+        let first = d
+            .stream_submit(s, &[wait, op::record(r)])
+            .ctx("STREAM_SUBMIT")?;
+        expect_errno(
+            d.stream_sync(s, 5000),
+            Errno::EIO,
+            &format!("{what} on a failed fence"),
+        )?;
+        let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+        check!(
+            q.error == want as u32 && q.failed_seqno == first,
+            "{what} on a fence that failed with {want}: {q:?}"
+        );
+        check!(
+            errno_of(settled(&d, r, "the record")?.status) == Some(want),
+            "{what}: the record after it did not fail with {want}"
+        );
+        expect_errno(
+            d.event_sync(r, 1000),
+            Errno::EIO,
+            &format!("EVENT_SYNC of the record after {what}"),
+        )?;
+        d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    }
+    drained(&d, "after the failed waits")
+}
+
+/// An MMU fault (COPY_VA at an unmapped user VA) fails the stream with EFAULT: the copy before
+/// it ran, the FILL after it did not; the records after it signal -EFAULT (EVENT_SYNC: EIO),
+/// the one before it without an error (EVENT_SYNC: 0).
+fn stream_fault_is_sticky() -> TestResult {
+    let (d, g) = setup()?;
+    let info = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .find(|x| x.id == g)
+        .ok_or_else(|| Stop::Fail(format!("GPU {g} left the list")))?;
+    if info.flags & uapi::ruvm_gpu_flags_RUVM_GPU_MMU == 0 {
+        return Err(Stop::Skip(format!("GPU {g} has no MMU")));
+    }
+    let size = 256 * K;
+    let a = d.mem_alloc(size, 64 * K, 0).ctx("MEM_ALLOC")?.handle;
+    let b = d.mem_alloc(size, 64 * K, 0).ctx("MEM_ALLOC")?.handle;
+    d.map_kernel(b).ctx("MAP_CPU_KERNEL")?;
+    user_fill(&d, a, size, 41)?;
+    d.map_gpu_user(a, g, USER_VA, false).ctx("MAP_GPU_USER A")?;
+    d.map_gpu_user(b, g, USER_VA + M, false)
+        .ctx("MAP_GPU_USER B")?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let e: Vec<u64> = (0..3)
+        .map(|_| d.event_create())
+        .collect::<Result<_, _>>()
+        .ctx("EVENT_CREATE")?;
+    let unmapped = USER_VA + 64 * M;
+    let first = d
+        .stream_submit(
+            s,
+            &[
+                op::copy_va(USER_VA + M, USER_VA, size, true),
+                op::record(e[0]),
+                op::copy_va(USER_VA + M, unmapped, 4 * K, true),
+                op::record(e[1]),
+                op::fill_byte(b, 0, size, 0x77),
+                op::record(e[2]),
+            ],
+        )
+        .ctx("STREAM_SUBMIT")?;
+    expect_errno(
+        d.stream_sync(s, WAIT_MS),
+        Errno::EIO,
+        "STREAM_SYNC after a fault",
+    )?;
+    let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+    check!(
+        q.error == Errno::EFAULT as u32 && q.failed_seqno == first + 2 && q.completed == first + 5,
+        "{q:?}: wanted EFAULT at seqno {}, everything retired",
+        first + 2
+    );
+    let statuses: Vec<i32> = e
+        .iter()
+        .map(|&x| settled(&d, x, "a record").map(|f| f.status))
+        .collect::<Result<_, _>>()?;
+    let ef = -(Errno::EFAULT as i32);
+    check!(
+        statuses == [1, ef, ef],
+        "record statuses {statuses:?}, wanted [1, {ef}, {ef}]"
+    );
+    d.event_sync(e[0], 1000)
+        .ctx("EVENT_SYNC of the record before the fault")?;
+    for (i, &x) in e.iter().enumerate().skip(1) {
+        expect_errno(
+            d.event_sync(x, 1000),
+            Errno::EIO,
+            &format!("EVENT_SYNC of record {i}, after the fault"),
+        )?;
+    }
+    // The copy before the fault is there, the FILL after it is not (A was written through
+    // the user mapping, B is read through the kernel's).
+    let bad = mismatches(&d, b, size, 41)?;
+    check!(
+        bad == 0,
+        "B: {bad} bytes are not A's: the copy before the fault did not run, or the FILL after it did"
+    );
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    for h in [a, b] {
+        d.mem_free(h).ctx("MEM_FREE")?;
+    }
+    drained(&d, "after the fault")
+}
+
+// --- batches -------------------------------------------------------------------------------------
+
+/// One submit of 64 (FILL, RECORD e_i) pairs on one stream and one of 64 (WAIT_EVENT e_i,
+/// RECORD f_i) pairs on another: every point signals, each f_i after its e_i, and the fills
+/// land. Not a benchmark: the time is printed.
+fn stream_submit_batch_cost() -> TestResult {
+    let (d, g) = setup()?;
+    let tl = sw_sync_or_none()?;
+    const N: u64 = 64;
+    let piece = 64 * K;
+    let a = mem_on(&d, g, N * piece, None)?;
+    let s1 = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let s2 = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let mut e = Vec::new();
+    let mut f = Vec::new();
+    for _ in 0..N {
+        e.push(d.event_create().ctx("EVENT_CREATE")?);
+        f.push(d.event_create().ctx("EVENT_CREATE")?);
+    }
+    let gate = match &tl {
+        Some(t) => Some(t.create_fence(1, "gate").ctx("CREATE_FENCE")?),
+        None => None,
+    };
+    let mut ops1: Vec<uapi::ruvm_op> = gate
+        .iter()
+        .map(|x| op::wait_fd(x.as_fd(), WAIT_MS))
+        .collect();
+    let mut ops2 = Vec::new();
+    for i in 0..N {
+        ops1.push(op::fill_pattern(a, i * piece, piece, 1000 + i));
+        ops1.push(op::record(e[i as usize]));
+        ops2.push(op::wait_event(e[i as usize], WAIT_MS));
+        ops2.push(op::record(f[i as usize]));
+    }
+    let t = Instant::now();
+    d.stream_submit(s1, &ops1)
+        .ctx("STREAM_SUBMIT of the fills")?;
+    let first2 = d
+        .stream_submit(s2, &ops2)
+        .ctx("STREAM_SUBMIT of the waits")?;
+    let submitted = t.elapsed();
+    if let Some(tl) = &tl {
+        // The engine stays on the first WAIT_EVENT, e_0 being held behind the gate.
+        engine_on(&d, s2, first2, "the first WAIT_EVENT")?;
+        std::thread::sleep(Duration::from_millis(100));
+        let q = d.stream_query(s2).ctx("STREAM_QUERY")?;
+        check!(
+            q.completed + 1 == first2 && q.current_seqno == first2,
+            "the waits went on while the events' stream was held: {q:?}"
+        );
+        tl.inc(1).ctx("SW_SYNC_IOC_INC")?;
+    }
+    d.sync_every_stream(WAIT_MS)
+        .ctx("STREAM_SYNC of every stream")?;
+    println!(
+        "# {} operations in two submits: submitted in {:.0} us, all retired {:.1} ms after",
+        ops1.len() + ops2.len(),
+        submitted.as_secs_f64() * 1e6,
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    let q = d.stream_query(s2).ctx("STREAM_QUERY")?;
+    check!(
+        q.completed == q.submitted && q.submitted == first2 + 2 * N - 1 && q.error == 0,
+        "the waiting stream after the sync: {q:?}"
+    );
+    for i in 0..N as usize {
+        let ei = settled(&d, e[i], "e")?;
+        let fi = settled(&d, f[i], "f")?;
+        check!(
+            ei.status == 1 && fi.status == 1 && ei.timestamp_ns <= fi.timestamp_ns,
+            "pair {i}: e {ei:?}, f {fi:?}: f must signal after e"
+        );
+    }
+    let (bad, at) = user_mismatches(&d, a, N * piece, |o| pattern::byte_at(1000 + o / piece, o))?;
+    check!(
+        bad == 0,
+        "the 64 fills: {bad} bytes wrong through the user mapping, the first at {at:?}"
+    );
+    for s in [s1, s2] {
+        d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    }
+    d.mem_free(a).ctx("MEM_FREE")?;
+    drained(&d, "after the batches")
+}
