@@ -56,9 +56,15 @@ use op::{Lookup, Op, Recorded, Step};
 /// The most operations queued on one file's streams.
 const MAX_QUEUED: u64 = uapi::RUVM_MAX_STREAM_OPS as u64;
 
-/// How many operations a file's streams hold, not yet retired: each operation holds one unit
-/// ([`Charge`]) from its planning to its drop, so a file's queued work is bounded
-/// ([`MAX_QUEUED`]) whatever its number of streams.
+/// The most operations of one submission.
+pub(crate) const MAX_SUBMIT: u32 = uapi::RUVM_MAX_SUBMIT_OPS;
+/// The most operations one step of the engine retires without running them (a stream in
+/// error, records): then the engine goes on to the next stream.
+const RETIRE_BATCH: usize = 64;
+
+/// How many operations a file's streams hold, not yet retired: each operation holds its units
+/// from its planning to its drop (one, and one more for each operation folded into it), so a
+/// file's queued work is bounded ([`MAX_QUEUED`]) whatever its number of streams.
 pub(crate) struct Budget {
     queued: Atomic<u64>,
 }
@@ -71,30 +77,20 @@ impl Budget {
     }
 
     /// One unit for an operation; `EAGAIN` at the file's limit.
-    pub(crate) fn take(self: &Arc<Self>) -> Result<Charge> {
+    pub(crate) fn take(&self) -> Result {
         if self.queued.fetch_add(1, Relaxed) >= MAX_QUEUED {
-            // Adding 2^64 - 1 takes one away (the addition wraps).
-            self.queued.add(u64::MAX, Relaxed);
+            self.give(1);
             return Err(EAGAIN);
         }
-        Ok(Charge(self.clone()))
+        Ok(())
+    }
+
+    /// Gives `n` units back.
+    pub(crate) fn give(&self, n: u64) {
+        // Adding 2^64 - n takes n away (the addition wraps).
+        self.queued.add(n.wrapping_neg(), Relaxed);
     }
 }
-
-/// One unit of a file's [`Budget`], given back on drop.
-pub(crate) struct Charge(Arc<Budget>);
-
-impl Drop for Charge {
-    fn drop(&mut self) {
-        // Takes one away (see `take`).
-        self.0.queued.add(u64::MAX, Relaxed);
-    }
-}
-/// The most operations of one submission.
-pub(crate) const MAX_SUBMIT: u32 = uapi::RUVM_MAX_SUBMIT_OPS;
-/// The most operations one step of the engine retires without running them (a stream in
-/// error, records): then the engine goes on to the next stream.
-const RETIRE_BATCH: usize = 64;
 
 /// A stream's queue and counters.
 struct StreamState {
@@ -280,15 +276,21 @@ impl StreamCore {
         };
         let mut planned = List::<Op>::new();
         let mut records = KVec::<Recorded>::new();
+        let mut prev: Option<Arc<Op>> = None;
         for (op, seqno) in raw.iter().zip(first..) {
-            planned.push_back(op::plan(
+            let planned_op = op::plan(
                 op,
                 files,
                 &self.engine,
                 (self.context, seqno, &self.name),
-                (&mut records, self.budget.take()?),
-            )?);
+                (&mut records, &self.budget, prev.as_deref()),
+            )?;
+            if let Some(new) = planned_op {
+                prev = Some(new.clone_arc());
+                planned.push_back(new);
+            }
         }
+        drop(prev);
         {
             let mut st = self.state.lock();
             // Destroyed, cancelled, in error or its GPU going meanwhile.
@@ -410,7 +412,7 @@ impl StreamCore {
         let mut last = None;
         let mut n = 0u64;
         while let Some(op) = retired.pop_front() {
-            last = Some(op.seqno);
+            last = Some(op.covers());
             n += 1;
             drop(op);
         }

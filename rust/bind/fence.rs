@@ -100,6 +100,13 @@ impl Fence {
         flags & (1 << DMA_FENCE_FLAG_SIGNALED_BIT) != 0 || self.status() != 0
     }
 
+    /// Its timeline (fence context).
+    pub(crate) fn context(&self) -> u64 {
+        // SAFETY: by the type invariant the fence is live; `context` is set at init and never
+        // changes.
+        unsafe { (*self.as_ptr()).context }
+    }
+
     /// Waits until it signals, at most `timeout_ms`: its status then (1, or the negative errno
     /// it signalled with); `ETIMEDOUT`, or `EINTR` on a signal.
     pub(crate) fn wait(&self, timeout_ms: u32) -> Result<i32> {

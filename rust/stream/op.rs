@@ -21,7 +21,7 @@ use kernel::{
 };
 
 use crate::{
-    audit::{Class, Counted},
+    audit::{self, Class, Counted},
     bind::fence::{Fence, OwnFence, Watch},
     gpu::{self, mmu, GpuAccess},
     mem::{
@@ -32,7 +32,7 @@ use crate::{
     uapi,
 };
 
-use super::{engine::Engine, event::Event, Charge};
+use super::{engine::Engine, event::Event, Budget};
 
 /// What an operation needs from the file that submits it.
 pub(crate) trait Lookup {
@@ -66,9 +66,13 @@ pub(super) enum Work {
 }
 
 /// One queued operation.
-#[pin_data]
+#[pin_data(PinnedDrop)]
 pub(crate) struct Op {
     pub(super) seqno: u64,
+    /// The last seqno it accounts for: operations after it in its submission that need
+    /// nothing of their own (a record when it has no fence yet, a wait for nothing or for a
+    /// point of its own stream) are folded into it and retire with it.
+    covers: Atomic<u64>,
     pub(super) work: Work,
     /// Bytes moved so far (copies, fills).
     pub(super) done: Atomic<u64>,
@@ -78,10 +82,11 @@ pub(crate) struct Op {
     /// A recording operation's fence, taken when it is signalled.
     #[pin]
     fence: SpinLock<Option<OwnFence>>,
-    _op: Counted,
     _mems: Counted,
-    /// Its unit of its file's budget of queued operations.
-    _charge: Charge,
+    /// The operations it stands for (itself and those folded into it): counted by the audit
+    /// (`stream_ops`) and in its file's budget of queued operations, until it is dropped.
+    units: Atomic<u64>,
+    budget: Arc<Budget>,
     #[pin]
     links: ListLinks,
 }
@@ -91,6 +96,15 @@ impl_list_arc_safe! {
 }
 impl_list_item! {
     impl ListItem<0> for Op { using ListLinks { self.links }; }
+}
+
+#[pinned_drop]
+impl PinnedDrop for Op {
+    fn drop(self: Pin<&mut Self>) {
+        let units = self.units.load(Relaxed);
+        audit::sub(Class::StreamOps, units);
+        self.budget.give(units);
+    }
 }
 
 /// How a step of an operation ended.
@@ -109,22 +123,34 @@ impl Op {
         work: Work,
         fence: Option<OwnFence>,
         mems: u64,
-        charge: Charge,
+        budget: &Arc<Budget>,
     ) -> Result<ListArc<Op>> {
-        ListArc::pin_init(
+        budget.take()?;
+        let op = ListArc::pin_init(
             try_pin_init!(Op {
+                covers: Atomic::new(seqno),
                 seqno,
                 work,
                 done: Atomic::new(0),
                 started <- new_spinlock!(None),
                 fence <- new_spinlock!(fence),
-                _op: Counted::new(Class::StreamOps, 1),
                 _mems: Counted::new(Class::StreamMems, mems),
-                _charge: charge,
+                units: Atomic::new(1),
+                budget: budget.clone(),
                 links <- ListLinks::new(),
             }),
             GFP_KERNEL_ACCOUNT,
-        )
+        );
+        match op {
+            Ok(op) => {
+                audit::add(Class::StreamOps, 1);
+                Ok(op)
+            }
+            Err(e) => {
+                budget.give(1);
+                Err(e)
+            }
+        }
     }
 
     /// Bytes the operation moves (0 for those that move none).
@@ -222,6 +248,30 @@ impl Op {
         }
     }
 
+    /// The last seqno it accounts for.
+    pub(super) fn covers(&self) -> u64 {
+        self.covers.load(Relaxed)
+    }
+
+    /// Folds the operation at `seqno` into this one (see `covers`); with `fence`, a record's,
+    /// if this one has none: `false` if it has one already (then nothing changed). `EAGAIN` at
+    /// the file's budget (a folded operation counts as one).
+    fn fold(&self, seqno: u64, fence: Option<&mut Option<OwnFence>>) -> Result<bool> {
+        let mut mine = self.fence.lock();
+        if fence.is_some() && mine.is_some() {
+            return Ok(false);
+        }
+        self.budget.take()?;
+        if let Some(f) = fence {
+            *mine = f.take();
+        }
+        drop(mine);
+        self.units.fetch_add(1, Relaxed);
+        audit::add(Class::StreamOps, 1);
+        self.covers.store(seqno, Relaxed);
+        Ok(true)
+    }
+
     /// Whether it does no work on the engine (a record, a wait for nothing): retired as soon as
     /// the stream reaches it.
     pub(super) fn is_instant(&self) -> bool {
@@ -239,13 +289,16 @@ pub(super) struct Recorded {
 /// Reads, checks and plans one operation of a submission, at `seqno` of the stream's timeline
 /// `context` (named `name`) on `engine`'s GPU. A RECORD adds to `records`; a WAIT_EVENT sees the
 /// last of those for its event (a submission is the same as its operations one by one).
+/// Returns the new operation, or `None` if it was folded into `prev`, the submission's
+/// previous one (see [`Op::fold`]): a record gives it its fence if it has none, a wait that
+/// the stream's order already satisfies (a point of its own timeline, or none) costs nothing.
 pub(super) fn plan(
     op: &uapi::ruvm_op,
     files: &dyn Lookup,
     engine: &Arc<Engine>,
     (context, seqno, name): (u64, u64, &[u8]),
-    (records, charge): (&mut KVec<Recorded>, Charge),
-) -> Result<ListArc<Op>> {
+    (records, budget, prev): (&mut KVec<Recorded>, &Arc<Budget>, Option<&Op>),
+) -> Result<Option<ListArc<Op>>> {
     let gpu = engine.gpu();
     let zero = |fields: &[u64]| -> Result {
         if op.reserved != 0 || fields.iter().any(|f| *f != 0) {
@@ -272,7 +325,7 @@ pub(super) fn plan(
             }
             let (dst, src) = (files.mem(op.dst)?, files.mem(op.src)?);
             let copy = EngineCopy::plan(gpu, dst, op.dst_offset, src, op.src_offset, op.length)?;
-            Op::new(seqno, Work::Copy(copy), None, 2, charge)
+            Op::new(seqno, Work::Copy(copy), None, 2, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_COPY_VA => {
             zero(&[
@@ -294,7 +347,7 @@ pub(super) fn plan(
                 src: op.src,
                 len: op.length,
             };
-            Op::new(seqno, work, None, 0, charge)
+            Op::new(seqno, work, None, 0, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_FILL => {
             zero(&[
@@ -315,7 +368,7 @@ pub(super) fn plan(
             gpu.access()?;
             let mem = files.mem(op.dst)?;
             let plan = CpuFill::plan(&mem, op.dst_offset, op.length, fill)?;
-            Op::new(seqno, Work::Fill(plan), None, 1, charge)
+            Op::new(seqno, Work::Fill(plan), None, 1, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_RECORD => {
             zero(&[
@@ -339,7 +392,13 @@ pub(super) fn plan(
                 },
                 GFP_KERNEL_ACCOUNT,
             )?;
-            Op::new(seqno, Work::Record, Some(fence), 0, charge)
+            let mut fence = Some(fence);
+            if let Some(p) = prev {
+                if p.fold(seqno, Some(&mut fence))? {
+                    return Ok(None);
+                }
+            }
+            Op::new(seqno, Work::Record, fence, 0, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT | uapi::ruvm_op_kind_RUVM_OP_WAIT_FD => {
             zero(&[
@@ -361,11 +420,18 @@ pub(super) fn plan(
                     None => event.point(),
                 }
             };
+            // Satisfied by the stream's own order: nothing to wait for.
+            let fence = fence.filter(|f| f.context() != context);
             let Some(fence) = fence else {
-                return Op::new(seqno, Work::Nop, None, 0, charge);
+                if let Some(p) = prev {
+                    if p.fold(seqno, None)? {
+                        return Ok(None);
+                    }
+                }
+                return Op::new(seqno, Work::Nop, None, 0, budget).map(Some);
             };
             let watch = KBox::pin_init(Watch::new(fence, engine.clone()), GFP_KERNEL_ACCOUNT)?;
-            Op::new(seqno, Work::Wait { watch, timeout }, None, 0, charge)
+            Op::new(seqno, Work::Wait { watch, timeout }, None, 0, budget).map(Some)
         }
         _ => Err(EINVAL),
     }
