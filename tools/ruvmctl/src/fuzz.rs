@@ -2,20 +2,23 @@
 
 //! `ruvmctl fuzz`: several processes, each with several threads, issue random operations on
 //! `/dev/ruvm` with valid, boundary and malformed arguments (every ioctl; mmap, munmap, mremap,
-//! reads and writes of mappings; fork; close, dup and SCM_RIGHTS of files; SIGKILL of whole
+//! reads and writes of mappings; fork; close, dup and `pidfd_getfd` of files; streams and events:
+//! batches of operations submitted, waited for, exported as sync_files; SIGKILL of whole
 //! processes; GPU unbind and rebind; module unload attempts; the kernel's shrinkers). The
 //! oracle checks every errno against the set `Documentation/ruvm.rst` gives for that call, and
-//! at the end that nothing is left: no mem alive, every audit counter zero once the shrinkers
-//! gave back what is kept for reuse. Three more oracles ([`oracle`]): no worker ever reads
-//! another's bytes (isolation), kernel memory grows only as far as the workers' memory cgroup
-//! is charged (resources, `--memcg`), and every GPU removal finishes in bounded time while the
-//! workers keep working (liveness).
+//! at the end that nothing is left: no mem alive, no stream operation queued, every audit
+//! counter zero once the shrinkers gave back what is kept for reuse. Three more oracles
+//! ([`oracle`]): no worker ever reads another's bytes (isolation), kernel memory grows only as
+//! far as the workers' memory cgroup is charged (resources, `--memcg`), and every GPU removal
+//! finishes in bounded time while the workers keep working, with their streams busy, and every
+//! fence of a killed worker, a closed file or a removed GPU signals in bounded time (liveness,
+//! with [`fences`]).
 //!
 //! Seeded and reproducible: the seed is printed, and each worker's stream of operations is a
 //! function of the seed and its slot; the interleaving of threads is the kernel's.
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::atomic::{AtomicI32, AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
@@ -25,11 +28,12 @@ use nix::{
     sys::{
         mman::{mmap_anonymous, MapFlags, ProtFlags},
         signal::{kill, Signal},
-        wait::waitpid,
+        wait::{waitpid, WaitPidFlag, WaitStatus},
     },
     unistd::{fork, ForkResult, Pid},
 };
 
+mod fences;
 mod ops;
 mod oracle;
 mod rng;
@@ -55,18 +59,26 @@ pub struct Spec {
     pub unprivileged: bool,
 }
 
-/// Counters shared by the workers (in a shared anonymous mapping).
+/// Counters shared by the workers (in a shared anonymous mapping of one page).
 #[repr(C)]
 pub struct Shared {
     pub ops: AtomicU64,
     pub problems: AtomicU64,
     /// Set when the run is over (budget spent or time up).
     pub stop: AtomicU64,
+    /// The parent's requests for busy streams, one per worker slot ([`fences`]).
+    pub busy: [AtomicU64; fences::BUSY_SLOTS],
+    /// The sync_files each worker slot hands to the parent: descriptor numbers the parent
+    /// takes with `pidfd_getfd` ([`fences`]).
+    pub handoffs: [[AtomicI32; fences::HANDOFFS]; fences::BUSY_SLOTS],
 }
+
+/// The length of the shared mapping: [`Shared`] in whole pages.
+const SHARED_LEN: usize = std::mem::size_of::<Shared>().next_multiple_of(4096);
 
 /// A fresh shared mapping holding a zeroed [`Shared`].
 fn shared() -> Result<&'static Shared> {
-    let len = std::num::NonZeroUsize::new(4096).context("page")?;
+    let len = std::num::NonZeroUsize::new(SHARED_LEN).context("page")?;
     // SAFETY: a new anonymous shared mapping aliases nothing; zero bytes are valid atomics. It
     // is never unmapped (the process exits first), so the `'static` borrow holds.
     let p = unsafe {
@@ -82,14 +94,18 @@ fn shared() -> Result<&'static Shared> {
     Ok(unsafe { &*p.as_ptr().cast::<Shared>() })
 }
 
-/// Starts one worker process in `slot`, in the workers' memory cgroup `group` if any.
+/// Starts one worker process in `slot`, in the workers' memory cgroup `group` if any; `fences`
+/// takes the sync_files it hands over (by its pidfd).
 fn spawn(
     spec: &Spec,
     shared: &'static Shared,
     slot: usize,
     generation: u64,
     group: Option<&std::path::Path>,
+    fences: &mut fences::Fences,
 ) -> Result<Pid> {
+    // The cells of a new worker start free (the one before it in the slot is dead and reaped).
+    fences.reset(slot);
     // SAFETY: the parent is single-threaded; the child runs the worker and exits.
     match unsafe { fork() }.context("fork")? {
         ForkResult::Child => {
@@ -109,12 +125,29 @@ fn spawn(
                     shared.problems.fetch_add(1, Ordering::Relaxed);
                     std::process::exit(1);
                 }
+                // The uid change made it non-dumpable (`suid_dumpable` 0): dumpable again, the
+                // parent's `pidfd_getfd` of its sync_files needs no CAP_SYS_PTRACE, and its own
+                // /proc/self/mem (the isolation oracle's reads) is its own to open.
+                if nix::sys::prctl::set_dumpable(true).is_err() {
+                    println!("fuzz: PROBLEM: PR_SET_DUMPABLE in a worker that dropped root");
+                    shared.problems.fetch_add(1, Ordering::Relaxed);
+                }
             }
             let seed = rng::mix(spec.seed, slot as u64, generation);
-            ops::worker(seed, spec.threads, spec.max_size, spec.memcg, shared);
+            ops::worker(seed, slot, spec.threads, spec.max_size, spec.memcg, shared);
             std::process::exit(0)
         }
-        ForkResult::Parent { child } => Ok(child),
+        ForkResult::Parent { child } => match fences::pidfd_open(child) {
+            Ok(pidfd) => {
+                fences.set_worker(slot, pidfd);
+                Ok(child)
+            }
+            Err(e) => {
+                let _ = kill(child, Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                Err(e).context("pidfd_open of a worker")
+            }
+        },
     }
 }
 
@@ -142,10 +175,15 @@ pub fn run(spec: &Spec) -> Result<u64> {
     let group = resources.as_ref().map(|r| r.group.dir.clone());
     let test_ioctls = anchor.info().is_ok_and(|i| i.test_ioctls != 0);
     let start = Instant::now();
+    let mut fences = fences::Fences::new(shared);
     let mut workers = Vec::new();
     for slot in 0..spec.procs {
-        workers.push((spawn(spec, shared, slot, 0, group.as_deref())?, 0u64));
+        let pid = spawn(spec, shared, slot, 0, group.as_deref(), &mut fences)?;
+        workers.push((pid, 0u64));
     }
+    let slots: Vec<usize> = (0..spec.procs).collect();
+    let mut busy_kills = 0u64;
+    let mut busy_removals = 0u64;
     let mut removals = 0u64;
     let mut slowest = Duration::ZERO;
     let mut kills = 0u64;
@@ -155,21 +193,46 @@ pub fn run(spec: &Spec) -> Result<u64> {
     let mut shrinks = 0u64;
     while shared.ops.load(Ordering::Relaxed) < spec.ops && start.elapsed() < spec.duration {
         std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
+        fences.drain();
         if spec.kill && rng.one_in(4) {
             let slot = rng.below(workers.len() as u64) as usize;
             let (pid, generation) = workers[slot];
+            // Mostly with its streams busy: the kill cancels their work.
+            if rng.below(4) != 0 && fences::make_busy(shared, &[slot], None) > 0 {
+                busy_kills += 1;
+            }
+            // What it handed over is taken while it lives: its descriptors go with it.
+            fences.take_slot(slot);
             let _ = kill(pid, Signal::SIGKILL);
             let _ = waitpid(pid, None);
-            workers[slot] = (
-                spawn(spec, shared, slot, generation + 1, group.as_deref())?,
+            if let Some(what) = fences.check_slot(slot) {
+                println!("fuzz: PROBLEM: {what}");
+                shared.problems.fetch_add(1, Ordering::Relaxed);
+            }
+            let pid = spawn(
+                spec,
+                shared,
+                slot,
                 generation + 1,
-            );
+                group.as_deref(),
+                &mut fences,
+            )?;
+            workers[slot] = (pid, generation + 1);
             kills += 1;
         }
         if spec.unbind && test_ioctls && rng.one_in(6) {
-            if let Some(took) = ops::sim_remove_add(&anchor, &mut rng, shared) {
-                removals += 1;
-                slowest = slowest.max(took);
+            let sims = ops::sims(&anchor);
+            if !sims.is_empty() {
+                // The GPU's streams busy first, and the points pending on it taken to check.
+                let g = rng.pick(&sims);
+                let busy = fences::make_busy(shared, &slots, Some(g)) > 0;
+                let pending = fences.take_on_gpu(g);
+                if let Some(took) = ops::sim_remove_add(&anchor, g, &mut rng, shared) {
+                    removals += 1;
+                    busy_removals += u64::from(busy);
+                    slowest = slowest.max(took);
+                    removal_fences(&mut fences, pending, g, shared);
+                }
             }
         }
         if let Some(r) = resources.as_mut() {
@@ -185,9 +248,23 @@ pub fn run(spec: &Spec) -> Result<u64> {
             }
         }
         if spec.unbind && rng.one_in(6) {
-            let (did, took) = oracle::timed(|| ops::unbind_rebind(&mut rng, shared));
+            // The GPU's streams busy first, and the points pending on it taken to check.
+            let dev = ops::edu_device(&mut rng);
+            let gpu = dev.as_deref().and_then(|d| ops::gpu_of_pci(&anchor, d));
+            let mut pending = Vec::new();
+            let mut busy = false;
+            if let Some(g) = gpu {
+                busy = fences::make_busy(shared, &slots, Some(g)) > 0;
+                pending = fences.take_on_gpu(g);
+            }
+            let (did, took) =
+                oracle::timed(|| ops::unbind_rebind(dev.as_deref(), &mut rng, shared));
             if !matches!(did, ops::Unbound::Nothing) {
+                if let Some(g) = gpu {
+                    removal_fences(&mut fences, pending, g, shared);
+                }
                 removals += 1;
+                busy_removals += u64::from(busy);
                 slowest = slowest.max(took);
                 if took > oracle::REMOVAL_BOUND {
                     println!(
@@ -217,8 +294,40 @@ pub fn run(spec: &Spec) -> Result<u64> {
         }
     }
     shared.stop.store(1, Ordering::Relaxed);
-    for (pid, _) in &workers {
-        waitpid(*pid, None).context("waitpid")?;
+    // Each worker waits for the parent to take what it announced before it exits (its
+    // descriptors go with it): taken here until every worker is reaped.
+    let mut left: Vec<Pid> = workers.iter().map(|(pid, _)| *pid).collect();
+    while !left.is_empty() {
+        fences.drain_all();
+        let mut still = Vec::new();
+        for pid in left {
+            if waitpid(pid, Some(WaitPidFlag::WNOHANG)).context("waitpid")?
+                == WaitStatus::StillAlive
+            {
+                still.push(pid);
+            }
+        }
+        left = still;
+        if !left.is_empty() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    // Every worker gone: every sync_file the parent holds must signal.
+    let late = fences.finish();
+    if late > 0 {
+        println!(
+            "fuzz: PROBLEM: {late} sync_files exported by the workers still pending {} s after every worker exited",
+            fences::SIGNAL_BOUND.as_secs()
+        );
+        shared.problems.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(first) = &fences.first_failure {
+        // Not ruvm's doing, but the liveness oracle had none of those fences.
+        println!(
+            "fuzz: PROBLEM: {} sync_files handed over by the workers could not be taken; the first: {first}",
+            fences.failed
+        );
+        shared.problems.fetch_add(1, Ordering::Relaxed);
     }
     let secs = start.elapsed().as_secs_f64();
     drop(anchor);
@@ -226,12 +335,16 @@ pub fn run(spec: &Spec) -> Result<u64> {
     let mut problems = shared.problems.load(Ordering::Relaxed);
     // Everything must be gone with the workers. The last holders of a file may let go just
     // after them: a child a worker forked, orphaned by its SIGKILL, finishing its one ioctl (it
-    // is not the parent's to wait for), or a descriptor in flight in a socket being torn down.
-    // What is still alive after 10 s has leaked.
+    // is not the parent's to wait for).
+    // What is still alive after 10 s has leaked. So are operations still queued on streams
+    // then (`stream_ops`, `stream_mems`): a file's release cancels its streams' work, the piece
+    // running ends, and they hold their mems until then.
     let d = Ruvm::open().context("open /dev/ruvm")?;
     let mut info = d.info().context("RUVM_IOCTL_INFO")?;
     let settle = std::time::Instant::now();
-    while info.live_mems != 0 && settle.elapsed() < std::time::Duration::from_secs(10) {
+    while (info.live_mems != 0 || streams_busy(&d))
+        && settle.elapsed() < std::time::Duration::from_secs(10)
+    {
         std::thread::sleep(std::time::Duration::from_millis(100));
         info = d.info().context("RUVM_IOCTL_INFO")?;
     }
@@ -278,11 +391,51 @@ pub fn run(spec: &Spec) -> Result<u64> {
         );
     }
     println!(
+        "fuzz: {busy_kills} kills and {busy_removals} GPU removals with streams busy; {} sync_files taken from the workers ({} hand-offs lost with their worker); {} exported sync_files of killed workers, removed GPUs and the run's end checked, the slowest signalled {:.2} s into its check (bound {} s)",
+        fences.taken,
+        fences.lost,
+        fences.checked,
+        fences.slowest.as_secs_f64(),
+        fences::SIGNAL_BOUND.as_secs()
+    );
+    println!(
         "fuzz: seed {}: {total} operations in {secs:.1} s ({:.0}/s), {kills} processes killed, {unbinds} unbinds ({attaches} attached as host GPUs meanwhile), {unloads} unload attempts, {shrinks} shrinker runs, {problems} problems",
         spec.seed,
         total as f64 / secs.max(1e-9)
     );
     Ok(problems)
+}
+
+/// The sync_files `pending` on GPU `g` before its removal must all signal within
+/// [`fences::SIGNAL_BOUND`] of it.
+fn removal_fences(
+    fences: &mut fences::Fences,
+    pending: Vec<std::os::fd::OwnedFd>,
+    g: u32,
+    shared: &Shared,
+) {
+    let n = pending.len();
+    let late = fences.check(pending);
+    if late > 0 {
+        println!(
+            "fuzz: PROBLEM: {late} of {n} sync_files of streams on GPU {g}, pending at its removal, still pending {} s after it",
+            fences::SIGNAL_BOUND.as_secs()
+        );
+        shared.problems.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether any operation is still queued on a stream, or holds a mem (the audit's
+/// `stream_ops` and `stream_mems`).
+fn streams_busy(d: &Ruvm) -> bool {
+    d.audit(false).is_ok_and(|a| {
+        [
+            uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_OPS,
+            uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_MEMS,
+        ]
+        .iter()
+        .any(|&c| a.live.get(c as usize).is_some_and(|&n| n != 0))
+    })
 }
 
 /// `ruvmctl fuzz`: runs, and fails on any problem.

@@ -4,24 +4,21 @@
 //! allows for it; any other is a problem.
 
 use std::{
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::AsRawFd,
     sync::{atomic::Ordering, Arc, Mutex},
+    time::Duration,
 };
 
 use libruvm::{cmd, uapi, Errno, Ruvm};
 use nix::{
-    sys::{
-        mman::{mremap, munmap, MRemapFlags, MapFlags, ProtFlags},
-        socket::{
-            recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned,
-            MsgFlags, SockFlag, SockType,
-        },
-    },
+    sys::mman::{mremap, munmap, MRemapFlags, MapFlags, ProtFlags},
     unistd::{fork, ForkResult},
 };
 
-use super::{oracle, Rng, Shared, GPU_IDS, PAGE_SIZES, SIZES};
+use super::{fences, oracle, Rng, Shared, GPU_IDS, PAGE_SIZES, SIZES};
 use crate::cmd::arg;
+
+mod streams;
 
 use Errno::*;
 
@@ -58,6 +55,11 @@ struct World {
     budget: u64,
     /// The largest size a "valid" allocation asks for.
     max_size: u64,
+    /// Streams and events (see [`streams`]), the worker's sw_sync timeline, and where it hands
+    /// exported sync_files to the parent.
+    streams: streams::State,
+    /// This worker's slot (for the parent's requests, [`fences`]).
+    slot: usize,
 }
 
 impl World {
@@ -200,8 +202,13 @@ impl World {
     /// The isolation oracle: reads one of this worker's mems through a user mapping of its own,
     /// and reports any word that carries another worker's tag.
     fn read_check(&self, d: &Ruvm, rng: &mut Rng) {
-        use std::os::unix::fs::FileExt;
         let h = self.handle(rng);
+        self.read_check_mem(d, h, "");
+    }
+
+    /// [`Self::read_check`] of mem `h` (of file `d`); `after` says what wrote it last.
+    fn read_check_mem(&self, d: &Ruvm, h: u64, after: &str) {
+        use std::os::unix::fs::FileExt;
         let Some(f) = &self.proc_mem else { return };
         let Ok(q) = d.mem_query(h) else { return };
         if q.backing != uapi::ruvm_backing_RUVM_BACKING_SYSMEM {
@@ -222,7 +229,7 @@ impl World {
         if f.read_at(&mut bytes, m.as_ptr() as u64).is_ok() {
             if let Some((o, id)) = oracle::foreign(&bytes, self.id) {
                 self.problem(format!(
-                    "mem {h} (of this worker, {}) holds worker {id:#x}'s tag at offset {o:#x}: another file's bytes",
+                    "mem {h} (of this worker, {}) holds worker {id:#x}'s tag at offset {o:#x}{after}: another file's bytes",
                     self.id
                 ));
             }
@@ -280,9 +287,12 @@ fn range(rng: &mut Rng) -> (u64, u64) {
     (offset, length)
 }
 
-/// The worker process: its files and threads, until the parent says stop.
+/// The worker process in `slot`: its files and threads, until the parent says stop. It hands
+/// sync_files it exports to the parent through `shared` ([`fences::hand_over`]), and at its end
+/// waits a little for the parent to take them.
 pub fn worker(
     seed: u64,
+    slot: usize,
     threads: usize,
     max_size: u64,
     memcg: Option<u64>,
@@ -335,6 +345,8 @@ pub fn worker(
             None => mem_total() / 4,
         },
         max_size,
+        streams: streams::State::new(&mut rng),
+        slot,
     };
     std::thread::scope(|s| {
         for t in 0..threads {
@@ -343,6 +355,11 @@ pub fn worker(
             s.spawn(move || {
                 let mut rng = Rng::new(seed);
                 while w.shared.stop.load(Ordering::Relaxed) == 0 {
+                    // The parent is about to kill this worker or remove a GPU: streams busy.
+                    if let Some(gpu) = fences::take_request(w.shared, w.slot) {
+                        let busy = streams::load(w, &mut rng, gpu);
+                        fences::answer(w.shared, w.slot, busy);
+                    }
                     one(w, &mut rng);
                     w.shared.ops.fetch_add(1, Ordering::Relaxed);
                 }
@@ -354,6 +371,8 @@ pub fn worker(
     for (addr, len, _, _, _) in maps {
         unmap(addr, len);
     }
+    // The parent takes what was handed over while this process lives (then its descriptors go).
+    fences::wait_taken(shared, slot, Duration::from_secs(5));
 }
 
 fn unmap(addr: usize, len: usize) {
@@ -374,7 +393,7 @@ fn one(w: &World, rng: &mut Rng) {
         return;
     };
     let d = &*file;
-    match rng.below(30) {
+    match rng.below(36) {
         0..=2 => alloc(w, d, rng),
         3 => {
             let h = w.handle(rng);
@@ -483,6 +502,7 @@ fn one(w: &World, rng: &mut Rng) {
         23..=25 => gpu_va(w, d, rng),
         26 => w.read_check(d, rng),
         28..=29 => pools(w, d, rng),
+        30..=35 => streams::one(w, &file, rng),
         _ => {
             // Vidmem, which has its own rules and allocator (its storage is the system's memory).
             if w.over_budget(d) {
@@ -926,7 +946,8 @@ fn forked_child(w: &World, d: &Ruvm, rng: &mut Rng) {
     }
 }
 
-/// Open, close, dup, or pass a file through a socket (SCM_RIGHTS) to this process again.
+/// Open, close, dup, or take a file again from this process with `pidfd_getfd` (no sockets: the
+/// guests have no `CONFIG_UNIX` for `SCM_RIGHTS`).
 fn files(w: &World, rng: &mut Rng) {
     let Ok(mut files) = w.files.lock() else {
         return;
@@ -939,7 +960,15 @@ fn files(w: &World, rng: &mut Rng) {
         }
         1 if files.len() > 1 => {
             let i = rng.below(files.len() as u64) as usize;
-            files.swap_remove(i);
+            let f = files[i].clone();
+            drop(files);
+            // Now and then with its streams busy: the close cancels their work.
+            if rng.one_in(2) {
+                streams::load_file(w, &f, rng, None);
+            }
+            if let Ok(mut files) = w.files.lock() {
+                files.retain(|x| !Arc::ptr_eq(x, &f));
+            }
         }
         2 if !files.is_empty() => {
             let f = files[rng.below(files.len() as u64) as usize].clone();
@@ -954,38 +983,12 @@ fn files(w: &World, rng: &mut Rng) {
     }
 }
 
-/// The same open file, received back through a socket pair.
+/// The same open file, as a new descriptor taken from this very process with `pidfd_open` and
+/// `pidfd_getfd` (what `SCM_RIGHTS` to itself gave, without a socket).
 fn pass_fd(f: &Ruvm) -> Option<Ruvm> {
-    let (a, b) = socketpair(
-        AddressFamily::Unix,
-        SockType::Stream,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .ok()?;
-    let fds = [f.as_fd().as_raw_fd()];
-    let iov = [std::io::IoSlice::new(b"f")];
-    sendmsg::<()>(
-        a.as_raw_fd(),
-        &iov,
-        &[ControlMessage::ScmRights(&fds)],
-        MsgFlags::empty(),
-        None,
-    )
-    .ok()?;
-    let mut buf = [0u8; 1];
-    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let msg = recvmsg::<()>(b.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::empty()).ok()?;
-    for c in msg.cmsgs().ok()? {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            let fd = *fds.first()?;
-            // SAFETY: the descriptor was just received and nothing else owns it.
-            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-            return Ruvm::from_owned_fd(owned).ok();
-        }
-    }
-    None
+    let me = fences::pidfd_open(nix::unistd::getpid()).ok()?;
+    let fd = fences::pidfd_getfd(&me, f.as_fd().as_raw_fd()).ok()?;
+    Ruvm::from_owned_fd(fd).ok()
 }
 
 /// Two calls released at once from two threads, where ordering bugs live: `mmap` of a mem
@@ -1083,26 +1086,40 @@ pub enum Unbound {
     Attached,
 }
 
-/// Unbinds an edu GPU and binds it again (from the parent); half the time it is attached as a
-/// host GPU in between, while the workers run, and ruvm-edu must refuse to bind it then.
-pub fn unbind_rebind(rng: &mut Rng, shared: &'static Shared) -> Unbound {
+/// One of the edu devices bound to ruvm-edu (its PCI address), if any.
+pub fn edu_device(rng: &mut Rng) -> Option<String> {
     const DRIVER: &str = "/sys/bus/pci/drivers/ruvm-edu";
-    let Ok(entries) = std::fs::read_dir(DRIVER) else {
-        return Unbound::Nothing;
-    };
-    let devices: Vec<String> = entries
+    let devices: Vec<String> = std::fs::read_dir(DRIVER)
+        .ok()?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("0000:"))
         .collect();
-    if devices.is_empty() {
+    (!devices.is_empty()).then(|| devices[rng.below(devices.len() as u64) as usize].clone())
+}
+
+/// The GPU id of the present GPU at PCI address `dev`.
+pub fn gpu_of_pci(d: &Ruvm, dev: &str) -> Option<u32> {
+    let (dom, bus, devfn) = crate::cmd::gpu::parse_pci(dev).ok()?;
+    d.gpus().ok()?.iter().find_map(|g| {
+        (g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
+            && (g.pci_domain, g.pci_bus, g.pci_devfn) == (dom, bus, devfn))
+            .then_some(g.id)
+    })
+}
+
+/// Unbinds the edu GPU `dev` ([`edu_device`]) and binds it again (from the parent); half the
+/// time it is attached as a host GPU in between, while the workers run, and ruvm-edu must
+/// refuse to bind it then.
+pub fn unbind_rebind(dev: Option<&str>, rng: &mut Rng, shared: &'static Shared) -> Unbound {
+    const DRIVER: &str = "/sys/bus/pci/drivers/ruvm-edu";
+    let Some(dev) = dev else {
         return Unbound::Nothing;
-    }
+    };
     let problem = |what: String| {
         println!("fuzz: PROBLEM: {what}");
         shared.problems.fetch_add(1, Ordering::Relaxed);
     };
-    let dev = &devices[rng.below(devices.len() as u64) as usize];
     let unbound = std::fs::write(format!("{DRIVER}/unbind"), dev);
     let mut did = Unbound::Rebound;
     if unbound.is_ok() && rng.one_in(2) {
@@ -1141,32 +1158,32 @@ fn attach_for_a_moment(rng: &mut Rng, dev: &str, problem: &dyn Fn(String)) {
     }
 }
 
-/// Removes a simulated GPU (`RUVM_IOCTL_TEST_SIM_GPU`, from the parent) while the workers use
-/// it, and brings it back: the removal must finish within [`oracle::REMOVAL_BOUND`]. Its time,
-/// or `None` when there is no simulated GPU.
-pub fn sim_remove_add(
-    d: &Ruvm,
-    rng: &mut Rng,
-    shared: &'static Shared,
-) -> Option<std::time::Duration> {
-    let sims: Vec<u32> = d
-        .gpus()
-        .ok()?
+/// The simulated GPUs present.
+pub fn sims(d: &Ruvm) -> Vec<u32> {
+    d.gpus()
+        .unwrap_or_default()
         .iter()
         .filter(|g| {
             g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM
                 && g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
         })
         .map(|g| g.id)
-        .collect();
-    if sims.is_empty() {
-        return None;
-    }
+        .collect()
+}
+
+/// Removes simulated GPU `g` ([`sims`]; `RUVM_IOCTL_TEST_SIM_GPU`, from the parent) while the
+/// workers use it, and brings it back: the removal must finish within
+/// [`oracle::REMOVAL_BOUND`]. Its time, or `None` if it could not be removed.
+pub fn sim_remove_add(
+    d: &Ruvm,
+    g: u32,
+    rng: &mut Rng,
+    shared: &'static Shared,
+) -> Option<std::time::Duration> {
     let problem = |what: String| {
         println!("fuzz: PROBLEM: {what}");
         shared.problems.fetch_add(1, Ordering::Relaxed);
     };
-    let g = rng.pick(&sims);
     let (removed, took) = oracle::timed(|| d.test_sim_gpu(g, false));
     if let Err(e) = removed {
         problem(format!("TEST_SIM_GPU remove of GPU {g}: {e}"));

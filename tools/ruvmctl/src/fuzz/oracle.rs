@@ -5,12 +5,15 @@
 //! - *isolation*: every worker fills each mem it makes with its own tag, and reads mems back
 //!   through their user mappings; a word carrying another worker's tag is another file's byte
 //!   reaching this one, whatever path put it there (a pool's reuse, an engine copy by handle or
-//!   by VA, a user or kernel mapping);
+//!   by VA, a stream's copy of a mem freed under it, a user or kernel mapping);
 //! - *resources*: with `--memcg`, the workers run in a memory cgroup of their own (unprivileged
 //!   with `--unprivileged`), and the kernel's slab and vmalloc memory may grow beyond what that
 //!   group is charged by a bound only (`--kmem-bound`), sampled all along the run;
 //! - *liveness*: every GPU removal the fuzzer makes (an edu unbind, a simulated GPU's removal)
-//!   finishes within [`REMOVAL_BOUND`] while the workers keep working.
+//!   finishes within [`REMOVAL_BOUND`] while the workers keep working, their streams busy; and
+//!   every fence of a stream whose GPU was removed, whose file was closed or whose worker was
+//!   killed signals within [`super::fences::SIGNAL_BOUND`] (the parent holds the workers'
+//!   sync_files beyond their death: [`super::fences`]).
 
 use std::time::Duration;
 
