@@ -148,7 +148,7 @@ pub fn command(spec: &Spec, groups: &[String], json: bool) -> Result<()> {
         max_size: spec.max_size,
         cases: Vec::new(),
     };
-    cases::run_all(&d, spec, groups, &mut |c: Case| {
+    cases::run_all(&d, spec, groups, &[streams::streams], &mut |c: Case| {
         eprintln!(
             "bench: {:<28} ruvm {:>12.0} {}  base {:>12.0}  ratio {:.3}",
             c.id,

@@ -2,7 +2,7 @@
 
 //! The cases of `ruvmctl bench`, each with its baseline measured in the same run. Ids name the
 //! goal they serve (`g1`..`g5`, `copy`, `mem`, `va`, `pool`, `stream`); `report` holds the goals
-//! themselves. The stream cases are in [`super::streams`].
+//! themselves. The stream cases are a file of their own, handed in by the bench's entry point.
 
 use std::num::NonZeroUsize;
 
@@ -189,8 +189,18 @@ pub(super) fn per_op(n: u64, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
     Ok(t / n as f64)
 }
 
-/// Runs every case, handing each to `out` as it finishes.
-pub fn run_all(d: &Ruvm, spec: &Spec, groups: &[String], out: &mut dyn FnMut(Case)) -> Result<()> {
+/// One group of cases.
+pub(super) type CaseGroup = fn(&Ctx, &mut dyn FnMut(Case)) -> Result<()>;
+
+/// Runs every case, these groups' and then `more` (the groups after them in `GROUPS`), handing
+/// each to `out` as it finishes.
+pub(super) fn run_all(
+    d: &Ruvm,
+    spec: &Spec,
+    groups: &[String],
+    more: &[CaseGroup],
+    out: &mut dyn FnMut(Case),
+) -> Result<()> {
     let sim = gpu_of(d, uapi::ruvm_gpu_kind_RUVM_GPU_KIND_SIM, true)?.ok_or_else(|| {
         anyhow!("bench needs a simulated GPU (load ruvm with sim_gpus=1 or more)")
     })?;
@@ -208,20 +218,8 @@ pub fn run_all(d: &Ruvm, spec: &Spec, groups: &[String], out: &mut dyn FnMut(Cas
         },
         edu,
     };
-    type Group = fn(&Ctx, &mut dyn FnMut(Case)) -> Result<()>;
-    let all: [Group; 10] = [
-        g1,
-        g2,
-        g3,
-        g4,
-        g5,
-        copies,
-        memory,
-        va,
-        pool,
-        super::streams::streams,
-    ];
-    for (name, run) in super::GROUPS.iter().zip(all) {
+    let all: [CaseGroup; 9] = [g1, g2, g3, g4, g5, copies, memory, va, pool];
+    for (name, run) in super::GROUPS.iter().zip(all.iter().chain(more)) {
         if groups.is_empty() || groups.iter().any(|g| g == name) {
             run(&c, out)?;
         }
