@@ -279,6 +279,36 @@ impl Op {
     }
 }
 
+/// The fields of `struct ruvm_op` an operation's kind may name ([`only`]).
+const FLAGS: u32 = 1 << 0;
+const DST: u32 = 1 << 1;
+const DST_OFFSET: u32 = 1 << 2;
+const SRC: u32 = 1 << 3;
+const SRC_OFFSET: u32 = 1 << 4;
+const LENGTH: u32 = 1 << 5;
+const VALUE: u32 = 1 << 6;
+const FILL_KIND: u32 = 1 << 7;
+const TIMEOUT: u32 = 1 << 8;
+
+/// `EINVAL` unless every field of `op` that `named` does not name is 0, `reserved` too.
+fn only(op: &uapi::ruvm_op, named: u32) -> Result {
+    let fields = [
+        (FLAGS, u64::from(op.flags)),
+        (DST, op.dst),
+        (DST_OFFSET, op.dst_offset),
+        (SRC, op.src),
+        (SRC_OFFSET, op.src_offset),
+        (LENGTH, op.length),
+        (VALUE, op.value),
+        (FILL_KIND, u64::from(op.fill_kind)),
+        (TIMEOUT, u64::from(op.timeout_ms)),
+    ];
+    if op.reserved != 0 || fields.iter().any(|(f, v)| named & f == 0 && *v != 0) {
+        return Err(EINVAL);
+    }
+    Ok(())
+}
+
 /// An event recorded by a submission, moved only once the whole submission is queued.
 pub(super) struct Recorded {
     pub(super) event: Arc<Event>,
@@ -300,12 +330,6 @@ pub(super) fn plan(
     (records, budget, prev): (&mut KVec<Recorded>, &Arc<Budget>, Option<&Op>),
 ) -> Result<Option<ListArc<Op>>> {
     let gpu = engine.gpu();
-    let zero = |fields: &[u64]| -> Result {
-        if op.reserved != 0 || fields.iter().any(|f| *f != 0) {
-            return Err(EINVAL);
-        }
-        Ok(())
-    };
     let wait_timeout = |ms: u32| -> Result<Delta> {
         if ms == 0 || ms > uapi::RUVM_WAIT_MAX_MS {
             return Err(EINVAL);
@@ -314,12 +338,7 @@ pub(super) fn plan(
     };
     match op.kind {
         uapi::ruvm_op_kind_RUVM_OP_COPY => {
-            zero(&[
-                u64::from(op.flags),
-                op.value,
-                u64::from(op.fill_kind),
-                u64::from(op.timeout_ms),
-            ])?;
+            only(op, DST | DST_OFFSET | SRC | SRC_OFFSET | LENGTH)?;
             if op.length == 0 {
                 return Err(EINVAL);
             }
@@ -328,13 +347,7 @@ pub(super) fn plan(
             Op::new(seqno, Work::Copy(copy), None, 2, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_COPY_VA => {
-            zero(&[
-                op.dst_offset,
-                op.src_offset,
-                op.value,
-                u64::from(op.fill_kind),
-                u64::from(op.timeout_ms),
-            ])?;
+            only(op, FLAGS | DST | SRC | LENGTH)?;
             if op.flags & !uapi::ruvm_va_space_flags_RUVM_VA_USER != 0 {
                 return Err(EINVAL);
             }
@@ -350,12 +363,7 @@ pub(super) fn plan(
             Op::new(seqno, work, None, 0, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_FILL => {
-            zero(&[
-                u64::from(op.flags),
-                op.src,
-                op.src_offset,
-                u64::from(op.timeout_ms),
-            ])?;
+            only(op, DST | DST_OFFSET | LENGTH | VALUE | FILL_KIND)?;
             if op.length == 0 {
                 return Err(EINVAL);
             }
@@ -371,16 +379,7 @@ pub(super) fn plan(
             Op::new(seqno, Work::Fill(plan), None, 1, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_RECORD => {
-            zero(&[
-                u64::from(op.flags),
-                op.dst,
-                op.dst_offset,
-                op.src,
-                op.src_offset,
-                op.length,
-                u64::from(op.fill_kind),
-                u64::from(op.timeout_ms),
-            ])?;
+            only(op, VALUE)?;
             let event = files.event(op.value)?;
             let fence = OwnFence::new(context, seqno, name, crate::bind::fence::Flags::USER)?;
             let shared = fence.share();
@@ -401,15 +400,7 @@ pub(super) fn plan(
             Op::new(seqno, Work::Record, fence, 0, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT | uapi::ruvm_op_kind_RUVM_OP_WAIT_FD => {
-            zero(&[
-                u64::from(op.flags),
-                op.dst,
-                op.dst_offset,
-                op.src,
-                op.src_offset,
-                op.length,
-                u64::from(op.fill_kind),
-            ])?;
+            only(op, VALUE | TIMEOUT)?;
             let timeout = wait_timeout(op.timeout_ms)?;
             let fence = if op.kind == uapi::ruvm_op_kind_RUVM_OP_WAIT_FD {
                 Some(Fence::from_sync_file(op.value)?)
