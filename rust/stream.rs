@@ -28,11 +28,11 @@ use kernel::{
     list::{
         impl_list_arc_safe, impl_list_item, AtomicTracker, List, ListArc, ListLinks, TryNewListArc,
     },
-    new_condvar, new_mutex,
+    new_condvar, new_mutex, new_spinlock,
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
-        Arc, CondVar, Mutex,
+        Arc, CondVar, Mutex, SpinLock,
     },
     time::msecs_to_jiffies,
     uaccess::UserPtr,
@@ -41,7 +41,7 @@ use kernel::{
 use crate::{
     bind::{
         errno,
-        fence::{self, NAME_LEN},
+        fence::{self, Fence, OwnFence, NAME_LEN},
     },
     uapi,
 };
@@ -110,6 +110,90 @@ struct StreamState {
     /// The seqno of the operation the engine is on (0: none), its bytes moved and length.
     current: u64,
     progress: (u64, u64),
+    /// The fences made for points not reached yet, by seqno (see [`event`]).
+    points: List<PointFence>,
+    /// When recent points were reached: (`completed` then, time), the last [`TIMES`], oldest
+    /// first from `times_at` (for a fence made after its point was reached).
+    times: [(u64, i64); TIMES],
+    times_at: usize,
+    /// Cancelled: the first seqno that was not reached (its fence says `ECANCELED`).
+    cancelled_from: u64,
+}
+
+/// How many reach times a stream keeps.
+const TIMES: usize = 16;
+
+/// A fence made for a point of a stream's timeline not reached yet.
+#[pin_data]
+struct PointFence {
+    seqno: u64,
+    #[pin]
+    fence: SpinLock<Option<OwnFence>>,
+    #[pin]
+    links: ListLinks,
+}
+
+impl_list_arc_safe! {
+    impl ListArcSafe<0> for PointFence { untracked; }
+}
+impl_list_item! {
+    impl ListItem<0> for PointFence { using ListLinks { self.links }; }
+}
+
+impl StreamState {
+    /// The result point `seqno`, reached, signals with: cancelled, failed (at or before it), or
+    /// `Ok`.
+    fn reached(&self, seqno: u64) -> Result {
+        if self.cancelled_from != 0 && seqno >= self.cancelled_from {
+            return Err(errno::ecanceled());
+        }
+        match self.error {
+            Some((e, failed)) if failed <= seqno => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// When point `seqno` (reached) was: the first kept time at or after it (the oldest kept
+    /// if it is older than all: a little late).
+    fn time_of(&self, seqno: u64) -> i64 {
+        let mut oldest = None;
+        for i in 0..TIMES {
+            let (done, t) = self.times[(self.times_at + i) % TIMES];
+            if t == 0 {
+                continue;
+            }
+            oldest.get_or_insert(t);
+            if done >= seqno {
+                return t;
+            }
+        }
+        oldest.unwrap_or_else(fence::now)
+    }
+
+    /// Notes that the stream reached `completed` now, and signals the fences of the points it
+    /// passed (allocates nothing).
+    fn reach(&mut self, completed: u64) {
+        let now = fence::now();
+        self.completed = completed;
+        self.times[self.times_at] = (completed, now);
+        self.times_at = (self.times_at + 1) % TIMES;
+        let _signalling = fence::Signalling::begin();
+        loop {
+            let mut cursor = self.points.cursor_front();
+            match cursor.peek_next() {
+                Some(p) if p.seqno <= completed => {}
+                _ => break,
+            }
+            let Some(p) = self.points.pop_front() else {
+                break;
+            };
+            let r = self.reached(p.seqno);
+            let f = p.fence.lock().take();
+            if let Some(f) = f {
+                f.signal_at(r, now);
+            }
+        }
+    }
 }
 
 impl StreamState {
@@ -177,6 +261,59 @@ pub(crate) struct StreamInfo {
     pub(crate) progress: (u64, u64),
 }
 
+impl event::Timeline for StreamCore {
+    fn context(&self) -> u64 {
+        self.context
+    }
+
+    fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    /// A fence for point `seqno`: kept with the stream's points until it is reached, or
+    /// signalled at once (with when it was reached) if it was.
+    fn point_fence(&self, seqno: u64) -> Result<Fence> {
+        let own = OwnFence::new(self.context, seqno, &self.name, fence::Flags::USER)?;
+        let shared = own.share();
+        let node = ListArc::pin_init(
+            try_pin_init!(PointFence {
+                seqno,
+                fence <- new_spinlock!(Some(own)),
+                links <- ListLinks::new(),
+            }),
+            GFP_KERNEL_ACCOUNT,
+        )?;
+        let mut st = self.state.lock();
+        if seqno <= st.completed || st.cancelled {
+            let (r, t) = (st.reached(seqno), st.time_of(seqno));
+            drop(st);
+            let f = node.fence.lock().take();
+            if let Some(f) = f {
+                f.signal_at(r, t);
+            }
+            return Ok(shared);
+        }
+        // In seqno order, so that the stream signals them in order.
+        let mut cursor = st.points.cursor_front();
+        while cursor.peek_next().is_some_and(|p| p.seqno <= seqno) {
+            cursor.move_next();
+        }
+        cursor.insert(node);
+        Ok(shared)
+    }
+
+    fn point_status(&self, seqno: u64) -> i32 {
+        let st = self.state.lock();
+        if seqno > st.completed && !st.cancelled {
+            return 0;
+        }
+        match st.reached(seqno) {
+            Ok(()) => 1,
+            Err(e) => e.to_errno(),
+        }
+    }
+}
+
 /// Writes `gpu<G>-stream<H>` into a timeline name.
 fn timeline_name(gpu: u32, handle: u64) -> [u8; NAME_LEN] {
     let mut name = [0u8; NAME_LEN];
@@ -231,6 +368,10 @@ impl StreamCore {
                     destroyed: false,
                     current: 0,
                     progress: (0, 0),
+                    points: List::new(),
+                    times: [(0, 0); TIMES],
+                    times_at: 0,
+                    cancelled_from: 0,
                 }),
                 retired <- new_condvar!(),
                 links <- ListLinks::new(),
@@ -282,7 +423,7 @@ impl StreamCore {
                 op,
                 files,
                 &self.engine,
-                (self.context, seqno, &self.name),
+                (self.context, seqno),
                 (&mut records, &self.budget, prev.as_deref()),
             )?;
             if let Some(new) = planned_op {
@@ -300,7 +441,7 @@ impl StreamCore {
             st.submitted += u64::from(count);
         }
         for r in records.into_iter() {
-            r.event.record(r.fence, self.handle, r.seqno);
+            r.event.record(self.clone(), r.seqno);
         }
         self.engine.make_ready(self.clone());
         Ok(first)
@@ -362,18 +503,18 @@ impl StreamCore {
         let taken = {
             let mut st = self.state.lock();
             st.cancelled = true;
-            let taken = core::mem::replace(&mut st.queue, List::new());
-            let _signalling = fence::Signalling::begin();
-            for op in taken.iter() {
-                op.signal(Err(errno::ecanceled()));
+            if st.cancelled_from == 0 {
+                st.cancelled_from = st.completed + 1;
             }
-            taken
+            core::mem::replace(&mut st.queue, List::new())
         };
         // What they held goes with the lock released, before the stream says it is idle.
         drop(taken);
         {
             let mut st = self.state.lock();
-            st.completed = st.submitted;
+            let submitted = st.submitted;
+            // Every point's fence signals: `ECANCELED` past what was reached.
+            st.reach(submitted);
             st.queued = 0;
             st.current = 0;
             st.progress = (0, 0);
@@ -418,8 +559,9 @@ impl StreamCore {
         }
         if let Some(seqno) = last {
             let mut st = self.state.lock();
-            if !st.cancelled {
-                st.completed = st.completed.max(seqno);
+            if !st.cancelled && seqno > st.completed {
+                // The points' fences first: whoever sees them completed sees them signalled.
+                st.reach(seqno);
             }
             st.queued = st.queued.saturating_sub(n);
             self.retired.notify_all();
@@ -440,17 +582,17 @@ impl StreamCore {
                 let Some(op) = st.queue.pop_front() else {
                     return After::Idle;
                 };
-                if let Some((e, _)) = st.error {
-                    self.retire_locked(st, op, Err(e), retired);
+                if st.error.is_some() {
+                    self.retire_locked(st, op, retired);
                     continue;
                 }
                 if op.is_instant() {
                     // The GPU's removal fails these too, in order with the rest.
                     match engine.gpu().access() {
-                        Ok(_) => self.retire_locked(st, op, Ok(()), retired),
+                        Ok(_) => self.retire_locked(st, op, retired),
                         Err(e) => {
                             st.error = Some((e, op.seqno));
-                            self.retire_locked(st, op, Err(e), retired);
+                            self.retire_locked(st, op, retired);
                         }
                     }
                     continue;
@@ -464,7 +606,7 @@ impl StreamCore {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.cancelled {
-            self.retire_locked(st, op, Err(errno::ecanceled()), retired);
+            self.retire_locked(st, op, retired);
             return After::Idle;
         }
         match step {
@@ -478,30 +620,22 @@ impl StreamCore {
                 After::Blocked
             }
             Ok(Step::Done) => {
-                self.retire_locked(st, op, Ok(()), retired);
+                self.retire_locked(st, op, retired);
                 After::Ready
             }
             Err(e) => {
                 let e = if e == ERESTARTSYS { EINTR } else { e };
                 st.error = Some((e, op.seqno));
-                self.retire_locked(st, op, Err(e), retired);
+                self.retire_locked(st, op, retired);
                 After::Ready
             }
         }
     }
 
-    /// Retires `op` with `result`, under the stream's lock: its fence signalled (the caller
-    /// counts it completed once it is dropped). The fence-signalling section: it allocates
-    /// nothing and takes no lock an allocating or waiting path holds.
-    fn retire_locked(
-        &self,
-        st: &mut StreamState,
-        op: ListArc<Op>,
-        result: Result,
-        retired: &mut List<Op>,
-    ) {
-        let _signalling = fence::Signalling::begin();
-        op.signal(result);
+    /// Retires `op`, under the stream's lock: the caller counts it completed, and signals the
+    /// points it reached (with the stream's error if it failed: set by the caller), once it is
+    /// dropped.
+    fn retire_locked(&self, st: &mut StreamState, op: ListArc<Op>, retired: &mut List<Op>) {
         st.current = 0;
         st.progress = (0, 0);
         retired.push_back(op);

@@ -246,7 +246,7 @@ pub(crate) fn new_context() -> u64 {
     unsafe { bindings::dma_fence_context_alloc(1) }
 }
 
-/// A fence of ruvm's, pending until [`OwnFence::signal`]; dropped unsignalled, it signals
+/// A fence of ruvm's, pending until [`OwnFence::signal_at`]; dropped unsignalled, it signals
 /// `ECANCELED`.
 ///
 /// # Invariants
@@ -300,29 +300,36 @@ impl OwnFence {
         self.fence.clone()
     }
 
-    /// Signals it: with `result`'s error if any. Allocates nothing, takes only the fence's own
-    /// lock; may run in any context.
-    pub(crate) fn signal(self, result: Result) {
+    /// Signals it: with `result`'s error if any, saying it signalled at `time` ([`now`]'s
+    /// clock; earlier for a point reached before its fence was made). Allocates nothing, takes
+    /// only the fence's own lock; may run in any context.
+    pub(crate) fn signal_at(self, result: Result, time: i64) {
         let this = core::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is not used again after its fence is moved out.
         let fence = unsafe { ptr::read(&this.fence) };
-        signal_raw(&fence, result);
+        signal_raw(&fence, result, time);
     }
 }
 
-fn signal_raw(fence: &Fence, result: Result) {
+/// The fences' clock now (`CLOCK_MONOTONIC`, ns), for [`OwnFence::signal_at`].
+pub(crate) fn now() -> i64 {
+    // SAFETY: no requirement.
+    unsafe { bindings::ktime_get() }
+}
+
+fn signal_raw(fence: &Fence, result: Result, time: i64) {
     if let Err(e) = result {
         // SAFETY: the fence is ruvm's and unsignalled (signalled only here, once): setting
         // its error before the signal is what `dma_fence_set_error` does.
         unsafe { ptr::addr_of_mut!((*fence.as_ptr()).error).write(e.to_errno()) };
     }
     // SAFETY: the fence is live.
-    unsafe { bindings::dma_fence_signal(fence.as_ptr()) };
+    unsafe { bindings::dma_fence_signal_timestamp(fence.as_ptr(), time) };
 }
 
 impl Drop for OwnFence {
     fn drop(&mut self) {
-        signal_raw(&self.fence, Err(errno::ecanceled()));
+        signal_raw(&self.fence, Err(errno::ecanceled()), now());
     }
 }
 

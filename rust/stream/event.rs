@@ -1,17 +1,34 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! An event (CUDA's `cudaEvent_t`): the point of a stream it was last recorded at, a fence of
+//! An event (CUDA's `cudaEvent_t`): the point of a stream it was last recorded at, a point of
 //! that stream's timeline. An event never recorded is complete.
+//!
+//! A point's dma_fence is made when someone first needs one (an export, a wait from another
+//! stream, a synchronize) and kept with the event: recording costs no allocation (as a
+//! `drm_syncobj` timeline's points). Its status is read from its stream until then.
 
-use kernel::{new_spinlock, prelude::*, sync::SpinLock};
+use kernel::{new_spinlock, prelude::*, sync::Arc, sync::SpinLock};
 
 use crate::bind::fence::{Exported, Fence};
 
-/// Where an event was last recorded.
+/// A stream's timeline, as an event sees it.
+pub(crate) trait Timeline: Send + Sync {
+    /// Its dma_fence context.
+    fn context(&self) -> u64;
+    /// Its stream's handle.
+    fn handle(&self) -> u64;
+    /// The fence of point `seqno` (made now; signalled at once if the point was reached).
+    fn point_fence(&self, seqno: u64) -> Result<Fence>;
+    /// The status of point `seqno`: 0 pending, 1 reached, or the negative errno it failed with.
+    fn point_status(&self, seqno: u64) -> i32;
+}
+
+/// Where an event was last recorded, and that point's fence once one was made.
+#[derive(Clone)]
 struct Point {
-    fence: Fence,
-    stream: u64,
+    timeline: Arc<dyn Timeline>,
     seqno: u64,
+    fence: Option<Fence>,
 }
 
 /// An event of a file.
@@ -36,32 +53,54 @@ impl Event {
         })
     }
 
-    /// Moves the event to a new point (a RECORD was queued).
-    pub(crate) fn record(&self, fence: Fence, stream: u64, seqno: u64) {
-        // The old point's reference is dropped after the lock is released.
+    /// Moves the event to point `seqno` of `timeline` (a RECORD was queued).
+    pub(crate) fn record(&self, timeline: Arc<dyn Timeline>, seqno: u64) {
+        // The old point is dropped after the lock is released.
         let _old = self.point.lock().replace(Point {
-            fence,
-            stream,
+            timeline,
             seqno,
+            fence: None,
         });
     }
 
-    /// The fence of its point; `None` if never recorded.
-    pub(crate) fn point(&self) -> Option<Fence> {
-        self.point.lock().as_ref().map(|p| p.fence.clone())
+    /// Its point's timeline context (`None` if never recorded).
+    pub(crate) fn context(&self) -> Option<u64> {
+        self.point.lock().as_ref().map(|p| p.timeline.context())
+    }
+
+    /// Its point's fence, made if none was yet (`None` if never recorded).
+    pub(crate) fn fence(&self) -> Result<Option<Fence>> {
+        let Some(p) = self.point.lock().clone() else {
+            return Ok(None);
+        };
+        if let Some(f) = p.fence {
+            return Ok(Some(f));
+        }
+        // Made with the lock released (it allocates), then kept if the event did not move.
+        let fence = p.timeline.point_fence(p.seqno)?;
+        let mut now = self.point.lock();
+        if let Some(q) = (*now).as_mut() {
+            if Arc::ptr_eq(&q.timeline, &p.timeline) && q.seqno == p.seqno && q.fence.is_none() {
+                q.fence = Some(fence.clone());
+            }
+        }
+        Ok(Some(fence))
     }
 
     pub(crate) fn state(&self) -> EventState {
-        let p = self.point.lock();
-        match p.as_ref() {
+        let p = self.point.lock().clone();
+        match p {
             None => EventState {
                 status: 1,
                 stream: 0,
                 seqno: 0,
             },
             Some(p) => EventState {
-                status: p.fence.status(),
-                stream: p.stream,
+                status: match &p.fence {
+                    Some(f) => f.status(),
+                    None => p.timeline.point_status(p.seqno),
+                },
+                stream: p.timeline.handle(),
                 seqno: p.seqno,
             },
         }
@@ -70,7 +109,7 @@ impl Event {
     /// Waits for its point (at most `timeout_ms`): `Ok`, `EIO` if it signalled with an error
     /// (its status says which), `ETIMEDOUT` or `EINTR`.
     pub(crate) fn sync(&self, timeout_ms: u32) -> Result {
-        let Some(f) = self.point() else {
+        let Some(f) = self.fence()? else {
             return Ok(());
         };
         match f.wait(timeout_ms)? {
@@ -81,7 +120,7 @@ impl Event {
 
     /// A sync_file of its point (a signalled fence if never recorded).
     pub(crate) fn export(&self) -> Result<Exported> {
-        match self.point() {
+        match self.fence()? {
             Some(f) => f.export(),
             None => Fence::signalled()?.export(),
         }

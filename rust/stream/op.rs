@@ -2,8 +2,8 @@
 
 //! One operation of a stream: checked and planned when it is submitted (every handle looked up,
 //! every range checked, every mem and mapping it needs held), run piece by piece by its GPU's
-//! engine ([`super::engine`]), and retired once, its fence (if it records one) signalled with
-//! its result.
+//! engine ([`super::engine`]), and retired once, with its result (the fences of the points it
+//! reached then signal with it).
 //!
 //! What an operation holds keeps its memory alive: a copy holds both mems and their DMA tables,
 //! a fill the CPU kernel mapping, so a mem freed with work queued on it keeps its chunks until
@@ -22,7 +22,7 @@ use kernel::{
 
 use crate::{
     audit::{self, Class, Counted},
-    bind::fence::{Fence, OwnFence, Watch},
+    bind::fence::{Fence, Watch},
     gpu::{self, mmu, GpuAccess},
     mem::{
         cpu::{CpuFill, Fill},
@@ -54,7 +54,7 @@ pub(super) enum Work {
         len: u64,
     },
     Fill(CpuFill),
-    /// Records an event: its fence is the operation's.
+    /// Records an event (the first operation of a submission: later records fold).
     Record,
     /// Waits for a fence, at most `timeout` from when the stream reaches it.
     Wait {
@@ -70,8 +70,8 @@ pub(super) enum Work {
 pub(crate) struct Op {
     pub(super) seqno: u64,
     /// The last seqno it accounts for: operations after it in its submission that need
-    /// nothing of their own (a record when it has no fence yet, a wait for nothing or for a
-    /// point of its own stream) are folded into it and retire with it.
+    /// nothing of their own (a record, a wait for nothing or for a point of its own stream)
+    /// are folded into it and retire with it.
     covers: Atomic<u64>,
     pub(super) work: Work,
     /// Bytes moved so far (copies, fills).
@@ -79,9 +79,6 @@ pub(crate) struct Op {
     /// When the stream first reached it (a wait's deadline counts from then).
     #[pin]
     started: SpinLock<Option<Instant<Monotonic>>>,
-    /// A recording operation's fence, taken when it is signalled.
-    #[pin]
-    fence: SpinLock<Option<OwnFence>>,
     _mems: Counted,
     /// The operations it stands for (itself and those folded into it): counted by the audit
     /// (`stream_ops`) and in its file's budget of queued operations, until it is dropped.
@@ -118,13 +115,7 @@ pub(super) enum Step {
 }
 
 impl Op {
-    fn new(
-        seqno: u64,
-        work: Work,
-        fence: Option<OwnFence>,
-        mems: u64,
-        budget: &Arc<Budget>,
-    ) -> Result<ListArc<Op>> {
+    fn new(seqno: u64, work: Work, mems: u64, budget: &Arc<Budget>) -> Result<ListArc<Op>> {
         budget.take()?;
         let op = ListArc::pin_init(
             try_pin_init!(Op {
@@ -133,7 +124,6 @@ impl Op {
                 work,
                 done: Atomic::new(0),
                 started <- new_spinlock!(None),
-                fence <- new_spinlock!(fence),
                 _mems: Counted::new(Class::StreamMems, mems),
                 units: Atomic::new(1),
                 budget: budget.clone(),
@@ -240,36 +230,19 @@ impl Op {
             || engine.gpu().access().is_err()
     }
 
-    /// Signals the operation's fence (if it records one) with `result`. Allocates nothing.
-    pub(super) fn signal(&self, result: Result) {
-        let fence = self.fence.lock().take();
-        if let Some(f) = fence {
-            f.signal(result);
-        }
-    }
-
     /// The last seqno it accounts for.
     pub(super) fn covers(&self) -> u64 {
         self.covers.load(Relaxed)
     }
 
-    /// Folds the operation at `seqno` into this one (see `covers`); with `fence`, a record's,
-    /// if this one has none: `false` if it has one already (then nothing changed). `EAGAIN` at
-    /// the file's budget (a folded operation counts as one).
-    fn fold(&self, seqno: u64, fence: Option<&mut Option<OwnFence>>) -> Result<bool> {
-        let mut mine = self.fence.lock();
-        if fence.is_some() && mine.is_some() {
-            return Ok(false);
-        }
+    /// Folds the operation at `seqno` into this one (see `covers`). `EAGAIN` at the file's
+    /// budget (a folded operation counts as one).
+    fn fold(&self, seqno: u64) -> Result {
         self.budget.take()?;
-        if let Some(f) = fence {
-            *mine = f.take();
-        }
-        drop(mine);
         self.units.fetch_add(1, Relaxed);
         audit::add(Class::StreamOps, 1);
         self.covers.store(seqno, Relaxed);
-        Ok(true)
+        Ok(())
     }
 
     /// Whether it does no work on the engine (a record, a wait for nothing): retired as soon as
@@ -312,21 +285,20 @@ fn only(op: &uapi::ruvm_op, named: u32) -> Result {
 /// An event recorded by a submission, moved only once the whole submission is queued.
 pub(super) struct Recorded {
     pub(super) event: Arc<Event>,
-    pub(super) fence: Fence,
     pub(super) seqno: u64,
 }
 
 /// Reads, checks and plans one operation of a submission, at `seqno` of the stream's timeline
-/// `context` (named `name`) on `engine`'s GPU. A RECORD adds to `records`; a WAIT_EVENT sees the
+/// `context` on `engine`'s GPU. A RECORD adds to `records`; a WAIT_EVENT sees the
 /// last of those for its event (a submission is the same as its operations one by one).
 /// Returns the new operation, or `None` if it was folded into `prev`, the submission's
-/// previous one (see [`Op::fold`]): a record gives it its fence if it has none, a wait that
-/// the stream's order already satisfies (a point of its own timeline, or none) costs nothing.
+/// previous one (see [`Op::fold`]): a record, and a wait that the stream's order already
+/// satisfies (a point of its own timeline, or none), cost nothing then.
 pub(super) fn plan(
     op: &uapi::ruvm_op,
     files: &dyn Lookup,
     engine: &Arc<Engine>,
-    (context, seqno, name): (u64, u64, &[u8]),
+    (context, seqno): (u64, u64),
     (records, budget, prev): (&mut KVec<Recorded>, &Arc<Budget>, Option<&Op>),
 ) -> Result<Option<ListArc<Op>>> {
     let gpu = engine.gpu();
@@ -344,7 +316,7 @@ pub(super) fn plan(
             }
             let (dst, src) = (files.mem(op.dst)?, files.mem(op.src)?);
             let copy = EngineCopy::plan(gpu, dst, op.dst_offset, src, op.src_offset, op.length)?;
-            Op::new(seqno, Work::Copy(copy), None, 2, budget).map(Some)
+            Op::new(seqno, Work::Copy(copy), 2, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_COPY_VA => {
             only(op, FLAGS | DST | SRC | LENGTH)?;
@@ -360,7 +332,7 @@ pub(super) fn plan(
                 src: op.src,
                 len: op.length,
             };
-            Op::new(seqno, work, None, 0, budget).map(Some)
+            Op::new(seqno, work, 0, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_FILL => {
             only(op, DST | DST_OFFSET | LENGTH | VALUE | FILL_KIND)?;
@@ -376,53 +348,44 @@ pub(super) fn plan(
             gpu.access()?;
             let mem = files.mem(op.dst)?;
             let plan = CpuFill::plan(&mem, op.dst_offset, op.length, fill)?;
-            Op::new(seqno, Work::Fill(plan), None, 1, budget).map(Some)
+            Op::new(seqno, Work::Fill(plan), 1, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_RECORD => {
             only(op, VALUE)?;
             let event = files.event(op.value)?;
-            let fence = OwnFence::new(context, seqno, name, crate::bind::fence::Flags::USER)?;
-            let shared = fence.share();
-            records.push(
-                Recorded {
-                    event,
-                    fence: shared,
-                    seqno,
-                },
-                GFP_KERNEL_ACCOUNT,
-            )?;
-            let mut fence = Some(fence);
+            records.push(Recorded { event, seqno }, GFP_KERNEL_ACCOUNT)?;
             if let Some(p) = prev {
-                if p.fold(seqno, Some(&mut fence))? {
-                    return Ok(None);
-                }
+                p.fold(seqno)?;
+                return Ok(None);
             }
-            Op::new(seqno, Work::Record, fence, 0, budget).map(Some)
+            Op::new(seqno, Work::Record, 0, budget).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT | uapi::ruvm_op_kind_RUVM_OP_WAIT_FD => {
             only(op, VALUE | TIMEOUT)?;
             let timeout = wait_timeout(op.timeout_ms)?;
+            // A point of the stream's own timeline (recorded by this submission, or before it)
+            // is satisfied by the stream's order: nothing to wait for, and no fence made.
             let fence = if op.kind == uapi::ruvm_op_kind_RUVM_OP_WAIT_FD {
-                Some(Fence::from_sync_file(op.value)?)
+                Some(Fence::from_sync_file(op.value)?).filter(|f| f.context() != context)
             } else {
                 let event = files.event(op.value)?;
-                match records.iter().rev().find(|r| Arc::ptr_eq(&r.event, &event)) {
-                    Some(r) => Some(r.fence.clone()),
-                    None => event.point(),
+                if records.iter().any(|r| Arc::ptr_eq(&r.event, &event))
+                    || event.context() == Some(context)
+                {
+                    None
+                } else {
+                    event.fence()?
                 }
             };
-            // Satisfied by the stream's own order: nothing to wait for.
-            let fence = fence.filter(|f| f.context() != context);
             let Some(fence) = fence else {
                 if let Some(p) = prev {
-                    if p.fold(seqno, None)? {
-                        return Ok(None);
-                    }
+                    p.fold(seqno)?;
+                    return Ok(None);
                 }
-                return Op::new(seqno, Work::Nop, None, 0, budget).map(Some);
+                return Op::new(seqno, Work::Nop, 0, budget).map(Some);
             };
             let watch = KBox::pin_init(Watch::new(fence, engine.clone()), GFP_KERNEL_ACCOUNT)?;
-            Op::new(seqno, Work::Wait { watch, timeout }, None, 0, budget).map(Some)
+            Op::new(seqno, Work::Wait { watch, timeout }, 0, budget).map(Some)
         }
         _ => Err(EINVAL),
     }
