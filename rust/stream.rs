@@ -109,6 +109,8 @@ struct StreamState {
     destroyed: bool,
     /// The seqno of the operation the engine is on (0: none), its bytes moved and length.
     current: u64,
+    /// The engine is running a piece of it now (it is out of the queue meanwhile).
+    running: bool,
     progress: (u64, u64),
     /// The fences made for points not reached yet, by seqno (see [`event`]).
     points: List<PointFence>,
@@ -118,6 +120,9 @@ struct StreamState {
     times_at: usize,
     /// Cancelled: the first seqno that was not reached (its fence says `ECANCELED`).
     cancelled_from: u64,
+    /// The last seqno of the operations retired (under the lock; `completed` follows once they
+    /// are dropped).
+    retired_to: u64,
 }
 
 /// How many reach times a stream keeps.
@@ -174,7 +179,7 @@ impl StreamState {
     /// passed (allocates nothing).
     fn reach(&mut self, completed: u64) {
         let now = fence::now();
-        self.completed = completed;
+        self.completed = self.completed.max(completed);
         self.times[self.times_at] = (completed, now);
         self.times_at = (self.times_at + 1) % TIMES;
         let _signalling = fence::Signalling::begin();
@@ -367,11 +372,13 @@ impl StreamCore {
                     cancelled: false,
                     destroyed: false,
                     current: 0,
+                    running: false,
                     progress: (0, 0),
                     points: List::new(),
                     times: [(0, 0); TIMES],
                     times_at: 0,
                     cancelled_from: 0,
+                    retired_to: 0,
                 }),
                 retired <- new_condvar!(),
                 links <- ListLinks::new(),
@@ -496,15 +503,17 @@ impl StreamCore {
         self.state.lock().queued > 0
     }
 
-    /// Cancels it (its file is going): every queued operation is retired now with `ECANCELED`,
-    /// its fence signalled in order (under the lock, so after any the engine retired before);
-    /// the one the engine runs (never one with a fence) stops at its next piece.
+    /// Cancels it (its file is going): every queued operation is retired now with `ECANCELED`;
+    /// the one the engine runs stops at its next piece. The points of what was retired before
+    /// signal with its result; the points after it with `ECANCELED`, in order: those of the
+    /// operation the engine runs (and after) only once it is dropped (see [`Self::step`]), so
+    /// no fence says the work is over while a piece of it may still write.
     pub(crate) fn cancel(self: &Arc<Self>) {
         let taken = {
             let mut st = self.state.lock();
             st.cancelled = true;
             if st.cancelled_from == 0 {
-                st.cancelled_from = st.completed + 1;
+                st.cancelled_from = st.retired_to + 1;
             }
             core::mem::replace(&mut st.queue, List::new())
         };
@@ -512,12 +521,13 @@ impl StreamCore {
         drop(taken);
         {
             let mut st = self.state.lock();
-            let submitted = st.submitted;
-            // Every point's fence signals: `ECANCELED` past what was reached.
-            st.reach(submitted);
+            let upto = if st.running {
+                st.current - 1
+            } else {
+                st.submitted
+            };
+            st.reach(upto);
             st.queued = 0;
-            st.current = 0;
-            st.progress = (0, 0);
             self.retired.notify_all();
         }
         // A blocked stream leaves the blocked list (its queue is empty now).
@@ -551,19 +561,20 @@ impl StreamCore {
         let mut retired = List::<Op>::new();
         let after = self.step_in(engine, &mut retired);
         let mut last = None;
-        let mut n = 0u64;
+        let mut units = 0u64;
         while let Some(op) = retired.pop_front() {
             last = Some(op.covers());
-            n += 1;
+            units += op.units();
             drop(op);
         }
         if let Some(seqno) = last {
             let mut st = self.state.lock();
-            if !st.cancelled && seqno > st.completed {
-                // The points' fences first: whoever sees them completed sees them signalled.
-                st.reach(seqno);
-            }
-            st.queued = st.queued.saturating_sub(n);
+            // Cancelled meanwhile: every point left signals now (`ECANCELED` past what was
+            // retired before the cancel), the operation the engine ran being dropped.
+            let to = if st.cancelled { st.submitted } else { seqno };
+            // The points' fences first: whoever sees them completed sees them signalled.
+            st.reach(to);
+            st.queued = st.queued.saturating_sub(units);
             self.retired.notify_all();
         }
         after
@@ -598,6 +609,7 @@ impl StreamCore {
                     continue;
                 }
                 st.current = op.seqno;
+                st.running = true;
                 st.progress = (op.done.load(Relaxed), op.len());
                 break op;
             }
@@ -605,6 +617,7 @@ impl StreamCore {
         let step = op.step(engine);
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        st.running = false;
         if st.cancelled {
             self.retire_locked(st, op, retired);
             return After::Idle;
@@ -636,6 +649,7 @@ impl StreamCore {
     /// points it reached (with the stream's error if it failed: set by the caller), once it is
     /// dropped.
     fn retire_locked(&self, st: &mut StreamState, op: ListArc<Op>, retired: &mut List<Op>) {
+        st.retired_to = st.retired_to.max(op.covers());
         st.current = 0;
         st.progress = (0, 0);
         retired.push_back(op);

@@ -230,6 +230,11 @@ impl Op {
             || engine.gpu().access().is_err()
     }
 
+    /// The operations it stands for: itself and those folded into it.
+    pub(super) fn units(&self) -> u64 {
+        self.units.load(Relaxed)
+    }
+
     /// The last seqno it accounts for.
     pub(super) fn covers(&self) -> u64 {
         self.covers.load(Relaxed)

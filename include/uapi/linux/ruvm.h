@@ -1450,7 +1450,7 @@ struct ruvm_stream_sync {
  * @stream, @seqno. SYNC: waits for the point: 0 if it signalled without an error, EIO if it
  * signalled with one (QUERY's @status says which), ETIMEDOUT if @timeout_ms passed first, or
  * EINTR. EXPORT: a new sync_file fd (close-on-exec) of the point (a signalled fence if never
- * recorded).
+ * recorded). SYNC and EXPORT make the point's fence the first time one is needed: ENOMEM.
  *
  * @handle:     (in) the event; (out) for CREATE, never 0 (its input is ignored)
  * @flags:      (in)  must be 0

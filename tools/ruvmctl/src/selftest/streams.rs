@@ -94,7 +94,47 @@ pub fn cases() -> Vec<Case> {
             name: "stream_submit_batch_cost",
             run: stream_submit_batch_cost,
         },
+        Case {
+            name: "stream_destroyed_idle_streams_leave_the_count",
+            run: stream_destroyed_idle_streams_leave_the_count,
+        },
     ]
+}
+
+/// A destroyed stream counts in `RUVM_MAX_FILE_STREAMS` only while it has work: 3 x the limit of
+/// streams, each given a copy, a record and a wait on its own event (both folded into the
+/// copy), synchronized and destroyed, must all be made (the count of queued operations once
+/// forgot the folded ones, and each such stream stayed counted).
+fn stream_destroyed_idle_streams_leave_the_count() -> TestResult {
+    let (d, g) = setup()?;
+    let a = d.mem_alloc(64 * K, 64 * K, 0).ctx("MEM_ALLOC")?.handle;
+    let b = d.mem_alloc(64 * K, 64 * K, 0).ctx("MEM_ALLOC")?.handle;
+    d.mem_gpu(true, a, g).ctx("MAP_GPU")?;
+    d.mem_gpu(true, b, g).ctx("MAP_GPU")?;
+    let e = d.event_create().ctx("EVENT_CREATE")?;
+    let rounds = 3 * uapi::RUVM_MAX_FILE_STREAMS;
+    for i in 0..rounds {
+        let s = match d.stream_create(g) {
+            Ok(s) => s.handle,
+            Err(err) => {
+                return Err(Stop::Fail(format!(
+                    "STREAM_CREATE {i} of {rounds}, each stream before it idle and destroyed: {err}"
+                )))
+            }
+        };
+        d.stream_submit(
+            s,
+            &[
+                op::copy(b, 0, a, 0, 4 * K),
+                op::record(e),
+                op::wait_event(e, WAIT_MS),
+            ],
+        )
+        .ctx("STREAM_SUBMIT")?;
+        d.stream_sync(s, WAIT_MS).ctx("STREAM_SYNC")?;
+        d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    }
+    Ok(())
 }
 
 // --- what the cases share ------------------------------------------------------------------

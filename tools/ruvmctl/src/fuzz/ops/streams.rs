@@ -44,14 +44,15 @@ const BY_HANDLE: &[Errno] = &[ENOENT];
 const SUBMIT: &[Errno] = &[
     ENOENT, EINVAL, EOVERFLOW, ENXIO, ENODEV, EOPNOTSUPP, EPERM, EIO, EAGAIN,
 ];
-/// What `STREAM_SYNC` of one stream and `EVENT_SYNC` may answer, with a valid timeout.
-const SYNC: &[Errno] = &[EIO, ETIMEDOUT, EINTR, ENOENT];
+/// What `STREAM_SYNC` of one stream and `EVENT_SYNC` may answer, with a valid timeout
+/// (`EVENT_SYNC` makes its point's fence the first time: `ENOMEM`).
+const SYNC: &[Errno] = &[EIO, ETIMEDOUT, EINTR, ENOENT, ENOMEM];
 /// What `STREAM_SYNC` with `RUVM_SYNC_EVERY_STREAM` may answer.
 const SYNC_ALL: &[Errno] = &[EIO, ETIMEDOUT, EINTR];
 /// What `EVENT_CREATE` may answer.
 const EVENT_CREATE: &[Errno] = &[ENOSPC];
 /// What `EVENT_EXPORT` may answer.
-const EXPORT: &[Errno] = &[ENOENT, EMFILE];
+const EXPORT: &[Errno] = &[ENOENT, EMFILE, ENOMEM];
 /// A stream's sticky errors (`STREAM_QUERY`'s `error`, and what an event's point signals with):
 /// an MMU fault, the GPU removed, a wait's timeout, the stream cancelled, and the errno of a
 /// waited-for fence (a sw_sync timeline closed with it pending: `ENOENT`); a simulated engine's
