@@ -91,7 +91,7 @@ impl GpuInfo {
 /// A GPU's copy engine.
 pub(crate) enum Engine {
     /// edu's DMA engine, through the IOMMU.
-    Edu(Arc<edu::EduEngine>),
+    Edu(Pin<KBox<edu::EduEngine>>),
     /// A simulated GPU's: the CPU, through the GPU's DMA address translation.
     Sim,
 }
