@@ -40,7 +40,7 @@
 //!     vidmem shrinker, which only tries it and, under it, each PMM's mutex;
 //! 11. a PMM's mutex (`gpu/pmm.rs`; its chunk tree, `gpu/chunks.rs`, is under it);
 //! 12. leaves, under which nothing of ruvm is taken: the streams' engines' registry, an
-//!     engine's ready and blocked lists, an operation's fence and start time, an event's point
+//!     engine's ready and blocked lists, an operation's start time, a point's fence, an event's point
 //!     (`stream/`), a GPU's table tracker (`gpu/dma.rs`), a
 //!     simulated GPU's translation (`gpu/sim.rs`), an edu engine's busy mutex (`gpu/edu.rs`), a
 //!     chunk list's bytes mutex (`bind/pages.rs`), the planted leaks (`mem/plant.rs`), the mmap

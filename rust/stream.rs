@@ -13,7 +13,7 @@
 //!
 //! The first operation that fails (an MMU fault, the GPU removed, a wait that timed out or
 //! whose fence failed) puts the stream in error: its errno and seqno are kept; every later
-//! operation of the stream is retired without running, its fence (if it records one) signalled
+//! operation of the stream is retired without running, the fences of the points it covers signalled
 //! with the same errno; submitting to it fails with `EIO`.
 //!
 //! # Teardown: every fence signals
