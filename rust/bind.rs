@@ -7,6 +7,7 @@
 //! and `uapi`, and holds no module state (module-wide locks are declared by their owners with
 //! [`global::global!`]).
 
+pub(crate) mod completion;
 pub(crate) mod cred;
 pub(crate) mod dma;
 pub(crate) mod errno;

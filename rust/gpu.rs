@@ -91,7 +91,7 @@ impl GpuInfo {
 /// A GPU's copy engine.
 pub(crate) enum Engine {
     /// edu's DMA engine, through the IOMMU.
-    Edu(Pin<KBox<edu::EduEngine>>),
+    Edu(Arc<edu::EduEngine>),
     /// A simulated GPU's: the CPU, through the GPU's DMA address translation.
     Sim,
 }

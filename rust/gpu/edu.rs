@@ -3,24 +3,31 @@
 //! ruvm's PCI driver for the test GPUs: QEMU `edu` devices (PCI 1234:11e8).
 //!
 //! Binding one enables it (memory decoding, bus mastering), sets its DMA mask (edu's engine
-//! addresses 28 bits, so in the test guest every DMA address comes through the IOMMU) and
-//! enters it in the GPU registry; unbinding it marks it gone there.
+//! addresses 28 bits, so in the test guest every DMA address comes through the IOMMU), requests
+//! its interrupt and enters it in the GPU registry; unbinding it marks it gone there.
+//!
+//! A transfer's end comes from the device's interrupt (edu raises 0x100 when a DMA asked to do
+//! so finishes): the engine waits for the handler's signal, not by polling, so the test GPU is
+//! a real asynchronous signaller (a stream's fences signal after it).
 //!
 //! The 7.2 `pci::Vendor` has no constant for QEMU's 0x1234 and no public constructor, so the
 //! driver matches edu's class code (0x00ff00) and checks the ids in `probe`.
 
 use kernel::{
-    device::Core,
+    device::{Bound, Core, Device},
     devres::Devres,
     io::Io,
+    irq::{self, IrqReturn},
     new_mutex, pci,
     prelude::*,
     sync::{Arc, Mutex},
-    time::{delay::fsleep, Delta, Instant, Monotonic},
 };
 
 use crate::{
-    bind::dma::{self, DmaDevice},
+    bind::{
+        completion::Done,
+        dma::{self, DmaDevice},
+    },
     gpu::{self, GpuDev, GpuInfo},
     uapi,
 };
@@ -37,15 +44,22 @@ const REG_DMA_SRC: usize = 0x80;
 const REG_DMA_DST: usize = 0x88;
 const REG_DMA_COUNT: usize = 0x90;
 const REG_DMA_CMD: usize = 0x98;
-/// Command bits: start (cleared by the device when done), and direction device -> memory.
+/// The interrupt status (raised interrupts, ORed) and acknowledge (clears the bits written).
+const REG_IRQ_STATUS: usize = 0x24;
+const REG_IRQ_ACK: usize = 0x64;
+/// Command bits: start (cleared by the device when done), direction device -> memory, and
+/// raise [`IRQ_DMA`] when done.
 const CMD_START: u32 = 1 << 0;
 const CMD_TO_MEMORY: u32 = 1 << 1;
+const CMD_IRQ: u32 = 1 << 2;
+/// The interrupt a finished DMA raises.
+const IRQ_DMA: u32 = 0x100;
 /// The device's own buffer, in its DMA address space, and the largest transfer: QEMU 7.2's edu
 /// aborts on a transfer of the whole 4096-byte buffer.
 const EDU_BUFFER: u64 = 0x40000;
 const EDU_MAX_TRANSFER: usize = 4095;
 /// How long a transfer may take (edu completes each on a 100 ms timer).
-const TRANSFER_TIMEOUT_MS: i64 = 5000;
+const TRANSFER_TIMEOUT_MS: u32 = 5000;
 
 /// edu's DMA engine: the test GPU's copy engine. Access to its registers is revoked when the
 /// device is unbound (`Devres`). It has one set of registers and one buffer, so one copy piece
@@ -55,6 +69,9 @@ pub(crate) struct EduEngine {
     bar: Devres<pci::Bar<'static, EDU_BAR_SIZE>>,
     #[pin]
     busy: Mutex<()>,
+    /// Signalled by the interrupt handler when a transfer ends.
+    #[pin]
+    done: Done,
 }
 
 impl EduEngine {
@@ -80,27 +97,51 @@ impl EduEngine {
         }
         // edu addresses 28 bits: the low 32 bits are the whole address.
         let (src, dst) = (u32::try_from(src)?, u32::try_from(dst)?);
-        // A transfer that timed out may still run, and edu ignores its DMA registers until it
-        // ends: its end is waited for before this one is set up.
-        self.wait_idle()?;
+        // A transfer that timed out may still run: edu ignores the DMA registers until it ends,
+        // so its end (and its interrupt) is waited for before this one is set up.
+        if self.read(REG_DMA_CMD)? & CMD_START != 0 {
+            for _ in 0..2 {
+                self.done.wait(TRANSFER_TIMEOUT_MS);
+                if self.read(REG_DMA_CMD)? & CMD_START == 0 {
+                    break;
+                }
+            }
+            if self.read(REG_DMA_CMD)? & CMD_START != 0 {
+                return Err(ETIMEDOUT);
+            }
+        }
         self.write(src, REG_DMA_SRC)?;
         self.write(dst, REG_DMA_DST)?;
         self.write(u32::try_from(len)?, REG_DMA_COUNT)?;
         let dir = if to_memory { CMD_TO_MEMORY } else { 0 };
-        self.write(CMD_START | dir, REG_DMA_CMD)?;
-        self.wait_idle()
-    }
-
-    /// Waits until no transfer runs (at most [`TRANSFER_TIMEOUT_MS`]: `ETIMEDOUT`).
-    fn wait_idle(&self) -> Result {
-        let start = Instant::<Monotonic>::now();
-        while self.read(REG_DMA_CMD)? & CMD_START != 0 {
-            if start.elapsed() > Delta::from_millis(TRANSFER_TIMEOUT_MS) {
+        // No transfer is running (one at a time, under `busy`): nothing signals before this.
+        self.done.reset();
+        self.write(CMD_START | CMD_IRQ | dir, REG_DMA_CMD)?;
+        // The interrupt says it ended; the command register confirms (a signal left over from
+        // an earlier transfer that timed out is not taken for this one's).
+        for _ in 0..2 {
+            if !self.done.wait(TRANSFER_TIMEOUT_MS) {
                 return Err(ETIMEDOUT);
             }
-            fsleep(Delta::from_millis(1));
+            if self.read(REG_DMA_CMD)? & CMD_START == 0 {
+                return Ok(());
+            }
         }
-        Ok(())
+        Err(ETIMEDOUT)
+    }
+
+    /// The interrupt handler's part: acknowledges a DMA interrupt and signals the waiter.
+    /// Whether the interrupt was this device's.
+    fn interrupt(&self) -> bool {
+        let Ok(status) = self.read(REG_IRQ_STATUS) else {
+            return false;
+        };
+        if status & IRQ_DMA == 0 {
+            return false;
+        }
+        let _ = self.write(status, REG_IRQ_ACK);
+        self.done.signal();
+        true
     }
 
     /// Reads `len` bytes at DMA address `src` into the device's buffer: the first half of a copy,
@@ -122,14 +163,34 @@ impl EduEngine {
 /// The driver.
 pub(crate) struct EduDriver;
 
-/// A bound edu device: its registry entry, unregistered when it is unbound (dropping its
-/// mappings while the device is still bound).
-pub(crate) struct EduGpu {
-    dev: Arc<GpuDev>,
+/// edu's interrupt handler.
+pub(crate) struct EduIrq {
+    engine: Arc<EduEngine>,
 }
 
-impl Drop for EduGpu {
-    fn drop(&mut self) {
+impl irq::Handler for EduIrq {
+    fn handle(&self, _dev: &Device<Bound>) -> IrqReturn {
+        if self.engine.interrupt() {
+            IrqReturn::Handled
+        } else {
+            IrqReturn::None
+        }
+    }
+}
+
+/// A bound edu device: its registry entry, unregistered when it is unbound (dropping its
+/// mappings while the device is still bound, and while its interrupt is still requested: a
+/// transfer in flight during the removal ends by it), then its interrupt.
+#[pin_data(PinnedDrop)]
+pub(crate) struct EduGpu {
+    dev: Arc<GpuDev>,
+    #[pin]
+    irq: irq::Registration<EduIrq>,
+}
+
+#[pinned_drop]
+impl PinnedDrop for EduGpu {
+    fn drop(self: Pin<&mut Self>) {
         gpu::unregister(&self.dev);
     }
 }
@@ -151,11 +212,32 @@ impl pci::Driver for EduDriver {
         pdev: &'bound pci::Device<Core<'_>>,
         _info: &'bound Self::IdInfo,
     ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
-        probe(pdev)
+        pin_init::pin_init_scope(move || {
+            let engine = prepare(pdev)?;
+            // Its INTx line (shared): MSI would add the kernel's MSI and interrupt-remapping
+            // allocations to every probe, for one vector that fires at most every 100 ms.
+            let intx = pci::IrqTypes::default().with(pci::IrqType::Intx);
+            let vector = *pdev.alloc_irq_vectors(1, 1, intx)?.start();
+            let handler = EduIrq {
+                engine: engine.clone(),
+            };
+            // The interrupt first, the registry entry last: a failure of either leaves no
+            // GPU registered.
+            Ok(try_pin_init!(EduGpu {
+                irq <- pdev.request_irq(
+                    vector,
+                    irq::Flags::SHARED,
+                    c"ruvm-edu",
+                    Ok::<_, Error>(handler)
+                ),
+                dev: register(pdev, engine)?,
+            }? Error))
+        })
     }
 }
 
-fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
+/// Checks the device is ours, enables it and maps its registers: its engine.
+fn prepare(pdev: &pci::Device<Core<'_>>) -> Result<Arc<EduEngine>> {
     let (vendor, device) = (pdev.vendor_id().as_raw(), pdev.device_id());
     if (vendor, device) != (EDU_VENDOR, EDU_DEVICE) {
         // Same class, another device: not ours.
@@ -191,13 +273,27 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
     let bar = pdev
         .iomap_region_sized::<EDU_BAR_SIZE>(0, c"ruvm-edu")?
         .into_devres()?;
-    let engine = KBox::pin_init(
+    Arc::pin_init(
         try_pin_init!(EduEngine {
             bar,
             busy <- new_mutex!(()),
+            done <- Done::new(),
         }),
         GFP_KERNEL,
-    )?;
+    )
+}
+
+/// Enters the device in the GPU registry with its engine.
+fn register(pdev: &pci::Device<Core<'_>>, engine: Arc<EduEngine>) -> Result<Arc<GpuDev>> {
+    let (vendor, device) = (pdev.vendor_id().as_raw(), pdev.device_id());
+    let bdf = pdev.dev_id();
+    let attached = |pdev: &pci::Device<Core<'_>>| {
+        dev_err!(
+            pdev,
+            "attached as a host GPU: detach it before binding ruvm-edu\n"
+        );
+        EEXIST
+    };
     let dev = gpu::register(
         GpuInfo {
             kind: uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU,
@@ -215,5 +311,5 @@ fn probe(pdev: &pci::Device<Core<'_>>) -> Result<EduGpu> {
     )
     .map_err(|e| if e == EEXIST { attached(pdev) } else { e })?;
     dev_info!(pdev, "test GPU {} (edu)\n", dev.id);
-    Ok(EduGpu { dev })
+    Ok(dev)
 }
