@@ -119,14 +119,60 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
     Ok(v)
 }
 
+/// How many mems a GPU's removal takes from the registry at a time.
+const BATCH: usize = 64;
+
 /// Drops every mem's mappings on GPU `id`, virtual then DMA (the GPU is being removed, still
-/// bound).
+/// bound): [`BATCH`] mems at a time are taken (referenced) under the registry's lock and
+/// unmapped with it released, so that mems made and freed meanwhile (which take the lock) do
+/// not wait for the unmapping of every mem. A mem made after the removal began gets no mapping
+/// of the GPU; one that leaves meanwhile is unmapped by whoever drops it last.
 pub(crate) fn drop_gpu_tables(id: u32) {
-    let Some(mems) = MEMS.lock() else {
+    let Ok(mut batch) = KVec::<Arc<MemCore>>::with_capacity(BATCH, GFP_KERNEL) else {
+        // No memory for a batch: every mem is unmapped under the lock.
+        let Some(mems) = MEMS.lock() else {
+            return;
+        };
+        for core in mems.iter().flat_map(|r| r.mems.values()) {
+            let _old = core.take_gpu(id);
+        }
         return;
     };
-    for core in mems.iter().flat_map(|r| r.mems.values()) {
-        let _old = core.take_gpu(id);
+    let mut from = 0u64;
+    loop {
+        let mut end = false;
+        {
+            let Some(mems) = MEMS.lock() else {
+                return;
+            };
+            let Some(reg) = mems.as_ref() else {
+                return;
+            };
+            while batch.len() < BATCH {
+                let next = reg
+                    .mems
+                    .first_from(&from, |serial, core| (*serial, core.clone()));
+                let Some((serial, core)) = next else {
+                    end = true;
+                    break;
+                };
+                // Within the room reserved: cannot fail.
+                let _ = batch.push_within_capacity(core);
+                match serial.checked_add(1) {
+                    Some(n) => from = n,
+                    None => {
+                        end = true;
+                        break;
+                    }
+                }
+            }
+        }
+        for core in batch.drain_all() {
+            let _old = core.take_gpu(id);
+        }
+        if end {
+            return;
+        }
     }
 }
 

@@ -43,6 +43,14 @@ impl<K: Ord, V> KeptTree<K, V> {
         self.tree.values()
     }
 
+    /// `f` of the first entry at or after `key` (a walk that lets go of its lock between
+    /// entries goes on from the key after the last it saw).
+    pub(crate) fn first_from<R>(&self, key: &K, f: impl FnOnce(&K, &V) -> R) -> Option<R> {
+        let cursor = self.tree.cursor_lower_bound(key)?;
+        let (k, v) = cursor.current();
+        Some(f(k, v))
+    }
+
     /// A node for one insertion (a kept one if there is one), taken before the insertion so
     /// that nothing can fail after.
     pub(crate) fn slot(&mut self) -> Result<Slot<K, V>> {
