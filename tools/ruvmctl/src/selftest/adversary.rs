@@ -709,6 +709,8 @@ fn adv_alloc_efault_leaves_no_mapping() -> TestResult {
     let found = AtomicU64::new(0);
     let leaked = std::sync::Mutex::new(None);
     let deadline = Instant::now() + Duration::from_secs(8);
+    // The allocating thread's calls: begun and returned.
+    let (begun, returned) = (AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|s| {
         s.spawn(|| {
             // The offsets handed out rise by one 2 MiB slot a mem: map the next few.
@@ -734,8 +736,13 @@ fn adv_alloc_efault_leaves_no_mapping() -> TestResult {
                         continue;
                     };
                     found.fetch_add(1, Ordering::Relaxed);
-                    // Wait for the allocation's call to be over, then the pages must be gone.
-                    std::thread::sleep(Duration::from_millis(2));
+                    // The mem mapped was the allocation of a call begun by now and not over when
+                    // the mapping found it: once every call begun by now has returned, its
+                    // pages must be gone (a fixed sleep was not enough on a loaded host).
+                    let seen = begun.load(Ordering::SeqCst);
+                    while returned.load(Ordering::SeqCst) < seen {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     if readable(m.as_ptr()) {
                         if let Ok(mut l) = leaked.lock() {
                             *l = Some(next);
@@ -747,9 +754,11 @@ fn adv_alloc_efault_leaves_no_mapping() -> TestResult {
             }
         });
         while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            begun.fetch_add(1, Ordering::SeqCst);
             // SAFETY: the argument is in a page of ours that is not writable: the kernel reads
             // it and cannot write the result back (EFAULT).
             let r = unsafe { d.ioctl_ptr(cmd::MEM_ALLOC.nr, arg.as_ptr().cast()) };
+            returned.fetch_add(1, Ordering::SeqCst);
             if r != Err(Errno::EFAULT) {
                 stop.store(true, Ordering::Relaxed);
             }
