@@ -35,10 +35,12 @@ use kernel::{
         Arc, CondVar, Mutex, SpinLock,
     },
     time::msecs_to_jiffies,
+    transmute::{AsBytes, FromBytes},
     uaccess::UserPtr,
 };
 
 use crate::{
+    audit::{self, Class},
     bind::{
         errno,
         fence::{self, Fence, OwnFence, NAME_LEN},
@@ -51,7 +53,7 @@ pub(crate) mod event;
 pub(crate) mod op;
 
 use engine::Engine;
-use op::{Lookup, Op, Recorded, Step};
+use op::{Events, Lookup, Op, Step};
 
 /// The most operations queued on one file's streams.
 const MAX_QUEUED: u64 = uapi::RUVM_MAX_STREAM_OPS as u64;
@@ -76,19 +78,63 @@ impl Budget {
         }
     }
 
-    /// One unit for an operation; `EAGAIN` at the file's limit.
-    pub(crate) fn take(&self) -> Result {
-        if self.queued.fetch_add(1, Relaxed) >= MAX_QUEUED {
-            self.give(1);
+    /// The units of a submission of `n` operations, taken at once (each of them, folded or
+    /// not, holds one): `EAGAIN` if they would pass the file's limit.
+    pub(crate) fn take(self: &Arc<Self>, n: u64) -> Result<Units> {
+        let before = self.queued.fetch_add(n, Relaxed);
+        if before.checked_add(n).is_none_or(|q| q > MAX_QUEUED) {
+            // Adding 2^64 - n takes n away (the addition wraps).
+            self.queued.add(n.wrapping_neg(), Relaxed);
             return Err(EAGAIN);
         }
-        Ok(())
+        audit::add(Class::StreamOps, n);
+        Ok(Units {
+            budget: self.clone(),
+            left: n,
+        })
     }
 
     /// Gives `n` units back.
     pub(crate) fn give(&self, n: u64) {
         // Adding 2^64 - n takes n away (the addition wraps).
         self.queued.add(n.wrapping_neg(), Relaxed);
+        audit::sub(Class::StreamOps, n);
+    }
+}
+
+/// Units of a file's [`Budget`] taken for one submission, handed to its operations as they are
+/// planned (each then holds its own until it is dropped); those left when it is dropped (a
+/// submission that failed part way) go back. Counted by the audit (`stream_ops`) as the
+/// budget's are.
+pub(crate) struct Units {
+    budget: Arc<Budget>,
+    left: u64,
+}
+
+impl Units {
+    /// `n` units, for an operation or for those folded into one (`EINVAL` if fewer are left:
+    /// a submission takes one for each of its operations).
+    pub(crate) fn hand(&mut self, n: u64) -> Result {
+        self.left = self.left.checked_sub(n).ok_or(EINVAL)?;
+        Ok(())
+    }
+
+    /// Puts back a unit [`Self::hand`] handed out (the operation could not be made).
+    pub(crate) fn put_back(&mut self) {
+        self.left += 1;
+    }
+
+    /// The budget the units are of.
+    pub(crate) fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+}
+
+impl Drop for Units {
+    fn drop(&mut self) {
+        if self.left > 0 {
+            self.budget.give(self.left);
+        }
     }
 }
 
@@ -405,40 +451,50 @@ impl StreamCore {
             return Err(EINVAL);
         }
         let n = usize::try_from(count)?;
-        // Read whole before any lock is taken (a fault on it takes the mmap lock).
-        let mut reader = kernel::uaccess::UserSlice::new(
-            ops,
-            n.checked_mul(core::mem::size_of::<uapi::ruvm_op>())
-                .ok_or(EINVAL)?,
-        )
-        .reader();
-        let mut raw = KVec::<uapi::ruvm_op>::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
-        for _ in 0..n {
-            raw.push(reader.read::<uapi::ruvm_op>()?, GFP_KERNEL_ACCOUNT)?;
-        }
+        // Read whole, with one copy into place, before any lock is taken (a fault on it takes
+        // the mmap lock).
+        const SIZE: usize = core::mem::size_of::<uapi::ruvm_op>();
+        let zero = uapi::ruvm_op::from_bytes_copy(&[0u8; SIZE]).ok_or(EINVAL)?;
+        let mut raw = KVec::from_elem(zero, n, GFP_KERNEL_ACCOUNT)?;
+        kernel::uaccess::UserSlice::new(ops, n.checked_mul(SIZE).ok_or(EINVAL)?)
+            .reader()
+            .read_slice(raw.as_mut_slice().as_bytes_mut())?;
+        let mut events = Events::of(&raw, files)?;
         let _submitting = self.submitting.lock();
         let first = {
             let st = self.state.lock();
             st.may_submit(&self.engine)?;
             st.submitted + 1
         };
+        let mut units = self.budget.take(u64::from(count))?;
         let mut planned = List::<Op>::new();
-        let mut records = KVec::<Recorded>::new();
+        // The operation before, and the operations folded into it since (counted into it at
+        // once, when the next is planned or the submission ends).
         let mut prev: Option<Arc<Op>> = None;
+        let mut folded = (0u64, 0u64);
         for (op, seqno) in raw.iter().zip(first..) {
             let planned_op = op::plan(
                 op,
                 files,
                 &self.engine,
                 (self.context, seqno),
-                (&mut records, &self.budget, prev.as_deref()),
+                (&mut events, &mut units, prev.is_some()),
             )?;
-            if let Some(new) = planned_op {
-                prev = Some(new.clone_arc());
-                planned.push_back(new);
+            match planned_op {
+                None => folded = (folded.0 + 1, seqno),
+                Some(new) => {
+                    if let Some(p) = prev.as_deref() {
+                        p.fold(folded, &mut units)?;
+                    }
+                    folded = (0, 0);
+                    prev = Some(new.clone_arc());
+                    planned.push_back(new);
+                }
             }
         }
-        drop(prev);
+        if let Some(p) = prev.take() {
+            p.fold(folded, &mut units)?;
+        }
         {
             let mut st = self.state.lock();
             // Destroyed, cancelled, in error or its GPU going meanwhile.
@@ -447,8 +503,8 @@ impl StreamCore {
             st.queued += u64::from(count);
             st.submitted += u64::from(count);
         }
-        for r in records.into_iter() {
-            r.event.record(self.clone(), r.seqno);
+        for (event, seqno) in events.recorded() {
+            event.record(self, seqno);
         }
         self.engine.make_ready(self.clone());
         Ok(first)

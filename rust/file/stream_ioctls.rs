@@ -12,7 +12,11 @@ use kernel::{
 
 use crate::{
     mem::Mem,
-    stream::{event::Event, op::Lookup, Budget, StreamCore},
+    stream::{
+        event::Event,
+        op::{Lookup, Named},
+        Budget, StreamCore,
+    },
     uapi,
 };
 
@@ -68,8 +72,13 @@ impl Lookup for FileLookup<'_> {
         self.0.mem(handle)
     }
 
-    fn event(&self, handle: u64) -> Result<Arc<Event>> {
-        self.0.event(handle)
+    fn events(&self, named: &mut [Option<Named>]) {
+        let inner = self.0.inner.lock();
+        for n in named.iter_mut().flatten() {
+            if let Some(event) = inner.streams.events.get(&n.handle()) {
+                n.found(event.clone());
+            }
+        }
     }
 
     fn va_space(&self, flags: u32) -> Result<u64> {

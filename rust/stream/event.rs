@@ -54,13 +54,28 @@ impl Event {
     }
 
     /// Moves the event to point `seqno` of `timeline` (a RECORD was queued).
-    pub(crate) fn record(&self, timeline: Arc<dyn Timeline>, seqno: u64) {
-        // The old point is dropped after the lock is released.
-        let _old = self.point.lock().replace(Point {
-            timeline,
-            seqno,
-            fence: None,
-        });
+    pub(crate) fn record<T: Timeline + 'static>(&self, timeline: &Arc<T>, seqno: u64) {
+        let mut point = self.point.lock();
+        // What it replaces (the old point, or its fence) is dropped after the lock is released.
+        let old = match (*point).as_mut() {
+            // Recorded on the same stream again (as a loop of submissions does): the point
+            // moves on, and no reference changes hands.
+            Some(p) if core::ptr::addr_eq(Arc::as_ptr(&p.timeline), Arc::as_ptr(timeline)) => {
+                p.seqno = seqno;
+                (None, p.fence.take())
+            }
+            _ => {
+                let timeline: Arc<dyn Timeline> = timeline.clone();
+                let new = Point {
+                    timeline,
+                    seqno,
+                    fence: None,
+                };
+                (point.replace(new), None)
+            }
+        };
+        drop(point);
+        drop(old);
     }
 
     /// Its point's timeline context (`None` if never recorded).

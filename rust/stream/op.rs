@@ -21,7 +21,7 @@ use kernel::{
 };
 
 use crate::{
-    audit::{self, Class, Counted},
+    audit::{Class, Counted},
     bind::fence::{Fence, Watch},
     gpu::{self, mmu, GpuAccess},
     mem::{
@@ -32,14 +32,15 @@ use crate::{
     uapi,
 };
 
-use super::{engine::Engine, event::Event, Budget};
+use super::{engine::Engine, event::Event, Budget, Units};
 
 /// What an operation needs from the file that submits it.
 pub(crate) trait Lookup {
     /// The file's mem `handle` (`ENOENT`).
     fn mem(&self, handle: u64) -> Result<Arc<Mem>>;
-    /// The file's event `handle` (`ENOENT`).
-    fn event(&self, handle: u64) -> Result<Arc<Event>>;
+    /// Finds the file's event of each of `named` (one lookup for a submission, under one
+    /// lock).
+    fn events(&self, named: &mut [Option<Named>]);
     /// The VA space `flags` names (`EPERM` for the kernel's without `CAP_SYS_ADMIN`).
     fn va_space(&self, flags: u32) -> Result<u64>;
 }
@@ -98,9 +99,7 @@ impl_list_item! {
 #[pinned_drop]
 impl PinnedDrop for Op {
     fn drop(self: Pin<&mut Self>) {
-        let units = self.units.load(Relaxed);
-        audit::sub(Class::StreamOps, units);
-        self.budget.give(units);
+        self.budget.give(self.units.load(Relaxed));
     }
 }
 
@@ -115,8 +114,12 @@ pub(super) enum Step {
 }
 
 impl Op {
-    fn new(seqno: u64, work: Work, mems: u64, budget: &Arc<Budget>) -> Result<ListArc<Op>> {
-        budget.take()?;
+    /// A new operation holding one of the submission's units, `taken` (left there if it
+    /// cannot be made).
+    fn new(seqno: u64, work: Work, mems: u64, taken: &mut Units) -> Result<ListArc<Op>> {
+        let budget = taken.budget().clone();
+        // The op holds the unit from here; a failure to make it leaves it with `taken`.
+        taken.hand(1)?;
         let op = ListArc::pin_init(
             try_pin_init!(Op {
                 covers: Atomic::new(seqno),
@@ -126,21 +129,15 @@ impl Op {
                 started <- new_spinlock!(None),
                 _mems: Counted::new(Class::StreamMems, mems),
                 units: Atomic::new(1),
-                budget: budget.clone(),
+                budget,
                 links <- ListLinks::new(),
             }),
             GFP_KERNEL_ACCOUNT,
         );
-        match op {
-            Ok(op) => {
-                audit::add(Class::StreamOps, 1);
-                Ok(op)
-            }
-            Err(e) => {
-                budget.give(1);
-                Err(e)
-            }
+        if op.is_err() {
+            taken.put_back();
         }
+        op
     }
 
     /// Bytes the operation moves (0 for those that move none).
@@ -240,13 +237,15 @@ impl Op {
         self.covers.load(Relaxed)
     }
 
-    /// Folds the operation at `seqno` into this one (see `covers`). `EAGAIN` at the file's
-    /// budget (a folded operation counts as one).
-    fn fold(&self, seqno: u64) -> Result {
-        self.budget.take()?;
-        self.units.fetch_add(1, Relaxed);
-        audit::add(Class::StreamOps, 1);
-        self.covers.store(seqno, Relaxed);
+    /// Folds `n` operations after it, the last at seqno `last`, into this one (see `covers`):
+    /// it takes their units of the submission's `units`.
+    pub(super) fn fold(&self, (n, last): (u64, u64), units: &mut Units) -> Result {
+        if n == 0 {
+            return Ok(());
+        }
+        units.hand(n)?;
+        self.units.fetch_add(n, Relaxed);
+        self.covers.store(last, Relaxed);
         Ok(())
     }
 
@@ -270,41 +269,137 @@ const TIMEOUT: u32 = 1 << 8;
 
 /// `EINVAL` unless every field of `op` that `named` does not name is 0, `reserved` too.
 fn only(op: &uapi::ruvm_op, named: u32) -> Result {
-    let fields = [
-        (FLAGS, u64::from(op.flags)),
-        (DST, op.dst),
-        (DST_OFFSET, op.dst_offset),
-        (SRC, op.src),
-        (SRC_OFFSET, op.src_offset),
-        (LENGTH, op.length),
-        (VALUE, op.value),
-        (FILL_KIND, u64::from(op.fill_kind)),
-        (TIMEOUT, u64::from(op.timeout_ms)),
-    ];
-    if op.reserved != 0 || fields.iter().any(|(f, v)| named & f == 0 && *v != 0) {
+    let given = |field: u32, value: u64| if value != 0 { field } else { 0 };
+    let fields = given(FLAGS, op.flags.into())
+        | given(DST, op.dst)
+        | given(DST_OFFSET, op.dst_offset)
+        | given(SRC, op.src)
+        | given(SRC_OFFSET, op.src_offset)
+        | given(LENGTH, op.length)
+        | given(VALUE, op.value)
+        | given(FILL_KIND, op.fill_kind.into())
+        | given(TIMEOUT, op.timeout_ms.into());
+    if op.reserved != 0 || fields & !named != 0 {
         return Err(EINVAL);
     }
     Ok(())
 }
 
-/// An event recorded by a submission, moved only once the whole submission is queued.
-pub(super) struct Recorded {
-    pub(super) event: Arc<Event>,
-    pub(super) seqno: u64,
+/// An event a submission names: its handle, the file's event of that handle (`None`: the
+/// file has none), and the seqno the submission last recorded it at (0: none). Events are moved
+/// only once the whole submission is queued.
+pub(crate) struct Named {
+    handle: u64,
+    event: Option<Arc<Event>>,
+    recorded: u64,
+}
+
+impl Named {
+    /// The handle to look up.
+    pub(crate) fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    /// The file's event of the handle.
+    pub(crate) fn found(&mut self, event: Arc<Event>) {
+        self.event = Some(event);
+    }
+}
+
+/// The events a submission names (RECORD, WAIT_EVENT), each once: a hash table by handle
+/// (open addressing, at most half full), so that an operation finds its event in a step or two
+/// whatever their number.
+pub(super) struct Events {
+    slots: KVec<Option<Named>>,
+    mask: usize,
+}
+
+impl Events {
+    /// Looks up the events `ops` name in `files`, at once.
+    pub(super) fn of(ops: &[uapi::ruvm_op], files: &dyn Lookup) -> Result<Self> {
+        let names = |op: &&uapi::ruvm_op| {
+            matches!(
+                op.kind,
+                uapi::ruvm_op_kind_RUVM_OP_RECORD | uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT
+            )
+        };
+        let n = ops.iter().filter(names).count();
+        let size = n
+            .checked_mul(2)
+            .and_then(usize::checked_next_power_of_two)
+            .ok_or(EINVAL)?
+            .max(1);
+        let mut slots = KVec::with_capacity(size, GFP_KERNEL_ACCOUNT)?;
+        for _ in 0..size {
+            // Room for every slot was reserved: this does not allocate.
+            slots.push(None, GFP_KERNEL_ACCOUNT)?;
+        }
+        let mut table = Self {
+            slots,
+            mask: size - 1,
+        };
+        for op in ops.iter().filter(names) {
+            let slot = table.slot(op.value)?;
+            if slot.is_none() {
+                *slot = Some(Named {
+                    handle: op.value,
+                    event: None,
+                    recorded: 0,
+                });
+            }
+        }
+        files.events(&mut table.slots);
+        Ok(table)
+    }
+
+    /// The slot of `handle`: its entry, or the empty slot where it goes.
+    fn slot(&mut self, handle: u64) -> Result<&mut Option<Named>> {
+        // Fibonacci hashing: the handles of a file are consecutive numbers.
+        // CAST: the top bits of the product, fewer than a usize holds.
+        let mut i = (handle.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask;
+        for _ in 0..self.slots.len() {
+            match self.slots.get(i).ok_or(EINVAL)? {
+                Some(n) if n.handle != handle => i = (i + 1) & self.mask,
+                _ => break,
+            }
+        }
+        self.slots.get_mut(i).ok_or(EINVAL)
+    }
+
+    /// The event `handle` names (`ENOENT` if the file has none).
+    fn get(&mut self, handle: u64) -> Result<(&Arc<Event>, &mut u64)> {
+        match self.slot(handle)? {
+            Some(Named {
+                event: Some(e),
+                recorded,
+                ..
+            }) => Ok((e, recorded)),
+            _ => Err(ENOENT),
+        }
+    }
+
+    /// The events the submission recorded, with the seqno of each one's last record.
+    pub(super) fn recorded(&self) -> impl Iterator<Item = (&Arc<Event>, u64)> {
+        self.slots.iter().flatten().filter_map(|n| match &n.event {
+            Some(e) if n.recorded != 0 => Some((e, n.recorded)),
+            _ => None,
+        })
+    }
 }
 
 /// Reads, checks and plans one operation of a submission, at `seqno` of the stream's timeline
-/// `context` on `engine`'s GPU. A RECORD adds to `records`; a WAIT_EVENT sees the
-/// last of those for its event (a submission is the same as its operations one by one).
-/// Returns the new operation, or `None` if it was folded into `prev`, the submission's
-/// previous one (see [`Op::fold`]): a record, and a wait that the stream's order already
-/// satisfies (a point of its own timeline, or none), cost nothing then.
+/// `context` on `engine`'s GPU, with one of the submission's `units`. A RECORD notes its seqno
+/// in `events`; a WAIT_EVENT sees the last of those for its event (a submission is the same as
+/// its operations one by one).
+/// Returns the new operation, or `None` if it is to be folded into the submission's previous
+/// one (`prev`: there is one; see [`Op::fold`]): a record, and a wait that the stream's order
+/// already satisfies (a point of its own timeline, or none), cost nothing then.
 pub(super) fn plan(
     op: &uapi::ruvm_op,
     files: &dyn Lookup,
     engine: &Arc<Engine>,
     (context, seqno): (u64, u64),
-    (records, budget, prev): (&mut KVec<Recorded>, &Arc<Budget>, Option<&Op>),
+    (events, units, prev): (&mut Events, &mut Units, bool),
 ) -> Result<Option<ListArc<Op>>> {
     let gpu = engine.gpu();
     let wait_timeout = |ms: u32| -> Result<Delta> {
@@ -321,7 +416,7 @@ pub(super) fn plan(
             }
             let (dst, src) = (files.mem(op.dst)?, files.mem(op.src)?);
             let copy = EngineCopy::plan(gpu, dst, op.dst_offset, src, op.src_offset, op.length)?;
-            Op::new(seqno, Work::Copy(copy), 2, budget).map(Some)
+            Op::new(seqno, Work::Copy(copy), 2, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_COPY_VA => {
             only(op, FLAGS | DST | SRC | LENGTH)?;
@@ -337,7 +432,7 @@ pub(super) fn plan(
                 src: op.src,
                 len: op.length,
             };
-            Op::new(seqno, work, 0, budget).map(Some)
+            Op::new(seqno, work, 0, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_FILL => {
             only(op, DST | DST_OFFSET | LENGTH | VALUE | FILL_KIND)?;
@@ -353,17 +448,15 @@ pub(super) fn plan(
             gpu.access()?;
             let mem = files.mem(op.dst)?;
             let plan = CpuFill::plan(&mem, op.dst_offset, op.length, fill)?;
-            Op::new(seqno, Work::Fill(plan), 1, budget).map(Some)
+            Op::new(seqno, Work::Fill(plan), 1, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_RECORD => {
             only(op, VALUE)?;
-            let event = files.event(op.value)?;
-            records.push(Recorded { event, seqno }, GFP_KERNEL_ACCOUNT)?;
-            if let Some(p) = prev {
-                p.fold(seqno)?;
+            *events.get(op.value)?.1 = seqno;
+            if prev {
                 return Ok(None);
             }
-            Op::new(seqno, Work::Record, 0, budget).map(Some)
+            Op::new(seqno, Work::Record, 0, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT | uapi::ruvm_op_kind_RUVM_OP_WAIT_FD => {
             only(op, VALUE | TIMEOUT)?;
@@ -373,24 +466,21 @@ pub(super) fn plan(
             let fence = if op.kind == uapi::ruvm_op_kind_RUVM_OP_WAIT_FD {
                 Some(Fence::from_sync_file(op.value)?).filter(|f| f.context() != context)
             } else {
-                let event = files.event(op.value)?;
-                if records.iter().any(|r| Arc::ptr_eq(&r.event, &event))
-                    || event.context() == Some(context)
-                {
+                let (event, recorded) = events.get(op.value)?;
+                if *recorded != 0 || event.context() == Some(context) {
                     None
                 } else {
                     event.fence()?
                 }
             };
             let Some(fence) = fence else {
-                if let Some(p) = prev {
-                    p.fold(seqno)?;
+                if prev {
                     return Ok(None);
                 }
-                return Op::new(seqno, Work::Nop, 0, budget).map(Some);
+                return Op::new(seqno, Work::Nop, 0, units).map(Some);
             };
             let watch = KBox::pin_init(Watch::new(fence, engine.clone()), GFP_KERNEL_ACCOUNT)?;
-            Op::new(seqno, Work::Wait { watch, timeout }, 0, budget).map(Some)
+            Op::new(seqno, Work::Wait { watch, timeout }, 0, units).map(Some)
         }
         _ => Err(EINVAL),
     }
