@@ -34,8 +34,13 @@
 //! # Locking
 //!
 //! One mutex per MMU (`state`), taken under a mem's lock (mapping, unmapping) or a GPU access
-//! guard (copies), never the other way round; under it are taken the PMM's lock (vidmem tables)
-//! and the simulated translation's lock, both below it in the crate's lock order.
+//! guard (copies), never the other way round; under it are taken the PMM's lock (the engine
+//! addresses of vidmem tables) and the simulated translation's lock, both below it in the
+//! crate's lock order. Nothing is allocated under it (a stream's engine takes it in its
+//! fence-signalling path): a mapping's new tables are made beforehand with it released
+//! ([`Spare`]), and the mapping is done a run (one leaf table's pages) at a time under it, a run
+//! that needs more tables than were made letting go of it while more are made. The VA range
+//! being mapped is its caller's alone until the mapping returns, so nobody sees the runs apart.
 //!
 //! A copy holds it from the translation of a piece until the piece's bytes have moved: an
 //! unmap (which takes it to clear the entries) therefore waits for the copies in flight, and
@@ -46,7 +51,7 @@
 use kernel::{
     new_mutex,
     prelude::*,
-    rbtree::{RBTree, RBTreeNode},
+    rbtree::{RBTree, RBTreeNodeReservation},
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         Arc, Mutex,
@@ -207,6 +212,17 @@ pub(crate) struct Mmu {
     state: Mutex<MmuState>,
 }
 
+/// How one run of a mapping ended.
+enum Run {
+    /// This many pages were mapped.
+    Mapped(u64),
+    /// It needed a table and none was made: more are to be made, the lock released.
+    Starved,
+    /// The space is new and the list of spaces (this long) is full: a longer one is to be
+    /// made, the lock released.
+    NoRoom(usize),
+}
+
 /// One walk, word by word (`RUVM_IOCTL_GPU_PT_WALK`).
 pub(crate) struct WalkReport {
     /// Every word read, in order: its aperture, address and value.
@@ -227,10 +243,56 @@ fn tree_error(e: TreeError) -> Error {
 }
 
 /// The tables of one MMU as the tree sees them: words read and written where the engine
-/// reads them, tables allocated from the GPU's memory.
+/// reads them, new tables taken from `spare` (made beforehand with the MMU's lock released:
+/// nothing is allocated under it). `starved` says an allocation found `spare` empty.
 struct PageTables<'a> {
     mmu: &'a Mmu,
     map: &'a mut RBTree<u64, PageTable>,
+    spare: &'a mut Spare,
+    starved: bool,
+}
+
+/// A table made ahead of its use, with the node that enters it in the MMU's table map.
+struct SpareTable {
+    table: PageTable,
+    pde: Pde,
+    node: RBTreeNodeReservation<u64, PageTable>,
+}
+
+/// Tables made ahead of a mapping, with the MMU's lock released.
+struct Spare(KVec<SpareTable>);
+
+/// The most new tables one run of a mapping needs: a root (a new space), then a PDE2, a PDE1,
+/// a PDE0 and a leaf table.
+const SPARE_PER_RUN: usize = 5;
+
+impl Spare {
+    fn new() -> Self {
+        Self(KVec::new())
+    }
+
+    /// Makes tables until `n` are ready (with the MMU's lock released).
+    fn fill(&mut self, mmu: &Mmu, n: usize) -> Result {
+        self.0.reserve(n.saturating_sub(self.0.len()), GFP_KERNEL)?;
+        while self.0.len() < n {
+            let (table, pde) = mmu.new_table()?;
+            let node = RBTreeNodeReservation::new(GFP_KERNEL)?;
+            // Room was reserved: this does not allocate.
+            self.0.push(SpareTable { table, pde, node }, GFP_KERNEL)?;
+        }
+        Ok(())
+    }
+}
+
+impl<'a> PageTables<'a> {
+    fn new(mmu: &'a Mmu, map: &'a mut RBTree<u64, PageTable>, spare: &'a mut Spare) -> Self {
+        Self {
+            mmu,
+            map,
+            spare,
+            starved: false,
+        }
+    }
 }
 
 impl PageTables<'_> {
@@ -288,10 +350,12 @@ impl TableMem for PageTables<'_> {
         if size > TABLE_BYTES {
             return Err(TreeError::Invalid);
         }
-        let (table, pde) = self.mmu.new_table().map_err(|_| TreeError::NoMemory)?;
-        let node = RBTreeNode::new(pde.addr, table, GFP_KERNEL).map_err(|_| TreeError::NoMemory)?;
-        self.map.insert(node);
-        Ok(pde)
+        let Some(s) = self.spare.0.pop() else {
+            self.starved = true;
+            return Err(TreeError::NoMemory);
+        };
+        self.map.insert(s.node.into_node(s.pde.addr, s.table));
+        Ok(s.pde)
     }
 
     fn free(&mut self, table: Pde, _size: u64) {
@@ -426,10 +490,8 @@ impl Mmu {
     fn destroy_in(&self, st: &mut MmuState, space: u64) {
         let tree = Self::space_index(st, space).and_then(|i| st.spaces.remove(i).ok());
         if let Some((_, tree)) = tree {
-            let mut m = PageTables {
-                mmu: self,
-                map: &mut st.tables,
-            };
+            let mut none = Spare::new();
+            let mut m = PageTables::new(self, &mut st.tables, &mut none);
             tree.destroy(&mut m);
         }
     }
@@ -461,36 +523,13 @@ impl Mmu {
         count: u64,
         mut pte_of: impl FnMut(u64) -> Result<Pte>,
     ) -> Result {
-        // One leaf table's worth of entries at a time: the path to it is walked once.
+        // One leaf table's worth of entries at a time: the path to it is walked once. Each run
+        // is mapped under the MMU's lock with the tables made beforehand; a run that finds
+        // none left lets go of the lock, more are made, and it is tried again (the tables it
+        // linked stay, and it goes on from them).
         let mut ptes = KVec::with_capacity(RUN_MAX, GFP_KERNEL)?;
-        let mut guard = self.state.lock();
-        let st = &mut *guard;
-        if st.dead {
-            return Err(ENODEV);
-        }
-        if Self::space_index(st, space).is_none() {
-            let mut m = PageTables {
-                mmu: self,
-                map: &mut st.tables,
-            };
-            let tree = Tree::new(&mut m).map_err(tree_error)?;
-            let root = tree.root();
-            if st.spaces.push((space, tree), GFP_KERNEL).is_err() {
-                // The tree holds its root only: free it.
-                let mut m = PageTables {
-                    mmu: self,
-                    map: &mut st.tables,
-                };
-                m.free(root, mmu_tree::ROOT_SIZE);
-                return Err(ENOMEM);
-            }
-        }
-        let i = Self::space_index(st, space).ok_or(EINVAL)?;
-        let tree = &st.spaces.get(i).ok_or(EINVAL)?.1;
-        let mut m = PageTables {
-            mmu: self,
-            map: &mut st.tables,
-        };
+        let mut spare = Spare::new();
+        let mut room = None;
         let mut done = 0;
         let r = loop {
             if done == count {
@@ -499,30 +538,106 @@ impl Mmu {
             if kernel::current!().signal_pending() {
                 break Err(ERESTARTSYS);
             }
-            let step = Self::map_some(
-                tree,
-                &mut m,
-                va,
-                page_size,
-                done,
-                count,
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            let step = self.map_step(
+                st,
+                (space, va, page_size),
+                (done, count),
                 &mut ptes,
                 &mut pte_of,
+                (&mut spare, &mut room),
             );
-            match step {
-                Ok(n) => done += n,
-                Err(e) => break Err(e),
+            drop(guard);
+            let more = match step {
+                Ok(Run::Mapped(n)) => {
+                    done += n;
+                    continue;
+                }
+                Ok(Run::Starved) => spare.fill(self, SPARE_PER_RUN),
+                Ok(Run::NoRoom(spaces)) => KVec::with_capacity(spaces * 2 + 1, GFP_KERNEL)
+                    .map(|v| room = Some(v))
+                    .map_err(Error::from),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = more {
+                break Err(e);
             }
         };
-        if r.is_err() && done > 0 {
-            if let Err(e) = tree.unmap_range(&mut m, va, done * page_size) {
-                pr_warn!("sim GPU {}: undoing a mapping at {va:#x}: {e:?}\n", self.id);
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if !st.dead {
+            if r.is_err() && done > 0 {
+                if let Some(tree) = Self::space_index(st, space)
+                    .and_then(|i| st.spaces.get(i))
+                    .map(|(_, t)| t)
+                {
+                    let mut m = PageTables::new(self, &mut st.tables, &mut spare);
+                    if let Err(e) = tree.unmap_range(&mut m, va, done * page_size) {
+                        pr_warn!("sim GPU {}: undoing a mapping at {va:#x}: {e:?}\n", self.id);
+                    }
+                }
+            }
+            // The TLB caches no faults, so new entries need no flush; done anyway, it is cheap.
+            st.tlb = [None; TLB_ENTRIES];
+            self.release_if_empty(st, space);
+        }
+        drop(guard);
+        // Tables made and not used are freed with the lock released.
+        drop(spare);
+        r
+    }
+
+    /// One run of [`Self::map`], under the MMU's lock (`st`): the space's tree made if it has
+    /// none (its root from `spare`, its place in `st.spaces` from `room` if they are full),
+    /// then [`Self::map_some`].
+    #[allow(clippy::too_many_arguments)]
+    fn map_step(
+        &self,
+        st: &mut MmuState,
+        (space, va, page_size): (u64, u64, u64),
+        (done, count): (u64, u64),
+        ptes: &mut KVec<Pte>,
+        pte_of: &mut impl FnMut(u64) -> Result<Pte>,
+        (spare, room): (&mut Spare, &mut Option<KVec<(u64, Tree)>>),
+    ) -> Result<Run> {
+        if st.dead {
+            return Err(ENODEV);
+        }
+        if Self::space_index(st, space).is_none() {
+            if st.spaces.len() == st.spaces.capacity() {
+                match room.take() {
+                    Some(mut bigger) if bigger.capacity() > st.spaces.len() => {
+                        for s in st.spaces.drain_all() {
+                            // Room for every space: this does not allocate.
+                            let _ = bigger.push_within_capacity(s);
+                        }
+                        st.spaces = bigger;
+                    }
+                    _ => return Ok(Run::NoRoom(st.spaces.len())),
+                }
+            }
+            let mut m = PageTables::new(self, &mut st.tables, spare);
+            let tree = match Tree::new(&mut m) {
+                Ok(t) => t,
+                Err(_) if m.starved => return Ok(Run::Starved),
+                Err(e) => return Err(tree_error(e)),
+            };
+            // Room was made above: this does not allocate.
+            if let Err(e) = st.spaces.push_within_capacity((space, tree)) {
+                let mut m = PageTables::new(self, &mut st.tables, spare);
+                m.free(e.0 .1.root(), mmu_tree::ROOT_SIZE);
+                return Err(ENOMEM);
             }
         }
-        // The TLB caches no faults, so new entries need no flush; done anyway, it is cheap.
-        st.tlb = [None; TLB_ENTRIES];
-        self.release_if_empty(st, space);
-        r
+        let i = Self::space_index(st, space).ok_or(EINVAL)?;
+        let tree = &st.spaces.get(i).ok_or(EINVAL)?.1;
+        let mut m = PageTables::new(self, &mut st.tables, spare);
+        match Self::map_some(tree, &mut m, va, page_size, done, count, ptes, pte_of) {
+            Ok(n) => Ok(Run::Mapped(n)),
+            Err(_) if m.starved => Ok(Run::Starved),
+            Err(e) => Err(e),
+        }
     }
 
     /// Maps the pages from `done` on (of `count`) that the leaf table of the first one holds,
@@ -547,7 +662,8 @@ impl Mmu {
         let room = Tree::run_pages(at, page_size).map_err(tree_error)?;
         let want = (count - done).min(room).min(RUN_MAX as u64);
         for i in done..done + want {
-            ptes.push(pte_of(i)?, GFP_KERNEL)?;
+            // Room for a run was reserved: this does not allocate.
+            ptes.push_within_capacity(pte_of(i)?).map_err(|_| ENOMEM)?;
         }
         let n = tree.map_run(m, at, page_size, ptes).map_err(tree_error)?;
         // CAST: at most RUN_MAX.
@@ -567,10 +683,8 @@ impl Mmu {
             .and_then(|i| st.spaces.get(i))
             .map(|(_, t)| t);
         if let Some(tree) = tree {
-            let mut m = PageTables {
-                mmu: self,
-                map: &mut st.tables,
-            };
+            let mut none = Spare::new();
+            let mut m = PageTables::new(self, &mut st.tables, &mut none);
             if let Err(e) = tree.unmap_range(&mut m, va, len) {
                 pr_warn!(
                     "sim GPU {}: unmapping {va:#x}+{len:#x}: page tables {e:?}\n",

@@ -34,10 +34,13 @@
 //! # Locking
 //!
 //! One mutex per PMM (`state`, the chunk tree in it), taken under a GPU access guard (or by
-//! the GPU's removal) and never with a mem's lock held. Nothing else is called under it but
-//! page allocation, DMA mapping and unmapping of root storage (and a simulated GPU's
-//! translation lock, a leaf). Storage is made and dropped under it, so the GPU's removal
-//! ([`Pmm::kill`], under the same lock) finds every mapping there is.
+//! the GPU's removal) and never with a mem's lock held. Nothing is allocated under it: a
+//! stream's engine takes it to reach vidmem in its fence-signalling path. Under it only root
+//! storage is unmapped and freed (and a simulated GPU's translation lock, a leaf, is taken).
+//! New storage is made with it released, by an allocation that holds a GPU access guard, and
+//! is either installed under it or dropped before that allocation returns; so once the GPU's
+//! removal has waited for the guards, [`Pmm::kill`] (under the lock) finds every mapping
+//! there is.
 
 use kernel::{
     bitmap::BitmapVec,
@@ -248,7 +251,32 @@ impl Pmm {
     /// Hands out one chunk of `size` (one of [`CHUNK_SIZES`]); with `store`, its root chunk
     /// gets storage if it has none. `ENOMEM` when no free block of that size is left (or its
     /// storage cannot be had), `ENODEV` once the GPU is gone, `EINVAL` for another size.
+    ///
+    /// New storage is made with the PMM's lock released (it allocates and DMA-maps 2 MiB), so
+    /// that the lock, which a stream's engine takes to reach vidmem, is never held across an
+    /// allocation: a first try that needs storage it cannot take from the kept list gives the
+    /// block back, storage is made, and the second try uses it (or a kept one, the new one then
+    /// going again).
     pub(crate) fn alloc(self: &Arc<Self>, size: u64, store: bool) -> Result<VidChunk> {
+        let mut spare = None;
+        loop {
+            if let Some(chunk) = self.try_alloc(size, store, &mut spare)? {
+                // An unused spare is unmapped and freed here, with the lock released.
+                drop(spare);
+                return Ok(chunk);
+            }
+            spare = Some(self.new_store()?);
+        }
+    }
+
+    /// [`Self::alloc`]'s try: `None` if the chunk's root needs storage and neither the kept
+    /// list nor `spare` has any (the block is given back).
+    fn try_alloc(
+        self: &Arc<Self>,
+        size: u64,
+        store: bool,
+        spare: &mut Option<RootStore>,
+    ) -> Result<Option<VidChunk>> {
         let index = size_index(size).ok_or(EINVAL)?;
         let mut guard = self.state.lock();
         let st = &mut *guard;
@@ -263,11 +291,11 @@ impl Pmm {
         if store && root.store.is_none() {
             let (new, reused) = match st.kept.pop() {
                 Some(k) => (k.store, true),
-                None => match self.new_store() {
-                    Ok(s) => (s, false),
-                    Err(e) => {
+                None => match spare.take() {
+                    Some(s) => (s, false),
+                    None => {
                         st.tree.free(phys, size);
-                        return Err(e);
+                        return Ok(None);
                     }
                 },
             };
@@ -302,7 +330,7 @@ impl Pmm {
             let (offset, len) = ((phys % CHUNK_MAX) as usize, size as usize);
             pages.bytes().zero(offset, len)?;
         }
-        Ok(chunk)
+        Ok(Some(chunk))
     }
 
     /// Storage for a root chunk: 2 MiB of pages (not zeroed: each chunk is, as it is handed
@@ -403,7 +431,7 @@ impl Pmm {
         st.dead = true;
         st.kept.clear();
         for r in st.roots.iter_mut() {
-            // Unmapped and freed here, under the lock (as storage is made under it).
+            // Unmapped and freed here, under the lock (no allocation holds a guard now).
             drop(r.store.take());
         }
     }

@@ -19,7 +19,6 @@
 
 use kernel::{
     faux, new_mutex,
-    page::PAGE_SIZE,
     prelude::*,
     rbtree::{RBTree, RBTreeNode},
     str::CString,
@@ -127,15 +126,18 @@ impl SimIommu {
         written
     }
 
-    /// The engine copies `len` bytes (1 to [`MAX_PIECE`]) from DMA address `src` to `dst`.
+    /// The engine copies `len` bytes (1 to [`MAX_PIECE`]) from DMA address `src` to `dst`,
+    /// allocating nothing.
     pub(crate) fn copy(&self, id: u32, dst: u64, src: u64, len: usize) -> Result {
         check_piece(len)?;
         let from = self.translate(id, src, len)?;
         let to = self.translate(id, dst, len)?;
-        let mut buf = KVec::from_elem(0u8, PAGE_SIZE, GFP_KERNEL)?;
+        // A bounce buffer on the stack: the engine's pieces run in a stream's fence-signalling
+        // path, which allocates nothing.
+        let mut buf = [0u8; BOUNCE];
         let mut done = 0;
         while done < len {
-            let n = (len - done).min(PAGE_SIZE);
+            let n = (len - done).min(BOUNCE);
             let piece = buf.get_mut(..n).ok_or(EINVAL)?;
             from.pages.bytes().read(from.offset + done, piece)?;
             to.pages.bytes().write(to.offset + done, piece)?;
@@ -151,6 +153,9 @@ impl SimIommu {
         self.translate(id, src, len).map(|_| ())
     }
 }
+
+/// The bytes the simulated engine moves at a time through its bounce buffer.
+const BOUNCE: usize = 512;
 
 /// `EINVAL` unless `len` is a piece the simulated engine moves (1 byte to [`MAX_PIECE`]).
 fn check_piece(len: usize) -> Result {
