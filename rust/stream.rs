@@ -249,15 +249,18 @@ impl StreamState {
 
 impl StreamState {
     /// `ENOENT` once destroyed or cancelled (the handle is gone), `EIO` in error, `ENODEV` once
-    /// the GPU is going.
-    fn may_submit(&self, engine: &Engine) -> Result {
+    /// the GPU is going (asked of `engine` if it is given).
+    fn may_submit(&self, engine: Option<&Engine>) -> Result {
         if self.destroyed || self.cancelled {
             return Err(ENOENT);
         }
         if self.error.is_some() {
             return Err(EIO);
         }
-        engine.gpu().access().map(|_| ())
+        match engine {
+            Some(e) => e.gpu().access().map(|_| ()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -455,7 +458,8 @@ impl StreamCore {
         // the mmap lock).
         const SIZE: usize = core::mem::size_of::<uapi::ruvm_op>();
         let zero = uapi::ruvm_op::from_bytes_copy(&[0u8; SIZE]).ok_or(EINVAL)?;
-        let mut raw = KVec::from_elem(zero, n, GFP_KERNEL_ACCOUNT)?;
+        // Transient (freed before the call returns), bounded by the call: not charged.
+        let mut raw = KVec::from_elem(zero, n, GFP_KERNEL)?;
         kernel::uaccess::UserSlice::new(ops, n.checked_mul(SIZE).ok_or(EINVAL)?)
             .reader()
             .read_slice(raw.as_mut_slice().as_bytes_mut())?;
@@ -463,7 +467,7 @@ impl StreamCore {
         let _submitting = self.submitting.lock();
         let first = {
             let st = self.state.lock();
-            st.may_submit(&self.engine)?;
+            st.may_submit(Some(&self.engine))?;
             st.submitted + 1
         };
         let mut units = self.budget.take(u64::from(count))?;
@@ -497,8 +501,9 @@ impl StreamCore {
         }
         {
             let mut st = self.state.lock();
-            // Destroyed, cancelled, in error or its GPU going meanwhile.
-            st.may_submit(&self.engine)?;
+            // Destroyed, cancelled or in error meanwhile (a GPU whose removal began since fails
+            // the operations at their first step, as it fails those queued before).
+            st.may_submit(None)?;
             st.queue.push_all_back(&mut planned);
             st.queued += u64::from(count);
             st.submitted += u64::from(count);

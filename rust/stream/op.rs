@@ -329,10 +329,11 @@ impl Events {
             .and_then(usize::checked_next_power_of_two)
             .ok_or(EINVAL)?
             .max(1);
-        let mut slots = KVec::with_capacity(size, GFP_KERNEL_ACCOUNT)?;
+        // Transient (freed before the call returns), bounded by the call: not charged.
+        let mut slots = KVec::with_capacity(size, GFP_KERNEL)?;
         for _ in 0..size {
             // Room for every slot was reserved: this does not allocate.
-            slots.push(None, GFP_KERNEL_ACCOUNT)?;
+            slots.push(None, GFP_KERNEL)?;
         }
         let mut table = Self {
             slots,
