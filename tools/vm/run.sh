@@ -22,7 +22,7 @@
 # the console live); VM_EXPECT_KMSG (extended regex of kernel lines a test expects: such lines
 # are reported but do not count as errors; see Documentation/testing.rst); VM_ICOUNT (QEMU
 # -icount options, e.g. shift=auto,sleep=off; empty: none); VM_BOOT_WAIT (240: seconds for /init
-# to say it booted before the guest is booted once more); VM_CPU (QEMU -cpu model, below).
+# to say it booted before the guest is booted once more).
 set -euo pipefail
 
 die() { echo "vm: $*" >&2; exit 125; }
@@ -39,12 +39,6 @@ VM_MODARGS=${VM_MODARGS:-}
 VM_VERBOSE=${VM_VERBOSE:-0}
 VM_EXPECT_KMSG=${VM_EXPECT_KMSG:-}
 VM_ICOUNT=${VM_ICOUNT:-}
-# erms=off,fsrm=off: with either, the kernel copies to and from user space, and copies and
-# clears memory, with `rep movsb`/`rep stosb`, which TCG runs a byte per iteration (an ioctl's
-# 72-byte argument then cost about as much as the rest of a small ioctl, a 128-operation
-# submission 9 KiB of them); without them it uses `rep movsq` or unrolled 8-byte moves, as on
-# CPUs where byte-wise string instructions are not fast. ruvm's code is the same either way.
-VM_CPU=${VM_CPU:-max,la57=off,erms=off,fsrm=off}
 
 for f in "$KERNEL_IMAGE" "$RUVM_KO" "$RUVMCTL" /bin/busybox; do
 	[ -f "$f" ] || die "missing $f"
@@ -153,7 +147,7 @@ append="$append no_timer_check"
 # window made KASAN see the per-CPU area's direct-map address as wild (a report at ~0.007 s,
 # before ruvm loads; 5 of 18 debug boots three at a time on a loaded host). 4-level paging has
 # no such window.
-qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -cpu "$VM_CPU" -smp 2 -m "$VM_MEM"
+qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -cpu max,la57=off -smp 2 -m "$VM_MEM"
 	-device intel-iommu,intremap=on -nographic -no-reboot
 	-kernel "$KERNEL_IMAGE" -initrd "$work/initramfs.cpio.gz" -append "$append")
 for ((i = 0; i < VM_GPUS; i++)); do qemu+=(-device edu); done
