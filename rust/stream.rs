@@ -28,115 +28,36 @@ use kernel::{
     list::{
         impl_list_arc_safe, impl_list_item, AtomicTracker, List, ListArc, ListLinks, TryNewListArc,
     },
-    new_condvar, new_mutex, new_spinlock,
+    new_condvar, new_mutex,
     prelude::*,
-    sync::{
-        atomic::{ordering::Relaxed, Atomic},
-        Arc, CondVar, Mutex, SpinLock,
-    },
+    sync::{atomic::ordering::Relaxed, Arc, CondVar, Mutex},
     time::msecs_to_jiffies,
     transmute::{AsBytes, FromBytes},
     uaccess::UserPtr,
 };
 
 use crate::{
-    audit::{self, Class},
-    bind::{
-        errno,
-        fence::{self, Fence, OwnFence, NAME_LEN},
-    },
+    bind::fence::{self, NAME_LEN},
     uapi,
 };
 
+mod budget;
 pub(crate) mod engine;
 pub(crate) mod event;
 pub(crate) mod op;
+mod timeline;
+
+pub(crate) use budget::{Budget, Units};
+use timeline::{timeline_name, PointFence, TIMES};
 
 use engine::Engine;
 use op::{Events, Lookup, Op, Step};
-
-/// The most operations queued on one file's streams.
-const MAX_QUEUED: u64 = uapi::RUVM_MAX_STREAM_OPS as u64;
 
 /// The most operations of one submission.
 pub(crate) const MAX_SUBMIT: u32 = uapi::RUVM_MAX_SUBMIT_OPS;
 /// The most operations one step of the engine retires without running them (a stream in
 /// error, records): then the engine goes on to the next stream.
 const RETIRE_BATCH: usize = 64;
-
-/// How many operations a file's streams hold, not yet retired: each operation holds its units
-/// from its planning to its drop (one, and one more for each operation folded into it), so a
-/// file's queued work is bounded ([`MAX_QUEUED`]) whatever its number of streams.
-pub(crate) struct Budget {
-    queued: Atomic<u64>,
-}
-
-impl Budget {
-    pub(crate) fn new() -> Self {
-        Self {
-            queued: Atomic::new(0),
-        }
-    }
-
-    /// The units of a submission of `n` operations, taken at once (each of them, folded or
-    /// not, holds one): `EAGAIN` if they would pass the file's limit.
-    pub(crate) fn take(self: &Arc<Self>, n: u64) -> Result<Units> {
-        let before = self.queued.fetch_add(n, Relaxed);
-        if before.checked_add(n).is_none_or(|q| q > MAX_QUEUED) {
-            // Adding 2^64 - n takes n away (the addition wraps).
-            self.queued.add(n.wrapping_neg(), Relaxed);
-            return Err(EAGAIN);
-        }
-        audit::add(Class::StreamOps, n);
-        Ok(Units {
-            budget: self.clone(),
-            left: n,
-        })
-    }
-
-    /// Gives `n` units back.
-    pub(crate) fn give(&self, n: u64) {
-        // Adding 2^64 - n takes n away (the addition wraps).
-        self.queued.add(n.wrapping_neg(), Relaxed);
-        audit::sub(Class::StreamOps, n);
-    }
-}
-
-/// Units of a file's [`Budget`] taken for one submission, handed to its operations as they are
-/// planned (each then holds its own until it is dropped); those left when it is dropped (a
-/// submission that failed part way) go back. Counted by the audit (`stream_ops`) as the
-/// budget's are.
-pub(crate) struct Units {
-    budget: Arc<Budget>,
-    left: u64,
-}
-
-impl Units {
-    /// `n` units, for an operation or for those folded into one (`EINVAL` if fewer are left:
-    /// a submission takes one for each of its operations).
-    pub(crate) fn hand(&mut self, n: u64) -> Result {
-        self.left = self.left.checked_sub(n).ok_or(EINVAL)?;
-        Ok(())
-    }
-
-    /// Puts back a unit [`Self::hand`] handed out (the operation could not be made).
-    pub(crate) fn put_back(&mut self) {
-        self.left += 1;
-    }
-
-    /// The budget the units are of.
-    pub(crate) fn budget(&self) -> &Arc<Budget> {
-        &self.budget
-    }
-}
-
-impl Drop for Units {
-    fn drop(&mut self) {
-        if self.left > 0 {
-            self.budget.give(self.left);
-        }
-    }
-}
 
 /// A stream's queue and counters.
 struct StreamState {
@@ -169,82 +90,6 @@ struct StreamState {
     /// The last seqno of the operations retired (under the lock; `completed` follows once they
     /// are dropped).
     retired_to: u64,
-}
-
-/// How many reach times a stream keeps.
-const TIMES: usize = 16;
-
-/// A fence made for a point of a stream's timeline not reached yet.
-#[pin_data]
-struct PointFence {
-    seqno: u64,
-    #[pin]
-    fence: SpinLock<Option<OwnFence>>,
-    #[pin]
-    links: ListLinks,
-}
-
-impl_list_arc_safe! {
-    impl ListArcSafe<0> for PointFence { untracked; }
-}
-impl_list_item! {
-    impl ListItem<0> for PointFence { using ListLinks { self.links }; }
-}
-
-impl StreamState {
-    /// The result point `seqno`, reached, signals with: cancelled, failed (at or before it), or
-    /// `Ok`.
-    fn reached(&self, seqno: u64) -> Result {
-        if self.cancelled_from != 0 && seqno >= self.cancelled_from {
-            return Err(errno::ecanceled());
-        }
-        match self.error {
-            Some((e, failed)) if failed <= seqno => Err(e),
-            _ => Ok(()),
-        }
-    }
-
-    /// When point `seqno` (reached) was: the first kept time at or after it (the oldest kept
-    /// if it is older than all: a little late).
-    fn time_of(&self, seqno: u64) -> i64 {
-        let mut oldest = None;
-        for i in 0..TIMES {
-            let (done, t) = self.times[(self.times_at + i) % TIMES];
-            if t == 0 {
-                continue;
-            }
-            oldest.get_or_insert(t);
-            if done >= seqno {
-                return t;
-            }
-        }
-        oldest.unwrap_or_else(fence::now)
-    }
-
-    /// Notes that the stream reached `completed` now, and signals the fences of the points it
-    /// passed (allocates nothing).
-    fn reach(&mut self, completed: u64) {
-        let now = fence::now();
-        self.completed = self.completed.max(completed);
-        self.times[self.times_at] = (completed, now);
-        self.times_at = (self.times_at + 1) % TIMES;
-        let _signalling = fence::Signalling::begin();
-        loop {
-            let mut cursor = self.points.cursor_front();
-            match cursor.peek_next() {
-                Some(p) if p.seqno <= completed => {}
-                _ => break,
-            }
-            let Some(p) = self.points.pop_front() else {
-                break;
-            };
-            let r = self.reached(p.seqno);
-            let f = p.fence.lock().take();
-            if let Some(f) = f {
-                f.signal_at(r, now);
-            }
-        }
-    }
 }
 
 impl StreamState {
@@ -313,88 +158,6 @@ pub(crate) struct StreamInfo {
     pub(crate) error: Option<(Error, u64)>,
     pub(crate) current: u64,
     pub(crate) progress: (u64, u64),
-}
-
-impl event::Timeline for StreamCore {
-    fn context(&self) -> u64 {
-        self.context
-    }
-
-    fn handle(&self) -> u64 {
-        self.handle
-    }
-
-    /// A fence for point `seqno`: kept with the stream's points until it is reached, or
-    /// signalled at once (with when it was reached) if it was.
-    fn point_fence(&self, seqno: u64) -> Result<Fence> {
-        let own = OwnFence::new(self.context, seqno, &self.name, fence::Flags::USER)?;
-        let shared = own.share();
-        let node = ListArc::pin_init(
-            try_pin_init!(PointFence {
-                seqno,
-                fence <- new_spinlock!(Some(own)),
-                links <- ListLinks::new(),
-            }),
-            GFP_KERNEL_ACCOUNT,
-        )?;
-        let mut st = self.state.lock();
-        if seqno <= st.completed || st.cancelled {
-            let (r, t) = (st.reached(seqno), st.time_of(seqno));
-            drop(st);
-            let f = node.fence.lock().take();
-            if let Some(f) = f {
-                f.signal_at(r, t);
-            }
-            return Ok(shared);
-        }
-        // In seqno order, so that the stream signals them in order.
-        let mut cursor = st.points.cursor_front();
-        while cursor.peek_next().is_some_and(|p| p.seqno <= seqno) {
-            cursor.move_next();
-        }
-        cursor.insert(node);
-        Ok(shared)
-    }
-
-    fn point_status(&self, seqno: u64) -> i32 {
-        let st = self.state.lock();
-        if seqno > st.completed && !st.cancelled {
-            return 0;
-        }
-        match st.reached(seqno) {
-            Ok(()) => 1,
-            Err(e) => e.to_errno(),
-        }
-    }
-}
-
-/// Writes `gpu<G>-stream<H>` into a timeline name.
-fn timeline_name(gpu: u32, handle: u64) -> [u8; NAME_LEN] {
-    let mut name = [0u8; NAME_LEN];
-    let mut w = NameWriter {
-        buf: &mut name,
-        at: 0,
-    };
-    let _ = core::fmt::Write::write_fmt(&mut w, format_args!("gpu{gpu}-stream{handle}"));
-    name
-}
-
-struct NameWriter<'a> {
-    buf: &'a mut [u8; NAME_LEN],
-    at: usize,
-}
-
-impl core::fmt::Write for NameWriter<'_> {
-    fn write_str(&mut self, s: &str) -> core::fmt::Result {
-        for b in s.bytes() {
-            // One byte stays NUL.
-            if self.at + 1 < NAME_LEN {
-                self.buf[self.at] = b;
-                self.at += 1;
-            }
-        }
-        Ok(())
-    }
 }
 
 impl StreamCore {

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A stream's timeline: the points its operations reach, in seqno order, and the dma_fences
+//! made for them on demand (see [`super::event`]); signalled as the stream reaches them, with
+//! the time each was reached.
+
+use kernel::{
+    list::{impl_list_arc_safe, impl_list_item, ListArc, ListLinks},
+    new_spinlock,
+    prelude::*,
+    sync::SpinLock,
+};
+
+use crate::bind::{
+    errno,
+    fence::{self, Fence, OwnFence, NAME_LEN},
+};
+
+use super::{event, StreamCore, StreamState};
+
+/// How many reach times a stream keeps.
+pub(super) const TIMES: usize = 16;
+
+/// A fence made for a point of a stream's timeline not reached yet.
+#[pin_data]
+pub(super) struct PointFence {
+    seqno: u64,
+    #[pin]
+    fence: SpinLock<Option<OwnFence>>,
+    #[pin]
+    links: ListLinks,
+}
+
+impl_list_arc_safe! {
+    impl ListArcSafe<0> for PointFence { untracked; }
+}
+impl_list_item! {
+    impl ListItem<0> for PointFence { using ListLinks { self.links }; }
+}
+
+impl StreamState {
+    /// The result point `seqno`, reached, signals with: cancelled, failed (at or before it), or
+    /// `Ok`.
+    pub(super) fn reached(&self, seqno: u64) -> Result {
+        if self.cancelled_from != 0 && seqno >= self.cancelled_from {
+            return Err(errno::ecanceled());
+        }
+        match self.error {
+            Some((e, failed)) if failed <= seqno => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// When point `seqno` (reached) was: the first kept time at or after it (the oldest kept
+    /// if it is older than all: a little late).
+    fn time_of(&self, seqno: u64) -> i64 {
+        let mut oldest = None;
+        for i in 0..TIMES {
+            let (done, t) = self.times[(self.times_at + i) % TIMES];
+            if t == 0 {
+                continue;
+            }
+            oldest.get_or_insert(t);
+            if done >= seqno {
+                return t;
+            }
+        }
+        oldest.unwrap_or_else(fence::now)
+    }
+
+    /// Notes that the stream reached `completed` now, and signals the fences of the points it
+    /// passed (allocates nothing).
+    pub(super) fn reach(&mut self, completed: u64) {
+        let now = fence::now();
+        self.completed = self.completed.max(completed);
+        self.times[self.times_at] = (completed, now);
+        self.times_at = (self.times_at + 1) % TIMES;
+        let _signalling = fence::Signalling::begin();
+        loop {
+            let mut cursor = self.points.cursor_front();
+            match cursor.peek_next() {
+                Some(p) if p.seqno <= completed => {}
+                _ => break,
+            }
+            let Some(p) = self.points.pop_front() else {
+                break;
+            };
+            let r = self.reached(p.seqno);
+            let f = p.fence.lock().take();
+            if let Some(f) = f {
+                f.signal_at(r, now);
+            }
+        }
+    }
+}
+
+impl event::Timeline for StreamCore {
+    fn context(&self) -> u64 {
+        self.context
+    }
+
+    fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    /// A fence for point `seqno`: kept with the stream's points until it is reached, or
+    /// signalled at once (with when it was reached) if it was.
+    fn point_fence(&self, seqno: u64) -> Result<Fence> {
+        let own = OwnFence::new(self.context, seqno, &self.name, fence::Flags::USER)?;
+        let shared = own.share();
+        let node = ListArc::pin_init(
+            try_pin_init!(PointFence {
+                seqno,
+                fence <- new_spinlock!(Some(own)),
+                links <- ListLinks::new(),
+            }),
+            GFP_KERNEL_ACCOUNT,
+        )?;
+        let mut st = self.state.lock();
+        if seqno <= st.completed || st.cancelled {
+            let (r, t) = (st.reached(seqno), st.time_of(seqno));
+            drop(st);
+            let f = node.fence.lock().take();
+            if let Some(f) = f {
+                f.signal_at(r, t);
+            }
+            return Ok(shared);
+        }
+        // In seqno order, so that the stream signals them in order.
+        let mut cursor = st.points.cursor_front();
+        while cursor.peek_next().is_some_and(|p| p.seqno <= seqno) {
+            cursor.move_next();
+        }
+        cursor.insert(node);
+        Ok(shared)
+    }
+
+    fn point_status(&self, seqno: u64) -> i32 {
+        let st = self.state.lock();
+        if seqno > st.completed && !st.cancelled {
+            return 0;
+        }
+        match st.reached(seqno) {
+            Ok(()) => 1,
+            Err(e) => e.to_errno(),
+        }
+    }
+}
+
+/// Writes `gpu<G>-stream<H>` into a timeline name.
+pub(super) fn timeline_name(gpu: u32, handle: u64) -> [u8; NAME_LEN] {
+    let mut name = [0u8; NAME_LEN];
+    let mut w = NameWriter {
+        buf: &mut name,
+        at: 0,
+    };
+    let _ = core::fmt::Write::write_fmt(&mut w, format_args!("gpu{gpu}-stream{handle}"));
+    name
+}
+
+struct NameWriter<'a> {
+    buf: &'a mut [u8; NAME_LEN],
+    at: usize,
+}
+
+impl core::fmt::Write for NameWriter<'_> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        for b in s.bytes() {
+            // One byte stays NUL.
+            if self.at + 1 < NAME_LEN {
+                self.buf[self.at] = b;
+                self.at += 1;
+            }
+        }
+        Ok(())
+    }
+}
