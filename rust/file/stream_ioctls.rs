@@ -35,6 +35,8 @@ pub(super) struct FileStreams {
     streams: RBTree<u64, Arc<StreamCore>>,
     retiring: KVec<Arc<StreamCore>>,
     events: RBTree<u64, Arc<Event>>,
+    /// How many `events` holds (an RB-tree does not count its nodes).
+    n_events: usize,
     next: u64,
 }
 
@@ -45,6 +47,7 @@ impl FileStreams {
             streams: RBTree::new(),
             retiring: KVec::new(),
             events: RBTree::new(),
+            n_events: 0,
             next: 1,
         })
     }
@@ -53,6 +56,25 @@ impl FileStreams {
         let h = self.next;
         self.next += 1;
         h
+    }
+
+    /// Enters `event` under a new handle: `ENOSPC` at the file's limit.
+    fn add_event(&mut self, event: Arc<Event>) -> Result<u64> {
+        if self.n_events >= MAX_EVENTS {
+            return Err(ENOSPC);
+        }
+        let h = self.handle();
+        self.events
+            .try_create_and_insert(h, event, GFP_KERNEL_ACCOUNT)?;
+        self.n_events += 1;
+        Ok(h)
+    }
+
+    /// Takes event `handle` out (to be dropped once the file's lock is released).
+    fn remove_event(&mut self, handle: u64) -> Option<Arc<Event>> {
+        let e = self.events.remove(&handle)?;
+        self.n_events -= 1;
+        Some(e)
     }
 }
 
@@ -251,20 +273,10 @@ impl RuvmFile {
             return Err(EINVAL);
         }
         let event = Arc::pin_init(Event::new(), GFP_KERNEL_ACCOUNT)?;
-        let handle = {
-            let mut inner = self.inner.lock();
-            let fs = &mut inner.streams;
-            if fs.events.iter().count() >= MAX_EVENTS {
-                return Err(ENOSPC);
-            }
-            let h = fs.handle();
-            fs.events
-                .try_create_and_insert(h, event, GFP_KERNEL_ACCOUNT)?;
-            h
-        };
+        let handle = self.inner.lock().streams.add_event(event)?;
         args.handle = handle;
         if let Err(e) = writer.write(&args) {
-            let _gone = self.inner.lock().streams.events.remove(&handle);
+            let _gone = self.inner.lock().streams.remove_event(handle);
             return Err(e);
         }
         Ok(())
@@ -280,8 +292,7 @@ impl RuvmFile {
             .inner
             .lock()
             .streams
-            .events
-            .remove(&args.handle)
+            .remove_event(args.handle)
             .ok_or(ENOENT)?;
         Ok(())
     }
