@@ -63,7 +63,7 @@ const RETIRE_BATCH: usize = 64;
 struct StreamState {
     /// Operations not retired, in order; the engine takes the first while it runs a piece.
     queue: List<Op>,
-    /// How many (at most [`MAX_QUEUED`]).
+    /// How many (bounded by the file's [`Budget`]).
     queued: u64,
     /// The seqno of the last operation submitted, and of the last retired.
     submitted: u64,

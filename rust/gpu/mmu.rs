@@ -39,8 +39,11 @@
 //! crate's lock order. Nothing is allocated under it (a stream's engine takes it in its
 //! fence-signalling path): a mapping's new tables are made beforehand with it released
 //! ([`Spare`]), and the mapping is done a run (one leaf table's pages) at a time under it, a run
-//! that needs more tables than were made letting go of it while more are made. The VA range
-//! being mapped is its caller's alone until the mapping returns, so nobody sees the runs apart.
+//! that needs more tables than were made being undone (the tree prunes what it linked) and
+//! tried again once one more is made, with the lock released. The VA range being mapped is its
+//! caller's (a GPU VA nobody else maps), so a run mapped before a later one fails is seen only
+//! by the caller's own copies through it, which reach the mem's own pages, held meanwhile; the
+//! undo waits for them on this lock.
 //!
 //! A copy holds it from the translation of a piece until the piece's bytes have moved: an
 //! unmap (which takes it to clear the entries) therefore waits for the copies in flight, and
@@ -275,7 +278,7 @@ impl Spare {
         Self(KVec::new())
     }
 
-    /// Makes tables until `n` are ready (with the MMU's lock released).
+    /// Makes tables until `n` are ready (with the MMU's lock released): `ENOMEM` if it cannot.
     fn fill(&mut self, mmu: &Mmu, n: usize) -> Result {
         self.0.reserve(n.saturating_sub(self.0.len()), GFP_KERNEL)?;
         while self.0.len() < n {
@@ -528,12 +531,17 @@ impl Mmu {
         mut pte_of: impl FnMut(u64) -> Result<Pte>,
     ) -> Result {
         // One leaf table's worth of entries at a time: the path to it is walked once. Each run
-        // is mapped under the MMU's lock with the tables made beforehand; a run that finds
-        // none left lets go of the lock, more are made, and it is tried again (the tables it
-        // linked stay, and it goes on from them).
+        // is mapped under the MMU's lock with the tables made beforehand. A run that finds
+        // none left is undone by the tree (what it linked is pruned, its tables freed), one
+        // table more than it had is made with the lock released, and it is tried again: a run
+        // needs at most [`SPARE_PER_RUN`], and one that needs one table (the usual case) makes
+        // just that one, so a GPU with little memory left is asked for no more than the
+        // mapping needs.
         let mut ptes = KVec::with_capacity(RUN_MAX, GFP_KERNEL)?;
         let mut spare = Spare::new();
         let mut room = None;
+        // Tables the run being tried needs at least (it starved with one fewer).
+        let mut want = 0;
         let mut done = 0;
         let r = loop {
             if done == count {
@@ -556,9 +564,15 @@ impl Mmu {
             let more = match step {
                 Ok(Run::Mapped(n)) => {
                     done += n;
+                    want = 0;
                     continue;
                 }
-                Ok(Run::Starved) => spare.fill(self, SPARE_PER_RUN),
+                Ok(Run::Starved) if want < SPARE_PER_RUN => {
+                    want += 1;
+                    spare.fill(self, want)
+                }
+                // A run never needs more: the tree is corrupt (a test wrote it).
+                Ok(Run::Starved) => Err(EIO),
                 Ok(Run::NoRoom(spaces)) => KVec::with_capacity(spaces * 2 + 1, GFP_KERNEL)
                     .map(|v| room = Some(v))
                     .map_err(Error::from),

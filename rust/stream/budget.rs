@@ -36,11 +36,17 @@ impl Budget {
     /// The units of a submission of `n` operations, taken at once (each of them, folded or
     /// not, holds one): `EAGAIN` if they would pass the file's limit.
     pub(crate) fn take(self: &Arc<Self>, n: u64) -> Result<Units> {
-        let before = self.queued.fetch_add(n, Relaxed);
-        if before.checked_add(n).is_none_or(|q| q > MAX_QUEUED) {
-            // Adding 2^64 - n takes n away (the addition wraps).
-            self.queued.add(n.wrapping_neg(), Relaxed);
-            return Err(EAGAIN);
+        // Added only if they fit: a submission refused never makes another look refused.
+        let mut now = self.queued.load(Relaxed);
+        loop {
+            let after = now
+                .checked_add(n)
+                .filter(|&q| q <= MAX_QUEUED)
+                .ok_or(EAGAIN)?;
+            match self.queued.cmpxchg(now, after, Relaxed) {
+                Ok(_) => break,
+                Err(seen) => now = seen,
+            }
         }
         audit::add(Class::StreamOps, n);
         Ok(Units {
