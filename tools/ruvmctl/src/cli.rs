@@ -562,6 +562,10 @@ pub enum Cmd {
         /// Also SIGKILL workers now and then (and start new ones).
         #[arg(long)]
         kill: bool,
+        /// The longest a GPU removal (with --unbind) may take, in seconds, before it counts as
+        /// a problem: the liveness bound.
+        #[arg(long, default_value_t = 10)]
+        removal_bound: u64,
         /// The largest mem a valid allocation asks for (absurd sizes are tried too).
         #[arg(long, default_value = "8M", value_parser = parse_size)]
         max_size: u64,

@@ -49,6 +49,8 @@ pub struct Spec {
     pub threads: usize,
     pub unbind: bool,
     pub kill: bool,
+    /// The longest a GPU removal may take (the liveness oracle).
+    pub removal_bound: Duration,
     /// The largest size a valid allocation asks for.
     pub max_size: u64,
     /// The workers' memory cgroup limit (bytes), for the resources oracle.
@@ -227,7 +229,9 @@ pub fn run(spec: &Spec) -> Result<u64> {
                 let g = rng.pick(&sims);
                 let busy = fences::make_busy(shared, &slots, Some(g)) > 0;
                 let pending = fences.take_on_gpu(g);
-                if let Some(took) = ops::sim_remove_add(&anchor, g, &mut rng, shared) {
+                if let Some(took) =
+                    ops::sim_remove_add(&anchor, g, &mut rng, shared, spec.removal_bound)
+                {
                     removals += 1;
                     busy_removals += u64::from(busy);
                     slowest = slowest.max(took);
@@ -266,7 +270,7 @@ pub fn run(spec: &Spec) -> Result<u64> {
                 removals += 1;
                 busy_removals += u64::from(busy);
                 slowest = slowest.max(took);
-                if took > oracle::REMOVAL_BOUND {
+                if took > spec.removal_bound {
                     println!(
                         "fuzz: PROBLEM: an edu GPU's unbind took {:.1} s with the workers running",
                         took.as_secs_f64()
@@ -387,7 +391,7 @@ pub fn run(spec: &Spec) -> Result<u64> {
         println!(
             "fuzz: {removals} GPU removals, the slowest {:.2} s (bound {} s)",
             slowest.as_secs_f64(),
-            oracle::REMOVAL_BOUND.as_secs()
+            spec.removal_bound.as_secs()
         );
     }
     println!(

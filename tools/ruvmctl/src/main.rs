@@ -336,6 +336,7 @@ fn run(cli: Cli) -> Result<()> {
             threads,
             unbind,
             kill,
+            removal_bound,
             max_size,
             memcg,
             kmem_bound,
@@ -343,6 +344,9 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             if !(duration > 0.0 && duration.is_finite()) || procs == 0 || threads == 0 {
                 bail!("fuzz: --duration, --procs and --threads must be positive");
+            }
+            if removal_bound == 0 {
+                bail!("fuzz: --removal-bound must be positive");
             }
             if unprivileged && memcg.is_none() {
                 bail!("fuzz: --unprivileged needs --memcg (the workers join their cgroup as root)");
@@ -355,6 +359,7 @@ fn run(cli: Cli) -> Result<()> {
                 threads,
                 unbind,
                 kill,
+                removal_bound: std::time::Duration::from_secs(removal_bound),
                 max_size,
                 memcg,
                 kmem_bound,

@@ -1172,13 +1172,14 @@ pub fn sims(d: &Ruvm) -> Vec<u32> {
 }
 
 /// Removes simulated GPU `g` ([`sims`]; `RUVM_IOCTL_TEST_SIM_GPU`, from the parent) while the
-/// workers use it, and brings it back: the removal must finish within
-/// [`oracle::REMOVAL_BOUND`]. Its time, or `None` if it could not be removed.
+/// workers use it, and brings it back: the removal must finish within `bound` (the liveness
+/// oracle). Its time, or `None` if it could not be removed.
 pub fn sim_remove_add(
     d: &Ruvm,
     g: u32,
     rng: &mut Rng,
     shared: &'static Shared,
+    bound: std::time::Duration,
 ) -> Option<std::time::Duration> {
     let problem = |what: String| {
         println!("fuzz: PROBLEM: {what}");
@@ -1189,7 +1190,7 @@ pub fn sim_remove_add(
         problem(format!("TEST_SIM_GPU remove of GPU {g}: {e}"));
         return None;
     }
-    if took > oracle::REMOVAL_BOUND {
+    if took > bound {
         problem(format!(
             "the removal of simulated GPU {g} took {:.1} s with the workers running",
             took.as_secs_f64()

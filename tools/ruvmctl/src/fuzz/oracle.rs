@@ -10,7 +10,8 @@
 //!   with `--unprivileged`), and the kernel's slab and vmalloc memory may grow beyond what that
 //!   group is charged by a bound only (`--kmem-bound`), sampled all along the run;
 //! - *liveness*: every GPU removal the fuzzer makes (an edu unbind, a simulated GPU's removal)
-//!   finishes within [`REMOVAL_BOUND`] while the workers keep working, their streams busy; and
+//!   finishes within its bound (`--removal-bound`, 10 s by default) while the workers keep
+//!   working, their streams busy; and
 //!   every fence of a stream whose GPU was removed, whose file was closed or whose worker was
 //!   killed signals within [`super::fences::SIGNAL_BOUND`] (the parent holds the workers'
 //!   sync_files beyond their death: [`super::fences`]).
@@ -20,10 +21,6 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 
 use crate::cgroup::MemGroup;
-
-/// How long a GPU's removal may take under load before it counts as hung (the default of
-/// `--removal-bound`).
-pub const REMOVAL_BOUND: Duration = Duration::from_secs(10);
 
 /// How long a removal may take before the fuzzer shows what the blocked tasks wait for.
 const SLOW: Duration = Duration::from_secs(5);
