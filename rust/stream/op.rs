@@ -324,11 +324,17 @@ impl Events {
             )
         };
         let n = ops.iter().filter(names).count();
+        if n == 0 {
+            // Nothing to look up: no table, and the file's lock is not taken.
+            return Ok(Self {
+                slots: KVec::new(),
+                mask: 0,
+            });
+        }
         let size = n
             .checked_mul(2)
             .and_then(usize::checked_next_power_of_two)
-            .ok_or(EINVAL)?
-            .max(1);
+            .ok_or(EINVAL)?;
         // Transient (freed before the call returns), bounded by the call: not charged.
         let mut slots = KVec::with_capacity(size, GFP_KERNEL)?;
         for _ in 0..size {
