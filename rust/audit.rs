@@ -85,6 +85,8 @@ pub(crate) enum Class {
     StreamOps,
     /// References to mems those operations hold.
     StreamMems,
+    /// Pool chunks freed on a stream, the free's completion not yet observed.
+    PoolPending,
 }
 
 /// The names used in reports and by ruvmctl, by class index.
@@ -119,6 +121,7 @@ const NAMES: [&str; CLASSES] = [
     "vidmem_kept",
     "stream_ops",
     "stream_mems",
+    "pool_pending",
 ];
 
 impl Class {
@@ -147,6 +150,7 @@ impl Class {
             Class::VidmemKept => uapi::ruvm_audit_class_RUVM_AUDIT_VIDMEM_KEPT,
             Class::StreamOps => uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_OPS,
             Class::StreamMems => uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_MEMS,
+            Class::PoolPending => uapi::ruvm_audit_class_RUVM_AUDIT_POOL_PENDING,
         };
         i as usize
     }

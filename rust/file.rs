@@ -128,6 +128,16 @@ struct FilePools {
     pools: RBTree<u64, Arc<Pool>>,
     /// Entries in `pools`, and places taken for ones being made.
     count: usize,
+    /// Each GPU's pools for `RUVM_OP_ALLOC` (`RUVM_IOCTL_GPU_POOL`).
+    gpus: KVec<GpuPools>,
+}
+
+/// A GPU's pools for a file: its default (0: not made yet) and its current one (0: the
+/// default).
+struct GpuPools {
+    gpu: u32,
+    default: u64,
+    current: u64,
 }
 
 /// A place in a file's pool table, taken before the pool is made.
@@ -167,6 +177,11 @@ impl FilePools {
 
     fn get(&self, handle: u64) -> Option<Arc<Pool>> {
         self.pools.get(&handle).cloned()
+    }
+
+    /// GPU `gpu`'s pools, if the file has any yet.
+    fn of_gpu(&mut self, gpu: u32) -> Option<&mut GpuPools> {
+        self.gpus.iter_mut().find(|g| g.gpu == gpu)
     }
 }
 
@@ -212,6 +227,7 @@ impl MiscDevice for RuvmFile {
                     pools: FilePools {
                         pools: RBTree::new(),
                         count: 0,
+                        gpus: KVec::new(),
                     },
                 }),
                 quota,
@@ -256,9 +272,10 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_POOL_SET => me.pool_set(user)?,
             uapi::RUVM_IOCTL_POOL_TRIM => me.pool_trim(user)?,
             uapi::RUVM_IOCTL_POOL_SET_ACCESS => me.pool_set_access(user)?,
+            uapi::RUVM_IOCTL_GPU_POOL => me.gpu_pool(user)?,
             uapi::RUVM_IOCTL_STREAM_CREATE => me.stream_create(user)?,
             uapi::RUVM_IOCTL_STREAM_DESTROY => me.stream_destroy(user)?,
-            uapi::RUVM_IOCTL_STREAM_SUBMIT => me.stream_submit(user, arg)?,
+            uapi::RUVM_IOCTL_STREAM_SUBMIT => me.stream_submit(file, user, arg)?,
             uapi::RUVM_IOCTL_STREAM_QUERY => me.stream_query(user)?,
             uapi::RUVM_IOCTL_STREAM_SYNC => me.stream_sync(user)?,
             uapi::RUVM_IOCTL_EVENT_CREATE => me.event_create(user)?,

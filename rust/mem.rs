@@ -63,6 +63,7 @@ pub(crate) mod storage;
 pub(crate) mod tree;
 
 use policy::{Backing, Layout, PolicyError};
+use pool::pending::{Asker, Tag, Tags};
 use quota::{Charge, Quota};
 use storage::Storage;
 
@@ -236,6 +237,9 @@ pub(crate) struct MemState {
     /// The address space whose `mmap` inserted the mem's pages itself ([`cpu`]), while any VMA
     /// maps the mem: a free must wait for that `mmap` to be over before zapping again.
     filled_by: Option<ARef<Mm>>,
+    /// A mem freed on a stream: the mappings it gave up, kept until the stream reaches the free
+    /// ([`Mem::park`]); a GPU's removal takes its own out.
+    parked: Option<Retired>,
 }
 
 impl MemState {
@@ -263,6 +267,26 @@ struct PoolLease {
     made: bool,
     /// The quota charge of the chunks: it goes back with them, into the pool's cache.
     charge: Option<Charge>,
+    /// Chunks taken from a pending free: its points (see [`pool::pending`]), with room for
+    /// `own`'s.
+    from: Tags,
+    /// A mem allocated on a stream: its allocation's point. Once the mem is made, its chunks
+    /// go back pending until both that point and `from`'s are observed.
+    own: Option<Tag>,
+}
+
+impl PoolLease {
+    /// The points the chunks wait for when they go back.
+    fn tags(&mut self) -> Tags {
+        let mut tags = core::mem::take(&mut self.from);
+        if self.made {
+            if let Some(own) = self.own.take() {
+                // Room was reserved with the lease: a new stream's point does not allocate.
+                let _ = tags.add(own);
+            }
+        }
+        tags
+    }
 }
 
 impl Drop for PoolLease {
@@ -274,8 +298,9 @@ impl Drop for PoolLease {
                 .charge
                 .take()
                 .unwrap_or_else(|| self.pool.quota().nothing());
+            let tags = self.tags();
             self.pool
-                .give_back(pages, tables, self.range.take(), undo, charge);
+                .give_back(pages, tables, self.range.take(), undo, charge, tags);
         }
     }
 }
@@ -296,6 +321,9 @@ pub(crate) struct MemCore {
     /// Whether its chunks came from a sysmem pool (its state holds a lease), fixed when made:
     /// a mem without one need not take its lock to commit or to be dropped.
     leased: bool,
+    /// Freed on a stream: its chunks went to its pool's pending list (which the audit's walk
+    /// counts them in) while this core still holds them for the work queued before the free.
+    handed: Atomic<bool>,
     /// Dropped before the storage (field order is drop order): a mem dropped without being
     /// freed (at file close) still holds its mappings and tables, and they go before the
     /// chunks they map, as in uvm_mem.
@@ -391,6 +419,51 @@ pub(crate) struct Retired {
     _gpus: KVec<(u32, Arc<GpuTable>)>,
 }
 
+/// A mem allocated for a stream ([`Mem::alloc_ordered`]).
+pub(crate) struct Made {
+    pub(crate) mem: Arc<Mem>,
+    /// The point its stream must wait for before the mem is used (a pending free's, taken by
+    /// `ALLOW_INTERNAL_DEPENDENCIES`).
+    pub(crate) wait: Option<Tag>,
+    /// How many of its chunks (the first) were reused: not zeroed.
+    pub(crate) reused: usize,
+}
+
+impl Retired {
+    /// Takes the mappings of GPU `id` out (a GPU's removal), the GPU kernel VA offset with the
+    /// last GPU kernel mapping.
+    fn take_gpu(&mut self, id: u32) -> gpu::Parked {
+        fn take<T>(v: &mut KVec<(u32, T)>, id: u32) -> Option<T> {
+            let at = v.iter().position(|(g, _)| *g == id)?;
+            v.remove(at).ok().map(|(_, t)| t)
+        }
+        let user = take(&mut self._gpu_user, id);
+        let kernel = take(&mut self._gpu_kernel, id);
+        let kva = if self._gpu_kernel.is_empty() {
+            self._kva.take()
+        } else {
+            None
+        };
+        gpu::Parked {
+            user,
+            kernel,
+            kva,
+            table: take(&mut self._gpus, id),
+        }
+    }
+
+    /// Counts what it holds into `bump` (the audit's walk): `chunk_size` per DMA-mapped chunk.
+    fn walk(&self, chunk_size: u64, bump: &mut impl FnMut(Class, u64)) {
+        bump(Class::KernelMaps, u64::from(self._kmap.is_some()));
+        bump(Class::GpuKernelVas, u64::from(self._kva.is_some()));
+        for (_, table) in self._gpus.iter() {
+            let n = table.count() as u64;
+            bump(Class::DmaMappings, n);
+            bump(Class::DmaBytes, n * chunk_size);
+        }
+    }
+}
+
 /// What `RUVM_IOCTL_MEM_QUERY` reports.
 pub(crate) struct MemInfo {
     pub(crate) size: u64,
@@ -416,14 +489,39 @@ impl Mem {
         quota: &Arc<Quota>,
         origin: Origin,
     ) -> Result<Arc<Mem>> {
-        let r = Self::try_alloc(req, quota, origin);
+        let r = Self::try_alloc(req, quota, origin, None);
+        if r.is_err() {
+            audit::stats::alloc_failed(req.stats_backing());
+        }
+        r.map(|m| m.mem)
+    }
+
+    /// Allocates a mem from a sysmem pool for a stream (`ask`, at point `own`), under the
+    /// pool's reuse rules ([`pool::pending`]): `EOPNOTSUPP` for a vidmem pool. Reused chunks
+    /// are not zeroed: the caller does it in the stream when asked.
+    pub(crate) fn alloc_ordered(
+        req: &AllocRequest,
+        quota: &Arc<Quota>,
+        origin: Origin,
+        ask: &Asker<'_>,
+        own: Tag,
+    ) -> Result<Made> {
+        if req.pool.as_ref().is_none_or(|p| p.vid_gpu().is_some()) || req.gpu.is_some() {
+            return Err(crate::bind::errno::eopnotsupp());
+        }
+        let r = Self::try_alloc(req, quota, origin, Some((ask, own)));
         if r.is_err() {
             audit::stats::alloc_failed(req.stats_backing());
         }
         r
     }
 
-    fn try_alloc(req: &AllocRequest, quota: &Arc<Quota>, origin: Origin) -> Result<Arc<Mem>> {
+    fn try_alloc(
+        req: &AllocRequest,
+        quota: &Arc<Quota>,
+        origin: Origin,
+        ordered: Option<(&Asker<'_>, Tag)>,
+    ) -> Result<Made> {
         static SERIAL: Atomic<u64> = Atomic::new(1);
         let page = kernel::page::PAGE_SIZE as u64;
         let backing = match &req.gpu {
@@ -469,6 +567,8 @@ impl Mem {
         if req.gpu.is_none() && beyond_ram(layout.physical_size) {
             return Err(ENOMEM);
         }
+        let mut wait = None;
+        let mut reused = 0;
         let (layout, storage, mut lease) = match &req.pool {
             None => {
                 let (layout, storage) = storage::alloc(req, layout)?;
@@ -481,10 +581,19 @@ impl Mem {
                 (layout, Storage::Vid(pages), None)
             }
             Some(p) => {
+                let (taken, from, own) = match ordered {
+                    None => (storage::from_pool(p, req, &layout)?, Tags::none(), None),
+                    Some((ask, own)) => {
+                        let count = usize::try_from(layout.chunk_count)?;
+                        let o = p.take_ordered(count, ask, storage::stop_on_signal)?;
+                        wait = o.wait;
+                        (o.taken, o.tags, Some(own))
+                    }
+                };
                 // From here a failure drops the lease, which gives everything back.
-                let taken = storage::from_pool(p, req, &layout)?;
                 let storage = Storage::Sys(taken.pages.clone());
-                let lease = PoolLease {
+                reused = taken.reused;
+                let mut lease = PoolLease {
                     pool: p.clone(),
                     pages: Some(taken.pages),
                     tables: taken.tables,
@@ -492,7 +601,12 @@ impl Mem {
                     reused: taken.reused,
                     made: false,
                     charge: Some(taken.charge),
+                    from,
+                    own,
                 };
+                if lease.own.is_some() {
+                    lease.from.reserve(1)?;
+                }
                 (layout, storage, Some(lease))
             }
         };
@@ -524,6 +638,7 @@ impl Mem {
                 storage,
                 user_mappings: Atomic::new(0),
                 leased: lease.is_some(),
+                handed: Atomic::new(false),
                 state <- new_mutex!(MemState {
                     life: Life::Owned,
                     kmap: None,
@@ -534,6 +649,7 @@ impl Mem {
                     gpus: KVec::new(),
                     lease,
                     filled_by: None,
+                    parked: None,
                 }),
                 origin,
                 _mems: Counted::new(Class::Mems, 1),
@@ -556,7 +672,7 @@ impl Mem {
         if req.pool.is_some() {
             mem.map_pool_gpus()?;
         }
-        Ok(mem)
+        Ok(Made { mem, wait, reused })
     }
 
     /// The caller got the mem (its handle was written back): from now on a pool mem's chunks
@@ -570,6 +686,14 @@ impl Mem {
         }
         if let Storage::Vid(v) = &self.storage {
             v.made();
+        }
+    }
+
+    /// A sysmem mem's chunks.
+    pub(crate) fn sys_pages(&self) -> Option<Arc<crate::gpu::dma::Pages>> {
+        match &self.storage {
+            Storage::Sys(p) => Some(p.clone()),
+            Storage::Vid(_) => None,
         }
     }
 
@@ -664,6 +788,57 @@ impl Mem {
             _kva: st.kva.take(),
             _gpus: core::mem::replace(&mut st.gpus, KVec::new()),
         }
+    }
+
+    /// A freed pool mem's chunks go to its pool's pending list, waiting for `free` (the point
+    /// of the stream that freed it) and the points they waited for already; the mem keeps them
+    /// for the work queued before the free. Called once the mem is retired and its user
+    /// mappings zapped (nothing but queued work may touch the chunks then). Nothing for a mem
+    /// of no pool. Without memory to note the point, the chunks are not reused: they are
+    /// freed with the mem.
+    pub(crate) fn hand_over(&self, free: Tag) {
+        if !self.leased {
+            return;
+        }
+        let taken = {
+            let mut st = self.state.lock();
+            let Some(l) = st.lease.as_mut() else {
+                return;
+            };
+            let Some(pages) = l.pages.take() else {
+                return;
+            };
+            // The lease gives nothing back any more; the audit finds the chunks pending.
+            self.handed.store(true, Relaxed);
+            let tables = core::mem::replace(&mut l.tables, KVec::new());
+            let charge = l.charge.take();
+            let tags = l.tags();
+            (l.pool.clone(), pages, tables, charge, tags)
+        };
+        let (pool, pages, tables, charge, mut tags) = taken;
+        let charge = charge.unwrap_or_else(|| pool.quota().nothing());
+        if tags.add(free).is_err() {
+            // Unsafe to reuse without its point: the pool lets the chunks go.
+            drop(tables);
+            pool.forget(pages.len() as u64);
+            drop(charge);
+            drop(pages);
+            return;
+        }
+        // Pending until the points are observed (cached at once if they were).
+        pool.give_back(pages, tables, None, None, charge, tags);
+    }
+
+    /// Keeps what a mem freed on a stream gave up (its mappings), until [`Mem::unpark`] when
+    /// the stream reaches the free.
+    pub(crate) fn park(&self, retired: Retired) {
+        let old = self.state.lock().parked.replace(retired);
+        drop(old);
+    }
+
+    /// What [`Mem::park`] kept, to be dropped (the stream reached the free).
+    pub(crate) fn unpark(&self) -> Option<Retired> {
+        self.state.lock().parked.take()
     }
 
     /// Marks the mem as planted: no owner, mappings kept (test-only leaks).

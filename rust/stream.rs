@@ -30,7 +30,10 @@ use kernel::{
     },
     new_condvar, new_mutex,
     prelude::*,
-    sync::{atomic::ordering::Relaxed, Arc, CondVar, Mutex},
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc, CondVar, Mutex,
+    },
     time::msecs_to_jiffies,
     transmute::{AsBytes, FromBytes},
     uaccess::UserPtr,
@@ -41,17 +44,21 @@ use crate::{
     uapi,
 };
 
+pub(crate) mod alloc;
 mod budget;
 pub(crate) mod engine;
 pub(crate) mod event;
 pub(crate) mod op;
+pub(crate) mod plan;
 mod timeline;
 
 pub(crate) use budget::{Budget, Units};
 use timeline::{timeline_name, PointFence, TIMES};
 
+use alloc::{Batch, Known};
 use engine::Engine;
-use op::{Events, Lookup, Op, Step};
+use op::{Lookup, Op, Step};
+use plan::Events;
 
 /// The most operations of one submission.
 pub(crate) const MAX_SUBMIT: u32 = uapi::RUVM_MAX_SUBMIT_OPS;
@@ -119,9 +126,14 @@ pub(crate) struct StreamCore {
     /// Its file's budget of queued operations.
     budget: Arc<Budget>,
     /// Held across one submission's checks and planning, so that submissions to the stream
-    /// take their seqnos one after the other (the engine never takes it).
+    /// take their seqnos one after the other (the engine never takes it); it guards the points
+    /// of other timelines the stream's submissions waited for.
     #[pin]
-    submitting: Mutex<()>,
+    submitting: Mutex<Known>,
+    /// The last seqno reached (as `StreamState::completed`, read without the lock: a pool's
+    /// opportunistic reuse), and the last a synchronize observed.
+    reached: Atomic<u64>,
+    observed: Atomic<u64>,
     #[pin]
     state: Mutex<StreamState>,
     /// Notified when an operation retires.
@@ -164,7 +176,7 @@ impl StreamCore {
     /// A stream `handle` on GPU `gpu`: `ENODEV` if it is not present, `EOPNOTSUPP` without a
     /// copy engine.
     pub(crate) fn new(gpu: u32, handle: u64, budget: Arc<Budget>) -> Result<Arc<Self>> {
-        let dev = op::engine_gpu(gpu)?;
+        let dev = plan::engine_gpu(gpu)?;
         let engine = engine::of(dev)?;
         let name = timeline_name(gpu, handle);
         Arc::pin_init(
@@ -174,7 +186,9 @@ impl StreamCore {
                 name,
                 engine,
                 budget,
-                submitting <- new_mutex!(()),
+                submitting <- new_mutex!(Known::new()),
+                reached: Atomic::new(0),
+                observed: Atomic::new(0),
                 state <- new_mutex!(StreamState {
                     queue: List::new(),
                     queued: 0,
@@ -227,7 +241,9 @@ impl StreamCore {
             .reader()
             .read_slice(raw.as_mut_slice().as_bytes_mut())?;
         let mut events = Events::of(&raw, files)?;
-        let _submitting = self.submitting.lock();
+        let mut known = self.submitting.lock();
+        let mut batch = Batch::new();
+        let clock = || -> Arc<dyn crate::mem::pool::pending::Clock> { self.clone() };
         let first = {
             let st = self.state.lock();
             st.may_submit(Some(&self.engine))?;
@@ -239,13 +255,15 @@ impl StreamCore {
         // once, when the next is planned or the submission ends).
         let mut prev: Option<Arc<Op>> = None;
         let mut folded = (0u64, 0u64);
-        for (op, seqno) in raw.iter().zip(first..) {
-            let planned_op = op::plan(
+        for ((op, seqno), index) in raw.iter().zip(first..).zip(0usize..) {
+            let planned_op = plan::plan(
                 op,
                 files,
                 &self.engine,
                 (self.context, seqno),
                 (&mut events, &mut units, prev.is_some()),
+                &mut batch,
+                (index, &clock, &known),
             )?;
             match planned_op {
                 None => folded = (folded.0 + 1, seqno),
@@ -262,7 +280,9 @@ impl StreamCore {
         if let Some(p) = prev.take() {
             p.fold(folded, &mut units)?;
         }
-        {
+        // The ALLOCs' handles reach the caller before anything is queued.
+        batch.write_back(ops)?;
+        let mut queue = || -> Result {
             let mut st = self.state.lock();
             // Destroyed, cancelled or in error meanwhile (a GPU whose removal began since fails
             // the operations at their first step, as it fails those queued before).
@@ -270,12 +290,29 @@ impl StreamCore {
             st.queue.push_all_back(&mut planned);
             st.queued += u64::from(count);
             st.submitted += u64::from(count);
+            Ok(())
+        };
+        if batch.touches_nothing() {
+            queue()?;
+        } else {
+            let (mut gone, mut new) = batch.table_changes();
+            files.commit(&mut gone, &mut new, &mut queue)?;
         }
+        known.merge(&batch);
+        batch.finish(files);
+        drop(known);
         for (event, seqno) in events.recorded() {
             event.record(self, seqno);
         }
         self.engine.make_ready(self.clone());
         Ok(first)
+    }
+
+    /// Notes that a synchronize observed the stream up to `seqno` (under its lock).
+    fn observe_locked(&self, _st: &StreamState, seqno: u64) {
+        if self.observed.load(Relaxed) < seqno {
+            self.observed.store(seqno, Relaxed);
+        }
     }
 
     /// Its counters now.
@@ -309,6 +346,8 @@ impl StreamCore {
                 kernel::sync::CondVarTimeoutResult::Woken { jiffies } => left = jiffies,
             }
         }
+        // What was waited for is observed (its frees' chunks may be cached).
+        self.observe_locked(&st, target);
         // In error by one of the operations waited for (one submitted after the call may
         // have failed too: not this call's business).
         if st.error.is_some_and(|(_, seqno)| seqno <= target) {
@@ -351,6 +390,7 @@ impl StreamCore {
                 st.submitted
             };
             st.reach(upto);
+            self.reached.store(st.completed, Relaxed);
             st.queued = 0;
             self.retired.notify_all();
         }
@@ -398,6 +438,7 @@ impl StreamCore {
             let to = if st.cancelled { st.submitted } else { seqno };
             // The points' fences first: whoever sees them completed sees them signalled.
             st.reach(to);
+            self.reached.store(st.completed, Relaxed);
             st.queued = st.queued.saturating_sub(units);
             self.retired.notify_all();
         }

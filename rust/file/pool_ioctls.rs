@@ -7,7 +7,7 @@ use kernel::{prelude::*, sync::Arc, uaccess::UserSlice};
 
 use crate::{
     gpu::{self, set::GpuSet},
-    mem::pool::{self, Pool},
+    mem::pool::{self, pending, Pool},
     uapi,
 };
 
@@ -55,16 +55,160 @@ impl RuvmFile {
         Ok(())
     }
 
-    /// `RUVM_IOCTL_POOL_DESTROY`: `EBUSY` while a mem of the pool holds its chunks.
+    /// `RUVM_IOCTL_POOL_DESTROY`: `EBUSY` while a mem of the pool holds its chunks, or for a
+    /// GPU's default pool.
     pub(super) fn pool_destroy(&self, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_pool_handle>(user)?;
-        let pool = self.pool(args.handle)?;
+        let pool = {
+            let inner = self.inner.lock();
+            let pool = inner.pools.get(args.handle).ok_or(ENOENT)?;
+            if inner.pools.gpus.iter().any(|g| g.default == args.handle) {
+                return Err(EBUSY);
+            }
+            pool
+        };
         // Marked under the pool's lock alone (it hands out nothing from now on), its handle
         // taken out under the file's, and its cache given back with neither held: the file's
         // other calls do not wait for the give-back.
         pool.begin_destroy()?;
-        let _gone = self.inner.lock().pools.remove(args.handle);
+        let _gone = {
+            let mut inner = self.inner.lock();
+            // A GPU whose current pool it was has its default again.
+            for g in inner.pools.gpus.iter_mut() {
+                if g.current == args.handle {
+                    g.current = 0;
+                }
+            }
+            inner.pools.remove(args.handle)
+        };
         pool.close();
+        Ok(())
+    }
+
+    /// The current pool of GPU `gpu` for the file (`RUVM_OP_ALLOC` from pool 0): the one set,
+    /// else its default, made now if it was not yet.
+    pub(super) fn current_pool(&self, gpu: u32) -> Result<Arc<Pool>> {
+        {
+            let mut inner = self.inner.lock();
+            let pools = &mut inner.pools;
+            let handle = pools.of_gpu(gpu).map(|g| match g.current {
+                0 => g.default,
+                h => h,
+            });
+            if let Some(p) = handle.filter(|&h| h != 0).and_then(|h| pools.get(h)) {
+                return Ok(p);
+            }
+        }
+        self.default_pool(gpu)
+    }
+
+    /// Makes GPU `gpu`'s default pool for the file: sysmem, DMA-mapped for the GPU, release
+    /// threshold 0 (CUDA's default), counted in the file's pools.
+    fn default_pool(&self, gpu: u32) -> Result<Arc<Pool>> {
+        let dev = gpu::get(gpu)?;
+        let slot = {
+            let mut inner = self.inner.lock();
+            let pools = &mut inner.pools;
+            if pools.of_gpu(gpu).is_none() {
+                pools.gpus.push(
+                    super::GpuPools {
+                        gpu,
+                        default: 0,
+                        current: 0,
+                    },
+                    GFP_KERNEL_ACCOUNT,
+                )?;
+            }
+            pools.slot()?
+        };
+        let made = pool::create(&self.quota, 0, 0).and_then(|p| {
+            // Granted under an access guard, as POOL_SET_ACCESS grants.
+            let granted = dev.access().and_then(|_access| p.set_access(gpu, true));
+            match granted {
+                Ok(()) => Ok(p),
+                Err(e) => {
+                    p.close();
+                    Err(e)
+                }
+            }
+        });
+        let pool = match made {
+            Ok(p) => p,
+            Err(e) => {
+                self.inner.lock().pools.unused(slot);
+                return Err(e);
+            }
+        };
+        let mut inner = self.inner.lock();
+        let pools = &mut inner.pools;
+        let raced = match pools.of_gpu(gpu) {
+            Some(g) if g.default == 0 => {
+                g.default = pool.id();
+                None
+            }
+            Some(g) => Some(g.default),
+            // Entered above, and entries never go.
+            None => None,
+        };
+        let raced = raced.and_then(|h| pools.get(h));
+        if let Some(p) = raced {
+            // Another call made it meanwhile.
+            pools.unused(slot);
+            drop(inner);
+            pool.close();
+            return Ok(p);
+        }
+        pools.insert(slot, pool.clone());
+        Ok(pool)
+    }
+
+    /// `RUVM_IOCTL_GPU_POOL`: reads a GPU's current pool (its default made if need be), or sets
+    /// it.
+    pub(super) fn gpu_pool(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_gpu_pool>(user)?;
+        gpu::get(args.gpu)?;
+        if args.flags & uapi::ruvm_gpu_pool_flags_RUVM_GPU_POOL_SET == 0 {
+            args.pool = self.current_pool(args.gpu)?.id();
+            return writer.write(&args);
+        }
+        if args.pool != 0 && self.pool(args.pool)?.vid_gpu().is_some() {
+            return Err(EINVAL);
+        }
+        let mut inner = self.inner.lock();
+        let pools = &mut inner.pools;
+        // Destroyed meanwhile.
+        if args.pool != 0 && pools.get(args.pool).is_none() {
+            return Err(ENOENT);
+        }
+        match pools.of_gpu(args.gpu) {
+            Some(g) => g.current = args.pool,
+            None if args.pool == 0 => {}
+            None => pools.gpus.push(
+                super::GpuPools {
+                    gpu: args.gpu,
+                    default: 0,
+                    current: args.pool,
+                },
+                GFP_KERNEL_ACCOUNT,
+            )?,
+        }
+        Ok(())
+    }
+
+    /// After a synchronize (`every`: of every stream of the file): every pool of the file
+    /// caches the frees observed, and gives back what it holds above its release threshold.
+    pub(super) fn settle_pools(&self, every: bool) -> Result {
+        let pools = {
+            let inner = self.inner.lock();
+            let mut v = KVec::with_capacity(inner.pools.count, GFP_KERNEL)?;
+            for p in inner.pools.pools.values() {
+                v.push(p.clone(), GFP_KERNEL)?;
+            }
+            v
+        };
+        for p in pools.iter() {
+            p.settle(every);
+        }
         Ok(())
     }
 
@@ -87,6 +231,8 @@ impl RuvmFile {
         args.cached_chunks = a.cached_chunks;
         args.chunk_size = pool.chunk_size();
         args.access = a.access.bits();
+        args.reuse = a.reuse;
+        args.pending_bytes = a.pending;
         writer.write(&args)
     }
 
@@ -98,6 +244,21 @@ impl RuvmFile {
             (uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RELEASE_THRESHOLD, v) => pool.set_threshold(v),
             (uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RESERVED_HIGH, 0) => pool.reset_high(true),
             (uapi::ruvm_pool_attr_RUVM_POOL_ATTR_USED_HIGH, 0) => pool.reset_high(false),
+            (attr, v @ (0 | 1)) => {
+                let bit = match attr {
+                    uapi::ruvm_pool_attr_RUVM_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES => {
+                        pending::FOLLOW_EVENTS
+                    }
+                    uapi::ruvm_pool_attr_RUVM_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC => {
+                        pending::OPPORTUNISTIC
+                    }
+                    uapi::ruvm_pool_attr_RUVM_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+                        pending::INTERNAL_DEPS
+                    }
+                    _ => return Err(EINVAL),
+                };
+                pool.set_reuse(bit, v == 1);
+            }
             _ => return Err(EINVAL),
         }
         Ok(())

@@ -4,6 +4,7 @@
 //! query and wait, export an event as a sync_file.
 
 use kernel::{
+    fs::File,
     prelude::*,
     rbtree::RBTree,
     sync::Arc,
@@ -11,16 +12,19 @@ use kernel::{
 };
 
 use crate::{
-    mem::Mem,
-    stream::{
-        event::Event,
-        op::{Lookup, Named},
-        Budget, StreamCore,
+    audit::{Class, Counted},
+    mem::{
+        pool::{
+            pending::{Asker, Tag},
+            Pool,
+        },
+        AllocRequest, Handle, Made, Mem, Origin, Retired,
     },
+    stream::{event::Event, op::Lookup, plan::Named, Budget, StreamCore},
     uapi,
 };
 
-use super::{args, RuvmFile};
+use super::{args, max_alloc_bytes, Entry, RuvmFile};
 
 /// The most streams and events of one file.
 const MAX_STREAMS: usize = uapi::RUVM_MAX_FILE_STREAMS as usize;
@@ -86,8 +90,9 @@ impl Drop for FileStreams {
     }
 }
 
-/// The mems, events and VA spaces a submission names, looked up in the file.
-struct FileLookup<'a>(&'a RuvmFile);
+/// The mems, events, pools and VA spaces a submission names, looked up in the file (`File`:
+/// for zapping the user mappings of the mems it frees).
+struct FileLookup<'a>(&'a RuvmFile, &'a File);
 
 impl Lookup for FileLookup<'_> {
     fn mem(&self, handle: u64) -> Result<Arc<Mem>> {
@@ -105,6 +110,120 @@ impl Lookup for FileLookup<'_> {
 
     fn va_space(&self, flags: u32) -> Result<u64> {
         self.0.va_space(flags)
+    }
+
+    fn pool(&self, handle: u64, gpu: u32) -> Result<Arc<Pool>> {
+        match handle {
+            0 => self.0.current_pool(gpu),
+            h => self.0.pool(h),
+        }
+    }
+
+    fn alloc(
+        &self,
+        pool: Arc<Pool>,
+        size: u64,
+        zero: bool,
+        ask: &Asker<'_>,
+        own: Tag,
+    ) -> Result<Made> {
+        let req = AllocRequest {
+            gpu: None,
+            size,
+            page_size: 0,
+            zero,
+            fallback: false,
+            max_bytes: max_alloc_bytes(),
+            pool: Some(pool),
+        };
+        Mem::alloc_ordered(&req, &self.0.quota, Origin::here("OP_ALLOC"), ask, own)
+    }
+
+    fn commit(
+        &self,
+        gone: &mut dyn Iterator<Item = u64>,
+        new: &mut dyn Iterator<Item = (u64, &Arc<Mem>)>,
+        queue: &mut dyn FnMut() -> Result,
+    ) -> Result {
+        // Everything the new entries need is had before the lock: nothing fails once the
+        // submission is queued.
+        let mut entries = KVec::new();
+        for (handle, mem) in new {
+            let entry = Entry {
+                mem: mem.clone(),
+                _handle: Counted::new(Class::Handles, 1),
+            };
+            entries.push((Handle(handle), mem.mmap_offset(), entry), GFP_KERNEL)?;
+        }
+        let mut guard = self.0.inner.lock();
+        let inner = &mut *guard;
+        let mut slots = KVec::with_capacity(entries.len(), GFP_KERNEL)?;
+        let mut failed = None;
+        for _ in 0..entries.len() {
+            match (inner.mems.slot(), inner.offsets.slot()) {
+                (Ok(a), Ok(b)) => slots.push((a, b), GFP_KERNEL)?,
+                (a, b) => {
+                    failed = Some(ENOMEM);
+                    if let Ok(a) = a {
+                        inner.mems.unused(a);
+                    }
+                    if let Ok(b) = b {
+                        inner.offsets.unused(b);
+                    }
+                    break;
+                }
+            }
+        }
+        let mut gone_handles = KVec::new();
+        if failed.is_none() {
+            for h in gone {
+                if inner.mems.get(&Handle(h)).is_none() {
+                    failed = Some(ENOENT);
+                    break;
+                }
+                if let Err(e) = gone_handles.push(h, GFP_KERNEL) {
+                    failed = Some(e.into());
+                    break;
+                }
+            }
+        }
+        let r = match failed {
+            Some(e) => Err(e),
+            None => queue(),
+        };
+        if r.is_err() {
+            for (a, b) in slots {
+                inner.mems.unused(a);
+                inner.offsets.unused(b);
+            }
+            return r;
+        }
+        // Dropped once the lock is released (never the last references: the FREEs hold them).
+        let mut dropped = KVec::with_capacity(gone_handles.len(), GFP_KERNEL).unwrap_or_default();
+        for h in gone_handles {
+            if let Some(mem) = inner.mems.remove_with(&Handle(h), |e| e.mem.clone()) {
+                let _ = inner.offsets.remove_with(&mem.mmap_offset(), |_| ());
+                let _ = dropped.push(mem, GFP_KERNEL);
+            }
+        }
+        for ((handle, offset, entry), (a, b)) in entries.into_iter().zip(slots) {
+            inner.mems.insert(a, handle, entry);
+            inner.offsets.insert(b, offset, handle);
+        }
+        drop(guard);
+        drop(dropped);
+        Ok(())
+    }
+
+    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>) -> Retired {
+        let mut retired = mem.retire();
+        // The handle is gone: a zap that fails leaves the pages to the fault handler, which
+        // refuses a freed mem's.
+        let _ = mem.zap_user(self.1, &mut retired);
+        if let Some(tag) = free {
+            mem.hand_over(tag);
+        }
+        retired
     }
 }
 
@@ -185,7 +304,7 @@ impl RuvmFile {
     }
 
     /// `RUVM_IOCTL_STREAM_SUBMIT` (`arg`: the structure's address).
-    pub(super) fn stream_submit(&self, user: UserSlice, arg: usize) -> Result {
+    pub(super) fn stream_submit(&self, file: &File, user: UserSlice, arg: usize) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_stream_submit>(user)?;
         let stream = self.stream(args.handle)?;
         // The answer must be writable before anything is queued (`EFAULT` queues nothing);
@@ -199,7 +318,7 @@ impl RuvmFile {
         args.first_seqno = stream.submit(
             UserPtr::from_addr(usize::try_from(args.ops).map_err(|_| EFAULT)?),
             args.count,
-            &FileLookup(self),
+            &FileLookup(self, file),
         )?;
         // The work is queued: unless the caller unmapped the structure meanwhile, this works.
         writer.write(&args)
@@ -227,6 +346,15 @@ impl RuvmFile {
     pub(super) fn stream_sync(&self, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_stream_sync>(user)?;
         check_timeout(args.timeout_ms)?;
+        let r = self.sync_streams(&args);
+        if r.is_ok() || r == Err(EIO) {
+            let every = args.flags & uapi::ruvm_sync_flags_RUVM_SYNC_EVERY_STREAM != 0;
+            self.settle_pools(every)?;
+        }
+        r
+    }
+
+    fn sync_streams(&self, args: &uapi::ruvm_stream_sync) -> Result {
         if args.flags & uapi::ruvm_sync_flags_RUVM_SYNC_EVERY_STREAM == 0 {
             return self.stream(args.handle)?.sync(args.timeout_ms);
         }
@@ -315,7 +443,11 @@ impl RuvmFile {
     pub(super) fn event_sync(&self, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_event>(user)?;
         check_timeout(args.timeout_ms)?;
-        self.event(args.handle)?.sync(args.timeout_ms)
+        let r = self.event(args.handle)?.sync(args.timeout_ms);
+        if r.is_ok() || r == Err(EIO) {
+            self.settle_pools(false)?;
+        }
+        r
     }
 
     /// `RUVM_IOCTL_EVENT_EXPORT`: the fd is installed only once its number reached the caller.

@@ -144,6 +144,19 @@ pub(super) struct GpuTeardown {
     _kernel: Option<GpuMapping>,
     _kva: Option<KernelVa>,
     _table: Option<Arc<GpuTable>>,
+    /// Of the mappings a mem freed on a stream keeps until the stream reaches the free.
+    _parked: Parked,
+}
+
+/// The mappings of one GPU out of a freed mem's parked ones ([`super::Retired`]), in drop
+/// order.
+#[derive(Default)]
+#[allow(dead_code, reason = "held only to be dropped, in order")]
+pub(super) struct Parked {
+    pub(super) user: Option<GpuMapping>,
+    pub(super) kernel: Option<GpuMapping>,
+    pub(super) kva: Option<KernelVa>,
+    pub(super) table: Option<Arc<GpuTable>>,
 }
 
 /// Takes the user VA mapping of GPU `id` out of `st`; the user VA is forgotten with the last.
@@ -200,11 +213,17 @@ impl MemCore {
                 .and_then(|at| l.tables.remove(at).ok())
                 .map(|(_, t)| t)
         });
+        let parked = st
+            .parked
+            .as_mut()
+            .map(|r| r.take_gpu(id))
+            .unwrap_or_default();
         GpuTeardown {
             _user: user,
             _kernel: kernel,
             _kva: kva,
             _table: table.or(kept),
+            _parked: parked,
         }
     }
 }

@@ -58,6 +58,7 @@ use super::{
 };
 
 mod fifo;
+pub(crate) mod pending;
 pub(crate) mod registry;
 pub(crate) mod sys;
 pub(crate) mod vid;
@@ -80,6 +81,10 @@ pub(crate) struct Attrs {
     pub(crate) misses: u64,
     pub(crate) cached_chunks: u64,
     pub(crate) access: GpuSet,
+    /// Bytes pending a free ([`pending`]).
+    pub(crate) pending: u64,
+    /// The reuse policies that are on (`enum ruvm_pool_reuse`).
+    pub(crate) reuse: u32,
 }
 
 /// A pool's state, under its lock.
@@ -101,6 +106,11 @@ struct PoolState {
     /// A vidmem pool's cached chunks (a flat free list; its room is kept at least the pool's
     /// reserved chunks, so that chunks coming back never need an allocation).
     vcache: KVVec<vid::CachedVid>,
+    /// Sysmem lists freed on a stream, not yet observed ([`pending`]), and their bytes.
+    pending: KVec<pending::Pending>,
+    pending_bytes: u64,
+    /// The reuse policies that are on (`enum ruvm_pool_reuse`).
+    reuse: u32,
     /// A sysmem pool's place on the shrinker's list (its cached pages, for the count).
     anchor: Option<Anchor>,
     /// Destroyed, or its file closed: chunks that come back are freed.
@@ -111,7 +121,7 @@ struct PoolState {
 
 impl PoolState {
     fn reserved(&self) -> u64 {
-        self.used + self.cached + self.inflight
+        self.used + self.cached + self.inflight + self.pending_bytes
     }
 
     fn note_highs(&mut self) {
@@ -158,6 +168,16 @@ impl PoolState {
                 }
             });
             e.tables = tables;
+        }
+        for p in self.pending.iter_mut() {
+            let mut tables = core::mem::replace(&mut p.tables, KVec::new());
+            tables.retain(|(id, t)| {
+                access.contains(*id) && t.keepable() || {
+                    let _ = gone.push(t.clone(), GFP_KERNEL);
+                    false
+                }
+            });
+            p.tables = tables;
         }
         gone
     }
@@ -266,6 +286,9 @@ impl Pool {
                     misses: 0,
                     access: initial,
                     vcache: KVVec::new(),
+                    pending: KVec::new(),
+                    pending_bytes: 0,
+                    reuse: pending::ALL_POLICIES,
                     anchor: None,
                     closed: false,
                     dead: false,
@@ -326,6 +349,8 @@ impl Pool {
                 .checked_div(self.chunk_size)
                 .unwrap_or(0),
             access: st.access,
+            pending: st.pending_bytes,
+            reuse: st.reuse,
         }
     }
 
@@ -381,6 +406,12 @@ impl Pool {
     pub(crate) fn set_threshold(&self, threshold: u64) {
         self.state.lock().threshold = threshold;
         self.release(None);
+    }
+
+    /// A lent mem's `bytes` are let go without coming back (freed with the mem).
+    pub(crate) fn forget(&self, bytes: u64) {
+        let mut st = self.state.lock();
+        st.used = st.used.saturating_sub(bytes);
     }
 
     /// Resets the reserved (`reserved`) or used high watermark to the current value.
@@ -446,7 +477,14 @@ impl Pool {
     /// Closes the pool (destroyed, or its file closed): the cache is given back now, chunks
     /// that come back later are freed; it leaves the registry.
     pub(crate) fn close(self: &Arc<Self>) {
-        self.state.lock().closed = true;
+        let pending = {
+            let mut st = self.state.lock();
+            st.closed = true;
+            let p = Self::drain_pending(&mut st);
+            self.publish(&st);
+            p
+        };
+        drop(pending);
         self.release(Some(0));
         registry::remove(self);
     }

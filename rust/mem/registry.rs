@@ -78,10 +78,13 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
             match &core.storage {
                 Storage::Sys(pages) => {
                     bump(Class::SysmemBytes, core.layout.physical_size);
-                    bump(
-                        Class::SysmemChunks(pages.order()),
-                        pages.chunk_count() as u64,
-                    );
+                    // Chunks handed to a pool's pending list are counted there.
+                    if !core.handed.load(Relaxed) {
+                        bump(
+                            Class::SysmemChunks(pages.order()),
+                            pages.chunk_count() as u64,
+                        );
+                    }
                 }
                 Storage::Vid(v) => {
                     bump(Class::VidmemBytes, core.layout.physical_size);
@@ -93,6 +96,9 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
             bump(Class::KernelMaps, u64::from(st.kmap.is_some()));
             bump(Class::Handles, u64::from(st.life == Life::Owned));
             bump(Class::GpuKernelVas, u64::from(st.kva.is_some()));
+            if let Some(r) = st.parked.as_ref() {
+                r.walk(core.layout.chunk_size, &mut bump);
+            }
             let leased = st.lease.as_ref().map(|l| &l.tables[..]).unwrap_or(&[]);
             for (_, table) in Iterator::chain(st.gpus.iter(), leased.iter()) {
                 let n = table.count() as u64;

@@ -141,7 +141,7 @@ impl VidPages {
 
 /// `ERESTARTSYS` if a signal is pending: asked before each chunk of a large allocation, which
 /// a signal stops (the syscall restarts, or fails with `EINTR`) with nothing left behind.
-fn stop_on_signal() -> Result {
+pub(super) fn stop_on_signal() -> Result {
     if kernel::current!().signal_pending() {
         Err(ERESTARTSYS)
     } else {
@@ -225,7 +225,14 @@ pub(super) fn from_pool(pool: &Pool, req: &AllocRequest, layout: &Layout) -> Res
                 reused,
                 charge,
             } = taken;
-            pool.give_back(pages, tables, range, Some(reused), charge);
+            pool.give_back(
+                pages,
+                tables,
+                range,
+                Some(reused),
+                charge,
+                super::pool::pending::Tags::none(),
+            );
             return Err(e);
         }
     }

@@ -21,6 +21,8 @@ pub(crate) trait Timeline: Send + Sync {
     fn point_fence(&self, seqno: u64) -> Result<Fence>;
     /// The status of point `seqno`: 0 pending, 1 reached, or the negative errno it failed with.
     fn point_status(&self, seqno: u64) -> i32;
+    /// A synchronize saw point `seqno` reached: the frees up to it are observed.
+    fn observe(&self, seqno: u64);
 }
 
 /// Where an event was last recorded, and that point's fence once one was made.
@@ -78,9 +80,12 @@ impl Event {
         drop(old);
     }
 
-    /// Its point's timeline context (`None` if never recorded).
-    pub(crate) fn context(&self) -> Option<u64> {
-        self.point.lock().as_ref().map(|p| p.timeline.context())
+    /// Its point: its timeline's context and seqno (`None` if never recorded).
+    pub(crate) fn point(&self) -> Option<(u64, u64)> {
+        self.point
+            .lock()
+            .as_ref()
+            .map(|p| (p.timeline.context(), p.seqno))
     }
 
     /// Its point's fence, made if none was yet (`None` if never recorded).
@@ -123,11 +128,23 @@ impl Event {
 
     /// Waits for its point (at most `timeout_ms`): `Ok`, `EIO` if it signalled with an error
     /// (its status says which), `ETIMEDOUT` or `EINTR`.
+    /// Either way the frees of its stream up to the point are then observed.
     pub(crate) fn sync(&self, timeout_ms: u32) -> Result {
+        let point = self
+            .point
+            .lock()
+            .as_ref()
+            .map(|p| (p.timeline.clone(), p.seqno));
         let Some(f) = self.fence()? else {
             return Ok(());
         };
-        match f.wait(timeout_ms)? {
+        let status = f.wait(timeout_ms)?;
+        // The fence is the point's as it was read above, or a later one of the same event (a
+        // record meanwhile): either way the point read was reached.
+        if let Some((timeline, seqno)) = point {
+            timeline.observe(seqno);
+        }
+        match status {
             s if s < 0 => Err(EIO),
             _ => Ok(()),
         }

@@ -8,12 +8,15 @@ use kernel::{
     list::{impl_list_arc_safe, impl_list_item, ListArc, ListLinks},
     new_spinlock,
     prelude::*,
-    sync::SpinLock,
+    sync::{atomic::ordering::Relaxed, SpinLock},
 };
 
-use crate::bind::{
-    errno,
-    fence::{self, Fence, OwnFence, NAME_LEN},
+use crate::{
+    bind::{
+        errno,
+        fence::{self, Fence, OwnFence, NAME_LEN},
+    },
+    mem::pool::pending::Clock,
 };
 
 use super::{event, StreamCore, StreamState};
@@ -135,6 +138,13 @@ impl event::Timeline for StreamCore {
         Ok(shared)
     }
 
+    fn observe(&self, seqno: u64) {
+        let st = self.state.lock();
+        if seqno <= st.completed {
+            self.observe_locked(&st, seqno);
+        }
+    }
+
     fn point_status(&self, seqno: u64) -> i32 {
         let st = self.state.lock();
         if seqno > st.completed && !st.cancelled {
@@ -173,5 +183,23 @@ impl core::fmt::Write for NameWriter<'_> {
             }
         }
         Ok(())
+    }
+}
+
+impl Clock for StreamCore {
+    fn context(&self) -> u64 {
+        self.context
+    }
+
+    fn reached(&self, seqno: u64) -> bool {
+        self.reached.load(Relaxed) >= seqno
+    }
+
+    fn observed(&self, seqno: u64) -> bool {
+        self.observed.load(Relaxed) >= seqno
+    }
+
+    fn fence(&self, seqno: u64) -> Result<Fence> {
+        event::Timeline::point_fence(self, seqno)
     }
 }

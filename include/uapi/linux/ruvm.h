@@ -96,11 +96,17 @@ struct ruvm_info {
  * EVENT_QUERY, EVENT_SYNC, EVENT_EXPORT.
  */
 #define RUVM_FEATURE_STREAMS (1ULL << 10)
+/*
+ * Stream-ordered allocation (CUDA's cudaMallocAsync and cudaFreeAsync): RUVM_OP_ALLOC,
+ * RUVM_OP_FREE, RUVM_IOCTL_GPU_POOL, the reuse attributes of RUVM_IOCTL_POOL_SET and
+ * ruvm_pool_info.pending_bytes.
+ */
+#define RUVM_FEATURE_STREAM_ALLOC (1ULL << 11)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
 	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS |                   \
-	 RUVM_FEATURE_STREAMS)
+	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -328,7 +334,9 @@ enum ruvm_audit_class {
 	RUVM_AUDIT_VIDMEM_KEPT = 27,	/* root storage kept for reuse, its root empty (2 MiB each) */
 	RUVM_AUDIT_STREAM_OPS = 28,	/* operations queued on streams, not yet retired */
 	RUVM_AUDIT_STREAM_MEMS = 29,	/* references to mems those operations hold */
-	RUVM_AUDIT_CLASSES = 30,
+	/* pool chunks freed on a stream (RUVM_OP_FREE) whose completion was not yet observed */
+	RUVM_AUDIT_POOL_PENDING = 30,
+	RUVM_AUDIT_CLASSES = 31,
 };
 
 /* ruvm_audit.flags */
@@ -1062,9 +1070,14 @@ struct ruvm_pool_handle {
 /**
  * struct ruvm_pool_info - a pool's attributes (RUVM_IOCTL_POOL_GET)
  *
- * CUDA's attributes, in bytes: reserved = held by the pool (in use + cached), used = held by
- * mems of the pool (a freed mem's chunks count until they are back: a user mapping may keep
- * them), each with its high watermark since creation or the last reset.
+ * CUDA's attributes, in bytes: reserved = held by the pool (in use + pending + cached), used =
+ * held by mems of the pool (a mem freed by RUVM_IOCTL_MEM_FREE counts until its chunks are
+ * back: a user mapping or queued work may keep them; one freed by RUVM_OP_FREE stops counting
+ * when the free is submitted), each with its high watermark since creation or the last reset.
+ * Pending = freed by RUVM_OP_FREE, the free's completion not yet observed by a synchronize
+ * (RUVM_IOCTL_STREAM_SYNC, RUVM_IOCTL_EVENT_SYNC): reusable only under the pool's reuse
+ * policies (@reuse), never given back by a trim, the release threshold or the shrinker. At all
+ * times reserved_current = used_current + pending_bytes + cached_chunks * chunk_size.
  *
  * @handle:            (in)  the pool's handle
  * @flags:             (in)  must be 0
@@ -1076,11 +1089,12 @@ struct ruvm_pool_handle {
  * @used_high:         (out) cudaMemPoolAttrUsedMemHigh
  * @hits:              (out) chunks handed out from the cache
  * @misses:            (out) chunks allocated because the cache had none
- * @cached_chunks:     (out) chunks in the cache now ((reserved - used) / chunk_size)
+ * @cached_chunks:     (out) chunks in the cache now ((reserved - used - pending) / chunk_size)
  * @chunk_size:        (out) the pool's chunk size
  * @access:            (out) bit n set: the pool's mems are DMA-mapped for GPU n
  * @gpu:               (out) RUVM_BACKING_VIDMEM: the pool's GPU
- * @pad:               (in)  must be 0
+ * @reuse:             (out) enum ruvm_pool_reuse: the reuse policies that are on
+ * @pending_bytes:     (out) bytes of chunks pending a free (above)
  * @reserved:          (in)  must be 0
  */
 struct ruvm_pool_info {
@@ -1098,8 +1112,26 @@ struct ruvm_pool_info {
 	__u64 chunk_size;
 	__u64 access;
 	__u32 gpu;
-	__u32 pad;
-	__u64 reserved[2];
+	__u32 reuse;
+	__u64 pending_bytes;
+	__u64 reserved[1];
+};
+
+/*
+ * ruvm_pool_info.reuse: CUDA's reuse policies for chunks freed on a stream (RUVM_OP_FREE),
+ * all on when a pool is made. An allocation on stream S (RUVM_OP_ALLOC) takes a pending free's
+ * chunks when: the free was queued on S (always: S's order keeps the uses apart); S has waited
+ * (RUVM_OP_WAIT_EVENT) for an event recorded on the freeing stream at or after the free
+ * (FOLLOW_EVENT_DEPENDENCIES); the freeing stream has already reached the free
+ * (ALLOW_OPPORTUNISTIC); or the pool cannot otherwise get the memory (the file's quota or the
+ * page allocator refused it), and then the allocation waits in S for the free
+ * (ALLOW_INTERNAL_DEPENDENCIES). Otherwise the allocation takes cached or new memory. A free
+ * observed by a synchronize is cached: reusable by any allocation, policies or not.
+ */
+enum ruvm_pool_reuse {
+	RUVM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1 << 0,
+	RUVM_POOL_REUSE_ALLOW_OPPORTUNISTIC = 1 << 1,
+	RUVM_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 1 << 2,
 };
 
 /* ruvm_pool_set.attr: the attributes RUVM_IOCTL_POOL_SET changes. */
@@ -1109,6 +1141,10 @@ enum ruvm_pool_attr {
 	/* Only 0, which resets the watermark to the current value (as in CUDA). */
 	RUVM_POOL_ATTR_RESERVED_HIGH = 2,
 	RUVM_POOL_ATTR_USED_HIGH = 3,
+	/* 1 turns the policy on, 0 off (enum ruvm_pool_reuse; sysmem and vidmem pools alike). */
+	RUVM_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 4,
+	RUVM_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 5,
+	RUVM_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 6,
 };
 
 /**
@@ -1174,6 +1210,36 @@ struct ruvm_pool_access {
 	__u64 handle;
 	__u32 gpu;
 	__u32 flags;
+	__u64 reserved[2];
+};
+
+/* ruvm_gpu_pool.flags */
+enum ruvm_gpu_pool_flags {
+	/* Make @pool the GPU's current pool (0: its default pool again). Without: read it. */
+	RUVM_GPU_POOL_SET = 1 << 0,
+};
+
+/**
+ * struct ruvm_gpu_pool - a GPU's current pool for the calling file (RUVM_IOCTL_GPU_POOL)
+ *
+ * cudaDeviceGetMemPool / cudaDeviceSetMemPool: RUVM_OP_ALLOC with @src 0 takes its chunks from
+ * the current pool of the stream's GPU. Each GPU has a default pool per file, made the first
+ * time it is needed (read here, or an allocation from it): a sysmem pool of the default chunk
+ * size, DMA-mapped for the GPU (its access set), release threshold 0, all reuse policies on; it
+ * cannot be destroyed (EBUSY) and goes with the file. A current pool destroyed leaves the
+ * GPU's default pool current. Errors: ENODEV the GPU is not present; ENOENT @pool is not a pool
+ * of the file; EINVAL (unknown @flags, non-zero @reserved, a vidmem pool); ENOSPC the default
+ * pool would exceed RUVM_MAX_FILE_POOLS.
+ *
+ * @gpu:      (in)  the GPU's id
+ * @flags:    (in)  enum ruvm_gpu_pool_flags
+ * @pool:     (in)  with RUVM_GPU_POOL_SET: the pool, or 0; (out) otherwise: the current pool
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_gpu_pool {
+	__u32 gpu;
+	__u32 flags;
+	__u64 pool;
 	__u64 reserved[2];
 };
 
@@ -1319,6 +1385,36 @@ enum ruvm_op_kind {
 	RUVM_OP_WAIT_EVENT = 5,
 	/* Waits for the fence of sync_file fd @value (any driver's). */
 	RUVM_OP_WAIT_FD = 6,
+	/*
+	 * Allocates a mem of @length bytes from sysmem pool @src (0: the current pool of the
+	 * stream's GPU, RUVM_IOCTL_GPU_POOL), as RUVM_IOCTL_MEM_ALLOC with ruvm_mem_alloc.pool
+	 * does (cudaMallocAsync); @flags: RUVM_ALLOC_ZERO or 0. The mem is made when the op is
+	 * submitted: its handle is written to the op's @dst and its mmap offset to @dst_offset
+	 * (their input is ignored: the ops array must be writable), and is in the file's table
+	 * once the submission returns. Its chunks may still be in use by work queued before the
+	 * free that gave them back (the pool's reuse policies, enum ruvm_pool_reuse): the memory
+	 * may be used only by operations after the ALLOC in its stream, or after an event
+	 * recorded after it; RUVM_ALLOC_ZERO zeroes reused chunks when the stream reaches the
+	 * op. A vidmem pool is EOPNOTSUPP.
+	 */
+	RUVM_OP_ALLOC = 7,
+	/*
+	 * Frees mem @dst when the stream reaches the op (cudaFreeAsync): its handle is gone at
+	 * once (ENOENT for later operations and calls), its user mappings are zapped at once
+	 * (SIGBUS), its CPU kernel and GPU mappings stay until the stream reaches the free. A
+	 * pool mem's chunks are then pending in its pool (enum ruvm_pool_reuse); others are freed
+	 * once the work queued on them is retired. Any mem of the file may be freed this way.
+	 */
+	RUVM_OP_FREE = 8,
+};
+
+/*
+ * ruvm_op.flags of COPY, FILL and FREE: the mem is that of an earlier RUVM_OP_ALLOC of the same
+ * submission, @dst (@src) being that op's index in the ops array rather than a handle.
+ */
+enum ruvm_op_flags {
+	RUVM_OP_DST_INDEX = 1 << 8,
+	RUVM_OP_SRC_INDEX = 1 << 9,
 };
 
 /**
@@ -1327,12 +1423,14 @@ enum ruvm_op_kind {
  * Every field an operation's kind does not name must be 0 (EINVAL otherwise).
  *
  * @kind:       enum ruvm_op_kind
- * @flags:      COPY_VA: enum ruvm_va_space_flags; otherwise 0
- * @dst:        COPY, FILL: the destination mem's handle; COPY_VA: the destination VA
- * @dst_offset: COPY, FILL: the offset in it
- * @src:        COPY: the source mem's handle; COPY_VA: the source VA
+ * @flags:      COPY_VA: enum ruvm_va_space_flags; ALLOC: RUVM_ALLOC_ZERO or 0; COPY, FILL,
+ *              FREE: enum ruvm_op_flags; otherwise 0
+ * @dst:        COPY, FILL, FREE: the (destination) mem's handle; COPY_VA: the destination VA;
+ *              ALLOC: (out) the new mem's handle
+ * @dst_offset: COPY, FILL: the offset in it; ALLOC: (out) the new mem's mmap offset
+ * @src:        COPY: the source mem's handle; COPY_VA: the source VA; ALLOC: the pool, or 0
  * @src_offset: COPY: the offset in it
- * @length:     COPY, COPY_VA, FILL: bytes, > 0
+ * @length:     COPY, COPY_VA, FILL, ALLOC: bytes, > 0
  * @value:      FILL: the seed; RECORD, WAIT_EVENT: the event's handle; WAIT_FD: the fd
  * @fill_kind:  FILL: enum ruvm_fill_kind
  * @timeout_ms: WAIT_EVENT, WAIT_FD: how long the wait may last, 1 to RUVM_WAIT_MAX_MS; when
@@ -1356,15 +1454,17 @@ struct ruvm_op {
 /**
  * struct ruvm_stream_submit - queue operations on a stream (RUVM_IOCTL_STREAM_SUBMIT)
  *
- * Every operation is checked before any is queued: on an error nothing is queued. Returns at
- * once; the operations run in order, after every operation submitted to the stream before
- * them. Errors: ENOENT (no such stream, mem or event), EINVAL (a bad field, a range outside a
- * mem, an fd that is not a sync_file, @count 0 or above RUVM_MAX_SUBMIT_OPS), EOVERFLOW (COPY,
- * FILL: an offset + length past 2^64, as RUVM_IOCTL_CE_COPY), ENXIO (a mem not mapped as the
- * op needs), ENODEV (the GPU is gone), EPERM (the kernel VA space without
- * CAP_SYS_ADMIN), EIO (the stream is in error: RUVM_IOCTL_STREAM_QUERY says why), EAGAIN
- * (RUVM_MAX_STREAM_OPS would be queued), EFAULT (@ops unreadable, or this structure not
- * writable: checked before anything is queued).
+ * Every operation is checked before any is queued: on an error nothing is queued (and no mem
+ * is allocated or freed). Returns at once; the operations run in order, after every operation
+ * submitted to the stream before them. Errors: ENOENT (no such stream, mem, pool or event),
+ * EINVAL (a bad field, a range outside a mem, an fd that is not a sync_file, @count 0 or above
+ * RUVM_MAX_SUBMIT_OPS, an index flag naming an op that is not an earlier ALLOC), EOVERFLOW
+ * (COPY, FILL: an offset + length past 2^64, as RUVM_IOCTL_CE_COPY), ENXIO (a mem not mapped as
+ * the op needs), ENODEV (the GPU is gone), EPERM (the kernel VA space without CAP_SYS_ADMIN),
+ * EIO (the stream is in error: RUVM_IOCTL_STREAM_QUERY says why), EAGAIN (RUVM_MAX_STREAM_OPS
+ * would be queued), EOPNOTSUPP (ALLOC from a vidmem pool), ENOSPC and ENOMEM (ALLOC, as
+ * RUVM_IOCTL_MEM_ALLOC), EFAULT (@ops unreadable, or, with an ALLOC, not writable; or this
+ * structure not writable: checked before anything is queued).
  *
  * @handle:      (in)  the stream
  * @flags:       (in)  must be 0
@@ -1427,7 +1527,10 @@ enum ruvm_sync_flags {
  *
  * Waits until every operation submitted before the call has retired (every fence among them
  * signalled). 0 if they all ran; EIO if the stream is (with RUVM_SYNC_EVERY_STREAM: any
- * stream is) in error; ETIMEDOUT when @timeout_ms passed first; EINTR on a signal.
+ * stream is) in error; ETIMEDOUT when @timeout_ms passed first; EINTR on a signal. When the
+ * wait ends with 0 or EIO (as RUVM_IOCTL_EVENT_SYNC's), the frees (RUVM_OP_FREE) it waited for
+ * are observed: their chunks are cached, and every pool of the file gives back what it holds
+ * above its release threshold (cudaStreamSynchronize, cudaDeviceSynchronize).
  *
  * @handle:     (in) the stream (0 with RUVM_SYNC_EVERY_STREAM)
  * @flags:      (in) enum ruvm_sync_flags
@@ -1449,8 +1552,9 @@ struct ruvm_stream_sync {
  * RUVM_MAX_FILE_EVENTS. DESTROY: the point lives on in whoever holds its fence. QUERY: @status,
  * @stream, @seqno. SYNC: waits for the point: 0 if it signalled without an error, EIO if it
  * signalled with one (QUERY's @status says which), ETIMEDOUT if @timeout_ms passed first, or
- * EINTR. EXPORT: a new sync_file fd (close-on-exec) of the point (a signalled fence if never
- * recorded). SYNC and EXPORT make the point's fence the first time one is needed: ENOMEM.
+ * EINTR; with 0 or EIO the frees of the point's stream up to the point are observed, as by
+ * RUVM_IOCTL_STREAM_SYNC. EXPORT: a new sync_file fd (close-on-exec) of the point (a signalled
+ * fence if never recorded). SYNC and EXPORT make the point's fence the first time one is needed: ENOMEM.
  *
  * @handle:     (in) the event; (out) for CREATE, never 0 (its input is ignored)
  * @flags:      (in)  must be 0
@@ -1506,6 +1610,7 @@ enum {
 	RUVM_IOCTL_POOL_SET = _IOWR(RUVM_IOCTL_MAGIC, 0x34, struct ruvm_pool_set),
 	RUVM_IOCTL_POOL_TRIM = _IOWR(RUVM_IOCTL_MAGIC, 0x35, struct ruvm_pool_trim),
 	RUVM_IOCTL_POOL_SET_ACCESS = _IOWR(RUVM_IOCTL_MAGIC, 0x36, struct ruvm_pool_access),
+	RUVM_IOCTL_GPU_POOL = _IOWR(RUVM_IOCTL_MAGIC, 0x37, struct ruvm_gpu_pool),
 	RUVM_IOCTL_STREAM_CREATE = _IOWR(RUVM_IOCTL_MAGIC, 0x40, struct ruvm_stream_create),
 	RUVM_IOCTL_STREAM_DESTROY = _IOWR(RUVM_IOCTL_MAGIC, 0x41, struct ruvm_stream_handle),
 	RUVM_IOCTL_STREAM_SUBMIT = _IOWR(RUVM_IOCTL_MAGIC, 0x42, struct ruvm_stream_submit),

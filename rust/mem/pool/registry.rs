@@ -143,6 +143,9 @@ pub(crate) fn walk(mut bump: impl FnMut(Class, u64)) -> Result {
         for e in st.cache.iter() {
             e.walk(pool.chunk_size, &mut bump);
         }
+        for p in st.pending.iter() {
+            p.walk(pool.chunk_size, &mut bump);
+        }
     }
     Ok(())
 }
@@ -163,17 +166,19 @@ impl kernel::debugfs::Writer for PoolsView {
             let a = p.attrs();
             writeln!(
                 f,
-                "pool={} pid={} chunk={} reserved={} used={} cached_chunks={} hits={} misses={} threshold={} access={:#x}",
+                "pool={} pid={} chunk={} reserved={} used={} pending={} cached_chunks={} hits={} misses={} threshold={} access={:#x} reuse={:#x}",
                 p.id,
                 p.pid,
                 p.chunk_size,
                 a.reserved,
                 a.used,
+                a.pending,
                 a.cached_chunks,
                 a.hits,
                 a.misses,
                 a.release_threshold,
-                a.access.bits()
+                a.access.bits(),
+                a.reuse
             )?;
         }
         Ok(())

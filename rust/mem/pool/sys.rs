@@ -19,6 +19,7 @@ use crate::{
 
 use super::{
     super::{offsets::MmapRange, quota::Charge},
+    pending::Tags,
     Pool, PoolState,
 };
 
@@ -36,7 +37,7 @@ pub(super) struct Entry {
 }
 
 impl Entry {
-    fn new(
+    pub(super) fn new(
         pages: Arc<Pages>,
         tables: KVec<(u32, Arc<GpuTable>)>,
         range: Option<MmapRange>,
@@ -94,7 +95,7 @@ impl PoolState {
 
     /// Caches `e` as the newest entry; what could not be cached is returned, to be dropped
     /// once the lock is released.
-    fn cache(&mut self, e: Entry) -> Option<Entry> {
+    pub(super) fn cache(&mut self, e: Entry) -> Option<Entry> {
         let bytes = e.bytes();
         let refused = self.cache.push_back(e);
         if refused.is_none() {
@@ -322,6 +323,9 @@ impl Pool {
     /// the first `undo` chunks were cached: the hit and miss counts are put back, and a list
     /// of new chunks only is freed rather than cached (one of cached and new chunks is cached
     /// whole: splitting it would need memory).
+    ///
+    /// A list with `tags` not all observed (chunks a stream allocation took from a pending
+    /// free, or its own allocation point) goes back to the pending list instead.
     pub(crate) fn give_back(
         &self,
         pages: Arc<Pages>,
@@ -329,6 +333,7 @@ impl Pool {
         range: Option<MmapRange>,
         undo: Option<usize>,
         charge: Charge,
+        tags: Tags,
     ) {
         let bytes = pages.len() as u64;
         if let Some(reused) = undo {
@@ -343,6 +348,11 @@ impl Pool {
                 drop(pages);
                 return;
             }
+        }
+        if !tags.observed() {
+            drop(range);
+            self.pend(pages, tables, charge, tags);
+            return;
         }
         // Room to drop the tables the pool may not keep outside its lock.
         let mut gone =

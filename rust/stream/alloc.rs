@@ -1,0 +1,278 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Stream-ordered allocation (CUDA's `cudaMallocAsync` and `cudaFreeAsync`): the ALLOC and
+//! FREE operations of a submission, and what the submission does for them.
+//!
+//! An ALLOC makes its mem when it is planned, from a sysmem pool under the pool's reuse rules
+//! ([`crate::mem::pool::pending`]), with this stream's timeline and the points it waited for
+//! ([`Known`]) as the asker; the handle and mmap offset are written back into the caller's
+//! operation before anything is queued, and enter the file's table with the submission. A
+//! FREE takes the mem's handle out with the submission; once the operations are queued, the
+//! mem is retired (its user mappings zapped), its chunks handed to its pool's pending list
+//! tagged with the free's point, and what it gave up (CPU kernel and GPU mappings, DMA tables)
+//! kept by the FREE operation until the stream reaches it. Either way a failed submission
+//! changes nothing: the mems it made are dropped unmade (their chunks back where they came
+//! from), and no handle moved.
+
+use kernel::{
+    prelude::*,
+    sync::Arc,
+    uaccess::{UserPtr, UserSlice},
+};
+
+use crate::{
+    mem::{
+        pool::pending::{Clock, Tag},
+        Mem,
+    },
+    uapi,
+};
+
+use super::op::{Lookup, Op};
+
+/// The most other timelines a stream remembers waiting for (the file's streams).
+const KNOWN: usize = uapi::RUVM_MAX_FILE_STREAMS as usize;
+
+/// What a stream knows of other streams' timelines, so far as its submissions go: for each
+/// context, the latest point it waited for (an event's, or a sync_file's of a single fence).
+/// Under the stream's submission lock. Beyond [`KNOWN`] contexts, new ones are not noted (an
+/// allocation then reuses less, never wrongly).
+pub(crate) struct Known {
+    points: [(u64, u64); KNOWN],
+    n: usize,
+}
+
+impl Known {
+    pub(crate) const fn new() -> Self {
+        Self {
+            points: [(0, 0); KNOWN],
+            n: 0,
+        }
+    }
+
+    /// Whether point `seqno` of `context` is known passed before what is submitted now.
+    pub(crate) fn covers(&self, context: u64, seqno: u64) -> bool {
+        self.points
+            .iter()
+            .take(self.n)
+            .any(|&(c, s)| c == context && s >= seqno)
+    }
+
+    /// Notes that the stream waits for point `seqno` of `context`.
+    pub(crate) fn note(&mut self, context: u64, seqno: u64) {
+        if let Some(p) = self.points.iter_mut().take(self.n).find(|p| p.0 == context) {
+            p.1 = p.1.max(seqno);
+            return;
+        }
+        if let Some(p) = self.points.get_mut(self.n) {
+            *p = (context, seqno);
+            self.n += 1;
+        }
+    }
+
+    /// Notes the points a submission's waits named.
+    pub(super) fn merge(&mut self, batch: &Batch) {
+        for &(c, s) in batch.known.iter() {
+            self.note(c, s);
+        }
+    }
+}
+
+/// A mem an ALLOC of the submission made.
+struct Made {
+    /// The ALLOC's index in the submission.
+    index: usize,
+    handle: u64,
+    mem: Arc<Mem>,
+    /// Freed by a later FREE of the submission: never enters the file's table.
+    freed: bool,
+}
+
+/// A FREE of the submission.
+struct Freed {
+    /// The handle it takes out of the file's table (`None`: a mem of the submission's own).
+    handle: Option<u64>,
+    mem: Arc<Mem>,
+    op: Arc<Op>,
+    seqno: u64,
+}
+
+/// What a submission's ALLOCs and FREEs do to the file, and the points its waits name.
+pub(super) struct Batch {
+    made: KVec<Made>,
+    freed: KVec<Freed>,
+    /// The points the submission's waits named so far.
+    known: KVec<(u64, u64)>,
+    /// The stream's timeline, as a pool sees it (once an ALLOC or FREE needs it).
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Batch {
+    pub(super) fn new() -> Self {
+        Self {
+            made: KVec::new(),
+            freed: KVec::new(),
+            known: KVec::new(),
+            clock: None,
+        }
+    }
+
+    /// Whether the file's table is untouched by the submission.
+    pub(super) fn touches_nothing(&self) -> bool {
+        self.made.is_empty() && self.freed.is_empty()
+    }
+
+    /// Whether the stream (whose earlier submissions' points are `base`) waited for point
+    /// `seqno` of `context` before what is planned now.
+    pub(super) fn knows(&self, base: &Known, context: u64, seqno: u64) -> bool {
+        base.covers(context, seqno) || self.known.iter().any(|&(c, s)| c == context && s >= seqno)
+    }
+
+    /// Notes that the submission waits for point `seqno` of `context`.
+    pub(super) fn note_wait(&mut self, context: u64, seqno: u64) -> Result {
+        self.known.push((context, seqno), GFP_KERNEL)?;
+        Ok(())
+    }
+
+    /// The point `seqno` of the stream's timeline `clock` makes (kept for the next).
+    pub(super) fn tag(&mut self, clock: impl FnOnce() -> Arc<dyn Clock>, seqno: u64) -> Tag {
+        let clock = self.clock.get_or_insert_with(clock).clone();
+        Tag { clock, seqno }
+    }
+
+    /// The mem an operation names: by handle in the file (`ENOENT` if a FREE of the
+    /// submission took it), or with `by_index` the mem of the submission's ALLOC at that index
+    /// (`EINVAL` if there is none there, `ENOENT` if a FREE of the submission freed it).
+    pub(super) fn mem(&self, files: &dyn Lookup, value: u64, by_index: bool) -> Result<Arc<Mem>> {
+        if by_index {
+            let m = self
+                .made
+                .iter()
+                .find(|m| m.index as u64 == value)
+                .ok_or(EINVAL)?;
+            if m.freed {
+                return Err(ENOENT);
+            }
+            return Ok(m.mem.clone());
+        }
+        if self.freed.iter().any(|f| f.handle == Some(value)) {
+            return Err(ENOENT);
+        }
+        files.mem(value)
+    }
+
+    /// Notes the mem ALLOC `index` made, under `handle`.
+    pub(super) fn made(&mut self, index: usize, handle: u64, mem: Arc<Mem>) -> Result {
+        self.made.push(
+            Made {
+                index,
+                handle,
+                mem,
+                freed: false,
+            },
+            GFP_KERNEL,
+        )?;
+        Ok(())
+    }
+
+    /// Plans the free of the mem `value` names (see [`Self::mem`]); `op` is the FREE, at
+    /// `seqno`. Returns the mem.
+    pub(super) fn free_of(
+        &mut self,
+        files: &dyn Lookup,
+        value: u64,
+        by_index: bool,
+    ) -> Result<(Option<u64>, Arc<Mem>)> {
+        let mem = self.mem(files, value, by_index)?;
+        if by_index {
+            if let Some(m) = self.made.iter_mut().find(|m| m.index as u64 == value) {
+                m.freed = true;
+            }
+            return Ok((None, mem));
+        }
+        Ok((Some(value), mem))
+    }
+
+    /// Notes the FREE `op` of `mem` at `seqno` (`handle`: of the file's table).
+    pub(super) fn freed(
+        &mut self,
+        handle: Option<u64>,
+        mem: Arc<Mem>,
+        op: Arc<Op>,
+        seqno: u64,
+    ) -> Result {
+        self.freed.push(
+            Freed {
+                handle,
+                mem,
+                op,
+                seqno,
+            },
+            GFP_KERNEL,
+        )?;
+        Ok(())
+    }
+
+    /// Writes each ALLOC's handle and mmap offset into the caller's operation (`ops`):
+    /// `EFAULT` if one cannot be written (then the submission fails, nothing made stays).
+    pub(super) fn write_back(&self, ops: UserPtr) -> Result {
+        const SIZE: usize = core::mem::size_of::<uapi::ruvm_op>();
+        const DST: usize = core::mem::offset_of!(uapi::ruvm_op, dst);
+        // `dst_offset` follows `dst`: both are written at once.
+        const _: () = assert!(core::mem::offset_of!(uapi::ruvm_op, dst_offset) == DST + 8);
+        for m in self.made.iter() {
+            let at = m
+                .index
+                .checked_mul(SIZE)
+                .and_then(|o| o.checked_add(DST))
+                .ok_or(EFAULT)?;
+            let mut out = [0u8; 16];
+            out[..8].copy_from_slice(&m.handle.to_ne_bytes());
+            out[8..].copy_from_slice(&m.mem.mmap_offset().to_ne_bytes());
+            UserSlice::new(ops.wrapping_byte_add(at), out.len())
+                .writer()
+                .write_slice(&out)?;
+        }
+        Ok(())
+    }
+
+    /// The handles the submission takes out of the file's table, and the mems it enters
+    /// (those its FREEs leave).
+    pub(super) fn table_changes(
+        &self,
+    ) -> (
+        impl Iterator<Item = u64> + '_,
+        impl Iterator<Item = (u64, &Arc<Mem>)> + '_,
+    ) {
+        (
+            self.freed.iter().filter_map(|f| f.handle),
+            self.made
+                .iter()
+                .filter(|m| !m.freed)
+                .map(|m| (m.handle, &m.mem)),
+        )
+    }
+
+    /// The submission is queued: its mems are made (their chunks go back to the pool as a
+    /// freed mem's from now on), and each FREE's mem is retired, its user mappings zapped and
+    /// its chunks handed to its pool, what it gave up kept by the FREE until the stream
+    /// reaches it.
+    pub(super) fn finish(self, files: &dyn Lookup) {
+        for m in self.made.iter() {
+            m.mem.commit();
+        }
+        let clock = self.clock;
+        for f in self.freed {
+            let retired = files.free(
+                &f.mem,
+                clock.clone().map(|clock| Tag {
+                    clock,
+                    seqno: f.seqno,
+                }),
+            );
+            // Dropped here if the stream reached the FREE meanwhile (its work before it is
+            // done), else with the FREE.
+            f.op.hold(retired);
+        }
+    }
+}

@@ -1,0 +1,360 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Reading, checking and planning a submission's operations: every field checked, every handle
+//! looked up (a submission's events once, in a table), every mem and mapping an operation
+//! needs held, before anything is queued ([`super::StreamCore::submit`]).
+
+use kernel::{
+    list::ListArc,
+    prelude::*,
+    sync::{atomic::Atomic, Arc},
+    time::Delta,
+};
+
+use crate::{
+    bind::fence::{Fence, Watch},
+    gpu::{self, mmu},
+    mem::{
+        cpu::{CpuFill, Fill},
+        gpu::EngineCopy,
+        pool::pending::{Asker, Clock},
+        Made,
+    },
+    uapi,
+};
+
+use super::{
+    alloc::{Batch, Known},
+    engine::Engine,
+    event::Event,
+    op::{Lookup, Op, Work},
+    Units,
+};
+
+/// The fields of `struct ruvm_op` an operation's kind may name ([`only`]).
+const FLAGS: u32 = 1 << 0;
+const DST: u32 = 1 << 1;
+const DST_OFFSET: u32 = 1 << 2;
+const SRC: u32 = 1 << 3;
+const SRC_OFFSET: u32 = 1 << 4;
+const LENGTH: u32 = 1 << 5;
+const VALUE: u32 = 1 << 6;
+const FILL_KIND: u32 = 1 << 7;
+const TIMEOUT: u32 = 1 << 8;
+
+/// `EINVAL` unless every field of `op` that `named` does not name is 0, `reserved` too.
+fn only(op: &uapi::ruvm_op, named: u32) -> Result {
+    let given = |field: u32, value: u64| if value != 0 { field } else { 0 };
+    let fields = given(FLAGS, op.flags.into())
+        | given(DST, op.dst)
+        | given(DST_OFFSET, op.dst_offset)
+        | given(SRC, op.src)
+        | given(SRC_OFFSET, op.src_offset)
+        | given(LENGTH, op.length)
+        | given(VALUE, op.value)
+        | given(FILL_KIND, op.fill_kind.into())
+        | given(TIMEOUT, op.timeout_ms.into());
+    if op.reserved != 0 || fields & !named != 0 {
+        return Err(EINVAL);
+    }
+    Ok(())
+}
+
+/// An event a submission names: its handle, the file's event of that handle (`None`: the
+/// file has none), and the seqno the submission last recorded it at (0: none). Events are moved
+/// only once the whole submission is queued.
+pub(crate) struct Named {
+    handle: u64,
+    event: Option<Arc<Event>>,
+    recorded: u64,
+}
+
+impl Named {
+    /// The handle to look up.
+    pub(crate) fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    /// The file's event of the handle.
+    pub(crate) fn found(&mut self, event: Arc<Event>) {
+        self.event = Some(event);
+    }
+}
+
+/// The events a submission names (RECORD, WAIT_EVENT), each once: a hash table by handle
+/// (open addressing, at most half full), so that an operation finds its event in a step or two
+/// whatever their number.
+pub(super) struct Events {
+    slots: KVec<Option<Named>>,
+    mask: usize,
+}
+
+impl Events {
+    /// Looks up the events `ops` name in `files`, at once.
+    pub(super) fn of(ops: &[uapi::ruvm_op], files: &dyn Lookup) -> Result<Self> {
+        let names = |op: &&uapi::ruvm_op| {
+            matches!(
+                op.kind,
+                uapi::ruvm_op_kind_RUVM_OP_RECORD | uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT
+            )
+        };
+        let n = ops.iter().filter(names).count();
+        if n == 0 {
+            // Nothing to look up: no table, and the file's lock is not taken.
+            return Ok(Self {
+                slots: KVec::new(),
+                mask: 0,
+            });
+        }
+        let size = n
+            .checked_mul(2)
+            .and_then(usize::checked_next_power_of_two)
+            .ok_or(EINVAL)?;
+        // Transient (freed before the call returns), bounded by the call: not charged.
+        let mut slots = KVec::with_capacity(size, GFP_KERNEL)?;
+        for _ in 0..size {
+            // Room for every slot was reserved: this does not allocate.
+            slots.push(None, GFP_KERNEL)?;
+        }
+        let mut table = Self {
+            slots,
+            mask: size - 1,
+        };
+        for op in ops.iter().filter(names) {
+            let slot = table.slot(op.value)?;
+            if slot.is_none() {
+                *slot = Some(Named {
+                    handle: op.value,
+                    event: None,
+                    recorded: 0,
+                });
+            }
+        }
+        files.events(&mut table.slots);
+        Ok(table)
+    }
+
+    /// The slot of `handle`: its entry, or the empty slot where it goes.
+    fn slot(&mut self, handle: u64) -> Result<&mut Option<Named>> {
+        // Fibonacci hashing: the handles of a file are consecutive numbers.
+        // CAST: the top bits of the product, fewer than a usize holds.
+        let mut i = (handle.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask;
+        for _ in 0..self.slots.len() {
+            match self.slots.get(i).ok_or(EINVAL)? {
+                Some(n) if n.handle != handle => i = (i + 1) & self.mask,
+                _ => break,
+            }
+        }
+        self.slots.get_mut(i).ok_or(EINVAL)
+    }
+
+    /// The event `handle` names (`ENOENT` if the file has none).
+    fn get(&mut self, handle: u64) -> Result<(&Arc<Event>, &mut u64)> {
+        match self.slot(handle)? {
+            Some(Named {
+                event: Some(e),
+                recorded,
+                ..
+            }) => Ok((e, recorded)),
+            _ => Err(ENOENT),
+        }
+    }
+
+    /// The events the submission recorded, with the seqno of each one's last record.
+    pub(super) fn recorded(&self) -> impl Iterator<Item = (&Arc<Event>, u64)> {
+        self.slots.iter().flatten().filter_map(|n| match &n.event {
+            Some(e) if n.recorded != 0 => Some((e, n.recorded)),
+            _ => None,
+        })
+    }
+}
+
+/// Reads, checks and plans one operation of a submission, at `seqno` of the stream's timeline
+/// `context` on `engine`'s GPU, with one of the submission's `units`. A RECORD notes its seqno
+/// in `events`; a WAIT_EVENT sees the last of those for its event (a submission is the same as
+/// its operations one by one).
+/// Returns the new operation, or `None` if it is to be folded into the submission's previous
+/// one (`prev`: there is one; see [`Op::fold`]): a record, and a wait that the stream's order
+/// already satisfies (a point of its own timeline, or none), cost nothing then.
+///
+/// ALLOC and FREE, and the index flags, are planned with the submission's `batch` (see
+/// [`super::alloc`]); `index` is the operation's in the submission, `clock` the stream's
+/// timeline as a pool sees it, `known` the points its earlier submissions waited for.
+pub(super) fn plan(
+    op: &uapi::ruvm_op,
+    files: &dyn Lookup,
+    engine: &Arc<Engine>,
+    (context, seqno): (u64, u64),
+    (events, units, prev): (&mut Events, &mut Units, bool),
+    batch: &mut Batch,
+    (index, clock, known): (usize, &dyn Fn() -> Arc<dyn Clock>, &Known),
+) -> Result<Option<ListArc<Op>>> {
+    let gpu = engine.gpu();
+    let wait_timeout = |ms: u32| -> Result<Delta> {
+        if ms == 0 || ms > uapi::RUVM_WAIT_MAX_MS {
+            return Err(EINVAL);
+        }
+        Ok(Delta::from_millis(i64::from(ms)))
+    };
+    match op.kind {
+        uapi::ruvm_op_kind_RUVM_OP_COPY => {
+            only(op, FLAGS | DST | DST_OFFSET | SRC | SRC_OFFSET | LENGTH)?;
+            if op.length == 0 || op.flags & !(DST_INDEX | SRC_INDEX) != 0 {
+                return Err(EINVAL);
+            }
+            let dst = batch.mem(files, op.dst, op.flags & DST_INDEX != 0)?;
+            let src = batch.mem(files, op.src, op.flags & SRC_INDEX != 0)?;
+            let copy = EngineCopy::plan(gpu, dst, op.dst_offset, src, op.src_offset, op.length)?;
+            Op::new(seqno, Work::Copy(copy), 2, units).map(Some)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_COPY_VA => {
+            only(op, FLAGS | DST | SRC | LENGTH)?;
+            if op.flags & !uapi::ruvm_va_space_flags_RUVM_VA_USER != 0 {
+                return Err(EINVAL);
+            }
+            mmu::check_copy(op.dst, op.src, op.length)?;
+            let space = files.va_space(op.flags)?;
+            gpu.access()?.mmu()?;
+            let work = Work::CopyVa {
+                space,
+                dst: op.dst,
+                src: op.src,
+                len: op.length,
+            };
+            Op::new(seqno, work, 0, units).map(Some)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_FILL => {
+            only(op, FLAGS | DST | DST_OFFSET | LENGTH | VALUE | FILL_KIND)?;
+            if op.length == 0 || op.flags & !DST_INDEX != 0 {
+                return Err(EINVAL);
+            }
+            let fill = match op.fill_kind {
+                uapi::ruvm_fill_kind_RUVM_FILL_PATTERN => Fill::Pattern(op.value),
+                // CAST: the low 8 bits are the byte, as RUVM_IOCTL_MEM_FILL's.
+                uapi::ruvm_fill_kind_RUVM_FILL_BYTE => Fill::Byte(op.value as u8),
+                _ => return Err(EINVAL),
+            };
+            gpu.access()?;
+            let mem = batch.mem(files, op.dst, op.flags & DST_INDEX != 0)?;
+            let plan = CpuFill::plan(&mem, op.dst_offset, op.length, fill)?;
+            Op::new(seqno, Work::Fill(plan), 1, units).map(Some)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_RECORD => {
+            only(op, VALUE)?;
+            *events.get(op.value)?.1 = seqno;
+            if prev {
+                return Ok(None);
+            }
+            Op::new(seqno, Work::Record, 0, units).map(Some)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT | uapi::ruvm_op_kind_RUVM_OP_WAIT_FD => {
+            only(op, VALUE | TIMEOUT)?;
+            let timeout = wait_timeout(op.timeout_ms)?;
+            // A point of the stream's own timeline (recorded by this submission, or before it)
+            // is satisfied by the stream's order: nothing to wait for, and no fence made.
+            let fence = if op.kind == uapi::ruvm_op_kind_RUVM_OP_WAIT_FD {
+                Some(Fence::from_sync_file(op.value)?).filter(|f| f.context() != context)
+            } else {
+                let (event, recorded) = events.get(op.value)?;
+                match event.point() {
+                    _ if *recorded != 0 => None,
+                    Some((c, _)) if c == context => None,
+                    Some((c, s)) => {
+                        // The stream's later ALLOCs follow this dependency (CUDA's
+                        // FOLLOW_EVENT_DEPENDENCIES).
+                        batch.note_wait(c, s)?;
+                        event.fence()?
+                    }
+                    None => None,
+                }
+            };
+            let Some(fence) = fence else {
+                if prev {
+                    return Ok(None);
+                }
+                return Op::new(seqno, Work::Nop, 0, units).map(Some);
+            };
+            let watch = KBox::pin_init(Watch::new(fence, engine.clone()), GFP_KERNEL_ACCOUNT)?;
+            Op::new(seqno, Work::Wait { watch, timeout }, 0, units).map(Some)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_ALLOC => {
+            only(op, FLAGS | DST | DST_OFFSET | SRC | LENGTH)?;
+            let zero = uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO;
+            if op.length == 0 || op.flags & !zero != 0 {
+                return Err(EINVAL);
+            }
+            let pool = files.pool(op.src, gpu.id)?;
+            let own = batch.tag(clock, seqno);
+            let made = {
+                let knows = |c: u64, s: u64| batch.knows(known, c, s);
+                let ask = Asker {
+                    context,
+                    knows: &knows,
+                };
+                files.alloc(pool, op.length, op.flags & zero != 0, &ask, own)?
+            };
+            let Made { mem, wait, reused } = made;
+            let zero_len = if op.flags & zero != 0 {
+                (reused as u64)
+                    .checked_mul(mem.layout().chunk_size)
+                    .ok_or(EOVERFLOW)?
+            } else {
+                0
+            };
+            let wait = match wait {
+                Some(t) => {
+                    let fence = t.clock.fence(t.seqno)?;
+                    let watch =
+                        KBox::pin_init(Watch::new(fence, engine.clone()), GFP_KERNEL_ACCOUNT)?;
+                    Some((watch, Delta::from_millis(i64::from(uapi::RUVM_WAIT_MAX_MS))))
+                }
+                None => None,
+            };
+            let zero = match zero_len {
+                0 => None,
+                _ => Some(mem.sys_pages().ok_or(EINVAL)?),
+            };
+            let handle = crate::mem::Handle::new().0;
+            batch.made(index, handle, mem)?;
+            if wait.is_none() && zero.is_none() {
+                if prev {
+                    return Ok(None);
+                }
+                return Op::new(seqno, Work::Nop, 0, units).map(Some);
+            }
+            let work = Work::Alloc {
+                wait,
+                waited: Atomic::new(false),
+                zero,
+                zero_len,
+            };
+            Op::new(seqno, work, 0, units).map(Some)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_FREE => {
+            only(op, FLAGS | DST)?;
+            if op.flags & !DST_INDEX != 0 {
+                return Err(EINVAL);
+            }
+            let _ = batch.tag(clock, seqno);
+            let (handle, mem) = batch.free_of(files, op.dst, op.flags & DST_INDEX != 0)?;
+            let new = Op::new(seqno, Work::Free(mem.clone()), 1, units)?;
+            batch.freed(handle, mem, new.clone_arc(), seqno)?;
+            Ok(Some(new))
+        }
+        _ => Err(EINVAL),
+    }
+}
+
+/// `struct ruvm_op` flags naming a mem of the submission's by its ALLOC's index.
+const DST_INDEX: u32 = uapi::ruvm_op_flags_RUVM_OP_DST_INDEX;
+const SRC_INDEX: u32 = uapi::ruvm_op_flags_RUVM_OP_SRC_INDEX;
+
+/// Whether the GPU `id` names can run streams: present (`ENODEV`) and with a copy engine
+/// (`EOPNOTSUPP`).
+pub(super) fn engine_gpu(id: u32) -> Result<Arc<gpu::GpuDev>> {
+    let gpu = gpu::get(id)?;
+    if !gpu.has_engine() {
+        return Err(crate::bind::errno::eopnotsupp());
+    }
+    Ok(gpu)
+}
