@@ -6,8 +6,10 @@
 //! (sysmem pages and vidmem chunks), [`cpu`] (kernel and user mappings, and the kernel-side
 //! byte operations), [`gpu`] (DMA tables and the copy engine's view), [`quota`] (what a file may
 //! hold), [`offsets`] (where a mem is `mmap`ed), [`registry`] (every live mem, for the audit's
-//! walk and GPU removal), [`plant`] (test-only leaks) and [`table`] (the tree of the registry
-//! and of a file's handles, which keeps freed mems' nodes). It must not touch files or ioctl
+//! walk and GPU removal), [`plant`] (test-only leaks), [`tree`] (the tree of the registry
+//! and of a file's handles, which keeps freed mems' nodes), [`lease`] (a pool mem's tie to
+//! its pool, and how its chunks go back) and [`retired`] (what a freed mem gives up, dropped
+//! at once or parked until a stream reaches its free). It must not touch files or ioctl
 //! structures: the ioctl layer above calls it with validated values.
 //!
 //! # Life
@@ -52,6 +54,7 @@ pub(crate) mod bench;
 pub(crate) mod cpu;
 pub(crate) mod gpu;
 pub(crate) mod gpu_va;
+mod lease;
 pub(crate) mod offsets;
 pub(crate) mod pattern;
 pub(crate) mod plant;
@@ -59,12 +62,16 @@ pub(crate) mod policy;
 pub(crate) mod pool;
 pub(crate) mod quota;
 pub(crate) mod registry;
+mod retired;
 pub(crate) mod storage;
 pub(crate) mod tree;
 
+pub(crate) use lease::Made;
+use lease::{give_tables, PoolLease};
 use policy::{Backing, Layout, PolicyError};
 use pool::pending::{Asker, Tag, Tags};
 use quota::{Charge, Quota};
+pub(crate) use retired::Retired;
 use storage::Storage;
 
 /// Makes the mem layer's module-wide state usable (module init): the registry, the mmap offset
@@ -252,59 +259,6 @@ impl MemState {
     }
 }
 
-/// A pool mem's tie to its pool: when it is dropped (with the mem's core, or on a failed
-/// allocation) the chunks and the tables it holds go back to the pool.
-struct PoolLease {
-    pool: Arc<pool::Pool>,
-    pages: Option<Arc<crate::gpu::dma::Pages>>,
-    /// Tables of the pool's GPUs mapping `pages`, not (or no longer) the mem's.
-    tables: KVec<(u32, Arc<GpuTable>)>,
-    /// The mem's mmap offset range, once the mem is dropped: cached with the chunks.
-    range: Option<offsets::MmapRange>,
-    /// How many chunks came from the pool's cache, and whether the mem was made (else,
-    /// dropped, the pool's allocation is undone).
-    reused: usize,
-    made: bool,
-    /// The quota charge of the chunks: it goes back with them, into the pool's cache.
-    charge: Option<Charge>,
-    /// Chunks taken from a pending free: its points (see [`pool::pending`]), with room for
-    /// `own`'s.
-    from: Tags,
-    /// A mem allocated on a stream: its allocation's point. Once the mem is made, its chunks
-    /// go back pending until both that point and `from`'s are observed.
-    own: Option<Tag>,
-}
-
-impl PoolLease {
-    /// The points the chunks wait for when they go back.
-    fn tags(&mut self) -> Tags {
-        let mut tags = core::mem::take(&mut self.from);
-        if self.made {
-            if let Some(own) = self.own.take() {
-                // Room was reserved with the lease: a new stream's point does not allocate.
-                let _ = tags.add(own);
-            }
-        }
-        tags
-    }
-}
-
-impl Drop for PoolLease {
-    fn drop(&mut self) {
-        if let Some(pages) = self.pages.take() {
-            let tables = core::mem::replace(&mut self.tables, KVec::new());
-            let undo = (!self.made).then_some(self.reused);
-            let charge = self
-                .charge
-                .take()
-                .unwrap_or_else(|| self.pool.quota().nothing());
-            let tags = self.tags();
-            self.pool
-                .give_back(pages, tables, self.range.take(), undo, charge, tags);
-        }
-    }
-}
-
 /// The state of a mem that the audit's registry can see. It lives exactly as long as its
 /// [`Mem`]: the registry's reference is removed when the `Mem` goes.
 #[pin_data(PinnedDrop)]
@@ -371,18 +325,6 @@ impl PinnedDrop for MemCore {
     }
 }
 
-/// Adds `tables` to `to`: moved whole when `to` is empty (no allocation); a table with no
-/// room to go is dropped (unmapped).
-fn give_tables(to: &mut KVec<(u32, Arc<GpuTable>)>, tables: KVec<(u32, Arc<GpuTable>)>) {
-    if to.is_empty() {
-        *to = tables;
-        return;
-    }
-    for t in tables {
-        let _ = to.push(t, GFP_KERNEL);
-    }
-}
-
 /// One mem, as its holders (a file's table, user VMAs) see it.
 pub(crate) struct Mem {
     core: Arc<MemCore>,
@@ -403,64 +345,6 @@ impl Drop for Mem {
         // Leave the registry; the core (and with it the chunks) goes when the last reference
         // does, outside the registry's lock.
         let _core = registry::remove(self.core.serial);
-    }
-}
-
-/// The mappings a freed mem gave up, dropped in field order (uvm_mem's): the CPU kernel
-/// mapping, the GPU user mappings, the GPU kernel mappings and their VA offset, then the DMA
-/// tables. It also holds the address space whose `mmap` filled a VMA of the mem, for the zap.
-#[must_use = "drop it after zapping the user mappings"]
-pub(crate) struct Retired {
-    filled_by: Option<ARef<Mm>>,
-    _kmap: Option<Arc<cpu::KernelMapping>>,
-    _gpu_user: KVec<(u32, gpu_va::GpuMapping)>,
-    _gpu_kernel: KVec<(u32, gpu_va::GpuMapping)>,
-    _kva: Option<gpu_va::KernelVa>,
-    _gpus: KVec<(u32, Arc<GpuTable>)>,
-}
-
-/// A mem allocated for a stream ([`Mem::alloc_ordered`]).
-pub(crate) struct Made {
-    pub(crate) mem: Arc<Mem>,
-    /// The point its stream must wait for before the mem is used (a pending free's, taken by
-    /// `ALLOW_INTERNAL_DEPENDENCIES`).
-    pub(crate) wait: Option<Tag>,
-    /// How many of its chunks (the first) were reused: not zeroed.
-    pub(crate) reused: usize,
-}
-
-impl Retired {
-    /// Takes the mappings of GPU `id` out (a GPU's removal), the GPU kernel VA offset with the
-    /// last GPU kernel mapping.
-    fn take_gpu(&mut self, id: u32) -> gpu::Parked {
-        fn take<T>(v: &mut KVec<(u32, T)>, id: u32) -> Option<T> {
-            let at = v.iter().position(|(g, _)| *g == id)?;
-            v.remove(at).ok().map(|(_, t)| t)
-        }
-        let user = take(&mut self._gpu_user, id);
-        let kernel = take(&mut self._gpu_kernel, id);
-        let kva = if self._gpu_kernel.is_empty() {
-            self._kva.take()
-        } else {
-            None
-        };
-        gpu::Parked {
-            user,
-            kernel,
-            kva,
-            table: take(&mut self._gpus, id),
-        }
-    }
-
-    /// Counts what it holds into `bump` (the audit's walk): `chunk_size` per DMA-mapped chunk.
-    fn walk(&self, chunk_size: u64, bump: &mut impl FnMut(Class, u64)) {
-        bump(Class::KernelMaps, u64::from(self._kmap.is_some()));
-        bump(Class::GpuKernelVas, u64::from(self._kva.is_some()));
-        for (_, table) in self._gpus.iter() {
-            let n = table.count() as u64;
-            bump(Class::DmaMappings, n);
-            bump(Class::DmaBytes, n * chunk_size);
-        }
     }
 }
 
@@ -748,97 +632,6 @@ impl Mem {
             0 => Err(EINVAL),
             n => Ok(n),
         }
-    }
-
-    /// Frees the mem in its owner's name: it becomes [`Life::Freed`] and gives up its CPU
-    /// kernel mapping, GPU user and kernel mappings and DMA tables, which the caller drops after
-    /// zapping the user mappings (uvm_mem's order: CPU user, CPU kernel, GPU user, GPU kernel,
-    /// GPU phys). The chunks go with the last reference.
-    pub(crate) fn retire(&self) -> Retired {
-        let mut st = self.state.lock();
-        st.life = Life::Freed;
-        if let Some(access) = st.lease.as_ref().map(|l| l.pool.access()) {
-            // The tables of the pool's GPUs stay, for the pool's cache (which decides, under
-            // its lock, what it keeps of them: `pool::PoolState::keeps`).
-            let kept = |id: u32| access.contains(id);
-            let mine = core::mem::replace(&mut st.gpus, KVec::new());
-            if mine.iter().all(|(id, _)| kept(*id)) {
-                if let Some(l) = st.lease.as_mut() {
-                    give_tables(&mut l.tables, mine);
-                }
-            } else {
-                for (id, t) in mine {
-                    // A table with no room to go anywhere is dropped (unmapped) here.
-                    let _ = match st.lease.as_mut() {
-                        Some(l) if kept(id) => l.tables.push((id, t), GFP_KERNEL),
-                        _ => st.gpus.push((id, t), GFP_KERNEL),
-                    };
-                }
-            }
-        }
-        // INVARIANT: a freed mem keeps no mapping, no VA offset and no table.
-        Retired {
-            filled_by: st.filled_by.take(),
-            _kmap: st.kmap.take(),
-            _gpu_user: {
-                st.user_va = None;
-                core::mem::replace(&mut st.gpu_user, KVec::new())
-            },
-            _gpu_kernel: core::mem::replace(&mut st.gpu_kernel, KVec::new()),
-            _kva: st.kva.take(),
-            _gpus: core::mem::replace(&mut st.gpus, KVec::new()),
-        }
-    }
-
-    /// A freed pool mem's chunks go to its pool's pending list, waiting for `free` (the point
-    /// of the stream that freed it) and the points they waited for already; the mem keeps them
-    /// for the work queued before the free. Called once the mem is retired and its user
-    /// mappings zapped (nothing but queued work may touch the chunks then). Nothing for a mem
-    /// of no pool. Without memory to note the point, the chunks are not reused: they are
-    /// freed with the mem.
-    pub(crate) fn hand_over(&self, free: Tag) {
-        if !self.leased {
-            return;
-        }
-        let taken = {
-            let mut st = self.state.lock();
-            let Some(l) = st.lease.as_mut() else {
-                return;
-            };
-            let Some(pages) = l.pages.take() else {
-                return;
-            };
-            // The lease gives nothing back any more; the audit finds the chunks pending.
-            self.handed.store(true, Relaxed);
-            let tables = core::mem::replace(&mut l.tables, KVec::new());
-            let charge = l.charge.take();
-            let tags = l.tags();
-            (l.pool.clone(), pages, tables, charge, tags)
-        };
-        let (pool, pages, tables, charge, mut tags) = taken;
-        let charge = charge.unwrap_or_else(|| pool.quota().nothing());
-        if tags.add(free).is_err() {
-            // Unsafe to reuse without its point: the pool lets the chunks go.
-            drop(tables);
-            pool.forget(pages.len() as u64);
-            drop(charge);
-            drop(pages);
-            return;
-        }
-        // Pending until the points are observed (cached at once if they were).
-        pool.give_back(pages, tables, None, None, charge, tags);
-    }
-
-    /// Keeps what a mem freed on a stream gave up (its mappings), until [`Mem::unpark`] when
-    /// the stream reaches the free.
-    pub(crate) fn park(&self, retired: Retired) {
-        let old = self.state.lock().parked.replace(retired);
-        drop(old);
-    }
-
-    /// What [`Mem::park`] kept, to be dropped (the stream reached the free).
-    pub(crate) fn unpark(&self) -> Option<Retired> {
-        self.state.lock().parked.take()
     }
 
     /// Marks the mem as planted: no owner, mappings kept (test-only leaks).

@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A pool mem's tie to its pool ([`PoolLease`]), and the two ways its chunks go back: with the
+//! mem's last holder (a synchronous free: cached, or pending while points they wait for are
+//! not observed), or handed to the pool's pending list by a free on a stream
+//! ([`Mem::hand_over`]).
+
+use kernel::{
+    prelude::*,
+    sync::{atomic::ordering::Relaxed, Arc},
+};
+
+use crate::gpu::dma::GpuTable;
+
+use super::{
+    offsets,
+    pool::{
+        self,
+        pending::{Tag, Tags},
+    },
+    quota::Charge,
+    Mem,
+};
+
+/// A pool mem's tie to its pool: when it is dropped (with the mem's core, or on a failed
+/// allocation) the chunks and the tables it holds go back to the pool.
+pub(super) struct PoolLease {
+    pub(super) pool: Arc<pool::Pool>,
+    pub(super) pages: Option<Arc<crate::gpu::dma::Pages>>,
+    /// Tables of the pool's GPUs mapping `pages`, not (or no longer) the mem's.
+    pub(super) tables: KVec<(u32, Arc<GpuTable>)>,
+    /// The mem's mmap offset range, once the mem is dropped: cached with the chunks.
+    pub(super) range: Option<offsets::MmapRange>,
+    /// How many chunks came from the pool's cache, and whether the mem was made (else,
+    /// dropped, the pool's allocation is undone).
+    pub(super) reused: usize,
+    pub(super) made: bool,
+    /// The quota charge of the chunks: it goes back with them, into the pool's cache.
+    pub(super) charge: Option<Charge>,
+    /// Chunks taken from a pending free: its points (see [`pool::pending`]), with room for
+    /// `own`'s.
+    pub(super) from: Tags,
+    /// A mem allocated on a stream: its allocation's point. Once the mem is made, its chunks
+    /// go back pending until both that point and `from`'s are observed.
+    pub(super) own: Option<Tag>,
+}
+
+impl PoolLease {
+    /// The points the chunks wait for when they go back.
+    pub(super) fn tags(&mut self) -> Tags {
+        let mut tags = core::mem::take(&mut self.from);
+        if self.made {
+            if let Some(own) = self.own.take() {
+                // Room was reserved with the lease: a new stream's point does not allocate.
+                let _ = tags.add(own);
+            }
+        }
+        tags
+    }
+}
+
+impl Drop for PoolLease {
+    fn drop(&mut self) {
+        if let Some(pages) = self.pages.take() {
+            let tables = core::mem::replace(&mut self.tables, KVec::new());
+            let undo = (!self.made).then_some(self.reused);
+            let charge = self
+                .charge
+                .take()
+                .unwrap_or_else(|| self.pool.quota().nothing());
+            let tags = self.tags();
+            self.pool
+                .give_back(pages, tables, self.range.take(), undo, charge, tags);
+        }
+    }
+}
+
+/// Adds `tables` to `to`: moved whole when `to` is empty (no allocation); a table with no
+/// room to go is dropped (unmapped).
+pub(super) fn give_tables(to: &mut KVec<(u32, Arc<GpuTable>)>, tables: KVec<(u32, Arc<GpuTable>)>) {
+    if to.is_empty() {
+        *to = tables;
+        return;
+    }
+    for t in tables {
+        let _ = to.push(t, GFP_KERNEL);
+    }
+}
+
+/// A mem allocated for a stream ([`Mem::alloc_ordered`]).
+pub(crate) struct Made {
+    pub(crate) mem: Arc<Mem>,
+    /// The point its stream must wait for before the mem is used (a pending free's, taken by
+    /// `ALLOW_INTERNAL_DEPENDENCIES`).
+    pub(crate) wait: Option<Tag>,
+    /// How many of its chunks (the first) were reused: not zeroed.
+    pub(crate) reused: usize,
+}
+
+impl Mem {
+    /// A freed pool mem's chunks go to its pool's pending list, waiting for `free` (the point
+    /// of the stream that freed it) and the points they waited for already; the mem keeps them
+    /// for the work queued before the free. Called once the mem is retired and its user
+    /// mappings zapped (nothing but queued work may touch the chunks then). Nothing for a mem
+    /// of no pool. Without memory to note the point, the chunks are not reused: they are
+    /// freed with the mem.
+    pub(crate) fn hand_over(&self, free: Tag) {
+        if !self.leased {
+            return;
+        }
+        let taken = {
+            let mut st = self.state.lock();
+            let Some(l) = st.lease.as_mut() else {
+                return;
+            };
+            let Some(pages) = l.pages.take() else {
+                return;
+            };
+            // The lease gives nothing back any more; the audit finds the chunks pending.
+            self.handed.store(true, Relaxed);
+            let tables = core::mem::replace(&mut l.tables, KVec::new());
+            let charge = l.charge.take();
+            let tags = l.tags();
+            (l.pool.clone(), pages, tables, charge, tags)
+        };
+        let (pool, pages, tables, charge, mut tags) = taken;
+        let charge = charge.unwrap_or_else(|| pool.quota().nothing());
+        if tags.add(free).is_err() {
+            // Unsafe to reuse without its point: the pool lets the chunks go.
+            drop(tables);
+            pool.forget(pages.len() as u64);
+            drop(charge);
+            drop(pages);
+            return;
+        }
+        // Pending until the points are observed (cached at once if they were).
+        pool.give_back(pages, tables, None, None, charge, tags);
+    }
+}

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! What a freed mem gives up ([`Retired`]): its CPU kernel mapping, GPU virtual mappings and
+//! DMA tables, dropped by a synchronous free once the user mappings are zapped, or parked in
+//! the mem by a free on a stream until the stream reaches it.
+
+use kernel::{mm::Mm, prelude::*, sync::aref::ARef, sync::Arc};
+
+use crate::{audit::Class, gpu::dma::GpuTable};
+
+use super::{cpu, give_tables, gpu, gpu_va, Life, Mem};
+
+/// The mappings a freed mem gave up, dropped in field order (uvm_mem's): the CPU kernel
+/// mapping, the GPU user mappings, the GPU kernel mappings and their VA offset, then the DMA
+/// tables. It also holds the address space whose `mmap` filled a VMA of the mem, for the zap.
+#[must_use = "drop it after zapping the user mappings"]
+pub(crate) struct Retired {
+    pub(super) filled_by: Option<ARef<Mm>>,
+    pub(super) _kmap: Option<Arc<cpu::KernelMapping>>,
+    pub(super) _gpu_user: KVec<(u32, gpu_va::GpuMapping)>,
+    pub(super) _gpu_kernel: KVec<(u32, gpu_va::GpuMapping)>,
+    pub(super) _kva: Option<gpu_va::KernelVa>,
+    pub(super) _gpus: KVec<(u32, Arc<GpuTable>)>,
+}
+
+impl Retired {
+    /// Takes the mappings of GPU `id` out (a GPU's removal), the GPU kernel VA offset with the
+    /// last GPU kernel mapping.
+    pub(super) fn take_gpu(&mut self, id: u32) -> gpu::Parked {
+        fn take<T>(v: &mut KVec<(u32, T)>, id: u32) -> Option<T> {
+            let at = v.iter().position(|(g, _)| *g == id)?;
+            v.remove(at).ok().map(|(_, t)| t)
+        }
+        let user = take(&mut self._gpu_user, id);
+        let kernel = take(&mut self._gpu_kernel, id);
+        let kva = if self._gpu_kernel.is_empty() {
+            self._kva.take()
+        } else {
+            None
+        };
+        gpu::Parked {
+            user,
+            kernel,
+            kva,
+            table: take(&mut self._gpus, id),
+        }
+    }
+
+    /// Counts what it holds into `bump` (the audit's walk): `chunk_size` per DMA-mapped chunk.
+    pub(super) fn walk(&self, chunk_size: u64, bump: &mut impl FnMut(Class, u64)) {
+        bump(Class::KernelMaps, u64::from(self._kmap.is_some()));
+        bump(Class::GpuKernelVas, u64::from(self._kva.is_some()));
+        for (_, table) in self._gpus.iter() {
+            let n = table.count() as u64;
+            bump(Class::DmaMappings, n);
+            bump(Class::DmaBytes, n * chunk_size);
+        }
+    }
+}
+
+impl Mem {
+    /// Frees the mem in its owner's name: it becomes [`Life::Freed`] and gives up its CPU
+    /// kernel mapping, GPU user and kernel mappings and DMA tables, which the caller drops after
+    /// zapping the user mappings (uvm_mem's order: CPU user, CPU kernel, GPU user, GPU kernel,
+    /// GPU phys). The chunks go with the last reference.
+    pub(crate) fn retire(&self) -> Retired {
+        let mut st = self.state.lock();
+        st.life = Life::Freed;
+        if let Some(access) = st.lease.as_ref().map(|l| l.pool.access()) {
+            // The tables of the pool's GPUs stay, for the pool's cache (which decides, under
+            // its lock, what it keeps of them: `pool::PoolState::keeps`).
+            let kept = |id: u32| access.contains(id);
+            let mine = core::mem::replace(&mut st.gpus, KVec::new());
+            if mine.iter().all(|(id, _)| kept(*id)) {
+                if let Some(l) = st.lease.as_mut() {
+                    give_tables(&mut l.tables, mine);
+                }
+            } else {
+                for (id, t) in mine {
+                    // A table with no room to go anywhere is dropped (unmapped) here.
+                    let _ = match st.lease.as_mut() {
+                        Some(l) if kept(id) => l.tables.push((id, t), GFP_KERNEL),
+                        _ => st.gpus.push((id, t), GFP_KERNEL),
+                    };
+                }
+            }
+        }
+        // INVARIANT: a freed mem keeps no mapping, no VA offset and no table.
+        Retired {
+            filled_by: st.filled_by.take(),
+            _kmap: st.kmap.take(),
+            _gpu_user: {
+                st.user_va = None;
+                core::mem::replace(&mut st.gpu_user, KVec::new())
+            },
+            _gpu_kernel: core::mem::replace(&mut st.gpu_kernel, KVec::new()),
+            _kva: st.kva.take(),
+            _gpus: core::mem::replace(&mut st.gpus, KVec::new()),
+        }
+    }
+
+    /// Keeps what a mem freed on a stream gave up (its mappings), until [`Mem::unpark`] when
+    /// the stream reaches the free.
+    pub(crate) fn park(&self, retired: Retired) {
+        let old = self.state.lock().parked.replace(retired);
+        drop(old);
+    }
+
+    /// What [`Mem::park`] kept, to be dropped (the stream reached the free).
+    pub(crate) fn unpark(&self) -> Option<Retired> {
+        self.state.lock().parked.take()
+    }
+}
