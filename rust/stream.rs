@@ -31,7 +31,10 @@ use kernel::{
     new_condvar, new_mutex,
     prelude::*,
     sync::{
-        atomic::{ordering::Relaxed, Atomic},
+        atomic::{
+            ordering::{Relaxed, Release},
+            Atomic,
+        },
         Arc, CondVar, Mutex,
     },
     time::msecs_to_jiffies,
@@ -311,7 +314,7 @@ impl StreamCore {
     /// Notes that a synchronize observed the stream up to `seqno` (under its lock).
     fn observe_locked(&self, _st: &StreamState, seqno: u64) {
         if self.observed.load(Relaxed) < seqno {
-            self.observed.store(seqno, Relaxed);
+            self.observed.store(seqno, Release);
         }
     }
 
@@ -390,7 +393,7 @@ impl StreamCore {
                 st.submitted
             };
             st.reach(upto);
-            self.reached.store(st.completed, Relaxed);
+            self.reached.store(st.completed, Release);
             st.queued = 0;
             self.retired.notify_all();
         }
@@ -438,7 +441,7 @@ impl StreamCore {
             let to = if st.cancelled { st.submitted } else { seqno };
             // The points' fences first: whoever sees them completed sees them signalled.
             st.reach(to);
-            self.reached.store(st.completed, Relaxed);
+            self.reached.store(st.completed, Release);
             st.queued = st.queued.saturating_sub(units);
             self.retired.notify_all();
         }

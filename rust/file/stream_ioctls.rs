@@ -15,7 +15,7 @@ use crate::{
     audit::{Class, Counted},
     mem::{
         pool::{
-            pending::{Asker, Tag},
+            pending::{Asker, Promise, Tag},
             Pool,
         },
         AllocRequest, Handle, Made, Mem, Origin, Retired,
@@ -215,13 +215,13 @@ impl Lookup for FileLookup<'_> {
         Ok(())
     }
 
-    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>) -> Retired {
+    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>) -> Retired {
         let mut retired = mem.retire();
         // The handle is gone: a zap that fails leaves the pages to the fault handler, which
         // refuses a freed mem's.
         let _ = mem.zap_user(self.1, &mut retired);
         if let Some(tag) = free {
-            mem.hand_over(tag);
+            mem.hand_over(tag, promise);
         }
         retired
     }

@@ -16,7 +16,7 @@ use super::{
     offsets,
     pool::{
         self,
-        pending::{Tag, Tags},
+        pending::{Promise, Tag, Tags},
     },
     quota::Charge,
     Mem,
@@ -69,8 +69,13 @@ impl Drop for PoolLease {
                 .take()
                 .unwrap_or_else(|| self.pool.quota().nothing());
             let tags = self.tags();
-            self.pool
-                .give_back(pages, tables, self.range.take(), undo, charge, tags);
+            self.pool.give_back(
+                pages,
+                tables,
+                (self.range.take(), undo),
+                charge,
+                (tags, None),
+            );
         }
     }
 }
@@ -98,13 +103,33 @@ pub(crate) struct Made {
 }
 
 impl Mem {
+    /// Makes what [`Mem::hand_over`] needs, when a free on a stream is planned: room for the
+    /// points its chunks will wait for, and in its pool's pending list. `None` for a mem of
+    /// no (sysmem) pool.
+    pub(crate) fn prepare_hand_over(&self) -> Result<Option<Promise>> {
+        if !self.leased {
+            return Ok(None);
+        }
+        let pool = {
+            let mut st = self.state.lock();
+            let Some(l) = st.lease.as_mut() else {
+                return Ok(None);
+            };
+            // Its allocation's point and the free's.
+            l.from.reserve(2)?;
+            l.pool.clone()
+        };
+        pool.promise().map(Some)
+    }
+
     /// A freed pool mem's chunks go to its pool's pending list, waiting for `free` (the point
     /// of the stream that freed it) and the points they waited for already; the mem keeps them
     /// for the work queued before the free. Called once the mem is retired and its user
     /// mappings zapped (nothing but queued work may touch the chunks then). Nothing for a mem
-    /// of no pool. Without memory to note the point, the chunks are not reused: they are
-    /// freed with the mem.
-    pub(crate) fn hand_over(&self, free: Tag) {
+    /// of no pool. With what [`Mem::prepare_hand_over`] made (`promise`), nothing is
+    /// allocated; without memory to note the point, the chunks are not reused: they are freed
+    /// with the mem.
+    pub(crate) fn hand_over(&self, free: Tag, promise: Option<Promise>) {
         if !self.leased {
             return;
         }
@@ -134,6 +159,6 @@ impl Mem {
             return;
         }
         // Pending until the points are observed (cached at once if they were).
-        pool.give_back(pages, tables, None, None, charge, tags);
+        pool.give_back(pages, tables, (None, None), charge, (tags, promise));
     }
 }

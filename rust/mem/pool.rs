@@ -109,6 +109,8 @@ struct PoolState {
     /// Sysmem lists freed on a stream, not yet observed ([`pending`]), and their bytes.
     pending: KVec<pending::Pending>,
     pending_bytes: u64,
+    /// Room in `pending` kept for frees being submitted ([`pending::Promise`]).
+    promised: usize,
     /// The reuse policies that are on (`enum ruvm_pool_reuse`).
     reuse: u32,
     /// A sysmem pool's place on the shrinker's list (its cached pages, for the count).
@@ -288,6 +290,7 @@ impl Pool {
                     vcache: KVVec::new(),
                     pending: KVec::new(),
                     pending_bytes: 0,
+                    promised: 0,
                     reuse: pending::ALL_POLICIES,
                     anchor: None,
                     closed: false,

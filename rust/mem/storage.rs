@@ -225,14 +225,8 @@ pub(super) fn from_pool(pool: &Pool, req: &AllocRequest, layout: &Layout) -> Res
                 reused,
                 charge,
             } = taken;
-            pool.give_back(
-                pages,
-                tables,
-                range,
-                Some(reused),
-                charge,
-                super::pool::pending::Tags::none(),
-            );
+            let after = (super::pool::pending::Tags::none(), None);
+            pool.give_back(pages, tables, (range, Some(reused)), charge, after);
             return Err(e);
         }
     }

@@ -22,7 +22,7 @@ use kernel::{
 
 use crate::{
     mem::{
-        pool::pending::{Clock, Tag},
+        pool::pending::{Clock, Promise, Tag},
         Mem,
     },
     uapi,
@@ -93,6 +93,8 @@ struct Freed {
     /// The handle it takes out of the file's table (`None`: a mem of the submission's own).
     handle: Option<u64>,
     mem: Arc<Mem>,
+    /// Room in the mem's pool's pending list for its chunks.
+    promise: Option<Promise>,
     op: Arc<Op>,
     seqno: u64,
 }
@@ -182,22 +184,22 @@ impl Batch {
         files: &dyn Lookup,
         value: u64,
         by_index: bool,
-    ) -> Result<(Option<u64>, Arc<Mem>)> {
+    ) -> Result<(Option<u64>, Arc<Mem>, Option<Promise>)> {
         let mem = self.mem(files, value, by_index)?;
+        let promise = mem.prepare_hand_over()?;
         if by_index {
             if let Some(m) = self.made.iter_mut().find(|m| m.index as u64 == value) {
                 m.freed = true;
             }
-            return Ok((None, mem));
+            return Ok((None, mem, promise));
         }
-        Ok((Some(value), mem))
+        Ok((Some(value), mem, promise))
     }
 
     /// Notes the FREE `op` of `mem` at `seqno` (`handle`: of the file's table).
     pub(super) fn freed(
         &mut self,
-        handle: Option<u64>,
-        mem: Arc<Mem>,
+        (handle, mem, promise): (Option<u64>, Arc<Mem>, Option<Promise>),
         op: Arc<Op>,
         seqno: u64,
     ) -> Result {
@@ -205,6 +207,7 @@ impl Batch {
             Freed {
                 handle,
                 mem,
+                promise,
                 op,
                 seqno,
             },
@@ -263,13 +266,11 @@ impl Batch {
         }
         let clock = self.clock;
         for f in self.freed {
-            let retired = files.free(
-                &f.mem,
-                clock.clone().map(|clock| Tag {
-                    clock,
-                    seqno: f.seqno,
-                }),
-            );
+            let tag = clock.clone().map(|clock| Tag {
+                clock,
+                seqno: f.seqno,
+            });
+            let retired = files.free(&f.mem, tag, f.promise);
             // Dropped here if the stream reached the FREE meanwhile (its work before it is
             // done), else with the FREE.
             f.op.hold(retired);

@@ -28,7 +28,7 @@ use crate::{
         cpu::CpuFill,
         gpu::EngineCopy,
         pool::{
-            pending::{Asker, Tag},
+            pending::{Asker, Promise, Tag},
             Pool,
         },
         Made, Mem, Retired,
@@ -68,8 +68,9 @@ pub(crate) trait Lookup {
         queue: &mut dyn FnMut() -> Result,
     ) -> Result;
     /// Frees `mem` (its handle gone) on a stream, at point `free`: retired, its user mappings
-    /// zapped, its chunks handed to its pool; returns what it gave up.
-    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>) -> Retired;
+    /// zapped, its chunks handed to its pool (in the room `promise` kept); returns what it
+    /// gave up.
+    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>) -> Retired;
 }
 
 /// What an operation does.

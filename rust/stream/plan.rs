@@ -336,9 +336,9 @@ pub(super) fn plan(
                 return Err(EINVAL);
             }
             let _ = batch.tag(clock, seqno);
-            let (handle, mem) = batch.free_of(files, op.dst, op.flags & DST_INDEX != 0)?;
-            let new = Op::new(seqno, Work::Free(mem.clone()), 1, units)?;
-            batch.freed(handle, mem, new.clone_arc(), seqno)?;
+            let freed = batch.free_of(files, op.dst, op.flags & DST_INDEX != 0)?;
+            let new = Op::new(seqno, Work::Free(freed.1.clone()), 1, units)?;
+            batch.freed(freed, new.clone_arc(), seqno)?;
             Ok(Some(new))
         }
         _ => Err(EINVAL),

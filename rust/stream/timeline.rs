@@ -8,7 +8,7 @@ use kernel::{
     list::{impl_list_arc_safe, impl_list_item, ListArc, ListLinks},
     new_spinlock,
     prelude::*,
-    sync::{atomic::ordering::Relaxed, SpinLock},
+    sync::{atomic::ordering::Acquire, SpinLock},
 };
 
 use crate::{
@@ -192,11 +192,11 @@ impl Clock for StreamCore {
     }
 
     fn reached(&self, seqno: u64) -> bool {
-        self.reached.load(Relaxed) >= seqno
+        self.reached.load(Acquire) >= seqno
     }
 
     fn observed(&self, seqno: u64) -> bool {
-        self.observed.load(Relaxed) >= seqno
+        self.observed.load(Acquire) >= seqno
     }
 
     fn fence(&self, seqno: u64) -> Result<Fence> {

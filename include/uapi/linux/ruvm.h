@@ -1395,7 +1395,8 @@ enum ruvm_op_kind {
 	 * free that gave them back (the pool's reuse policies, enum ruvm_pool_reuse): the memory
 	 * may be used only by operations after the ALLOC in its stream, or after an event
 	 * recorded after it; RUVM_ALLOC_ZERO zeroes reused chunks when the stream reaches the
-	 * op. A vidmem pool is EOPNOTSUPP.
+	 * op (a stream in error retires it without running it: the chunks then hold what an
+	 * earlier mem of the file left). A vidmem pool is EOPNOTSUPP.
 	 */
 	RUVM_OP_ALLOC = 7,
 	/*

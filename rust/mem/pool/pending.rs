@@ -161,6 +161,28 @@ impl Pending {
     }
 }
 
+/// Room kept in a pool's pending list ([`Pool::promise`]).
+pub(crate) struct Promise {
+    pool: Option<Arc<Pool>>,
+}
+
+impl Promise {
+    /// Used: the room is taken (under the pool's lock).
+    fn keep(mut self, st: &mut PoolState) {
+        if self.pool.take().is_some() {
+            st.promised -= 1;
+        }
+    }
+}
+
+impl Drop for Promise {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.state.lock().promised -= 1;
+        }
+    }
+}
+
 /// What [`Pool::take_ordered`] found.
 pub(crate) struct Ordered {
     pub(crate) taken: Taken,
@@ -302,12 +324,16 @@ impl Pool {
     /// for `tags` in the pending list; with no room for them there, or the pool closed, they
     /// are let go (freed once their last holder, a mem or queued work, lets go too). They were
     /// counted used until now.
+    ///
+    /// With `promise` (a free on a stream, which reserved the room when it was planned) this
+    /// allocates nothing and the list always goes in (unless the pool closed).
     pub(super) fn pend(
         &self,
         pages: Arc<Pages>,
         mut tables: KVec<(u32, Arc<GpuTable>)>,
         charge: Charge,
         tags: Tags,
+        promise: Option<Promise>,
     ) {
         let bytes = pages.len() as u64;
         let n = pages.chunk_count() as u64;
@@ -321,7 +347,17 @@ impl Pool {
         let mut gone =
             KVec::with_capacity(tables.len(), GFP_KERNEL).unwrap_or_else(|_| KVec::new());
         let mut st = self.state.lock();
-        let room = st.pending.reserve(1, GFP_KERNEL);
+        let room = match promise {
+            Some(p) => {
+                p.keep(&mut st);
+                Ok(())
+            }
+            // Room for the promises made too.
+            None => {
+                let want = st.promised + 1;
+                st.pending.reserve(want, GFP_KERNEL_ACCOUNT)
+            }
+        };
         st.used = st.used.saturating_sub(bytes);
         let refused = if st.closed || room.is_err() {
             Some(p)
@@ -343,6 +379,18 @@ impl Pool {
         drop(gone);
         drop(tables);
         drop(refused);
+    }
+
+    /// Room for one more list in the pending list, until the [`Promise`] is kept or dropped:
+    /// made when a free on a stream is planned, so that its hand-over cannot fail.
+    pub(crate) fn promise(self: &Arc<Self>) -> Result<Promise> {
+        let mut st = self.state.lock();
+        let want = st.promised + 1;
+        st.pending.reserve(want, GFP_KERNEL_ACCOUNT)?;
+        st.promised += 1;
+        Ok(Promise {
+            pool: Some(self.clone()),
+        })
     }
 
     /// Caches the pending lists whose points were all observed (with `every`, a synchronize of

@@ -19,7 +19,7 @@ use crate::{
 
 use super::{
     super::{offsets::MmapRange, quota::Charge},
-    pending::Tags,
+    pending::{Promise, Tags},
     Pool, PoolState,
 };
 
@@ -325,15 +325,15 @@ impl Pool {
     /// whole: splitting it would need memory).
     ///
     /// A list with `tags` not all observed (chunks a stream allocation took from a pending
-    /// free, or its own allocation point) goes back to the pending list instead.
+    /// free, or its own allocation point) goes back to the pending list instead, in the room
+    /// `promise` kept if there is one.
     pub(crate) fn give_back(
         &self,
         pages: Arc<Pages>,
         mut tables: KVec<(u32, Arc<GpuTable>)>,
-        range: Option<MmapRange>,
-        undo: Option<usize>,
+        (range, undo): (Option<MmapRange>, Option<usize>),
         charge: Charge,
-        tags: Tags,
+        (tags, promise): (Tags, Option<Promise>),
     ) {
         let bytes = pages.len() as u64;
         if let Some(reused) = undo {
@@ -351,7 +351,7 @@ impl Pool {
         }
         if !tags.observed() {
             drop(range);
-            self.pend(pages, tables, charge, tags);
+            self.pend(pages, tables, charge, tags, promise);
             return;
         }
         // Room to drop the tables the pool may not keep outside its lock.
