@@ -489,7 +489,8 @@ impl Mem {
                     own,
                 };
                 if lease.own.is_some() {
-                    lease.from.reserve(1)?;
+                    // Its own point, and a free's on a stream (see `Mem::prepare_hand_over`).
+                    lease.from.reserve(3)?;
                 }
                 (layout, storage, Some(lease))
             }

@@ -92,11 +92,21 @@ impl RuvmFile {
             let mut inner = self.inner.lock();
             let pools = &mut inner.pools;
             let handle = pools.of_gpu(gpu).map(|g| match g.current {
-                0 => g.default,
-                h => h,
+                0 => (g.default, true),
+                h => (h, false),
             });
-            if let Some(p) = handle.filter(|&h| h != 0).and_then(|h| pools.get(h)) {
-                return Ok(p);
+            if let Some((h, default)) = handle.filter(|&(h, _)| h != 0) {
+                if let Some(p) = pools.get(h) {
+                    drop(inner);
+                    if default && !p.access().contains(gpu) {
+                        // Its GPU was removed (which took it out of the set) and came back:
+                        // the default pool is the GPU's again.
+                        let dev = gpu::get(gpu)?;
+                        let _access = dev.access()?;
+                        p.set_access(gpu, true)?;
+                    }
+                    return Ok(p);
+                }
             }
         }
         self.default_pool(gpu)
@@ -197,19 +207,23 @@ impl RuvmFile {
 
     /// After a synchronize (`every`: of every stream of the file): every pool of the file
     /// caches the frees observed, and gives back what it holds above its release threshold.
-    pub(super) fn settle_pools(&self, every: bool) -> Result {
+    /// Without memory to list them, the pools settle at the next synchronize (what was
+    /// observed stays so).
+    pub(super) fn settle_pools(&self, every: bool) {
         let pools = {
             let inner = self.inner.lock();
-            let mut v = KVec::with_capacity(inner.pools.count, GFP_KERNEL)?;
+            let Ok(mut v) = KVec::with_capacity(inner.pools.count, GFP_KERNEL) else {
+                return;
+            };
             for p in inner.pools.pools.values() {
-                v.push(p.clone(), GFP_KERNEL)?;
+                // Within the room reserved: cannot fail.
+                let _ = v.push_within_capacity(p.clone());
             }
             v
         };
         for p in pools.iter() {
             p.settle(every);
         }
-        Ok(())
     }
 
     /// `RUVM_IOCTL_POOL_GET`.

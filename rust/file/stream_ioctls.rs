@@ -215,15 +215,13 @@ impl Lookup for FileLookup<'_> {
         Ok(())
     }
 
-    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>) -> Retired {
-        let mut retired = mem.retire();
+    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>) {
         // The handle is gone: a zap that fails leaves the pages to the fault handler, which
         // refuses a freed mem's.
-        let _ = mem.zap_user(self.1, &mut retired);
-        if let Some(tag) = free {
-            mem.hand_over(tag, promise);
-        }
-        retired
+        let zap = |retired: &mut Retired| {
+            let _ = mem.zap_user(self.1, retired);
+        };
+        mem.free_ordered(zap, free, promise);
     }
 }
 
@@ -349,7 +347,7 @@ impl RuvmFile {
         let r = self.sync_streams(&args);
         if r.is_ok() || r == Err(EIO) {
             let every = args.flags & uapi::ruvm_sync_flags_RUVM_SYNC_EVERY_STREAM != 0;
-            self.settle_pools(every)?;
+            self.settle_pools(every);
         }
         r
     }
@@ -445,7 +443,7 @@ impl RuvmFile {
         check_timeout(args.timeout_ms)?;
         let r = self.event(args.handle)?.sync(args.timeout_ms);
         if r.is_ok() || r == Err(EIO) {
-            self.settle_pools(false)?;
+            self.settle_pools(false);
         }
         r
     }

@@ -3,7 +3,7 @@
 //! A pool mem's tie to its pool ([`PoolLease`]), and the two ways its chunks go back: with the
 //! mem's last holder (a synchronous free: cached, or pending while points they wait for are
 //! not observed), or handed to the pool's pending list by a free on a stream
-//! ([`Mem::hand_over`]).
+//! ([`Mem::free_ordered`]).
 
 use kernel::{
     prelude::*,
@@ -19,7 +19,7 @@ use super::{
         pending::{Promise, Tag, Tags},
     },
     quota::Charge,
-    Mem,
+    Mem, MemState, Retired,
 };
 
 /// A pool mem's tie to its pool: when it is dropped (with the mem's core, or on a failed
@@ -103,7 +103,7 @@ pub(crate) struct Made {
 }
 
 impl Mem {
-    /// Makes what [`Mem::hand_over`] needs, when a free on a stream is planned: room for the
+    /// Makes what [`Mem::free_ordered`] needs, when a free on a stream is planned: room for the
     /// points its chunks will wait for, and in its pool's pending list. `None` for a mem of
     /// no (sysmem) pool.
     pub(crate) fn prepare_hand_over(&self) -> Result<Option<Promise>> {
@@ -122,33 +122,86 @@ impl Mem {
         pool.promise().map(Some)
     }
 
-    /// A freed pool mem's chunks go to its pool's pending list, waiting for `free` (the point
-    /// of the stream that freed it) and the points they waited for already; the mem keeps them
-    /// for the work queued before the free. Called once the mem is retired and its user
-    /// mappings zapped (nothing but queued work may touch the chunks then). Nothing for a mem
-    /// of no pool. With what [`Mem::prepare_hand_over`] made (`promise`), nothing is
-    /// allocated; without memory to note the point, the chunks are not reused: they are freed
-    /// with the mem.
-    pub(crate) fn hand_over(&self, free: Tag, promise: Option<Promise>) {
-        if !self.leased {
+    /// Frees the mem on a stream, at point `free` (its handle gone, in a submission queued
+    /// now): it is retired, its user mappings zapped (`zap`, when a VMA maps it), its chunks
+    /// handed to its pool's pending list (in the room `promise` kept), and what it gave up
+    /// parked until the stream reaches the free. With no VMA, all of it under one acquisition
+    /// of its lock.
+    pub(crate) fn free_ordered(
+        &self,
+        zap: impl FnOnce(&mut Retired),
+        free: Option<Tag>,
+        promise: Option<Promise>,
+    ) {
+        let mut st = self.state.lock();
+        let mut retired = Self::retire_locked(&mut st);
+        // Read once the mem is freed: a VMA that inserted a page did so before (a fault
+        // checks the mem's life under its lock), and was counted before that.
+        if self.user_mappings.load(Relaxed) != 0 {
+            drop(st);
+            zap(&mut retired);
+            let handed = self.take_lease(&mut self.state.lock());
+            if let (Some(h), Some(t)) = (handed, free) {
+                h.go(t, promise);
+            }
+            self.park(retired);
             return;
         }
-        let taken = {
-            let mut st = self.state.lock();
-            let Some(l) = st.lease.as_mut() else {
-                return;
-            };
-            let Some(pages) = l.pages.take() else {
-                return;
-            };
-            // The lease gives nothing back any more; the audit finds the chunks pending.
-            self.handed.store(true, Relaxed);
-            let tables = core::mem::replace(&mut l.tables, KVec::new());
-            let charge = l.charge.take();
-            let tags = l.tags();
-            (l.pool.clone(), pages, tables, charge, tags)
+        let handed = match free {
+            Some(t) => self.take_lease(&mut st).map(|h| (h, t)),
+            None => None,
         };
-        let (pool, pages, tables, charge, mut tags) = taken;
+        let old = st.parked.replace(retired);
+        drop(st);
+        drop(old);
+        if let Some((h, t)) = handed {
+            h.go(t, promise);
+        }
+    }
+
+    /// Takes the chunks out of a pool mem's lease for its pool's pending list (its lease gives
+    /// nothing back any more; the audit finds them pending). `None` for a mem of no pool, or
+    /// one handed over already.
+    fn take_lease(&self, st: &mut MemState) -> Option<Handed> {
+        if !self.leased {
+            return None;
+        }
+        let l = st.lease.as_mut()?;
+        let pages = l.pages.take()?;
+        self.handed.store(true, Relaxed);
+        Some(Handed {
+            pool: l.pool.clone(),
+            pages,
+            tables: core::mem::replace(&mut l.tables, KVec::new()),
+            charge: l.charge.take(),
+            tags: l.tags(),
+        })
+    }
+}
+
+/// A freed pool mem's chunks, on their way to its pool's pending list.
+struct Handed {
+    pool: Arc<pool::Pool>,
+    pages: Arc<crate::gpu::dma::Pages>,
+    tables: KVec<(u32, Arc<GpuTable>)>,
+    charge: Option<Charge>,
+    tags: Tags,
+}
+
+impl Handed {
+    /// The chunks go to the pool's pending list, waiting for `free` (the point of the stream
+    /// that freed the mem) and the points they waited for already; the mem keeps them for the
+    /// work queued before the free. With what [`Mem::prepare_hand_over`] made (`promise`),
+    /// nothing is allocated; without memory to note the point, the chunks are not reused: they
+    /// are freed with the mem.
+    fn go(self, free: Tag, promise: Option<Promise>) {
+        let Handed {
+            pool,
+            pages,
+            tables,
+            charge,
+            mut tags,
+        } = self;
         let charge = charge.unwrap_or_else(|| pool.quota().nothing());
         if tags.add(free).is_err() {
             // Unsafe to reuse without its point: the pool lets the chunks go.

@@ -14,9 +14,10 @@
 //! # Accounting (CUDA's attributes)
 //!
 //! `used` is the bytes of the chunks lent to mems: from the allocation until the chunks are
-//! back, which is when the mem's last holder (its handle, a user VMA) lets go. `reserved` is
-//! `used` plus the cached bytes. The high watermarks follow both and are reset to the
-//! current values. Hits and misses count chunks.
+//! back, which is when the mem's last holder (its handle, a user VMA) lets go, or until a free
+//! on a stream hands them to the pending list ([`pending`]). `reserved` is `used` plus the
+//! pending and the cached bytes. The high watermarks follow both and are reset to the
+//! current values. Hits and misses count chunks (a pending free reused counts as hits).
 //!
 //! # Bounds
 //!

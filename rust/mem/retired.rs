@@ -8,7 +8,7 @@ use kernel::{mm::Mm, prelude::*, sync::aref::ARef, sync::Arc};
 
 use crate::{audit::Class, gpu::dma::GpuTable};
 
-use super::{cpu, give_tables, gpu, gpu_va, Life, Mem};
+use super::{cpu, give_tables, gpu, gpu_va, Life, Mem, MemState};
 
 /// The mappings a freed mem gave up, dropped in field order (uvm_mem's): the CPU kernel
 /// mapping, the GPU user mappings, the GPU kernel mappings and their VA offset, then the DMA
@@ -64,7 +64,11 @@ impl Mem {
     /// zapping the user mappings (uvm_mem's order: CPU user, CPU kernel, GPU user, GPU kernel,
     /// GPU phys). The chunks go with the last reference.
     pub(crate) fn retire(&self) -> Retired {
-        let mut st = self.state.lock();
+        Self::retire_locked(&mut self.state.lock())
+    }
+
+    /// [`Mem::retire`], under the mem's lock.
+    pub(super) fn retire_locked(st: &mut MemState) -> Retired {
         st.life = Life::Freed;
         if let Some(access) = st.lease.as_ref().map(|l| l.pool.access()) {
             // The tables of the pool's GPUs stay, for the pool's cache (which decides, under

@@ -22,7 +22,10 @@ use kernel::{
 
 use crate::{
     mem::{
-        pool::pending::{Clock, Promise, Tag},
+        pool::{
+            pending::{Clock, Promise, Tag},
+            Pool,
+        },
         Mem,
     },
     uapi,
@@ -34,7 +37,7 @@ use super::op::{Lookup, Op};
 const KNOWN: usize = uapi::RUVM_MAX_FILE_STREAMS as usize;
 
 /// What a stream knows of other streams' timelines, so far as its submissions go: for each
-/// context, the latest point it waited for (an event's, or a sync_file's of a single fence).
+/// context, the latest point it waited for (an event's, `RUVM_OP_WAIT_EVENT`).
 /// Under the stream's submission lock. Beyond [`KNOWN`] contexts, new ones are not noted (an
 /// allocation then reuses less, never wrongly).
 pub(crate) struct Known {
@@ -107,6 +110,8 @@ pub(super) struct Batch {
     known: KVec<(u64, u64)>,
     /// The stream's timeline, as a pool sees it (once an ALLOC or FREE needs it).
     clock: Option<Arc<dyn Clock>>,
+    /// The pool the last ALLOC named, and how (its handle, or 0 for the GPU's current one).
+    pool: Option<(u64, Arc<Pool>)>,
 }
 
 impl Batch {
@@ -116,7 +121,21 @@ impl Batch {
             freed: KVec::new(),
             known: KVec::new(),
             clock: None,
+            pool: None,
         }
+    }
+
+    /// The pool an ALLOC names (see [`Lookup::pool`]), looked up once for a run of ALLOCs
+    /// naming the same.
+    pub(super) fn pool(&mut self, files: &dyn Lookup, handle: u64, gpu: u32) -> Result<Arc<Pool>> {
+        if let Some((h, p)) = &self.pool {
+            if *h == handle {
+                return Ok(p.clone());
+            }
+        }
+        let p = files.pool(handle, gpu)?;
+        self.pool = Some((handle, p.clone()));
+        Ok(p)
     }
 
     /// Whether the file's table is untouched by the submission.
@@ -270,10 +289,10 @@ impl Batch {
                 clock,
                 seqno: f.seqno,
             });
-            let retired = files.free(&f.mem, tag, f.promise);
-            // Dropped here if the stream reached the FREE meanwhile (its work before it is
-            // done), else with the FREE.
-            f.op.hold(retired);
+            // What the mem gave up is parked in it until the FREE is dropped: here if the
+            // stream reached it meanwhile (its work before it is done).
+            files.free(&f.mem, tag, f.promise);
+            drop(f.op);
         }
     }
 }

@@ -31,7 +31,7 @@ use crate::{
             pending::{Asker, Promise, Tag},
             Pool,
         },
-        Made, Mem, Retired,
+        Made, Mem,
     },
 };
 
@@ -67,10 +67,8 @@ pub(crate) trait Lookup {
         new: &mut dyn Iterator<Item = (u64, &Arc<Mem>)>,
         queue: &mut dyn FnMut() -> Result,
     ) -> Result;
-    /// Frees `mem` (its handle gone) on a stream, at point `free`: retired, its user mappings
-    /// zapped, its chunks handed to its pool (in the room `promise` kept); returns what it
-    /// gave up.
-    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>) -> Retired;
+    /// Frees `mem` (its handle gone) on a stream, at point `free` ([`Mem::free_ordered`]).
+    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>);
 }
 
 /// What an operation does.
@@ -195,13 +193,6 @@ impl Op {
             Work::Fill(f) => f.len() as u64,
             Work::Alloc { zero_len, .. } => *zero_len,
             _ => 0,
-        }
-    }
-
-    /// Keeps what a FREE's mem gave up until the FREE is dropped.
-    pub(super) fn hold(&self, retired: Retired) {
-        if let Work::Free(mem) = &self.work {
-            mem.park(retired);
         }
     }
 

@@ -224,8 +224,8 @@ pub(super) fn plan(
             Op::new(seqno, work, 0, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_FILL => {
-            only(op, FLAGS | DST | DST_OFFSET | LENGTH | VALUE | FILL_KIND)?;
-            if op.length == 0 || op.flags & !DST_INDEX != 0 {
+            only(op, DST | DST_OFFSET | LENGTH | VALUE | FILL_KIND)?;
+            if op.length == 0 {
                 return Err(EINVAL);
             }
             let fill = match op.fill_kind {
@@ -235,7 +235,7 @@ pub(super) fn plan(
                 _ => return Err(EINVAL),
             };
             gpu.access()?;
-            let mem = batch.mem(files, op.dst, op.flags & DST_INDEX != 0)?;
+            let mem = batch.mem(files, op.dst, false)?;
             let plan = CpuFill::plan(&mem, op.dst_offset, op.length, fill)?;
             Op::new(seqno, Work::Fill(plan), 1, units).map(Some)
         }
@@ -283,7 +283,7 @@ pub(super) fn plan(
             if op.length == 0 || op.flags & !zero != 0 {
                 return Err(EINVAL);
             }
-            let pool = files.pool(op.src, gpu.id)?;
+            let pool = batch.pool(files, op.src, gpu.id)?;
             let own = batch.tag(clock, seqno);
             let made = {
                 let knows = |c: u64, s: u64| batch.knows(known, c, s);

@@ -20,7 +20,7 @@
 #include <linux/types.h>
 
 /* Bumped on any incompatible change; compatible additions add feature bits instead. */
-#define RUVM_ABI_VERSION 2
+#define RUVM_ABI_VERSION 3
 
 #define RUVM_IOCTL_MAGIC 0xD7
 
@@ -334,7 +334,7 @@ enum ruvm_audit_class {
 	RUVM_AUDIT_VIDMEM_KEPT = 27,	/* root storage kept for reuse, its root empty (2 MiB each) */
 	RUVM_AUDIT_STREAM_OPS = 28,	/* operations queued on streams, not yet retired */
 	RUVM_AUDIT_STREAM_MEMS = 29,	/* references to mems those operations hold */
-	/* pool chunks freed on a stream (RUVM_OP_FREE) whose completion was not yet observed */
+	/* pool chunks pending a free on a stream (RUVM_OP_FREE; ruvm_pool_info.pending_bytes) */
 	RUVM_AUDIT_POOL_PENDING = 30,
 	RUVM_AUDIT_CLASSES = 31,
 };
@@ -1074,7 +1074,9 @@ struct ruvm_pool_handle {
  * held by mems of the pool (a mem freed by RUVM_IOCTL_MEM_FREE counts until its chunks are
  * back: a user mapping or queued work may keep them; one freed by RUVM_OP_FREE stops counting
  * when the free is submitted), each with its high watermark since creation or the last reset.
- * Pending = freed by RUVM_OP_FREE, the free's completion not yet observed by a synchronize
+ * Pending = freed by RUVM_OP_FREE (or chunks an ALLOC took from such a free, given back by the
+ * mem's RUVM_IOCTL_MEM_FREE or a failed submission), the free's (and the ALLOC's) completion
+ * not yet observed by a synchronize
  * (RUVM_IOCTL_STREAM_SYNC, RUVM_IOCTL_EVENT_SYNC): reusable only under the pool's reuse
  * policies (@reuse), never given back by a trim, the release threshold or the shrinker. At all
  * times reserved_current = used_current + pending_bytes + cached_chunks * chunk_size.
@@ -1087,7 +1089,7 @@ struct ruvm_pool_handle {
  * @reserved_high:     (out) cudaMemPoolAttrReservedMemHigh
  * @used_current:      (out) cudaMemPoolAttrUsedMemCurrent
  * @used_high:         (out) cudaMemPoolAttrUsedMemHigh
- * @hits:              (out) chunks handed out from the cache
+ * @hits:              (out) chunks handed out from the cache or a pending free
  * @misses:            (out) chunks allocated because the cache had none
  * @cached_chunks:     (out) chunks in the cache now ((reserved - used - pending) / chunk_size)
  * @chunk_size:        (out) the pool's chunk size
@@ -1225,11 +1227,12 @@ enum ruvm_gpu_pool_flags {
  * cudaDeviceGetMemPool / cudaDeviceSetMemPool: RUVM_OP_ALLOC with @src 0 takes its chunks from
  * the current pool of the stream's GPU. Each GPU has a default pool per file, made the first
  * time it is needed (read here, or an allocation from it): a sysmem pool of the default chunk
- * size, DMA-mapped for the GPU (its access set), release threshold 0, all reuse policies on; it
- * cannot be destroyed (EBUSY) and goes with the file. A current pool destroyed leaves the
- * GPU's default pool current. Errors: ENODEV the GPU is not present; ENOENT @pool is not a pool
- * of the file; EINVAL (unknown @flags, non-zero @reserved, a vidmem pool); ENOSPC the default
- * pool would exceed RUVM_MAX_FILE_POOLS.
+ * size, DMA-mapped for the GPU (its access set: granted again when the GPU comes back after
+ * a removal), release threshold 0, all reuse policies on; it cannot be destroyed (EBUSY) and
+ * goes with the file. A current pool destroyed leaves the GPU's default pool current. Errors:
+ * EINVAL unknown @flags, non-zero @reserved; ENODEV the GPU is not present; ENOENT @pool is
+ * not a pool of the file; EINVAL a vidmem pool; ENOSPC the default pool would exceed
+ * RUVM_MAX_FILE_POOLS; ENOMEM.
  *
  * @gpu:      (in)  the GPU's id
  * @flags:    (in)  enum ruvm_gpu_pool_flags
@@ -1403,15 +1406,17 @@ enum ruvm_op_kind {
 	 * Frees mem @dst when the stream reaches the op (cudaFreeAsync): its handle is gone at
 	 * once (ENOENT for later operations and calls), its user mappings are zapped at once
 	 * (SIGBUS), its CPU kernel and GPU mappings stay until the stream reaches the free. A
-	 * pool mem's chunks are then pending in its pool (enum ruvm_pool_reuse); others are freed
-	 * once the work queued on them is retired. Any mem of the file may be freed this way.
+	 * sysmem pool mem's chunks are pending in its pool from then on (enum ruvm_pool_reuse);
+	 * others go (to the page allocator, or a vidmem pool's cache) once their last holder lets
+	 * go: the work queued on them, a user VMA. Any mem of the file may be freed this way.
 	 */
 	RUVM_OP_FREE = 8,
 };
 
 /*
- * ruvm_op.flags of COPY, FILL and FREE: the mem is that of an earlier RUVM_OP_ALLOC of the same
- * submission, @dst (@src) being that op's index in the ops array rather than a handle.
+ * ruvm_op.flags of COPY and FREE: the mem is that of an earlier RUVM_OP_ALLOC of the same
+ * submission, @dst (@src) being that op's index in the ops array (0 for the first) rather than
+ * a handle. (A FILL needs a CPU kernel mapping, which an ALLOC's mem cannot have yet.)
  */
 enum ruvm_op_flags {
 	RUVM_OP_DST_INDEX = 1 << 8,
@@ -1424,8 +1429,8 @@ enum ruvm_op_flags {
  * Every field an operation's kind does not name must be 0 (EINVAL otherwise).
  *
  * @kind:       enum ruvm_op_kind
- * @flags:      COPY_VA: enum ruvm_va_space_flags; ALLOC: RUVM_ALLOC_ZERO or 0; COPY, FILL,
- *              FREE: enum ruvm_op_flags; otherwise 0
+ * @flags:      COPY_VA: enum ruvm_va_space_flags; ALLOC: RUVM_ALLOC_ZERO or 0; COPY, FREE:
+ *              enum ruvm_op_flags; otherwise 0
  * @dst:        COPY, FILL, FREE: the (destination) mem's handle; COPY_VA: the destination VA;
  *              ALLOC: (out) the new mem's handle
  * @dst_offset: COPY, FILL: the offset in it; ALLOC: (out) the new mem's mmap offset
@@ -1455,16 +1460,18 @@ struct ruvm_op {
 /**
  * struct ruvm_stream_submit - queue operations on a stream (RUVM_IOCTL_STREAM_SUBMIT)
  *
- * Every operation is checked before any is queued: on an error nothing is queued (and no mem
- * is allocated or freed). Returns at once; the operations run in order, after every operation
+ * Every operation is checked before any is queued: on an error nothing is queued, no handle
+ * is given or taken (the mems ALLOCs made are freed again: a handle written back names
+ * nothing), and the pools hold what they held (but for their high watermarks). Returns at once; the operations run in order, after every operation
  * submitted to the stream before them. Errors: ENOENT (no such stream, mem, pool or event),
  * EINVAL (a bad field, a range outside a mem, an fd that is not a sync_file, @count 0 or above
  * RUVM_MAX_SUBMIT_OPS, an index flag naming an op that is not an earlier ALLOC), EOVERFLOW
  * (COPY, FILL: an offset + length past 2^64, as RUVM_IOCTL_CE_COPY), ENXIO (a mem not mapped as
  * the op needs), ENODEV (the GPU is gone), EPERM (the kernel VA space without CAP_SYS_ADMIN),
  * EIO (the stream is in error: RUVM_IOCTL_STREAM_QUERY says why), EAGAIN (RUVM_MAX_STREAM_OPS
- * would be queued), EOPNOTSUPP (ALLOC from a vidmem pool), ENOSPC and ENOMEM (ALLOC, as
- * RUVM_IOCTL_MEM_ALLOC), EFAULT (@ops unreadable, or, with an ALLOC, not writable; or this
+ * would be queued), EOPNOTSUPP (ALLOC from a vidmem pool), ENOSPC, ENOMEM and EINTR (ALLOC, as
+ * RUVM_IOCTL_MEM_ALLOC: a signal stops a large allocation; ENOSPC also when the GPU's default
+ * pool would exceed RUVM_MAX_FILE_POOLS), EFAULT (@ops unreadable, or, with an ALLOC, not writable; or this
  * structure not writable: checked before anything is queued).
  *
  * @handle:      (in)  the stream
@@ -1531,7 +1538,10 @@ enum ruvm_sync_flags {
  * stream is) in error; ETIMEDOUT when @timeout_ms passed first; EINTR on a signal. When the
  * wait ends with 0 or EIO (as RUVM_IOCTL_EVENT_SYNC's), the frees (RUVM_OP_FREE) it waited for
  * are observed: their chunks are cached, and every pool of the file gives back what it holds
- * above its release threshold (cudaStreamSynchronize, cudaDeviceSynchronize).
+ * above its release threshold (cudaStreamSynchronize, cudaDeviceSynchronize). With
+ * RUVM_SYNC_EVERY_STREAM, every free whose stream has reached it is observed too (a
+ * destroyed stream's included); a stream whose own wait ended is observed even if another's
+ * timed out.
  *
  * @handle:     (in) the stream (0 with RUVM_SYNC_EVERY_STREAM)
  * @flags:      (in) enum ruvm_sync_flags

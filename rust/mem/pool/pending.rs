@@ -92,13 +92,13 @@ impl Tags {
             t.seqno = t.seqno.max(tag.seqno);
             return Ok(());
         }
-        self.0.push(tag, GFP_KERNEL)?;
+        self.0.push(tag, GFP_KERNEL_ACCOUNT)?;
         Ok(())
     }
 
     /// Room for `n` more points (so that [`Self::add`] of a new stream's does not allocate).
     pub(crate) fn reserve(&mut self, n: usize) -> Result {
-        self.0.reserve(n, GFP_KERNEL)?;
+        self.0.reserve(n, GFP_KERNEL_ACCOUNT)?;
         Ok(())
     }
 
@@ -305,7 +305,6 @@ impl Pool {
         } = p;
         let mut gone = KVec::new();
         st.sort_tables(&mut tables, &mut gone);
-        self.publish(st);
         let reused = pages.chunk_count();
         Some((
             Taken {
@@ -344,8 +343,9 @@ impl Pool {
             tags,
             _chunks: Counted::new(Class::PoolPending, n),
         };
-        let mut gone =
-            KVec::with_capacity(tables.len(), GFP_KERNEL).unwrap_or_else(|_| KVec::new());
+        // Tables the pool may not keep are rare (a GPU going, access revoked): room for them is
+        // made only then, under the lock.
+        let mut gone = KVec::new();
         let mut st = self.state.lock();
         let room = match promise {
             Some(p) => {
@@ -374,7 +374,7 @@ impl Pool {
                 Err(e) => Some(e.0),
             }
         };
-        self.publish(&st);
+        // The cached bytes (the shrinker's count) did not change.
         drop(st);
         drop(gone);
         drop(tables);

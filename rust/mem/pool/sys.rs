@@ -354,9 +354,9 @@ impl Pool {
             self.pend(pages, tables, charge, tags, promise);
             return;
         }
-        // Room to drop the tables the pool may not keep outside its lock.
-        let mut gone =
-            KVec::with_capacity(tables.len(), GFP_KERNEL).unwrap_or_else(|_| KVec::new());
+        // The tables the pool may not keep, dropped outside its lock (rare: room for them is
+        // made only then).
+        let mut gone = KVec::new();
         let mut st = self.state.lock();
         st.sort_tables(&mut tables, &mut gone);
         let entry = Entry::new(pages, tables, range, charge);
