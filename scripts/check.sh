@@ -283,7 +283,7 @@ host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --
 # Simulated GPUs only (no edu devices): the GPU suite on faux devices, with the test ioctls on
 # for the engine's fault test.
 sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
-	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_ --filter adv_ --filter stream_")
+	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_ --filter adv_ --filter stream_ --filter salloc_")
 
 job host_checks
 # The stock kernel's package test and suite (the longest job: DKMS builds in a chroot).
@@ -325,7 +325,7 @@ job fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 en
 job fuzz_run "fast kernel, fuzzer (root workers)" fast VM_TIMEOUT=600 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
 	CMD="ruvmctl fuzz --ops 100000 --duration 60 --unbind --kill"
 # What bounds one file: a 64 MiB quota, which a pool's cache counts in (both kernels).
-bounds=(VM_GPUS=0 VM_MODARGS="sim_gpus=1 enable_test_ioctls=1 max_file_mib=64" CMD="ruvmctl selftest --filter adv_pool_cache_counts --filter pool_attributes --filter pool_reuse --filter pool_close --filter pool_of_vidmem")
+bounds=(VM_GPUS=0 VM_MODARGS="sim_gpus=1 enable_test_ioctls=1 max_file_mib=64" CMD="ruvmctl selftest --filter adv_pool_cache_counts --filter pool_attributes --filter pool_reuse --filter pool_close --filter pool_of_vidmem --filter salloc_reuse_internal_dependencies_when")
 job guest_suite "fast kernel, max_file_mib=64" fast "${bounds[@]}"
 job guest_suite "debug kernel, max_file_mib=64" debug "${bounds[@]}"
 job guest_suite "fast kernel, planted leaks" fast "${plant[@]}"

@@ -40,6 +40,28 @@ _Static_assert(sizeof(struct ruvm_pool_handle) == 32, "struct ruvm_pool_handle s
 _Static_assert(sizeof(struct ruvm_pool_info) == 120, "struct ruvm_pool_info size");
 _Static_assert(offsetof(struct ruvm_pool_info, reserved_current) == 24, "pool_info reserved_current");
 _Static_assert(offsetof(struct ruvm_pool_info, access) == 88, "pool_info access");
+_Static_assert(offsetof(struct ruvm_pool_info, gpu) == 96, "pool_info gpu");
+_Static_assert(offsetof(struct ruvm_pool_info, reuse) == 100, "pool_info reuse");
+_Static_assert(offsetof(struct ruvm_pool_info, pending_bytes) == 104, "pool_info pending_bytes");
+_Static_assert(offsetof(struct ruvm_pool_info, reserved) == 112, "pool_info reserved");
+_Static_assert(sizeof(struct ruvm_gpu_pool) == 32, "struct ruvm_gpu_pool size");
+_Static_assert(offsetof(struct ruvm_gpu_pool, flags) == 4, "gpu_pool flags");
+_Static_assert(offsetof(struct ruvm_gpu_pool, pool) == 8, "gpu_pool pool");
+_Static_assert(offsetof(struct ruvm_gpu_pool, reserved) == 16, "gpu_pool reserved");
+_Static_assert(RUVM_IOCTL_GPU_POOL == _IOWR(RUVM_IOCTL_MAGIC, 0x37, struct ruvm_gpu_pool),
+	       "GPU_POOL number");
+_Static_assert(sizeof(struct ruvm_op) == 72, "struct ruvm_op size");
+_Static_assert(offsetof(struct ruvm_op, dst) == 8, "op dst");
+_Static_assert(offsetof(struct ruvm_op, dst_offset) == 16, "op dst_offset");
+_Static_assert(offsetof(struct ruvm_op, src) == 24, "op src");
+_Static_assert(RUVM_OP_ALLOC == 7 && RUVM_OP_FREE == 8, "op kinds");
+/* An ALLOC's flags are ruvm_alloc_flags; the index flags of the others must not collide. */
+_Static_assert(((RUVM_OP_DST_INDEX | RUVM_OP_SRC_INDEX) &
+		(RUVM_ALLOC_FLAGS_ALL | RUVM_VA_USER)) == 0, "op index flags");
+_Static_assert((RUVM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES | RUVM_POOL_REUSE_ALLOW_OPPORTUNISTIC |
+		RUVM_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES) == 7, "pool reuse bits");
+_Static_assert((RUVM_FEATURES_ALL & RUVM_FEATURE_STREAM_ALLOC) != 0, "stream alloc feature");
+_Static_assert(RUVM_AUDIT_POOL_PENDING == RUVM_AUDIT_CLASSES - 1, "pool_pending class");
 _Static_assert(sizeof(struct ruvm_pool_set) == 40, "struct ruvm_pool_set size");
 _Static_assert(sizeof(struct ruvm_pool_trim) == 48, "struct ruvm_pool_trim size");
 _Static_assert(sizeof(struct ruvm_pool_access) == 32, "struct ruvm_pool_access size");
@@ -138,6 +160,24 @@ TEST_F(ruvm, vidmem_of_an_unknown_gpu_is_enodev)
 	EXPECT_EQ(ENODEV, errno);
 	a.backing = RUVM_BACKING_SYSMEM;
 	EXPECT_EQ(-1, ioctl(self->fd, RUVM_IOCTL_MEM_ALLOC, &a));
+	EXPECT_EQ(EINVAL, errno);
+}
+
+TEST_F(ruvm, gpu_pool_of_an_unknown_gpu_is_enodev)
+{
+	struct ruvm_info info;
+	struct ruvm_gpu_pool p;
+
+	memset(&info, 0, sizeof(info));
+	ASSERT_EQ(0, ioctl(self->fd, RUVM_IOCTL_INFO, &info));
+	if (!(info.features & RUVM_FEATURE_STREAM_ALLOC))
+		SKIP(return, "the module has no stream-ordered allocation");
+	memset(&p, 0, sizeof(p));
+	p.gpu = RUVM_MAX_GPUS + 1;
+	EXPECT_EQ(-1, ioctl(self->fd, RUVM_IOCTL_GPU_POOL, &p));
+	EXPECT_EQ(ENODEV, errno);
+	p.flags = RUVM_GPU_POOL_SET << 1;
+	EXPECT_EQ(-1, ioctl(self->fd, RUVM_IOCTL_GPU_POOL, &p));
 	EXPECT_EQ(EINVAL, errno);
 }
 

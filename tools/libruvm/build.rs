@@ -69,7 +69,7 @@ struct Family {
     doc: &'static str,
 }
 
-const FAMILIES: [Family; 6] = [
+const FAMILIES: [Family; 8] = [
     Family {
         table: "FEATURES",
         source: Source::Defines("RUVM_FEATURE_"),
@@ -105,6 +105,18 @@ const FAMILIES: [Family; 6] = [
         source: Source::Enum("ruvm_op_kind"),
         strip: "RUVM_OP_",
         doc: "The values of `ruvm_op.kind` (`enum ruvm_op_kind`).",
+    },
+    Family {
+        table: "OP_FLAGS",
+        source: Source::Enum("ruvm_op_flags"),
+        strip: "RUVM_OP_",
+        doc: "The index flags of `ruvm_op.flags` for COPY, FILL and FREE (`enum ruvm_op_flags`).",
+    },
+    Family {
+        table: "POOL_REUSE",
+        source: Source::Enum("ruvm_pool_reuse"),
+        strip: "RUVM_POOL_REUSE_",
+        doc: "The reuse policies of `ruvm_pool_info.reuse` (`enum ruvm_pool_reuse`).",
     },
 ];
 

@@ -100,6 +100,8 @@ commands! {
     POOL_TRIM: ruvm_pool_trim = RUVM_IOCTL_POOL_TRIM;
     /// Which GPUs a pool's chunks stay DMA-mapped for.
     POOL_SET_ACCESS: ruvm_pool_access = RUVM_IOCTL_POOL_SET_ACCESS;
+    /// A GPU's current pool for stream-ordered allocation, read or set.
+    GPU_POOL: ruvm_gpu_pool = RUVM_IOCTL_GPU_POOL;
     /// Make a stream on a GPU.
     STREAM_CREATE: ruvm_stream_create = RUVM_IOCTL_STREAM_CREATE;
     /// Destroy a stream (its queued work runs on).

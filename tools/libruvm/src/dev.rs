@@ -84,6 +84,7 @@ ioctl_args!(
     uapi::ruvm_pool_set,
     uapi::ruvm_pool_trim,
     uapi::ruvm_pool_access,
+    uapi::ruvm_gpu_pool,
     uapi::ruvm_stream_create,
     uapi::ruvm_stream_handle,
     uapi::ruvm_stream_submit,
@@ -274,6 +275,38 @@ impl Ruvm {
             ..Default::default()
         };
         self.call(cmd::POOL_SET_ACCESS, &mut a)
+    }
+
+    /// `RUVM_IOCTL_POOL_SET` of one of the reuse policies of chunks freed on a stream
+    /// (`policy`: one bit of `enum ruvm_pool_reuse`), on or off. `EINVAL` for a `policy` that
+    /// is not one known bit (not sent).
+    pub fn pool_set_reuse(&self, pool: u64, policy: u32, on: bool) -> Result<(), Errno> {
+        let attr = reuse_attr(policy).ok_or(Errno::EINVAL)?;
+        self.pool_set(pool, attr, u64::from(on))
+    }
+
+    /// `RUVM_IOCTL_GPU_POOL` without `RUVM_GPU_POOL_SET`: the current pool of `gpu` for this
+    /// file (the one `RUVM_OP_ALLOC` with pool 0 takes from; its default pool, made now if it
+    /// was not yet).
+    pub fn gpu_pool_get(&self, gpu: u32) -> Result<u64, Errno> {
+        let mut a = uapi::ruvm_gpu_pool {
+            gpu,
+            ..Default::default()
+        };
+        self.call(cmd::GPU_POOL, &mut a)?;
+        Ok(a.pool)
+    }
+
+    /// `RUVM_IOCTL_GPU_POOL` with `RUVM_GPU_POOL_SET`: makes `pool` the current pool of `gpu`
+    /// for this file (0: its default pool again).
+    pub fn gpu_pool_set(&self, gpu: u32, pool: u64) -> Result<(), Errno> {
+        let mut a = uapi::ruvm_gpu_pool {
+            gpu,
+            flags: uapi::ruvm_gpu_pool_flags_RUVM_GPU_POOL_SET,
+            pool,
+            ..Default::default()
+        };
+        self.call(cmd::GPU_POOL, &mut a)
     }
 
     /// `RUVM_IOCTL_MEM_ALLOC` of vidmem on `gpu`.
@@ -717,6 +750,23 @@ impl Ruvm {
     }
 }
 
+/// The `RUVM_IOCTL_POOL_SET` attribute (`enum ruvm_pool_attr`) of reuse policy `policy` (one
+/// bit of `enum ruvm_pool_reuse`, as `ruvm_pool_info.reuse` reports it).
+pub fn reuse_attr(policy: u32) -> Option<u32> {
+    match policy {
+        uapi::ruvm_pool_reuse_RUVM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES => {
+            Some(uapi::ruvm_pool_attr_RUVM_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES)
+        }
+        uapi::ruvm_pool_reuse_RUVM_POOL_REUSE_ALLOW_OPPORTUNISTIC => {
+            Some(uapi::ruvm_pool_attr_RUVM_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC)
+        }
+        uapi::ruvm_pool_reuse_RUVM_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+            Some(uapi::ruvm_pool_attr_RUVM_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES)
+        }
+        _ => None,
+    }
+}
+
 /// A `struct ruvm_unload_state` placed so that it never crosses a page boundary, as the module
 /// requires (256 divides every page size, and the structure is smaller).
 #[repr(C, align(256))]
@@ -864,15 +914,16 @@ mod tests {
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_query>(), 104);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_fill>(), 72);
         assert_eq!(std::mem::size_of::<uapi::ruvm_mem_copy>(), 64);
-        assert_eq!(std::mem::size_of::<uapi::ruvm_audit>(), 528);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_audit>(), 544);
         assert_eq!(std::mem::size_of::<uapi::ruvm_stats>(), 128);
-        assert_eq!(std::mem::size_of::<uapi::ruvm_unload_state>(), 248);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_unload_state>(), 256);
         assert_eq!(std::mem::size_of::<uapi::ruvm_pool_create>(), 64);
         assert_eq!(std::mem::size_of::<uapi::ruvm_pool_handle>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_pool_info>(), 120);
         assert_eq!(std::mem::size_of::<uapi::ruvm_pool_set>(), 40);
         assert_eq!(std::mem::size_of::<uapi::ruvm_pool_trim>(), 48);
         assert_eq!(std::mem::size_of::<uapi::ruvm_pool_access>(), 32);
+        assert_eq!(std::mem::size_of::<uapi::ruvm_gpu_pool>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_sim_gpu>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_register_unload_state>(), 32);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_leak>(), 48);
@@ -884,6 +935,45 @@ mod tests {
         assert_eq!(std::mem::size_of::<uapi::ruvm_ce_copy>(), 64);
         assert_eq!(std::mem::size_of::<uapi::ruvm_test_plant>(), 24);
         assert_eq!(std::mem::align_of::<uapi::ruvm_info>(), 8);
+    }
+
+    #[test]
+    fn the_pool_info_ends_with_its_reuse_policies_and_pending_bytes() {
+        use std::mem::offset_of;
+        use uapi::ruvm_pool_info as P;
+        assert_eq!(offset_of!(P, access), 88);
+        assert_eq!(offset_of!(P, gpu), 96);
+        assert_eq!(offset_of!(P, reuse), 100);
+        assert_eq!(offset_of!(P, pending_bytes), 104);
+        assert_eq!(offset_of!(P, reserved), 112);
+        use uapi::ruvm_gpu_pool as G;
+        assert_eq!(offset_of!(G, flags), 4);
+        assert_eq!(offset_of!(G, pool), 8);
+        assert_eq!(offset_of!(G, reserved), 16);
+    }
+
+    #[test]
+    fn the_gpu_pool_command_is_0x37() {
+        let c = cmd::GPU_POOL.nr;
+        assert_eq!(c & 0xff, 0x37);
+        assert_eq!((c >> 8) & 0xff, uapi::RUVM_IOCTL_MAGIC);
+        assert_eq!(c >> 30, 3, "read-write");
+    }
+
+    #[test]
+    fn each_reuse_policy_has_its_attribute() {
+        let bits = [
+            uapi::ruvm_pool_reuse_RUVM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+            uapi::ruvm_pool_reuse_RUVM_POOL_REUSE_ALLOW_OPPORTUNISTIC,
+            uapi::ruvm_pool_reuse_RUVM_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+        ];
+        let attrs: Vec<Option<u32>> = bits.iter().map(|&b| reuse_attr(b)).collect();
+        assert_eq!(attrs, [Some(4), Some(5), Some(6)]);
+        assert_eq!(reuse_attr(0), None);
+        assert_eq!(reuse_attr(3), None);
+        assert_eq!(reuse_attr(1 << 3), None);
+        // The unload verdict still fits the 256 bytes it may not cross a page boundary in.
+        assert!(std::mem::size_of::<uapi::ruvm_unload_state>() <= 256);
     }
 
     #[test]

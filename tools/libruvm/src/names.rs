@@ -75,6 +75,7 @@ mod tests {
         assert!(names.contains(&"vidmem".to_owned()));
         assert!(names.contains(&"gpu-list".to_owned()));
         assert!(names.contains(&"streams".to_owned()));
+        assert!(names.contains(&"stream-alloc".to_owned()));
     }
 
     #[test]
@@ -90,7 +91,18 @@ mod tests {
         assert_eq!(value_name(GPU_KINDS, 3), "sim");
         assert_eq!(value_name(GPU_KINDS, 9), "unknown (9)");
         assert_eq!(value_name(OP_KINDS, 6), "wait-fd");
-        assert_eq!(OP_KINDS.len(), 6);
+        assert_eq!(value_name(OP_KINDS, 7), "alloc");
+        assert_eq!(value_name(OP_KINDS, 8), "free");
+        assert_eq!(OP_KINDS.len(), 8);
+        assert_eq!(bit_names(OP_FLAGS, 3 << 8), vec!["dst-index", "src-index"]);
+        assert_eq!(
+            bit_names(POOL_REUSE, 7),
+            vec![
+                "follow-event-dependencies",
+                "allow-opportunistic",
+                "allow-internal-dependencies"
+            ]
+        );
     }
 
     #[test]
@@ -104,5 +116,24 @@ mod tests {
         assert_eq!(audit_class(Some(&names), 3), "c3");
         assert_eq!(audit_class(None, 3), "class_3");
         assert!(parse_audit_classes("level 1\nmems 0\n").is_none());
+    }
+
+    #[test]
+    fn the_pool_pending_class_is_the_last() {
+        assert_eq!(uapi::ruvm_audit_class_RUVM_AUDIT_POOL_PENDING, 30);
+        assert_eq!(uapi::ruvm_audit_class_RUVM_AUDIT_CLASSES, 31);
+        let mut text = String::from("level 0\n");
+        for i in 0..30 {
+            text.push_str(&format!("c{i} 0\n"));
+        }
+        text.push_str("pool_pending 65536\n");
+        let names = parse_audit_classes(&text).expect("31 classes parse");
+        assert_eq!(
+            audit_class(
+                Some(&names),
+                uapi::ruvm_audit_class_RUVM_AUDIT_POOL_PENDING as usize
+            ),
+            "pool_pending"
+        );
     }
 }

@@ -12,7 +12,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 use nix::errno::Errno;
 
-use crate::{cmd, uapi, Ruvm};
+use crate::{cmd, op, uapi, Ruvm};
 
 impl Ruvm {
     /// `RUVM_IOCTL_STREAM_CREATE` on `gpu`: the stream's handle and fence context.
@@ -36,11 +36,31 @@ impl Ruvm {
 
     /// `RUVM_IOCTL_STREAM_SUBMIT` of `ops`: the seqno of the first (operation i has that + i).
     /// An empty slice is passed through (the module refuses it).
+    ///
+    /// The module writes an ALLOC's results into the array it is given: with an ALLOC among
+    /// `ops`, a copy is submitted and its results are dropped (use
+    /// [`Ruvm::stream_submit_mut`] to read them).
     pub fn stream_submit(&self, stream: u64, ops: &[uapi::ruvm_op]) -> Result<u64, Errno> {
+        if ops.iter().any(op::writes_back) {
+            return self.stream_submit_mut(stream, &mut ops.to_vec());
+        }
+        // The module only reads the array: a pointer from a shared borrow is enough.
+        self.submit_at(stream, ops.len(), ops.as_ptr() as u64)
+    }
+
+    /// `RUVM_IOCTL_STREAM_SUBMIT` of `ops`, which the module may write into: after a successful
+    /// submission each ALLOC holds the new mem's handle and mmap offset
+    /// ([`op::allocated`]). The seqno of the first operation (operation i has that + i).
+    pub fn stream_submit_mut(&self, stream: u64, ops: &mut [uapi::ruvm_op]) -> Result<u64, Errno> {
+        self.submit_at(stream, ops.len(), ops.as_mut_ptr() as u64)
+    }
+
+    /// `RUVM_IOCTL_STREAM_SUBMIT` of `count` operations at address `ops`.
+    fn submit_at(&self, stream: u64, count: usize, ops: u64) -> Result<u64, Errno> {
         let mut a = uapi::ruvm_stream_submit {
             handle: stream,
-            count: u32::try_from(ops.len()).map_err(|_| Errno::EINVAL)?,
-            ops: ops.as_ptr() as u64,
+            count: u32::try_from(count).map_err(|_| Errno::EINVAL)?,
+            ops,
             ..Default::default()
         };
         self.call(cmd::STREAM_SUBMIT, &mut a)?;
@@ -60,7 +80,9 @@ impl Ruvm {
 
     /// `RUVM_IOCTL_STREAM_SYNC` of one stream, waiting at most `timeout_ms`: `EIO` if it is in
     /// error, `ETIMEDOUT` if its work was not done by then. Once it returns, every operation
-    /// submitted before the call has retired and every fence among them has signalled.
+    /// submitted before the call has retired and every fence among them has signalled; with 0
+    /// or `EIO`, the stream-ordered frees it waited for are observed (their chunks cached, each
+    /// pool of the file trimmed to its release threshold).
     pub fn stream_sync(&self, stream: u64, timeout_ms: u32) -> Result<(), Errno> {
         let mut a = uapi::ruvm_stream_sync {
             handle: stream,

@@ -6,7 +6,8 @@
 //! absolute speed means nothing (TCG). It reports, never asserts: the exit status says only
 //! whether every case could run.
 //!
-//! The cases are in [`cases`] (the stream cases in [`streams`]); the goals and the table in
+//! The cases are in [`cases`] (the stream cases in [`streams`], stream-ordered allocation in
+//! [`stream_alloc`]); the goals and the table in
 //! [`report`]; the size-scaling SVG in [`svg`] (drawn on the host from the JSON the guest
 //! prints).
 
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod cases;
 pub mod report;
+pub mod stream_alloc;
 pub mod streams;
 pub mod svg;
 
@@ -30,8 +32,18 @@ pub struct Spec {
 }
 
 /// The groups of cases, in the order they run.
-pub const GROUPS: [&str; 10] = [
-    "g1", "g2", "g3", "g4", "g5", "copy", "mem", "va", "pool", "streams",
+pub const GROUPS: [&str; 11] = [
+    "g1",
+    "g2",
+    "g3",
+    "g4",
+    "g5",
+    "copy",
+    "mem",
+    "va",
+    "pool",
+    "streams",
+    "stream_alloc",
 ];
 
 /// One case: ruvm's way and the baseline's, sample by sample (nanoseconds, or bytes for the
@@ -148,7 +160,8 @@ pub fn command(spec: &Spec, groups: &[String], json: bool) -> Result<()> {
         max_size: spec.max_size,
         cases: Vec::new(),
     };
-    cases::run_all(&d, spec, groups, &[streams::streams], &mut |c: Case| {
+    let more: [cases::CaseGroup; 2] = [streams::streams, stream_alloc::stream_alloc];
+    cases::run_all(&d, spec, groups, &more, &mut |c: Case| {
         eprintln!(
             "bench: {:<28} ruvm {:>12.0} {}  base {:>12.0}  ratio {:.3}",
             c.id,

@@ -72,6 +72,18 @@ pub enum GpuAction {
         #[command(flatten)]
         json: Json,
     },
+    /// The GPU's current pool for this file, which `stream alloc` without --pool takes from
+    /// (RUVM_IOCTL_GPU_POOL, cudaDeviceGetMemPool); with --set make another pool of the file
+    /// current (cudaDeviceSetMemPool), 0 for the GPU's default pool again. Prints the pool's
+    /// attributes. The setting belongs to the file: use --fd across commands.
+    Pool {
+        gpu: u32,
+        /// Make this pool of the file the GPU's current pool (0: its default pool).
+        #[arg(long, value_name = "POOL")]
+        set: Option<u64>,
+        #[command(flatten)]
+        json: Json,
+    },
 }
 
 /// A size, or `max` for ~0 (a threshold that never gives memory back).
@@ -80,6 +92,15 @@ fn parse_threshold(s: &str) -> Result<u64, String> {
         Ok(u64::MAX)
     } else {
         parse_size(s)
+    }
+}
+
+/// A reuse policy's setting: `on` (or 1) or `off` (or 0).
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "1" => Ok(true),
+        "off" | "0" => Ok(false),
+        _ => Err(format!("'{s}' is not on or off")),
     }
 }
 
@@ -110,7 +131,8 @@ pub enum PoolAction {
         #[command(flatten)]
         json: Json,
     },
-    /// Change the release threshold, or reset a high watermark (RUVM_IOCTL_POOL_SET).
+    /// Change the release threshold, reset a high watermark, or turn a reuse policy of chunks
+    /// freed on a stream on or off (RUVM_IOCTL_POOL_SET).
     Set {
         pool: u64,
         /// The new release threshold (`max`: never give back).
@@ -122,6 +144,18 @@ pub enum PoolAction {
         /// Reset the used high watermark to the current value.
         #[arg(long, group = "what")]
         reset_used_high: bool,
+        /// Reuse a stream's freed chunks on a stream that waited for an event recorded after
+        /// the free (cudaMemPoolReuseFollowEventDependencies): on or off.
+        #[arg(long, value_name = "ON|OFF", value_parser = parse_on_off, group = "what")]
+        follow_event_dependencies: Option<bool>,
+        /// Reuse freed chunks once their stream has reached the free, without a dependency
+        /// (cudaMemPoolReuseAllowOpportunistic): on or off.
+        #[arg(long, value_name = "ON|OFF", value_parser = parse_on_off, group = "what")]
+        allow_opportunistic: Option<bool>,
+        /// When no other memory can be had, reuse freed chunks and make the allocating stream
+        /// wait for the free (cudaMemPoolReuseAllowInternalDependencies): on or off.
+        #[arg(long, value_name = "ON|OFF", value_parser = parse_on_off, group = "what")]
+        allow_internal_dependencies: Option<bool>,
         #[command(flatten)]
         json: Json,
     },
@@ -177,6 +211,35 @@ pub enum StreamAction {
     /// (RUVM_IOCTL_STREAM_QUERY).
     Query {
         stream: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Allocate a mem in stream order (RUVM_OP_ALLOC, cudaMallocAsync) from a sysmem pool of
+    /// the file, or without --pool from the current pool of the stream's GPU (`gpu pool`);
+    /// prints its handle and mmap offset. Its chunks may be in use by work queued before the
+    /// free that gave them back: use the mem on this stream (or after an event recorded on
+    /// it). A mem belongs to the file: use --fd across commands.
+    Alloc {
+        stream: u64,
+        /// Size, e.g. 4096, 64K, 7M+17.
+        #[arg(value_parser = parse_size)]
+        size: u64,
+        /// Take the chunks from this pool of the file (`pool create`).
+        #[arg(long, value_name = "POOL")]
+        pool: Option<u64>,
+        /// Zero the memory (when the stream reaches the allocation).
+        #[arg(long)]
+        zero: bool,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Free a mem in stream order (RUVM_OP_FREE, cudaFreeAsync): its handle and user mappings
+    /// go at once, its chunks when the stream reaches the free (a pool's then wait in the pool,
+    /// pending, until a synchronize observes the free).
+    Free {
+        stream: u64,
+        /// The mem (any mem of the file).
+        handle: u64,
         #[command(flatten)]
         json: Json,
     },
@@ -595,8 +658,8 @@ pub enum Cmd {
         /// host: see bench-report).
         #[arg(long)]
         json: bool,
-        /// Run only this group of cases (g1, g2, g3, g4, g5, copy, mem, va, pool, streams;
-        /// repeat for several).
+        /// Run only this group of cases (g1, g2, g3, g4, g5, copy, mem, va, pool, streams,
+        /// stream_alloc; repeat for several).
         #[arg(long)]
         only: Vec<String>,
     },

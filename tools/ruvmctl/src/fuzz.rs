@@ -429,13 +429,14 @@ fn removal_fences(
     }
 }
 
-/// Whether any operation is still queued on a stream, or holds a mem (the audit's
-/// `stream_ops` and `stream_mems`).
+/// Whether any operation is still queued on a stream, holds a mem, or left a pool chunk pending
+/// (the audit's `stream_ops`, `stream_mems` and `pool_pending`).
 fn streams_busy(d: &Ruvm) -> bool {
     d.audit(false).is_ok_and(|a| {
         [
             uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_OPS,
             uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_MEMS,
+            uapi::ruvm_audit_class_RUVM_AUDIT_POOL_PENDING,
         ]
         .iter()
         .any(|&c| a.live.get(c as usize).is_some_and(|&n| n != 0))

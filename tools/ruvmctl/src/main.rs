@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use libruvm::cmd as ioctl;
+use libruvm::{cmd as ioctl, uapi};
 
 mod bench;
 mod cgroup;
@@ -80,14 +80,35 @@ fn run(cli: Cli) -> Result<()> {
                 threshold,
                 reset_reserved_high,
                 reset_used_high,
+                follow_event_dependencies,
+                allow_opportunistic,
+                allow_internal_dependencies,
                 json,
             } => {
-                let what = match (threshold, reset_reserved_high, reset_used_high) {
-                    (Some(t), _, _) => cmd::pool::Setting::Threshold(t),
-                    (None, true, _) => cmd::pool::Setting::ResetReservedHigh,
-                    (None, false, true) => cmd::pool::Setting::ResetUsedHigh,
-                    (None, false, false) => bail!(
-                        "pool set: name what to change (--threshold, --reset-reserved-high or --reset-used-high)"
+                use cmd::pool::Setting;
+                let reuse = [
+                    (
+                        follow_event_dependencies,
+                        uapi::ruvm_pool_attr_RUVM_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+                    ),
+                    (
+                        allow_opportunistic,
+                        uapi::ruvm_pool_attr_RUVM_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                    ),
+                    (
+                        allow_internal_dependencies,
+                        uapi::ruvm_pool_attr_RUVM_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+                    ),
+                ]
+                .into_iter()
+                .find_map(|(on, attr)| on.map(|on| Setting::Reuse(attr, on)));
+                let what = match (threshold, reset_reserved_high, reset_used_high, reuse) {
+                    (Some(t), _, _, _) => Setting::Threshold(t),
+                    (None, true, _, _) => Setting::ResetReservedHigh,
+                    (None, false, true, _) => Setting::ResetUsedHigh,
+                    (None, false, false, Some(r)) => r,
+                    (None, false, false, None) => bail!(
+                        "pool set: name what to change (--threshold, --reset-reserved-high, --reset-used-high, --follow-event-dependencies, --allow-opportunistic or --allow-internal-dependencies)"
                     ),
                 };
                 emit(&cmd::pool::set(&d()?, pool, what)?, json.json)
@@ -145,6 +166,10 @@ fn run(cli: Cli) -> Result<()> {
             GpuAction::Detach { address, json } => {
                 emit(&cmd::gpu::attach(&d()?, &address, false)?, json.json)
             }
+            GpuAction::Pool { gpu, set, json } => emit(
+                &cmd::pool::gpu_pool(&d()?, gpu, set, fd.is_none() && !json.json)?,
+                json.json,
+            ),
         },
         Cmd::MapGpu {
             handle,
@@ -212,6 +237,21 @@ fn run(cli: Cli) -> Result<()> {
             StreamAction::Query { stream, json } => {
                 emit(&cmd::stream::query(&d()?, stream)?, json.json)
             }
+            StreamAction::Alloc {
+                stream,
+                size,
+                pool,
+                zero,
+                json,
+            } => emit(
+                &cmd::stream::alloc(&d()?, stream, size, pool, zero, fd.is_none() && !json.json)?,
+                json.json,
+            ),
+            StreamAction::Free {
+                stream,
+                handle,
+                json,
+            } => emit(&cmd::stream::free(&d()?, stream, handle)?, json.json),
             StreamAction::Sync {
                 stream,
                 all,

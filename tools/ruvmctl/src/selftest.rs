@@ -23,6 +23,7 @@ pub(crate) mod harness;
 mod mem;
 mod pools;
 mod shared;
+mod stream_alloc;
 mod streams;
 mod vidmem;
 
@@ -38,6 +39,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(vidmem::cases());
     v.extend(pools::cases());
     v.extend(streams::cases());
+    v.extend(stream_alloc::cases());
     v.extend(bench::cases());
     v.extend(hardening::cases());
     v.extend(faults::cases());

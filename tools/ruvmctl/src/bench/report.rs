@@ -271,6 +271,38 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
             rows.push(r);
         }
     }
+    // Stream-ordered allocation: an ALLOC + FREE pair from a pool at least 10x the rate of a
+    // fresh synchronous mapped allocation (the synchronous pool hit beside it, for reference);
+    // 1000 x 1 MiB on one stream reserve exactly 1 MiB, the worst sample read.
+    if let Some(c) = get("stream_alloc.pool_hit") {
+        let mut r = ratio_row("Streams", c, Target::AtMost(0.1));
+        r.measure = "per pair / fresh".into();
+        r.target = "<= 0.1 (rate >= 10x)".into();
+        rows.push(r);
+    }
+    if let Some(c) = get("stream_alloc.sync_pool_hit") {
+        let mut r = ratio_row("Streams", c, Target::Info);
+        r.measure = "per hit / fresh".into();
+        rows.push(r);
+    }
+    if let Some(c) = get("stream_alloc.footprint") {
+        let worst = c.ruvm.iter().copied().fold(f64::NAN, f64::max);
+        let mib = (1u64 << 20) as f64;
+        let mut r = row(
+            "Streams",
+            c.what.clone(),
+            worst,
+            "reserved_high bytes",
+            Target::Within(mib, mib),
+            format!(
+                "samples {:?}, used_high {:?}",
+                c.ruvm.iter().map(|v| v.round()).collect::<Vec<_>>(),
+                c.base.iter().map(|v| v.round()).collect::<Vec<_>>()
+            ),
+        );
+        r.target = "exactly 1048576 (1 MiB)".into();
+        rows.push(r);
+    }
     // Memory: the baseline samples hold the resolution of a reading, per chunk; a figure
     // whose resolution is coarser than a quarter of its goal is shown for information only.
     for c in with_prefix("mem.") {
@@ -409,6 +441,49 @@ mod tests {
             ]
         );
         assert!(rows.iter().all(|r| r.goal == "Streams"));
+    }
+
+    #[test]
+    fn stream_alloc_goals() {
+        let case = |id: &str, ruvm: &[f64], base: &[f64]| Case {
+            id: id.into(),
+            what: id.into(),
+            baseline: String::new(),
+            unit: if id.ends_with("footprint") { "B" } else { "ns" }.into(),
+            ruvm: ruvm.to_vec(),
+            base: base.to_vec(),
+            size: 0,
+        };
+        let mib = f64::from(1u32 << 20);
+        let res = Results {
+            cases: vec![
+                // 12x the fresh rate: PASS.
+                case("stream_alloc.pool_hit", &[1.0; 3], &[12.0; 3]),
+                case("stream_alloc.sync_pool_hit", &[5.0; 3], &[12.0; 3]),
+                // One sample reserved a second MiB: the worst is read, a MISS.
+                case("stream_alloc.footprint", &[mib, 2.0 * mib, mib], &[mib; 3]),
+            ],
+            ..Default::default()
+        };
+        let rows = evaluate(&res);
+        let got: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|r| (r.what.as_str(), r.target.as_str(), r.verdict.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("stream_alloc.pool_hit", "<= 0.1 (rate >= 10x)", "PASS"),
+                ("stream_alloc.sync_pool_hit", "", "INFO"),
+                ("stream_alloc.footprint", "exactly 1048576 (1 MiB)", "MISS"),
+            ]
+        );
+        assert_eq!(rows[2].value, 2.0 * mib);
+        let exact = Results {
+            cases: vec![case("stream_alloc.footprint", &[mib; 3], &[mib; 3])],
+            ..Default::default()
+        };
+        assert_eq!(evaluate(&exact)[0].verdict, "PASS");
     }
 
     #[test]

@@ -152,15 +152,20 @@ impl Report for Stats {
                         f(m, "pid").to_string(),
                         f(m, "reserved").to_string(),
                         f(m, "used").to_string(),
+                        // A module without stream-ordered allocation lists none.
+                        m.get("pending").map_or("-".into(), u64::to_string),
                         cached.to_string(),
                         f(m, "hits").to_string(),
                         f(m, "misses").to_string(),
                     ]
                 });
                 format!(
-                    "pools (reserved = used + cached: memory a pool holds for reuse):\n{}",
+                    "pools (reserved = used + pending + cached: memory a pool holds for reuse; pending: freed on streams, not yet synchronized):\n{}",
                     table(
-                        &["pool", "pid", "reserved", "used", "cached", "hits", "misses"],
+                        &[
+                            "pool", "pid", "reserved", "used", "pending", "cached", "hits",
+                            "misses"
+                        ],
                         rows
                     )
                 )

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The stream and event commands (`ruvmctl stream ...`, `ruvmctl event ...`) and the queued
-//! engine copy (`ce-copy --async --stream S`), waited for with a progress bar.
+//! The stream and event commands (`ruvmctl stream ...`, `ruvmctl event ...`), stream-ordered
+//! allocation (`stream alloc`, `stream free`) and the queued engine copy (`ce-copy --async
+//! --stream S`), waited for with a progress bar.
 //!
 //! Streams and events belong to the open file and die with it: across commands, keep the
 //! device open in the shell and pass it with `--fd`.
@@ -86,6 +87,127 @@ fn query_raw(d: &Ruvm, stream: u64) -> Result<uapi::ruvm_stream_query> {
     let mut a = arg(|a: &mut uapi::ruvm_stream_query| a.handle = stream);
     call(d, cmd::STREAM_QUERY, &mut a)?;
     Ok(a)
+}
+
+/// What `stream alloc` made.
+#[derive(Serialize)]
+pub struct Allocated {
+    stream: u64,
+    /// The new mem's handle.
+    handle: u64,
+    mmap_offset: u64,
+    size: u64,
+    /// The pool its chunks came from.
+    pool: u64,
+    /// Whether that is the current pool of the stream's GPU (no --pool).
+    gpu_current_pool: bool,
+    zero: bool,
+    /// The ALLOC's seqno on the stream's timeline.
+    seqno: u64,
+    #[serde(skip)]
+    note: Option<&'static str>,
+}
+
+impl Report for Allocated {
+    fn render(&self) -> String {
+        let pool = if self.gpu_current_pool {
+            format!("{} (the GPU's current pool)", self.pool)
+        } else {
+            self.pool.to_string()
+        };
+        let mut s = fields([
+            ("mem", self.handle.to_string()),
+            ("mmap offset", format!("{:#x}", self.mmap_offset)),
+            (
+                "size",
+                format!(
+                    "{} bytes{}",
+                    self.size,
+                    if self.zero {
+                        ", zeroed when the stream reaches it"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
+            ("pool", pool),
+            (
+                "stream",
+                format!("{} (the ALLOC at seqno {})", self.stream, self.seqno),
+            ),
+        ]);
+        if let Some(n) = self.note {
+            s.push('\n');
+            s.push_str(n);
+        }
+        s
+    }
+}
+
+/// `stream alloc` (one `RUVM_OP_ALLOC` by `RUVM_IOCTL_STREAM_SUBMIT`): from `pool`, or from the
+/// current pool of the stream's GPU.
+pub fn alloc(
+    d: &Ruvm,
+    stream: u64,
+    size: u64,
+    pool: Option<u64>,
+    zero: bool,
+    own_fd: bool,
+) -> Result<Allocated> {
+    let mut ops = [op::alloc(pool.unwrap_or(0), size, zero)];
+    let seqno = d
+        .stream_submit_mut(stream, &mut ops)
+        .context(cmd::STREAM_SUBMIT.name)?;
+    let (handle, mmap_offset) = op::allocated(&ops[0]);
+    let pool = match pool {
+        Some(p) => p,
+        None => {
+            let gpu = query_raw(d, stream)?.gpu;
+            d.gpu_pool_get(gpu).context(cmd::GPU_POOL.name)?
+        }
+    };
+    Ok(Allocated {
+        stream,
+        handle,
+        mmap_offset,
+        size,
+        pool,
+        gpu_current_pool: ops[0].src == 0,
+        zero,
+        seqno,
+        note: own_fd
+            .then_some("(freed when ruvmctl exits: pass --fd to keep mems across commands)"),
+    })
+}
+
+/// What `stream free` queued.
+#[derive(Serialize)]
+pub struct Freed {
+    stream: u64,
+    handle: u64,
+    /// The FREE's seqno on the stream's timeline.
+    seqno: u64,
+}
+
+impl Report for Freed {
+    fn render(&self) -> String {
+        format!(
+            "mem {} freed on stream {} at seqno {} (its handle is gone; its chunks go when the stream gets there)",
+            self.handle, self.stream, self.seqno
+        )
+    }
+}
+
+/// `stream free` (one `RUVM_OP_FREE` by `RUVM_IOCTL_STREAM_SUBMIT`).
+pub fn free(d: &Ruvm, stream: u64, handle: u64) -> Result<Freed> {
+    let seqno = d
+        .stream_submit(stream, &[op::free(handle)])
+        .context(cmd::STREAM_SUBMIT.name)?;
+    Ok(Freed {
+        stream,
+        handle,
+        seqno,
+    })
 }
 
 /// A stream's state, as `STREAM_QUERY` reports it.
@@ -588,6 +710,42 @@ mod tests {
         assert!(text(q(0, 0)).contains("nothing"));
         assert!(text(q(5, 0)).contains("seqno 5: waiting for a fence"));
         assert!(text(q(7, 4096)).contains("seqno 7: 1024 of 4096 bytes"));
+    }
+
+    #[test]
+    fn an_allocation_shows_its_handle_offset_and_pool() {
+        let a = Allocated {
+            stream: 2,
+            handle: 9,
+            mmap_offset: 0x40_0000,
+            size: 65536,
+            pool: 5,
+            gpu_current_pool: true,
+            zero: true,
+            seqno: 3,
+            note: None,
+        };
+        let text = a.render();
+        for want in [
+            "mem:",
+            "9",
+            "0x400000",
+            "65536 bytes, zeroed",
+            "5 (the GPU's current pool)",
+            "2 (the ALLOC at seqno 3)",
+        ] {
+            assert!(text.contains(want), "{want:?} in {text}");
+        }
+        let json = serde_json::to_value(&a).expect("serializes");
+        assert_eq!(json["handle"], 9);
+        assert_eq!(json["mmap_offset"], 0x40_0000);
+        assert_eq!(json["pool"], 5);
+        let f = Freed {
+            stream: 2,
+            handle: 9,
+            seqno: 4,
+        };
+        assert!(f.render().starts_with("mem 9 freed on stream 2 at seqno 4"));
     }
 
     #[test]

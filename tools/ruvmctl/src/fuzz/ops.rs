@@ -728,7 +728,8 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
         }
         2 => {
             if let Some(a) = w.check("POOL_GET", d.pool_get(pool), &[ENOENT]) {
-                if a.reserved_current != a.used_current + a.cached_chunks * a.chunk_size
+                if a.reserved_current
+                    != a.used_current + a.pending_bytes + a.cached_chunks * a.chunk_size
                     || a.reserved_high < a.reserved_current
                     || a.used_high < a.used_current
                 {
@@ -737,8 +738,9 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
             }
         }
         3 => {
-            let attr = rng.pick(&[0, 1, 2, 3, 4]);
-            let value = rng.pick(&[0, 4096, 1 << 20, u64::MAX]);
+            // 1 to 6 are attributes (4 to 6 the reuse policies, which take 0 or 1 only).
+            let attr = rng.pick(&[0, 1, 2, 3, 4, 5, 6, 7]);
+            let value = rng.pick(&[0, 1, 4096, 1 << 20, u64::MAX]);
             w.check("POOL_SET", d.pool_set(pool, attr, value), &[ENOENT, EINVAL]);
         }
         4 => {

@@ -178,10 +178,11 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
         handle: pool,
         ..Default::default()
     };
+    // `reuse` and `pending_bytes` (the old pad and reserved[0]) are outputs now.
     row!(&d, p, e, cmd::POOL_GET, uapi::ruvm_pool_info {
         handle: pool,
         ..Default::default()
-    }, known: 0, zero: [pad, reserved]);
+    }, known: 0, zero: [reserved]);
     row!(&d, p, e, cmd::POOL_SET, uapi::ruvm_pool_set {
         handle: pool,
         attr: uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RELEASE_THRESHOLD,
@@ -261,8 +262,23 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
         ..Default::default()
     };
     row!(&d, p, t, cmd::TEST_SIM_GPU, sim, known: 0, zero: [pad, reserved]);
-    if d.info().ctx("INFO")?.features & u64::from(uapi::RUVM_FEATURE_STREAMS) != 0 {
+    let features = d.info().ctx("INFO")?.features;
+    if features & u64::from(uapi::RUVM_FEATURE_STREAMS) != 0 {
         stream_rows(&d, p)?;
+    }
+    if features & u64::from(uapi::RUVM_FEATURE_STREAM_ALLOC) != 0 {
+        // A GPU that is not there: ENODEV if a bad field were let through (and no default
+        // pool is made).
+        let gpus = d.gpus().ctx("GPU_LIST")?;
+        let absent = (0..uapi::RUVM_MAX_GPUS)
+            .find(|id| !gpus.iter().any(|g| g.id == *id))
+            .unwrap_or(u32::MAX);
+        let gpu_pool = uapi::ruvm_gpu_pool {
+            gpu: absent,
+            ..Default::default()
+        };
+        row!(&d, p, e, cmd::GPU_POOL, gpu_pool,
+            known: uapi::ruvm_gpu_pool_flags_RUVM_GPU_POOL_SET, zero: [reserved]);
     }
     Ok(())
 }

@@ -79,10 +79,11 @@ struct Want {
 fn attrs(d: &Ruvm, pool: u64) -> Result<Want, Stop> {
     let a = d.pool_get(pool).ctx("POOL_GET")?;
     check!(
-        a.reserved_current == a.used_current + a.cached_chunks * a.chunk_size,
-        "reserved {} is not used {} + {} cached chunks",
+        a.reserved_current == a.used_current + a.pending_bytes + a.cached_chunks * a.chunk_size,
+        "reserved {} is not used {} + pending {} + {} cached chunks",
         a.reserved_current,
         a.used_current,
+        a.pending_bytes,
         a.cached_chunks
     );
     Ok(Want {
@@ -649,11 +650,19 @@ fn pool_bad_inputs() -> TestResult {
         Errno::ENOENT,
         "POOL_TRIM of no pool",
     )?;
-    for attr in [0, 4, 99] {
+    // 4 to 6 are the reuse policies (values 0 and 1 only).
+    for attr in [0, 7, 99] {
         expect_errno(
             d.pool_set(p, attr, 0),
             Errno::EINVAL,
             &format!("attribute {attr}"),
+        )?;
+    }
+    for attr in [4, 5, 6] {
+        expect_errno(
+            d.pool_set(p, attr, 2),
+            Errno::EINVAL,
+            &format!("attribute {attr} set to 2"),
         )?;
     }
     // Ids up to 63 fit the access set: granting one that is not bound is ENODEV, revoking any

@@ -33,14 +33,16 @@ use libruvm::{
 mod going;
 mod refusals;
 
-const K: u64 = 1024;
-const M: u64 = 1024 * K;
-const STREAM_OPS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_OPS as usize;
-const STREAM_MEMS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_MEMS as usize;
+pub(super) use going::{remove_gpu, BringBack};
+
+pub(super) const K: u64 = 1024;
+pub(super) const M: u64 = 1024 * K;
+pub(super) const STREAM_OPS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_OPS as usize;
+pub(super) const STREAM_MEMS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_STREAM_MEMS as usize;
 /// The bound of a test's waits that something releases (a sw_sync fence, work ahead).
-const WAIT_MS: u32 = 20_000;
+pub(super) const WAIT_MS: u32 = 20_000;
 /// How long a stream's work may take to notice its file, GPU or fence went.
-const SIGNAL_BOUND: Duration = Duration::from_secs(10);
+pub(super) const SIGNAL_BOUND: Duration = Duration::from_secs(10);
 /// A user VA for the tests, well away from 0 and from the kernel window.
 const USER_VA: u64 = 0x10_0000_0000;
 
@@ -151,7 +153,7 @@ fn need_streams(d: &Ruvm) -> TestResult {
 }
 
 /// The device and a simulated GPU, or a skip.
-fn setup() -> Result<(Ruvm, u32), Stop> {
+pub(super) fn setup() -> Result<(Ruvm, u32), Stop> {
     let d = Ruvm::open().ctx("open")?;
     need_streams(&d)?;
     let g = sim_gpu(&d)?;
@@ -159,7 +161,7 @@ fn setup() -> Result<(Ruvm, u32), Stop> {
 }
 
 /// Every present simulated GPU.
-fn sim_gpus(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>, Stop> {
+pub(super) fn sim_gpus(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>, Stop> {
     Ok(d.gpus()
         .ctx("GPU_LIST")?
         .into_iter()
@@ -170,7 +172,7 @@ fn sim_gpus(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>, Stop> {
 /// A sysmem mem of `size` bytes (2 MiB chunks from 2 MiB on, else pages), mapped for the CPU
 /// kernel and on `gpu` (MEM_MAP_GPU), holding the pattern of `seed` (written through the
 /// kernel mapping), or zeroes.
-fn mem_on(d: &Ruvm, gpu: u32, size: u64, seed: Option<u64>) -> Result<u64, Stop> {
+pub(super) fn mem_on(d: &Ruvm, gpu: u32, size: u64, seed: Option<u64>) -> Result<u64, Stop> {
     let chunk = if size >= 2 * M { 2 * M } else { 0 };
     mem_of(d, gpu, size, chunk, seed)
 }
@@ -209,7 +211,7 @@ fn user_fill(d: &Ruvm, h: u64, len: u64, seed: u64) -> TestResult {
 
 /// Bytes of `[0, len)` of `h`, read through a user mapping, that are not `want(offset)`; and
 /// the first such offset.
-fn user_mismatches(
+pub(super) fn user_mismatches(
     d: &Ruvm,
     h: u64,
     len: u64,
@@ -298,7 +300,7 @@ fn settled(d: &Ruvm, e: u64, what: &str) -> Result<FenceInfo, Stop> {
 }
 
 /// Waits (at most [`SIGNAL_BOUND`]) until sync_file `f` has signalled; its fence then.
-fn signalled(f: &impl AsFd, what: &str) -> Result<FenceInfo, Stop> {
+pub(super) fn signalled(f: &impl AsFd, what: &str) -> Result<FenceInfo, Stop> {
     let t = Instant::now();
     let done = sync_file::wait(f, SIGNAL_BOUND).ctx(&format!("poll of {what}"))?;
     check!(
@@ -350,7 +352,12 @@ fn check_pending_names(
 /// Waits (at most [`SIGNAL_BOUND`]) until the engine is on operation `seqno` of stream `s`
 /// (`current_seqno`): for a wait held by a fence, which the engine stays on until it signals.
 /// Its state then.
-fn engine_on(d: &Ruvm, s: u64, seqno: u64, what: &str) -> Result<uapi::ruvm_stream_query, Stop> {
+pub(super) fn engine_on(
+    d: &Ruvm,
+    s: u64,
+    seqno: u64,
+    what: &str,
+) -> Result<uapi::ruvm_stream_query, Stop> {
     let t = Instant::now();
     loop {
         let q = d.stream_query(s).ctx("STREAM_QUERY")?;
@@ -368,7 +375,7 @@ fn engine_on(d: &Ruvm, s: u64, seqno: u64, what: &str) -> Result<uapi::ruvm_stre
 }
 
 /// Waits (at most 5 s) until no stream operation is queued anywhere and none holds a mem.
-fn drained(d: &Ruvm, when: &str) -> TestResult {
+pub(super) fn drained(d: &Ruvm, when: &str) -> TestResult {
     let t = Instant::now();
     loop {
         let l = live(d)?;
@@ -405,7 +412,7 @@ fn ensure_debugfs() {
 }
 
 /// A new sw_sync timeline, or a skip (Debian's kernels lack `CONFIG_SW_SYNC`).
-fn sw_sync() -> Result<SwSyncTimeline, Stop> {
+pub(super) fn sw_sync() -> Result<SwSyncTimeline, Stop> {
     sw_sync_or_none()?
         .ok_or_else(|| Stop::Skip(format!("no {} (CONFIG_SW_SYNC)", sync_file::SW_SYNC_PATH)))
 }
@@ -434,7 +441,7 @@ fn check_class_names() -> TestResult {
 }
 
 /// The errno of a negative fence status.
-fn errno_of(status: i32) -> Option<Errno> {
+pub(super) fn errno_of(status: i32) -> Option<Errno> {
     (status < 0).then(|| Errno::from_raw(-status))
 }
 

@@ -4,11 +4,14 @@
 //! streams made and destroyed on random GPUs, events made, recorded, waited for and exported,
 //! batches of 1 to 32 random operations submitted (copies between the worker's mems, fills,
 //! records, waits for events and for sync_files of ruvm and of sw_sync, copies through user
-//! VAs), queries and syncs, mems freed under queued work, files closed with work queued.
+//! VAs, stream-ordered allocations from the worker's pools or the GPU's current pool and frees
+//! of its mems, by handle or by the index of an ALLOC of the batch), queries and syncs, mems
+//! freed under queued work, files closed with work queued.
 //!
 //! Oracles, beyond each errno being one the documentation gives for the command:
 //! - a destroyed stream's or event's handle answers `ENOENT` from then on (handles are per file
-//!   and never reused);
+//!   and never reused); so does a mem freed by a submitted `FREE` (its user mappings must fault
+//!   at once, as after `MEM_FREE`), and an `ALLOC` that was submitted made a mem;
 //! - what `STREAM_QUERY` and `EVENT_QUERY` report adds up, and a stream's sticky error is one
 //!   the documentation lists;
 //! - isolation: a copy's destination read back after a sync holds no other worker's tag (the
@@ -40,10 +43,14 @@ const CREATE: &[Errno] = &[ENODEV, EOPNOTSUPP, ENOSPC];
 /// What a command naming a stream or an event by handle may answer: `STREAM_DESTROY`,
 /// `STREAM_QUERY`, `EVENT_DESTROY`, `EVENT_QUERY`.
 const BY_HANDLE: &[Errno] = &[ENOENT];
-/// What `STREAM_SUBMIT` of well-formed structures (a readable `ops`) may answer.
+/// What `STREAM_SUBMIT` of well-formed structures (a readable and writable `ops`) may answer
+/// (`ENOSPC`: an ALLOC past the file's quota; `EINTR`: an ALLOC, as `MEM_ALLOC` from a pool
+/// may, which the fuzzer's pool allocations allow too).
 const SUBMIT: &[Errno] = &[
-    ENOENT, EINVAL, EOVERFLOW, ENXIO, ENODEV, EOPNOTSUPP, EPERM, EIO, EAGAIN,
+    ENOENT, EINVAL, EOVERFLOW, ENXIO, ENODEV, EOPNOTSUPP, EPERM, EIO, EAGAIN, ENOSPC, EINTR,
 ];
+/// The sizes a batch's ALLOCs ask for (0: `EINVAL`).
+const ALLOC_SIZES: [u64; 6] = [4096, 8192, 65536, 1 << 20, 12345, 0];
 /// What `STREAM_SYNC` of one stream and `EVENT_SYNC` may answer, with a valid timeout
 /// (`EVENT_SYNC` makes its point's fence the first time: `ENOMEM`).
 const SYNC: &[Errno] = &[EIO, ETIMEDOUT, EINTR, ENOENT, ENOMEM];
@@ -393,6 +400,58 @@ impl World {
         fences::hand_over(self.shared, self.slot, &self.streams.kept, fd);
     }
 
+    /// After batch `b` was submitted: the mems its FREEs named by handle are gone (their
+    /// handles answer `ENOENT`, their user mappings fault), and each of its ALLOCs made a mem,
+    /// listed (tagged first, as every mem of the worker) unless the batch freed it too.
+    fn submitted_mems(&self, d: &Ruvm, b: &Batch) {
+        for &h in &b.frees {
+            if let Ok(mut f) = self.freed.lock() {
+                f.insert(h);
+            }
+            if let Ok(mut hs) = self.handles.lock() {
+                hs.retain(|x| *x != h);
+            }
+            if let Ok(q) = d.mem_query(h) {
+                self.problem(format!(
+                    "MEM_QUERY of mem {h}, freed by a submitted FREE: {q:?}, wanted ENOENT"
+                ));
+            }
+        }
+        for &(i, size) in &b.allocs {
+            let (h, offset) = op::allocated(&b.ops[i]);
+            if h == 0 {
+                self.problem(format!(
+                    "STREAM_SUBMIT succeeded but its ALLOC at index {i} wrote no handle ({:?})",
+                    b.ops[i]
+                ));
+                continue;
+            }
+            if b.freed_allocs.contains(&i) {
+                continue;
+            }
+            let Ok(q) = d.mem_query(h) else {
+                // Freed by another thread meanwhile (by any number, as the fuzzer does).
+                continue;
+            };
+            if q.size != size || q.mmap_offset != offset {
+                self.problem(format!(
+                    "the ALLOC of {size} bytes made mem {h} (mmap offset {offset:#x}), but MEM_QUERY says {q:?}"
+                ));
+            }
+            let a = uapi::ruvm_mem_alloc {
+                handle: h,
+                backing: q.backing,
+                chunk_size: q.chunk_size,
+                chunk_count: q.chunk_count,
+                ..Default::default()
+            };
+            self.tag_mem(d, &a);
+            if let Ok(mut hs) = self.handles.lock() {
+                hs.push(h);
+            }
+        }
+    }
+
     /// Checks what `STREAM_QUERY` said of stream `s`.
     fn check_query(&self, s: &StreamRec, q: &uapi::ruvm_stream_query) {
         // CAST: an errno, small.
@@ -516,6 +575,12 @@ struct Batch {
     records: Vec<u64>,
     /// Whether it waits for the sw_sync timeline.
     sw: bool,
+    /// The indexes of its ALLOCs and the sizes they ask for.
+    allocs: Vec<(usize, u64)>,
+    /// The indexes of the ALLOCs whose mems it frees by index.
+    freed_allocs: Vec<usize>,
+    /// The mems it frees by handle.
+    frees: Vec<u64>,
 }
 
 /// An offset and a length inside a mem of `size` bytes, the length at most `cap`; now and then
@@ -561,8 +626,69 @@ fn build(w: &World, d: &Arc<Ruvm>, s: &StreamRec, rng: &mut Rng) -> Batch {
             (h, q.size)
         }
     };
+    // Over budget: no new memory.
+    let room = !w.over_budget(d);
     for _ in 0..1 + rng.below(32) {
-        match rng.below(12) {
+        match rng.below(15) {
+            12 if room => {
+                // From one of the worker's pools (of any of its files: ENOENT if not this
+                // one's, EOPNOTSUPP if vidmem), the GPU's current pool, or no pool at all.
+                let pool = match rng.below(4) {
+                    0 | 1 => w.pools.lock().ok().and_then(|p| {
+                        (!p.is_empty()).then(|| p[rng.below(p.len() as u64) as usize])
+                    }),
+                    2 => {
+                        let any = rng.next();
+                        Some(rng.pick(&[1, u64::MAX, any]))
+                    }
+                    _ => None,
+                }
+                .unwrap_or(0);
+                let size = rng.pick(&ALLOC_SIZES);
+                let mut a = op::alloc(pool, size, !rng.one_in(4));
+                if rng.one_in(24) {
+                    // Only RUVM_ALLOC_ZERO: EINVAL.
+                    a.flags |= rng.pick(&[
+                        uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK,
+                        uapi::ruvm_op_flags_RUVM_OP_DST_INDEX,
+                        1 << 31,
+                    ]);
+                }
+                b.allocs.push((b.ops.len(), size));
+                b.ops.push(a);
+            }
+            13 => {
+                // A mem of the batch's (by its ALLOC's index; now and then an index that is no
+                // earlier ALLOC's: EINVAL) or of the file (by handle).
+                if !b.allocs.is_empty() && rng.below(3) != 0 {
+                    let (i, _) = b.allocs[rng.below(b.allocs.len() as u64) as usize];
+                    if !b.freed_allocs.contains(&i) {
+                        b.freed_allocs.push(i);
+                    }
+                    b.ops.push(op::free_index(i));
+                } else if rng.one_in(8) {
+                    b.ops
+                        .push(op::free_index(b.ops.len() + rng.below(3) as usize));
+                } else {
+                    let (h, _) = mem(rng);
+                    b.frees.push(h);
+                    b.ops.push(op::free(h));
+                }
+            }
+            14 if !b.allocs.is_empty() && copies > 0 => {
+                // Into, or out of, a mem an earlier ALLOC of the batch makes.
+                copies -= 1;
+                let (i, size) = b.allocs[rng.below(b.allocs.len() as u64) as usize];
+                let (other, osize) = mem(rng);
+                let (off, len) = span(rng, size.min(osize), cap);
+                b.used.push(other);
+                let c = op::copy(other, off, other, off, len);
+                b.ops.push(if rng.one_in(2) {
+                    op::with_dst_index(c, i)
+                } else {
+                    op::with_src_index(c, i)
+                });
+            }
             0..=3 if copies > 0 => {
                 copies -= 1;
                 let ((dst, dsize), (src, ssize)) = (mem(rng), mem(rng));
@@ -657,12 +783,14 @@ fn submit(w: &World, rng: &mut Rng) {
         }
         return;
     };
-    let b = build(w, &d, &s, rng);
-    let r = d.stream_submit(s.handle, &b.ops);
+    let mut b = build(w, &d, &s, rng);
+    // The module writes each ALLOC's results into the array.
+    let r = d.stream_submit_mut(s.handle, &mut b.ops);
     let Some(first) = w.check("STREAM_SUBMIT", r, SUBMIT) else {
         return;
     };
-    drop(b.fds);
+    drop(std::mem::take(&mut b.fds));
+    w.submitted_mems(&d, &b);
     let last = first + b.ops.len() as u64 - 1;
     if first == 0 {
         w.problem(format!(

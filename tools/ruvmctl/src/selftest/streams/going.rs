@@ -312,7 +312,10 @@ pub(super) fn stream_close_with_work_queued() -> TestResult {
 }
 
 /// Brings a removed simulated GPU back when dropped (so a failed case leaves it there).
-struct BringBack<'a>(&'a Ruvm, u32);
+pub(in crate::selftest) struct BringBack<'a>(
+    pub(in crate::selftest) &'a Ruvm,
+    pub(in crate::selftest) u32,
+);
 
 impl Drop for BringBack<'_> {
     fn drop(&mut self) {
@@ -323,7 +326,7 @@ impl Drop for BringBack<'_> {
 
 /// Removes simulated GPU `g` from another thread (another open file); fails if that takes
 /// longer than [`SIGNAL_BOUND`] (the thread is then left stuck).
-fn remove_gpu(g: u32) -> TestResult {
+pub(in crate::selftest) fn remove_gpu(g: u32) -> TestResult {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let r = Ruvm::open()

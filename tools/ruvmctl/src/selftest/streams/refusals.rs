@@ -305,7 +305,8 @@ pub(super) fn stream_bad_inputs() -> TestResult {
 
     // Bad kinds, and every field a kind does not use, alone and after a valid operation (the
     // valid one must not be queued either).
-    for kind in [0, 7, 0x100, u32::MAX] {
+    // 7 and 8 are ALLOC and FREE (`selftest/stream_alloc.rs`).
+    for kind in [0, 9, 0x100, u32::MAX] {
         let o = uapi::ruvm_op {
             kind,
             ..op::record(e)

@@ -25,7 +25,8 @@ pub(super) fn malformed(w: &World, rng: &mut Rng) {
         };
         match rng.below(4) {
             0 => o.reserved = 1 + rng.below(1 << 20),
-            1 => o.kind = rng.pick(&[0, 7, 8, u32::MAX]),
+            // No such kind (7 and 8 are ALLOC and FREE).
+            1 => o.kind = rng.pick(&[0, 9, 0x100, u32::MAX]),
             // A timeout where the kind takes none (RECORD, COPY), or a wait's of 0.
             2 => {
                 o.timeout_ms = u32::from(o.kind != uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT);
