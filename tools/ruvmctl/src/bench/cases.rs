@@ -139,7 +139,7 @@ pub(super) struct Ctx<'a> {
     /// What `big` is, for the case names.
     big_name: &'static str,
     /// An edu GPU (behind the IOMMU), for the per-chunk DMA mapping cost.
-    edu: Option<u32>,
+    pub(super) edu: Option<u32>,
 }
 
 impl Ctx<'_> {

@@ -4,9 +4,11 @@
 //! `RUVM_OP_FREE`), against the synchronous way in the same run.
 //!
 //! - `stream_alloc.pool_hit`: 64 KiB `ALLOC` + `FREE` (by the ALLOC's index) pairs from a
-//!   sysmem pool mapped for the stream's GPU, 64 pairs a submission, per pair, against a fresh
-//!   synchronous mapped allocation (`MEM_ALLOC` of 64 KiB, no pool, + `MEM_MAP_GPU` on the
-//!   same GPU + `MEM_FREE`).
+//!   sysmem pool of the default chunk size (a page, uvm_mem's rule) mapped for the stream's
+//!   GPU, 64 pairs a submission, per pair, against a fresh synchronous mapped allocation
+//!   (`MEM_ALLOC` of 64 KiB, no pool, default chunks, + `MEM_MAP_GPU` on the same GPU +
+//!   `MEM_FREE`). The GPU is an edu GPU when there is one (behind the IOMMU, as a real GPU
+//!   is: a mapping costs what it costs there), else a simulated GPU.
 //! - `stream_alloc.sync_pool_hit`: for reference, the synchronous pool hit (`MEM_ALLOC` from
 //!   the same pool + `MEM_FREE`) against the same baseline.
 //! - `stream_alloc.footprint`: the pool's `reserved_high` after 1000 submissions of (`ALLOC`
@@ -68,13 +70,10 @@ impl<'a> Held<'a> {
         Ok(s)
     }
 
-    /// A sysmem pool of 64 KiB chunks that keeps everything (threshold ~0), its chunks
-    /// DMA-mapped for `gpu`.
-    fn pool(&mut self, gpu: u32) -> Result<u64> {
-        let (p, _) = self
-            .d
-            .pool_create(64 * K, u64::MAX)
-            .context("POOL_CREATE")?;
+    /// A sysmem pool of `chunk`-byte chunks (0: the default) that keeps everything
+    /// (threshold ~0), its chunks DMA-mapped for `gpu`.
+    fn pool(&mut self, chunk: u64, gpu: u32) -> Result<u64> {
+        let (p, _) = self.d.pool_create(chunk, u64::MAX).context("POOL_CREATE")?;
         self.pools.push(p);
         self.d
             .pool_access(p, gpu, true)
@@ -135,8 +134,19 @@ fn hit_batch(pool: u64) -> Vec<uapi::ruvm_op> {
 /// `stream_alloc.pool_hit` and `stream_alloc.sync_pool_hit`.
 fn pool_hit(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
     let mut held = Held::new(c.d);
-    let p = held.pool(c.sim)?;
-    let s = held.stream(c.sim)?;
+    let engine = |id: u32| -> Result<bool> {
+        Ok(c.d
+            .gpus()
+            .context("GPU_LIST")?
+            .iter()
+            .any(|g| g.id == id && g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE != 0))
+    };
+    let (gpu, gpu_name) = match c.edu {
+        Some(g) if engine(g)? => (g, "an edu GPU (behind the IOMMU)"),
+        _ => (c.sim, "a simulated GPU"),
+    };
+    let p = held.pool(0, gpu)?;
+    let s = held.stream(gpu)?;
     // Warm: the pool holds a chunk, observed by the sync.
     let mut ops = hit_batch(p);
     c.d.stream_submit_mut(s, &mut ops)
@@ -144,17 +154,18 @@ fn pool_hit(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
     c.d.stream_sync(s, WAIT_MS).context("STREAM_SYNC")?;
     let fresh = |c: &Ctx| {
         per_op(SYNC_OPS, &mut || {
-            let a = c.d.mem_alloc(64 * K, 64 * K, 0).context("MEM_ALLOC")?;
-            c.d.mem_gpu(true, a.handle, c.sim).context("MEM_MAP_GPU")?;
+            let a = c.d.mem_alloc(64 * K, 0, 0).context("MEM_ALLOC")?;
+            c.d.mem_gpu(true, a.handle, gpu).context("MEM_MAP_GPU")?;
             c.d.mem_free(a.handle).context("MEM_FREE")?;
             Ok(())
         })
     };
-    let baseline = "MEM_ALLOC of 64K (no pool) + MEM_MAP_GPU on the same GPU + MEM_FREE";
+    let baseline =
+        "MEM_ALLOC of 64K (no pool, default chunks) + MEM_MAP_GPU on the same GPU + MEM_FREE";
     let mut case = c.case(
         "stream_alloc.pool_hit".into(),
         &format!(
-            "64K ALLOC + FREE (by index) from a pool mapped for a simulated GPU, {PAIRS} pairs a submission, per pair"
+            "64K ALLOC + FREE (by index) from a pool (default chunks) mapped for {gpu_name}, {PAIRS} pairs a submission, per pair"
         ),
         baseline,
         "ns",
@@ -214,7 +225,7 @@ fn footprint(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
     let s = held.stream(c.sim)?;
     for _ in 0..c.spec.reps.max(1) {
         let mut one = Held::new(c.d);
-        let p = one.pool(c.sim)?;
+        let p = one.pool(64 * K, c.sim)?;
         let mut ops = [
             op::alloc(p, M, false),
             op::with_dst_index(op::copy(0, 0, src, 0, 4 * K), 0),

@@ -305,6 +305,28 @@ fn fault_sweep_ioctls() -> TestResult {
                     }))
                 }),
             });
+            // Stream-ordered allocation: an ALLOC from a pool mapped for the GPU, a copy into
+            // it and its FREE, one submission; the pool keeps the freed chunks (pending, then
+            // cached by the synchronize that undoes it), so each call after the first reuses
+            // them.
+            if d.info().ctx("INFO")?.features & u64::from(uapi::RUVM_FEATURE_STREAM_ALLOC) != 0 {
+                let (pool, _) = d.pool_create(0, u64::MAX).ctx("pool create")?;
+                d.pool_access(pool, id, true).ctx("pool access")?;
+                scenarios.push(Scenario {
+                    name: format!("stream alloc and free on GPU {id}"),
+                    op: Box::new(move || {
+                        let mut ops = [
+                            op::alloc(pool, 64 << 10, true),
+                            op::with_dst_index(op::copy(0, 0, a, 0, 4096), 0),
+                            op::free_index(0),
+                        ];
+                        d.stream_submit_mut(stream, &mut ops)?;
+                        Ok(undo(move || {
+                            d.stream_sync(stream, 10_000).ctx("stream sync")
+                        }))
+                    }),
+                });
+            }
             scenarios.push(Scenario {
                 name: "event export".into(),
                 op: Box::new(move || {
