@@ -137,6 +137,9 @@ pub(crate) struct StreamCore {
     /// opportunistic reuse), and the last a synchronize observed.
     reached: Atomic<u64>,
     observed: Atomic<u64>,
+    /// Destroyed or cancelled: no synchronize can observe it any more, so its points count as
+    /// observed once reached (a pending free's points do not pin a stream that is gone).
+    gone: Atomic<bool>,
     #[pin]
     state: Mutex<StreamState>,
     /// Notified when an operation retires.
@@ -192,6 +195,7 @@ impl StreamCore {
                 submitting <- new_mutex!(Known::new()),
                 reached: Atomic::new(0),
                 observed: Atomic::new(0),
+                gone: Atomic::new(false),
                 state <- new_mutex!(StreamState {
                     queue: List::new(),
                     queued: 0,
@@ -362,6 +366,7 @@ impl StreamCore {
     /// Its handle is gone: nothing more is submitted; queued work goes on.
     pub(crate) fn destroy(&self) {
         self.state.lock().destroyed = true;
+        self.gone.store(true, Release);
     }
 
     /// Whether it has work not retired.
@@ -375,6 +380,7 @@ impl StreamCore {
     /// operation the engine runs (and after) only once it is dropped (see [`Self::step`]), so
     /// no fence says the work is over while a piece of it may still write.
     pub(crate) fn cancel(self: &Arc<Self>) {
+        self.gone.store(true, Release);
         let taken = {
             let mut st = self.state.lock();
             st.cancelled = true;

@@ -18,7 +18,7 @@ use crate::{
             pending::{Asker, Promise, Tag},
             Pool,
         },
-        AllocRequest, Handle, Made, Mem, Origin, Retired,
+        AllocRequest, Handle, Made, Mem, Origin,
     },
     stream::{event::Event, op::Lookup, plan::Named, Budget, StreamCore},
     uapi,
@@ -191,6 +191,13 @@ impl Lookup for FileLookup<'_> {
             Some(e) => Err(e),
             None => queue(),
         };
+        if r.is_ok() {
+            // Queued: the new mems are made before anyone can find them (a FREE of one, in
+            // another submission, hands its chunks back with its ALLOC's point).
+            for (_, _, e) in entries.iter() {
+                e.mem.mark_committed();
+            }
+        }
         if r.is_err() {
             for (a, b) in slots {
                 inner.mems.unused(a);
@@ -218,8 +225,8 @@ impl Lookup for FileLookup<'_> {
     fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>) {
         // The handle is gone: a zap that fails leaves the pages to the fault handler, which
         // refuses a freed mem's.
-        let zap = |retired: &mut Retired| {
-            let _ = mem.zap_user(self.1, retired);
+        let zap = |filled_by| {
+            let _ = mem.zap_filled(self.1, filled_by);
         };
         mem.free_ordered(zap, free, promise);
     }

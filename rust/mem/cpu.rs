@@ -252,7 +252,7 @@ impl Mem {
         }
         // Last, under the lock with the fill: from here the VMA holds a reference on the mem
         // and counts in `user_mappings`, so a free after this sees both.
-        vma::install(vma, self.clone());
+        vma::install(vma, self.clone(), &VM_OPS);
         Ok(())
     }
 
@@ -270,12 +270,22 @@ impl Mem {
     /// when the zap walks them: its address space's mmap lock is held by that `mmap` until it
     /// is, so the zap is done again once that lock could be taken.
     pub(crate) fn zap_user(&self, file: &kernel::fs::File, retired: &mut Retired) -> Result {
+        self.zap_filled(file, retired.filled_by.take())
+    }
+
+    /// [`Mem::zap_user`], with the address space whose `mmap` filled a VMA of the mem
+    /// (`filled_by`, taken out of what the mem gave up).
+    pub(crate) fn zap_filled(
+        &self,
+        file: &kernel::fs::File,
+        filled_by: Option<ARef<Mm>>,
+    ) -> Result {
         if self.user_mappings.load(Relaxed) == 0 {
             return Ok(());
         }
         let (offset, len) = (self.mmap_offset(), self.layout.physical_size);
         vma::zap(file, offset, len)?;
-        if let Some(mm) = retired.filled_by.take() {
+        if let Some(mm) = filled_by {
             // No user: the address space is being torn down, and no `mmap` runs in it.
             if let Some(mm) = mm.mmget_not_zero() {
                 drop(mm.mmap_read_lock());
@@ -289,6 +299,47 @@ impl Mem {
 /// The most pages `mmap` inserts itself: 64 KiB of 4 KiB pages, the kernel's default
 /// fault-around (`fault_around_bytes`).
 const FILL_AT_MMAP: usize = 16;
+
+/// What a user address of the calling process is, if it is in a user mapping of a mem
+/// ([`Mem::at_user`]).
+pub(crate) struct UserPtr {
+    pub(crate) mem: Arc<Mem>,
+    /// The byte of the mem the address is.
+    pub(crate) offset: u64,
+    /// The mem's pool, if its chunks came from one (0: none).
+    pub(crate) pool: u64,
+    /// Freed (its mapping faults).
+    pub(crate) freed: bool,
+}
+
+impl Mem {
+    /// The mem whose user mapping `addr` (of the calling process) is in, and where in it; `None`
+    /// for any other address.
+    pub(crate) fn at_user(addr: usize) -> Option<UserPtr> {
+        let (mem, file_offset) = vma::owner_at::<Mem>(addr, &VM_OPS)?;
+        let offset = file_offset.checked_sub(mem.mmap_offset())?;
+        if offset >= mem.layout.physical_size {
+            return None;
+        }
+        let (pool, freed) = {
+            let st = mem.state.lock();
+            (
+                st.lease.as_ref().map_or(0, |l| l.pool.id()),
+                st.life == Life::Freed,
+            )
+        };
+        Some(UserPtr {
+            mem,
+            offset,
+            pool,
+            freed,
+        })
+    }
+}
+
+/// The VMA operations of a mem's user mappings (one `static`: [`vma::owner_at`] knows them by
+/// its address).
+pub(crate) static VM_OPS: vma::Ops = vma::Ops::of::<Mem>();
 
 impl VmaOwner for Mem {
     fn vma_opened(&self) {

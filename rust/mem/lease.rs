@@ -12,6 +12,8 @@ use kernel::{
 
 use crate::gpu::dma::GpuTable;
 
+use kernel::{mm::Mm, sync::aref::ARef};
+
 use super::{
     offsets,
     pool::{
@@ -19,7 +21,7 @@ use super::{
         pending::{Promise, Tag, Tags},
     },
     quota::Charge,
-    Mem, MemState, Retired,
+    Mem, MemState,
 };
 
 /// A pool mem's tie to its pool: when it is dropped (with the mem's core, or on a failed
@@ -123,37 +125,48 @@ impl Mem {
     }
 
     /// Frees the mem on a stream, at point `free` (its handle gone, in a submission queued
-    /// now): it is retired, its user mappings zapped (`zap`, when a VMA maps it), its chunks
-    /// handed to its pool's pending list (in the room `promise` kept), and what it gave up
-    /// parked until the stream reaches the free. With no VMA, all of it under one acquisition
-    /// of its lock.
+    /// now): it is retired and what it gave up parked until the stream reaches the free (under
+    /// one acquisition of its lock, so that a GPU's removal finds the parked mappings), its
+    /// user mappings zapped (`zap`, with the address space whose `mmap` filled a VMA, when a
+    /// VMA maps it), and its chunks handed to its pool's pending list (in the room `promise`
+    /// kept). The DMA tables of GPUs with a parked virtual mapping stay parked with it (no PTE
+    /// may point at an address its pool may drop). A mem a VMA still maps keeps its chunks
+    /// (and their quota charge) until the VMA goes: they come back through the lease then,
+    /// pending until the free is observed.
     pub(crate) fn free_ordered(
         &self,
-        zap: impl FnOnce(&mut Retired),
+        zap: impl FnOnce(Option<ARef<Mm>>),
         free: Option<Tag>,
         promise: Option<Promise>,
     ) {
         let mut st = self.state.lock();
-        let mut retired = Self::retire_locked(&mut st);
+        let mut retired = Self::retire_locked(&mut st, true);
+        let filled_by = retired.filled_by.take();
+        let old = st.parked.replace(retired);
+        if self.committed.load(Relaxed) {
+            if let Some(l) = st.lease.as_mut() {
+                l.made = true;
+            }
+        }
         // Read once the mem is freed: a VMA that inserted a page did so before (a fault
         // checks the mem's life under its lock), and was counted before that.
-        if self.user_mappings.load(Relaxed) != 0 {
-            drop(st);
-            zap(&mut retired);
-            let handed = self.take_lease(&mut self.state.lock());
-            if let (Some(h), Some(t)) = (handed, free) {
-                h.go(t, promise);
-            }
-            self.park(retired);
-            return;
-        }
+        let mapped = self.user_mappings.load(Relaxed) != 0;
         let handed = match free {
+            Some(t) if mapped => {
+                // Room was made when the free was planned: this does not allocate.
+                if let Some(l) = st.lease.as_mut() {
+                    let _ = l.from.add(t);
+                }
+                None
+            }
             Some(t) => self.take_lease(&mut st).map(|h| (h, t)),
             None => None,
         };
-        let old = st.parked.replace(retired);
         drop(st);
         drop(old);
+        if mapped {
+            zap(filled_by);
+        }
         if let Some((h, t)) = handed {
             h.go(t, promise);
         }

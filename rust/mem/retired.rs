@@ -64,16 +64,25 @@ impl Mem {
     /// zapping the user mappings (uvm_mem's order: CPU user, CPU kernel, GPU user, GPU kernel,
     /// GPU phys). The chunks go with the last reference.
     pub(crate) fn retire(&self) -> Retired {
-        Self::retire_locked(&mut self.state.lock())
+        Self::retire_locked(&mut self.state.lock(), false)
     }
 
-    /// [`Mem::retire`], under the mem's lock.
-    pub(super) fn retire_locked(st: &mut MemState) -> Retired {
+    /// [`Mem::retire`], under the mem's lock. With `parking` (a free on a stream, whose
+    /// mappings stay until the stream reaches it), the table of a GPU the mem has a virtual
+    /// mapping on stays with the mappings rather than going to the pool.
+    pub(super) fn retire_locked(st: &mut MemState, parking: bool) -> Retired {
         st.life = Life::Freed;
         if let Some(access) = st.lease.as_ref().map(|l| l.pool.access()) {
             // The tables of the pool's GPUs stay, for the pool's cache (which decides, under
             // its lock, what it keeps of them: `pool::PoolState::keeps`).
-            let kept = |id: u32| access.contains(id);
+            let virt: crate::gpu::set::GpuSet = if parking {
+                Iterator::chain(st.gpu_user.iter(), st.gpu_kernel.iter())
+                    .map(|(id, _)| *id)
+                    .collect()
+            } else {
+                crate::gpu::set::GpuSet::EMPTY
+            };
+            let kept = |id: u32| access.contains(id) && !virt.contains(id);
             let mine = core::mem::replace(&mut st.gpus, KVec::new());
             if mine.iter().all(|(id, _)| kept(*id)) {
                 if let Some(l) = st.lease.as_mut() {
@@ -103,14 +112,8 @@ impl Mem {
         }
     }
 
-    /// Keeps what a mem freed on a stream gave up (its mappings), until [`Mem::unpark`] when
-    /// the stream reaches the free.
-    pub(crate) fn park(&self, retired: Retired) {
-        let old = self.state.lock().parked.replace(retired);
-        drop(old);
-    }
-
-    /// What [`Mem::park`] kept, to be dropped (the stream reached the free).
+    /// What a free on a stream parked ([`Mem::free_ordered`]), to be dropped (the stream
+    /// reached the free).
     pub(crate) fn unpark(&self) -> Option<Retired> {
         self.state.lock().parked.take()
     }

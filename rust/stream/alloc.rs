@@ -292,6 +292,7 @@ impl Batch {
             // What the mem gave up is parked in it until the FREE is dropped: here if the
             // stream reached it meanwhile (its work before it is done).
             files.free(&f.mem, tag, f.promise);
+            f.op.parked();
             drop(f.op);
         }
     }

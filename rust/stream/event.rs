@@ -90,11 +90,19 @@ impl Event {
 
     /// Its point's fence, made if none was yet (`None` if never recorded).
     pub(crate) fn fence(&self) -> Result<Option<Fence>> {
+        Ok(self.point_fence()?.map(|(_, _, f)| f))
+    }
+
+    /// Its point (its timeline's context and seqno) and that point's fence, read at once: the
+    /// fence is the point's even if the event is recorded again meanwhile (`None` if never
+    /// recorded).
+    pub(crate) fn point_fence(&self) -> Result<Option<(u64, u64, Fence)>> {
         let Some(p) = self.point.lock().clone() else {
             return Ok(None);
         };
+        let (context, seqno) = (p.timeline.context(), p.seqno);
         if let Some(f) = p.fence {
-            return Ok(Some(f));
+            return Ok(Some((context, seqno, f)));
         }
         // Made with the lock released (it allocates), then kept if the event did not move.
         let fence = p.timeline.point_fence(p.seqno)?;
@@ -104,7 +112,7 @@ impl Event {
                 q.fence = Some(fence.clone());
             }
         }
-        Ok(Some(fence))
+        Ok(Some((context, seqno, fence)))
     }
 
     pub(crate) fn state(&self) -> EventState {

@@ -99,8 +99,11 @@ pub(super) enum Work {
         zero_len: u64,
     },
     /// A FREE: holds the mem (and, once the submission is queued, what it gave up, parked in
-    /// it) until the stream reaches it.
-    Free(Arc<Mem>),
+    /// it: `parked` says so, and the FREE's drop lets it go) until the stream reaches it.
+    Free {
+        mem: Arc<Mem>,
+        parked: Atomic<bool>,
+    },
 }
 
 /// Bytes an ALLOC zeroes per piece.
@@ -141,8 +144,11 @@ impl PinnedDrop for Op {
     fn drop(self: Pin<&mut Self>) {
         // A FREE reached: the mappings its mem gave up go (the mem's chunks are its pool's
         // already, or go with its last holder).
-        if let Work::Free(mem) = &self.work {
-            drop(mem.unpark());
+        // Only the FREE that parked them: one of a failed submission never did.
+        if let Work::Free { mem, parked } = &self.work {
+            if parked.load(Relaxed) {
+                drop(mem.unpark());
+            }
         }
         self.budget.give(self.units.load(Relaxed));
     }
@@ -201,7 +207,7 @@ impl Op {
     pub(super) fn step(&self, engine: &Engine) -> Result<Step> {
         let done = self.done.load(Relaxed);
         let moved = match &self.work {
-            Work::Nop | Work::Record | Work::Free(_) => return Ok(Step::Done),
+            Work::Nop | Work::Record | Work::Free { .. } => return Ok(Step::Done),
             Work::Wait { watch, timeout } => return self.wait_step(watch, timeout, engine),
             Work::Alloc {
                 wait,
@@ -305,6 +311,13 @@ impl Op {
             || engine.gpu().access().is_err()
     }
 
+    /// A FREE parked what its mem gave up (its submission is queued).
+    pub(super) fn parked(&self) {
+        if let Work::Free { parked, .. } = &self.work {
+            parked.store(true, Relaxed);
+        }
+    }
+
     /// The operations it stands for: itself and those folded into it.
     pub(super) fn units(&self) -> u64 {
         self.units.load(Relaxed)
@@ -330,6 +343,6 @@ impl Op {
     /// Whether it does no work on the engine (a record, a wait for nothing): retired as soon as
     /// the stream reaches it.
     pub(super) fn is_instant(&self) -> bool {
-        matches!(self.work, Work::Record | Work::Nop | Work::Free(_))
+        matches!(self.work, Work::Record | Work::Nop | Work::Free { .. })
     }
 }

@@ -259,12 +259,17 @@ pub(super) fn plan(
                 match event.point() {
                     _ if *recorded != 0 => None,
                     Some((c, _)) if c == context => None,
-                    Some((c, s)) => {
-                        // The stream's later ALLOCs follow this dependency (CUDA's
-                        // FOLLOW_EVENT_DEPENDENCIES).
-                        batch.note_wait(c, s)?;
-                        event.fence()?
-                    }
+                    // The point and its fence, read at once (the event may move meanwhile).
+                    Some(_) => match event.point_fence()? {
+                        Some((c, _, _)) if c == context => None,
+                        Some((c, s, f)) => {
+                            // The stream's later ALLOCs follow this dependency (CUDA's
+                            // FOLLOW_EVENT_DEPENDENCIES).
+                            batch.note_wait(c, s)?;
+                            Some(f)
+                        }
+                        None => None,
+                    },
                     None => None,
                 }
             };
@@ -337,7 +342,11 @@ pub(super) fn plan(
             }
             let _ = batch.tag(clock, seqno);
             let freed = batch.free_of(files, op.dst, op.flags & DST_INDEX != 0)?;
-            let new = Op::new(seqno, Work::Free(freed.1.clone()), 1, units)?;
+            let work = Work::Free {
+                mem: freed.1.clone(),
+                parked: Atomic::new(false),
+            };
+            let new = Op::new(seqno, work, 1, units)?;
             batch.freed(freed, new.clone_arc(), seqno)?;
             Ok(Some(new))
         }

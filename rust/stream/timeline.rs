@@ -197,6 +197,7 @@ impl Clock for StreamCore {
 
     fn observed(&self, seqno: u64) -> bool {
         self.observed.load(Acquire) >= seqno
+            || (self.gone.load(Acquire) && self.reached.load(Acquire) >= seqno)
     }
 
     fn fence(&self, seqno: u64) -> Result<Fence> {

@@ -49,7 +49,8 @@ pub(crate) trait Clock: Send + Sync {
     fn context(&self) -> u64;
     /// Whether the stream reached point `seqno` (the work before it retired and dropped).
     fn reached(&self, seqno: u64) -> bool;
-    /// Whether a synchronize observed point `seqno`.
+    /// Whether a synchronize observed point `seqno` (or the stream is destroyed, so that none
+    /// can, and reached it).
     fn observed(&self, seqno: u64) -> bool;
     /// A fence of point `seqno`.
     fn fence(&self, seqno: u64) -> Result<Fence>;
@@ -82,8 +83,9 @@ impl Tags {
     }
 
     /// Adds `tag`, keeping one point per stream (the later), and leaving out points already
-    /// observed: may allocate.
+    /// observed (those it held too): may allocate.
     pub(crate) fn add(&mut self, tag: Tag) -> Result {
+        self.0.retain(|t| !t.clock.observed(t.seqno));
         if tag.clock.observed(tag.seqno) {
             return Ok(());
         }
@@ -398,29 +400,38 @@ impl Pool {
     /// threshold is given back (a synchronize, as CUDA's).
     pub(crate) fn settle(&self, every: bool) {
         let mut moved = false;
-        loop {
+        // What the cache could not take (it could not grow), dropped with the lock released.
+        let mut refused = KVec::new();
+        {
             let mut st = self.state.lock();
-            let done = |p: &Pending| p.tags.observed() || (every && p.tags.reached());
-            let Some(i) = st.pending.iter().position(done) else {
-                break;
-            };
-            let Ok(p) = st.pending.remove(i) else {
-                break;
-            };
-            let bytes = p.bytes();
-            st.pending_bytes -= bytes;
-            let Pending {
-                tables,
-                pages,
-                charge,
-                ..
-            } = p;
-            let refused = st.cache(Entry::new(pages, tables, None, charge));
+            // One pass: a list that goes is swapped with the last and taken off the end.
+            let mut i = 0;
+            while let Some(p) = st.pending.get(i) {
+                if !(p.tags.observed() || (every && p.tags.reached())) {
+                    i += 1;
+                    continue;
+                }
+                let last = st.pending.len() - 1;
+                st.pending.as_mut_slice().swap(i, last);
+                let Some(p) = st.pending.pop() else {
+                    break;
+                };
+                st.pending_bytes -= p.bytes();
+                let Pending {
+                    tables,
+                    pages,
+                    charge,
+                    ..
+                } = p;
+                if let Some(e) = st.cache(Entry::new(pages, tables, None, charge)) {
+                    // Without room even here, it is dropped under the lock.
+                    let _ = refused.push(e, GFP_KERNEL);
+                }
+                moved = true;
+            }
             self.publish(&st);
-            drop(st);
-            drop(refused);
-            moved = true;
         }
+        drop(refused);
         let over = {
             let st = self.state.lock();
             moved || st.reserved() > st.threshold
