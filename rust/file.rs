@@ -48,6 +48,7 @@ mod bench_ioctls;
 mod gpu_ioctls;
 mod mem_ioctls;
 mod pool_ioctls;
+mod share_ioctls;
 mod stream_ioctls;
 mod test_ioctls;
 
@@ -273,6 +274,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_POOL_TRIM => me.pool_trim(user)?,
             uapi::RUVM_IOCTL_POOL_SET_ACCESS => me.pool_set_access(user)?,
             uapi::RUVM_IOCTL_GPU_POOL => me.gpu_pool(user)?,
+            uapi::RUVM_IOCTL_PTR_ATTRS => me.ptr_attrs(user)?,
             uapi::RUVM_IOCTL_STREAM_CREATE => me.stream_create(user)?,
             uapi::RUVM_IOCTL_STREAM_DESTROY => me.stream_destroy(user)?,
             uapi::RUVM_IOCTL_STREAM_SUBMIT => me.stream_submit(file, user, arg)?,

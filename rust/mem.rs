@@ -278,6 +278,9 @@ pub(crate) struct MemCore {
     /// Freed on a stream: its chunks went to its pool's pending list (which the audit's walk
     /// counts them in) while this core still holds them for the work queued before the free.
     handed: Atomic<bool>,
+    /// Its handle reached its caller: its chunks go back as a freed mem's from now on (see
+    /// [`Mem::commit`]; set without the mem's lock under the file's, read under the mem's).
+    committed: Atomic<bool>,
     /// Dropped before the storage (field order is drop order): a mem dropped without being
     /// freed (at file close) still holds its mappings and tables, and they go before the
     /// chunks they map, as in uvm_mem.
@@ -313,6 +316,7 @@ impl PinnedDrop for MemCore {
             st.user_va = None;
             let mut lease = st.lease.take();
             if let Some(l) = lease.as_mut() {
+                l.made |= this.committed.load(Relaxed);
                 let gpus = core::mem::replace(&mut st.gpus, KVec::new());
                 give_tables(&mut l.tables, gpus);
                 l.range = this.mmap.take();
@@ -524,6 +528,7 @@ impl Mem {
                 user_mappings: Atomic::new(0),
                 leased: lease.is_some(),
                 handed: Atomic::new(false),
+                committed: Atomic::new(false),
                 state <- new_mutex!(MemState {
                     life: Life::Owned,
                     kmap: None,
@@ -564,6 +569,7 @@ impl Mem {
     /// go back to the pool as a freed mem's. Until then, dropping the mem undoes the pool's
     /// allocation.
     pub(crate) fn commit(&self) {
+        self.committed.store(true, Relaxed);
         if self.leased {
             if let Some(l) = self.state.lock().lease.as_mut() {
                 l.made = true;
@@ -580,6 +586,12 @@ impl Mem {
             Storage::Sys(p) => Some(p.clone()),
             Storage::Vid(_) => None,
         }
+    }
+
+    /// Notes that the mem's handle is about to reach its caller (under the file's lock, before
+    /// the handle enters its table): see [`Mem::commit`], which follows.
+    pub(crate) fn mark_committed(&self) {
+        self.committed.store(true, Relaxed);
     }
 
     /// Where the mem is mapped with `mmap`.

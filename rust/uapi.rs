@@ -73,6 +73,7 @@ plain_old_data!(
     ruvm_pool_trim,
     ruvm_pool_access,
     ruvm_gpu_pool,
+    ruvm_ptr_attrs,
     ruvm_stream_create,
     ruvm_stream_handle,
     ruvm_op,

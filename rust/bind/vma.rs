@@ -144,9 +144,24 @@ impl<T: VmaOwner> VmOps<T> {
     }
 }
 
-/// Ties a VMA being created to `owner`, which then fills it on fault; call it last, when
-/// nothing can fail any more, so that a failed `mmap` leaves no reference behind.
-pub(crate) fn install<T: VmaOwner>(vma: &VmaNew, owner: Arc<T>) {
+/// The VMA operations of owners of type `T`, for the owner's one `static` (whose address tells
+/// its VMAs apart: [`owner_at`]).
+pub(crate) struct Ops(bindings::vm_operations_struct);
+
+// SAFETY: the table holds function pointers only, never written after it is made.
+unsafe impl Sync for Ops {}
+
+impl Ops {
+    /// The table for owners of type `T`.
+    pub(crate) const fn of<T: VmaOwner>() -> Self {
+        Self(VmOps::<T>::OPS)
+    }
+}
+
+/// Ties a VMA being created to `owner`, which then fills it on fault, with `T`'s operations
+/// `ops` (its `static`); call it last, when nothing can fail any more, so that a failed `mmap`
+/// leaves no reference behind.
+pub(crate) fn install<T: VmaOwner>(vma: &VmaNew, owner: Arc<T>, ops: &'static Ops) {
     let _ = vma.set_mixedmap();
     owner.vma_opened();
     let vma = vma.as_ptr();
@@ -154,8 +169,35 @@ pub(crate) fn install<T: VmaOwner>(vma: &VmaNew, owner: Arc<T>) {
     // yet; the operations table is `'static`, and the reference stored is given back by `close`.
     unsafe {
         (*vma).vm_private_data = owner.into_foreign();
-        (*vma).vm_ops = &VmOps::<T>::OPS;
+        (*vma).vm_ops = &ops.0;
     }
+}
+
+/// The owner of the calling process's VMA at `addr`, if that VMA was installed with `ops` (the
+/// operations of owners of type `T`), and the file offset `addr` maps (bytes); `None` for any
+/// other address (none mapped there, or another mapping), or a task with no address space.
+pub(crate) fn owner_at<T: VmaOwner>(addr: usize, ops: &'static Ops) -> Option<(Arc<T>, u64)> {
+    let task = kernel::current!();
+    let mm = task.mm()?;
+    let guard = mm.mmap_read_lock();
+    let vma = guard.vma_lookup(addr)?;
+    let v = vma.as_ptr();
+    // SAFETY: the VMA is valid while the mmap lock is held, and these fields do not change
+    // under it.
+    let (vm_ops, private, pgoff) = unsafe { ((*v).vm_ops, (*v).vm_private_data, (*v).vm_pgoff) };
+    if !core::ptr::eq(vm_ops, &ops.0) {
+        return None;
+    }
+    // SAFETY: a VMA with `T`'s operations holds a reference on its owner in `vm_private_data`
+    // (made by `install` or `open`, given back by `close`), which the mmap lock keeps alive
+    // during this borrow.
+    let owner: Arc<T> = unsafe { Arc::<T>::borrow(private) }.into();
+    let into = u64::try_from(addr.checked_sub(vma.start())?).ok()?;
+    let offset = u64::try_from(pgoff)
+        .ok()?
+        .checked_mul(PAGE_SIZE as u64)?
+        .checked_add(into)?;
+    Some((owner, offset))
 }
 
 /// The file offset the VMA maps, in bytes.

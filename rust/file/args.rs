@@ -121,6 +121,7 @@ spec! {
     ruvm_pool_handle { flags: 0, zero: [pad, reserved] }
     ruvm_pool_info { flags: 0, zero: [reserved] }
     ruvm_gpu_pool { flags: uapi::ruvm_gpu_pool_flags_RUVM_GPU_POOL_SET, zero: [reserved] }
+    ruvm_ptr_attrs { flags: 0, zero: [reserved] }
     ruvm_pool_set { flags: 0, zero: [reserved] }
     ruvm_pool_trim { flags: 0, zero: [pad, reserved] }
     ruvm_pool_access {

@@ -102,11 +102,13 @@ struct ruvm_info {
  * ruvm_pool_info.pending_bytes.
  */
 #define RUVM_FEATURE_STREAM_ALLOC (1ULL << 11)
+/* Pointer attributes (CUDA's cudaPointerGetAttributes): PTR_ATTRS. */
+#define RUVM_FEATURE_PTR_ATTRS (1ULL << 12)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
 	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS |                   \
-	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC)
+	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC | RUVM_FEATURE_PTR_ATTRS)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -1073,7 +1075,7 @@ struct ruvm_pool_handle {
  * CUDA's attributes, in bytes: reserved = held by the pool (in use + pending + cached), used =
  * held by mems of the pool (a mem freed by RUVM_IOCTL_MEM_FREE counts until its chunks are
  * back: a user mapping or queued work may keep them; one freed by RUVM_OP_FREE stops counting
- * when the free is submitted), each with its high watermark since creation or the last reset.
+ * when the free is submitted, unless a user mapping still holds it: then when it goes), each with its high watermark since creation or the last reset.
  * Pending = freed by RUVM_OP_FREE (or chunks an ALLOC took from such a free, given back by the
  * mem's RUVM_IOCTL_MEM_FREE or a failed submission), the free's (and the ALLOC's) completion
  * not yet observed by a synchronize
@@ -1246,6 +1248,63 @@ struct ruvm_gpu_pool {
 	__u64 reserved[2];
 };
 
+/* ruvm_ptr_attrs.type */
+enum ruvm_ptr_type {
+	/* Not ruvm memory: any address that is not in a user mapping of a mem (mapped or not). */
+	RUVM_PTR_NONE = 0,
+	/* In a user mapping of a mem (mmap of /dev/ruvm at its mmap offset). */
+	RUVM_PTR_MEM = 1,
+};
+
+/* ruvm_ptr_attrs.ptr_flags */
+enum ruvm_ptr_flags {
+	/* The mem is not the calling file's (a mapping made through another open file of
+	 * /dev/ruvm, or inherited): @handle is 0. */
+	RUVM_PTR_OTHER_FILE = 1 << 0,
+	/* The mem was freed: its handle is gone (@handle is 0) and the mapping faults (SIGBUS). */
+	RUVM_PTR_FREED = 1 << 1,
+};
+
+/**
+ * struct ruvm_ptr_attrs - what a user address is (RUVM_IOCTL_PTR_ATTRS)
+ *
+ * cudaPointerGetAttributes for an address of the calling process: whether it is ruvm memory
+ * and, if so, which mem and where in it. Any other address (unmapped, the stack, another
+ * file's or driver's mapping) answers RUVM_PTR_NONE with every other output 0: never an
+ * error. Errors: EINVAL (non-zero @flags or @reserved), EFAULT.
+ *
+ * @addr:          (in)  the address
+ * @flags:         (in)  must be 0
+ * @type:          (out) enum ruvm_ptr_type
+ * @handle:        (out) RUVM_PTR_MEM: the mem's handle in the calling file (0: see @ptr_flags)
+ * @offset:        (out) RUVM_PTR_MEM: the byte of the mem @addr is (0 for its first)
+ * @base:          (out) RUVM_PTR_MEM: the address of the mem's first byte in this mapping
+ * @size:          (out) RUVM_PTR_MEM: the mem's size (bytes asked for)
+ * @physical_size: (out) RUVM_PTR_MEM: its physical size (what the mapping covers)
+ * @chunk_size:    (out) RUVM_PTR_MEM: its chunk size
+ * @pool:          (out) RUVM_PTR_MEM: the pool its chunks came from (0: none)
+ * @mapped_gpus:   (out) RUVM_PTR_MEM: bit n set: DMA-mapped for GPU n
+ * @backing:       (out) RUVM_PTR_MEM: enum ruvm_backing (user mappings are of sysmem)
+ * @ptr_flags:     (out) RUVM_PTR_MEM: enum ruvm_ptr_flags
+ * @reserved:      (in)  must be 0
+ */
+struct ruvm_ptr_attrs {
+	__u64 addr;
+	__u32 flags;
+	__u32 type;
+	__u64 handle;
+	__u64 offset;
+	__u64 base;
+	__u64 size;
+	__u64 physical_size;
+	__u64 chunk_size;
+	__u64 pool;
+	__u64 mapped_gpus;
+	__u32 backing;
+	__u32 ptr_flags;
+	__u64 reserved[2];
+};
+
 /* What RUVM_IOCTL_TEST_SIM_GPU does. */
 enum ruvm_sim_gpu_op {
 	/* Remove the simulated GPU, as an unbind removes a test GPU. */
@@ -1406,9 +1465,10 @@ enum ruvm_op_kind {
 	 * Frees mem @dst when the stream reaches the op (cudaFreeAsync): its handle is gone at
 	 * once (ENOENT for later operations and calls), its user mappings are zapped at once
 	 * (SIGBUS), its CPU kernel and GPU mappings stay until the stream reaches the free. A
-	 * sysmem pool mem's chunks are pending in its pool from then on (enum ruvm_pool_reuse);
-	 * others go (to the page allocator, or a vidmem pool's cache) once their last holder lets
-	 * go: the work queued on them, a user VMA. Any mem of the file may be freed this way.
+	 * sysmem pool mem's chunks are pending in its pool from then on (enum ruvm_pool_reuse),
+	 * or, if a user VMA still maps the mem (zapped), once that VMA goes; others go (to the
+	 * page allocator, or a vidmem pool's cache) once their last holder lets go: the work
+	 * queued on them, a user VMA. Any mem of the file may be freed this way.
 	 */
 	RUVM_OP_FREE = 8,
 };
@@ -1466,7 +1526,8 @@ struct ruvm_op {
  * submitted to the stream before them. Errors: ENOENT (no such stream, mem, pool or event),
  * EINVAL (a bad field, a range outside a mem, an fd that is not a sync_file, @count 0 or above
  * RUVM_MAX_SUBMIT_OPS, an index flag naming an op that is not an earlier ALLOC), EOVERFLOW
- * (COPY, FILL: an offset + length past 2^64, as RUVM_IOCTL_CE_COPY), ENXIO (a mem not mapped as
+ * (COPY, FILL: an offset + length past 2^64, as RUVM_IOCTL_CE_COPY; ALLOC: a size past what
+ * a mem can be, as RUVM_IOCTL_MEM_ALLOC), ENXIO (a mem not mapped as
  * the op needs), ENODEV (the GPU is gone), EPERM (the kernel VA space without CAP_SYS_ADMIN),
  * EIO (the stream is in error: RUVM_IOCTL_STREAM_QUERY says why), EAGAIN (RUVM_MAX_STREAM_OPS
  * would be queued), EOPNOTSUPP (ALLOC from a vidmem pool), ENOSPC, ENOMEM and EINTR (ALLOC, as
@@ -1622,6 +1683,7 @@ enum {
 	RUVM_IOCTL_POOL_TRIM = _IOWR(RUVM_IOCTL_MAGIC, 0x35, struct ruvm_pool_trim),
 	RUVM_IOCTL_POOL_SET_ACCESS = _IOWR(RUVM_IOCTL_MAGIC, 0x36, struct ruvm_pool_access),
 	RUVM_IOCTL_GPU_POOL = _IOWR(RUVM_IOCTL_MAGIC, 0x37, struct ruvm_gpu_pool),
+	RUVM_IOCTL_PTR_ATTRS = _IOWR(RUVM_IOCTL_MAGIC, 0x50, struct ruvm_ptr_attrs),
 	RUVM_IOCTL_STREAM_CREATE = _IOWR(RUVM_IOCTL_MAGIC, 0x40, struct ruvm_stream_create),
 	RUVM_IOCTL_STREAM_DESTROY = _IOWR(RUVM_IOCTL_MAGIC, 0x41, struct ruvm_stream_handle),
 	RUVM_IOCTL_STREAM_SUBMIT = _IOWR(RUVM_IOCTL_MAGIC, 0x42, struct ruvm_stream_submit),
