@@ -256,8 +256,10 @@ pub(super) fn plan(
                 Some(Fence::from_sync_file(op.value)?).filter(|f| f.context() != context)
             } else {
                 let (event, recorded) = events.get(op.value)?;
-                match event.point() {
-                    _ if *recorded != 0 => None,
+                // Recorded by this submission: satisfied by the stream's order (its lock is
+                // not taken).
+                let point = if *recorded != 0 { None } else { event.point() };
+                match point {
                     Some((c, _)) if c == context => None,
                     // The point and its fence, read at once (the event may move meanwhile).
                     Some(_) => match event.point_fence()? {
