@@ -200,6 +200,27 @@ step "trim to 0 (cudaMemPoolTrimTo): the cache is given back"
 ruvmctl --fd 3 pool trim "$p" 0
 ruvmctl --fd 3 pool destroy "$p"
 
+step "stream-ordered allocation (cudaMallocAsync / cudaFreeAsync): alloc and free are operations of a stream on GPU $s0"
+st=$(ruvmctl --fd 3 stream create --gpu "$s0" --json | handle)
+r=$(ruvmctl --fd 3 pool create --threshold 0 --json | handle)
+ruvmctl --fd 3 pool access "$r" "$s0"
+a=$(ruvmctl --fd 3 stream alloc "$st" 1M --pool "$r" --json | handle)
+ruvmctl --fd 3 dma-addrs "$a" "$s0" | head -n 2
+ruvmctl --fd 3 stream free "$st" "$a"
+
+step "freed on the stream, its chunks wait in the pool, pending: the same stream takes them again at once"
+ruvmctl --fd 3 pool get "$r" | grep -E 'reserved|used|pending|hits'
+b=$(ruvmctl --fd 3 stream alloc "$st" 1M --pool "$r" --json | handle)
+ruvmctl --fd 3 dma-addrs "$b" "$s0" | head -n 2
+ruvmctl --fd 3 stream free "$st" "$b"
+
+step "a synchronize observes the free: the release threshold (0) gives the chunks back"
+ruvmctl --fd 3 pool get "$r" | grep -E 'reserved|pending'
+ruvmctl --fd 3 stream sync "$st"
+ruvmctl --fd 3 pool get "$r" | grep -E 'reserved|pending'
+ruvmctl --fd 3 stream destroy "$st"
+ruvmctl --fd 3 pool destroy "$r"
+
 step "memory pressure: a pool caches 192M; a tmpfs then takes more than the guest has without it: the shrinker gives the cache back"
 q=$(ruvmctl --fd 3 pool create --page-size 2M --threshold max --json | handle)
 m=$(ruvmctl --fd 3 alloc 192M --pool "$q" --json | handle)

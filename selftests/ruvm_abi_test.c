@@ -95,6 +95,28 @@ _Static_assert(offsetof(struct ruvm_mem_fill, mismatches) == 40, "fill mismatche
 _Static_assert(sizeof(struct ruvm_mem_copy) == 64, "struct ruvm_mem_copy size");
 _Static_assert(sizeof(struct ruvm_test_plant) == 24, "struct ruvm_test_plant size");
 _Static_assert(offsetof(struct ruvm_test_plant, reserved) == 8, "test_plant reserved");
+_Static_assert(sizeof(struct ruvm_ptr_attrs) == 104, "struct ruvm_ptr_attrs size");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, addr) == 0, "ptr_attrs addr");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, flags) == 8, "ptr_attrs flags");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, type) == 12, "ptr_attrs type");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, handle) == 16, "ptr_attrs handle");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, offset) == 24, "ptr_attrs offset");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, base) == 32, "ptr_attrs base");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, size) == 40, "ptr_attrs size");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, physical_size) == 48, "ptr_attrs physical_size");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, chunk_size) == 56, "ptr_attrs chunk_size");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, pool) == 64, "ptr_attrs pool");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, mapped_gpus) == 72, "ptr_attrs mapped_gpus");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, backing) == 80, "ptr_attrs backing");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, ptr_flags) == 84, "ptr_attrs ptr_flags");
+_Static_assert(offsetof(struct ruvm_ptr_attrs, reserved) == 88, "ptr_attrs reserved");
+_Static_assert(RUVM_IOCTL_PTR_ATTRS == _IOWR(RUVM_IOCTL_MAGIC, 0x50, struct ruvm_ptr_attrs),
+	       "PTR_ATTRS number");
+_Static_assert(RUVM_PTR_NONE == 0 && RUVM_PTR_MEM == 1, "ptr types");
+_Static_assert(RUVM_PTR_OTHER_FILE == 1 && RUVM_PTR_FREED == 2, "ptr flags");
+_Static_assert(RUVM_FEATURE_PTR_ATTRS == (1ULL << 12) &&
+		       (RUVM_FEATURES_ALL & RUVM_FEATURE_PTR_ATTRS) != 0,
+	       "ptr attrs feature");
 _Static_assert(RUVM_IOCTL_INFO == _IOWR(RUVM_IOCTL_MAGIC, 0x00, struct ruvm_info), "INFO number");
 _Static_assert(_IOC_SIZE(RUVM_IOCTL_TEST_PLANT) == sizeof(struct ruvm_test_plant), "PLANT size");
 
@@ -178,6 +200,43 @@ TEST_F(ruvm, gpu_pool_of_an_unknown_gpu_is_enodev)
 	EXPECT_EQ(ENODEV, errno);
 	p.flags = RUVM_GPU_POOL_SET << 1;
 	EXPECT_EQ(-1, ioctl(self->fd, RUVM_IOCTL_GPU_POOL, &p));
+	EXPECT_EQ(EINVAL, errno);
+}
+
+TEST_F(ruvm, ptr_attrs_of_a_stack_address_is_none)
+{
+	struct ruvm_info info;
+	struct ruvm_ptr_attrs a;
+	int on_stack = 0;
+
+	memset(&info, 0, sizeof(info));
+	ASSERT_EQ(0, ioctl(self->fd, RUVM_IOCTL_INFO, &info));
+	if (!(info.features & RUVM_FEATURE_PTR_ATTRS))
+		SKIP(return, "the module has no pointer attributes");
+	/* Junk in the outputs going in: every one of them comes back 0. */
+	memset(&a, 0x5a, sizeof(a));
+	a.addr = (__u64)(unsigned long)&on_stack;
+	a.flags = 0;
+	memset(a.reserved, 0, sizeof(a.reserved));
+	ASSERT_EQ(0, ioctl(self->fd, RUVM_IOCTL_PTR_ATTRS, &a));
+	EXPECT_EQ((__u64)(unsigned long)&on_stack, a.addr);
+	EXPECT_EQ((__u32)RUVM_PTR_NONE, a.type);
+	EXPECT_EQ((__u64)0, a.handle);
+	EXPECT_EQ((__u64)0, a.offset);
+	EXPECT_EQ((__u64)0, a.base);
+	EXPECT_EQ((__u64)0, a.size);
+	EXPECT_EQ((__u64)0, a.physical_size);
+	EXPECT_EQ((__u64)0, a.chunk_size);
+	EXPECT_EQ((__u64)0, a.pool);
+	EXPECT_EQ((__u64)0, a.mapped_gpus);
+	EXPECT_EQ((__u32)0, a.backing);
+	EXPECT_EQ((__u32)0, a.ptr_flags);
+	a.flags = 1;
+	EXPECT_EQ(-1, ioctl(self->fd, RUVM_IOCTL_PTR_ATTRS, &a));
+	EXPECT_EQ(EINVAL, errno);
+	a.flags = 0;
+	a.reserved[1] = 1;
+	EXPECT_EQ(-1, ioctl(self->fd, RUVM_IOCTL_PTR_ATTRS, &a));
 	EXPECT_EQ(EINVAL, errno);
 }
 

@@ -313,6 +313,11 @@ pub(crate) struct UserPtr {
 }
 
 impl Mem {
+    /// Whether it was freed.
+    pub(crate) fn is_freed(&self) -> bool {
+        self.state.lock().life == Life::Freed
+    }
+
     /// The mem whose user mapping `addr` (of the calling process) is in, and where in it; `None`
     /// for any other address.
     pub(crate) fn at_user(addr: usize) -> Option<UserPtr> {

@@ -69,7 +69,7 @@ struct Family {
     doc: &'static str,
 }
 
-const FAMILIES: [Family; 8] = [
+const FAMILIES: [Family; 10] = [
     Family {
         table: "FEATURES",
         source: Source::Defines("RUVM_FEATURE_"),
@@ -117,6 +117,18 @@ const FAMILIES: [Family; 8] = [
         source: Source::Enum("ruvm_pool_reuse"),
         strip: "RUVM_POOL_REUSE_",
         doc: "The reuse policies of `ruvm_pool_info.reuse` (`enum ruvm_pool_reuse`).",
+    },
+    Family {
+        table: "PTR_TYPES",
+        source: Source::Enum("ruvm_ptr_type"),
+        strip: "RUVM_PTR_",
+        doc: "The values of `ruvm_ptr_attrs.type` (`enum ruvm_ptr_type`).",
+    },
+    Family {
+        table: "PTR_FLAGS",
+        source: Source::Enum("ruvm_ptr_flags"),
+        strip: "RUVM_PTR_",
+        doc: "The flags of `ruvm_ptr_attrs.ptr_flags` (`enum ruvm_ptr_flags`).",
     },
 ];
 

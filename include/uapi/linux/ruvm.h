@@ -1075,7 +1075,8 @@ struct ruvm_pool_handle {
  * CUDA's attributes, in bytes: reserved = held by the pool (in use + pending + cached), used =
  * held by mems of the pool (a mem freed by RUVM_IOCTL_MEM_FREE counts until its chunks are
  * back: a user mapping or queued work may keep them; one freed by RUVM_OP_FREE stops counting
- * when the free is submitted, unless a user mapping still holds it: then when it goes), each with its high watermark since creation or the last reset.
+ * when the free is submitted, unless a user mapping still holds it: then when it goes), each
+ * with its high watermark since creation or the last reset.
  * Pending = freed by RUVM_OP_FREE (or chunks an ALLOC took from such a free, given back by the
  * mem's RUVM_IOCTL_MEM_FREE or a failed submission), the free's (and the ALLOC's) completion
  * not yet observed by a synchronize
@@ -1261,7 +1262,8 @@ enum ruvm_ptr_flags {
 	/* The mem is not the calling file's (a mapping made through another open file of
 	 * /dev/ruvm, or inherited): @handle is 0. */
 	RUVM_PTR_OTHER_FILE = 1 << 0,
-	/* The mem was freed: its handle is gone (@handle is 0) and the mapping faults (SIGBUS). */
+	/* The mem was freed: its handle is gone (@handle is 0) and the mapping faults (SIGBUS);
+	 * RUVM_PTR_OTHER_FILE is then not set, whichever file's it was. */
 	RUVM_PTR_FREED = 1 << 1,
 };
 
@@ -1270,8 +1272,9 @@ enum ruvm_ptr_flags {
  *
  * cudaPointerGetAttributes for an address of the calling process: whether it is ruvm memory
  * and, if so, which mem and where in it. Any other address (unmapped, the stack, another
- * file's or driver's mapping) answers RUVM_PTR_NONE with every other output 0: never an
- * error. Errors: EINVAL (non-zero @flags or @reserved), EFAULT.
+ * file's or driver's mapping) answers RUVM_PTR_NONE with every other output 0 (@backing too,
+ * which then means nothing): never an error. Errors: EINVAL (non-zero @flags or @reserved),
+ * EFAULT.
  *
  * @addr:          (in)  the address
  * @flags:         (in)  must be 0
@@ -1282,8 +1285,9 @@ enum ruvm_ptr_flags {
  * @size:          (out) RUVM_PTR_MEM: the mem's size (bytes asked for)
  * @physical_size: (out) RUVM_PTR_MEM: its physical size (what the mapping covers)
  * @chunk_size:    (out) RUVM_PTR_MEM: its chunk size
- * @pool:          (out) RUVM_PTR_MEM: the pool its chunks came from (0: none)
- * @mapped_gpus:   (out) RUVM_PTR_MEM: bit n set: DMA-mapped for GPU n
+ * @pool:          (out) RUVM_PTR_MEM: the pool its chunks came from (0: none, or the mem is
+ *                       another file's: RUVM_PTR_OTHER_FILE)
+ * @mapped_gpus:   (out) RUVM_PTR_MEM: bit n set: DMA-mapped for GPU n (0 once freed)
  * @backing:       (out) RUVM_PTR_MEM: enum ruvm_backing (user mappings are of sysmem)
  * @ptr_flags:     (out) RUVM_PTR_MEM: enum ruvm_ptr_flags
  * @reserved:      (in)  must be 0

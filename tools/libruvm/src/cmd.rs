@@ -102,6 +102,8 @@ commands! {
     POOL_SET_ACCESS: ruvm_pool_access = RUVM_IOCTL_POOL_SET_ACCESS;
     /// A GPU's current pool for stream-ordered allocation, read or set.
     GPU_POOL: ruvm_gpu_pool = RUVM_IOCTL_GPU_POOL;
+    /// What an address of the calling process is (pointer attributes).
+    PTR_ATTRS: ruvm_ptr_attrs = RUVM_IOCTL_PTR_ATTRS;
     /// Make a stream on a GPU.
     STREAM_CREATE: ruvm_stream_create = RUVM_IOCTL_STREAM_CREATE;
     /// Destroy a stream (its queued work runs on).

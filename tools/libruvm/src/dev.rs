@@ -85,6 +85,7 @@ ioctl_args!(
     uapi::ruvm_pool_trim,
     uapi::ruvm_pool_access,
     uapi::ruvm_gpu_pool,
+    uapi::ruvm_ptr_attrs,
     uapi::ruvm_stream_create,
     uapi::ruvm_stream_handle,
     uapi::ruvm_stream_submit,
@@ -307,6 +308,18 @@ impl Ruvm {
             ..Default::default()
         };
         self.call(cmd::GPU_POOL, &mut a)
+    }
+
+    /// `RUVM_IOCTL_PTR_ATTRS`: what address `addr` of this process is (cudaPointerGetAttributes).
+    /// An address that is not in a user mapping of a mem answers `RUVM_PTR_NONE` with every
+    /// other output 0, never an error.
+    pub fn ptr_attrs(&self, addr: u64) -> Result<uapi::ruvm_ptr_attrs, Errno> {
+        let mut a = uapi::ruvm_ptr_attrs {
+            addr,
+            ..Default::default()
+        };
+        self.call(cmd::PTR_ATTRS, &mut a)?;
+        Ok(a)
     }
 
     /// `RUVM_IOCTL_MEM_ALLOC` of vidmem on `gpu`.
@@ -950,6 +963,46 @@ mod tests {
         assert_eq!(offset_of!(G, flags), 4);
         assert_eq!(offset_of!(G, pool), 8);
         assert_eq!(offset_of!(G, reserved), 16);
+    }
+
+    #[test]
+    fn the_pointer_attributes_have_the_documented_layout() {
+        use std::mem::offset_of;
+        use uapi::ruvm_ptr_attrs as A;
+        assert_eq!(std::mem::size_of::<A>(), 104);
+        assert_eq!(std::mem::align_of::<A>(), 8);
+        assert_eq!(offset_of!(A, addr), 0);
+        assert_eq!(offset_of!(A, flags), 8);
+        assert_eq!(offset_of!(A, type_), 12);
+        assert_eq!(offset_of!(A, handle), 16);
+        assert_eq!(offset_of!(A, offset), 24);
+        assert_eq!(offset_of!(A, base), 32);
+        assert_eq!(offset_of!(A, size), 40);
+        assert_eq!(offset_of!(A, physical_size), 48);
+        assert_eq!(offset_of!(A, chunk_size), 56);
+        assert_eq!(offset_of!(A, pool), 64);
+        assert_eq!(offset_of!(A, mapped_gpus), 72);
+        assert_eq!(offset_of!(A, backing), 80);
+        assert_eq!(offset_of!(A, ptr_flags), 84);
+        assert_eq!(offset_of!(A, reserved), 88);
+        assert_eq!(uapi::ruvm_ptr_type_RUVM_PTR_NONE, 0);
+        assert_eq!(uapi::ruvm_ptr_type_RUVM_PTR_MEM, 1);
+        assert_eq!(uapi::ruvm_ptr_flags_RUVM_PTR_OTHER_FILE, 1);
+        assert_eq!(uapi::ruvm_ptr_flags_RUVM_PTR_FREED, 2);
+        assert_eq!(u64::from(uapi::RUVM_FEATURE_PTR_ATTRS), 1 << 12);
+        assert_ne!(
+            u64::from(uapi::RUVM_FEATURES_ALL) & u64::from(uapi::RUVM_FEATURE_PTR_ATTRS),
+            0
+        );
+    }
+
+    #[test]
+    fn the_ptr_attrs_command_is_0x50() {
+        let c = cmd::PTR_ATTRS.nr;
+        assert_eq!(c & 0xff, 0x50);
+        assert_eq!((c >> 8) & 0xff, uapi::RUVM_IOCTL_MAGIC);
+        assert_eq!(c >> 30, 3, "read-write");
+        assert_eq!(((c >> 16) & 0x3fff) as usize, 104);
     }
 
     #[test]

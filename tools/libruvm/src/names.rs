@@ -76,6 +76,7 @@ mod tests {
         assert!(names.contains(&"gpu-list".to_owned()));
         assert!(names.contains(&"streams".to_owned()));
         assert!(names.contains(&"stream-alloc".to_owned()));
+        assert!(names.contains(&"ptr-attrs".to_owned()));
     }
 
     #[test]
@@ -103,6 +104,15 @@ mod tests {
                 "allow-internal-dependencies"
             ]
         );
+    }
+
+    #[test]
+    fn pointer_attribute_names_come_from_the_header() {
+        assert_eq!(value_name(PTR_TYPES, 0), "none");
+        assert_eq!(value_name(PTR_TYPES, 1), "mem");
+        assert_eq!(PTR_TYPES.len(), 2);
+        assert_eq!(bit_names(PTR_FLAGS, 3), vec!["other-file", "freed"]);
+        assert_eq!(bit_names(PTR_FLAGS, 2), vec!["freed"]);
     }
 
     #[test]

@@ -95,6 +95,16 @@ fn parse_threshold(s: &str) -> Result<u64, String> {
     }
 }
 
+/// An address: hex with `0x` (or `0X`), or decimal.
+pub fn parse_addr(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+        None => t.parse(),
+    }
+    .map_err(|_| format!("'{s}' is not an address (hex with 0x, or decimal)"))
+}
+
 /// A reuse policy's setting: `on` (or 1) or `off` (or 0).
 fn parse_on_off(s: &str) -> Result<bool, String> {
     match s {
@@ -349,6 +359,30 @@ pub enum Cmd {
     },
     /// Free a mem (RUVM_IOCTL_MEM_FREE).
     Free { handle: u64 },
+    /// What an address is: which mem, where in it, its pool and GPU mappings
+    /// (RUVM_IOCTL_PTR_ATTRS, cudaPointerGetAttributes); "not ruvm memory" for any other
+    /// address. An address means something in ruvmctl's own process only: ADDR is looked up
+    /// there, and --alloc SIZE makes a mem (from --pool, DMA-mapped for --gpu), maps it, shows
+    /// the attributes of the byte at --at, and frees it.
+    Ptr {
+        /// The address (hex with 0x, or decimal).
+        #[arg(value_parser = parse_addr, required_unless_present = "alloc", conflicts_with = "alloc")]
+        addr: Option<u64>,
+        /// Allocate a mem of this size and map it (e.g. 4096, 64K, 7M+17).
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        alloc: Option<u64>,
+        /// With --alloc: take its chunks from this pool of the file (`pool create`; use --fd).
+        #[arg(long, value_name = "POOL", requires = "alloc", conflicts_with = "addr")]
+        pool: Option<u64>,
+        /// With --alloc: DMA-map it for this GPU (RUVM_IOCTL_MEM_MAP_GPU).
+        #[arg(long, value_name = "GPU", requires = "alloc", conflicts_with = "addr")]
+        gpu: Option<u32>,
+        /// With --alloc: the byte of the mapping to look up (default 0, its first).
+        #[arg(long, value_name = "OFFSET", value_parser = parse_size, requires = "alloc", conflicts_with = "addr")]
+        at: Option<u64>,
+        #[command(flatten)]
+        json: Json,
+    },
     /// Everything a mem knows about itself (RUVM_IOCTL_MEM_QUERY).
     Query {
         handle: u64,
@@ -693,4 +727,66 @@ pub enum Leak {
 pub enum Plant {
     /// Hit a WARN_ON in the module.
     Warn,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn addresses_are_hex_or_decimal() {
+        assert_eq!(parse_addr("0x7fff0000"), Ok(0x7fff_0000));
+        assert_eq!(parse_addr("0X10"), Ok(16));
+        assert_eq!(parse_addr("4096"), Ok(4096));
+        assert_eq!(parse_addr("0xffffffffffffffff"), Ok(u64::MAX));
+        assert!(parse_addr("0x").is_err());
+        assert!(parse_addr("12g").is_err());
+        assert!(parse_addr("0x1_0000_0000_0000_0000").is_err());
+    }
+
+    #[test]
+    fn ptr_takes_an_address_or_an_allocation() {
+        let ptr = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("ruvmctl").chain(args.iter().copied()))
+                .map(|c| c.cmd)
+        };
+        match ptr(&["ptr", "0x1000", "--json"]) {
+            Ok(Cmd::Ptr {
+                addr: Some(0x1000),
+                alloc: None,
+                json,
+                ..
+            }) => assert!(json.json),
+            _ => panic!("ptr 0x1000 --json"),
+        }
+        match ptr(&[
+            "ptr", "--alloc", "64K", "--pool", "2", "--gpu", "1", "--at", "4K",
+        ]) {
+            Ok(Cmd::Ptr {
+                addr: None,
+                alloc: Some(65536),
+                pool: Some(2),
+                gpu: Some(1),
+                at: Some(4096),
+                ..
+            }) => {}
+            _ => panic!("ptr --alloc 64K --pool 2 --gpu 1 --at 4K"),
+        }
+        assert!(ptr(&["ptr"]).is_err(), "neither an address nor --alloc");
+        assert!(ptr(&["ptr", "0x1000", "--alloc", "4K"]).is_err(), "both");
+        assert!(
+            ptr(&["ptr", "0x1000", "--pool", "2"]).is_err(),
+            "--pool without --alloc"
+        );
+        assert!(
+            ptr(&["ptr", "0x1000", "--at", "2"]).is_err(),
+            "--at without --alloc"
+        );
+    }
 }

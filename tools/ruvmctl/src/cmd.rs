@@ -12,6 +12,7 @@ pub mod gpu_va;
 pub mod info;
 pub mod mem;
 pub mod pool;
+pub mod ptr;
 pub mod stream;
 pub mod test;
 

@@ -125,6 +125,30 @@ fn run(cli: Cli) -> Result<()> {
             false,
         ),
         Cmd::Query { handle, json } => emit(&cmd::mem::query(&d()?, handle)?, json.json),
+        Cmd::Ptr {
+            addr,
+            alloc,
+            pool,
+            gpu,
+            at,
+            json,
+        } => {
+            let dev = d()?;
+            let report = match (addr, alloc) {
+                (Some(addr), _) => cmd::ptr::lookup(&dev, addr)?,
+                (None, Some(size)) => {
+                    let spec = cmd::ptr::AllocSpec {
+                        size,
+                        pool,
+                        gpu,
+                        at: at.unwrap_or(0),
+                    };
+                    cmd::ptr::alloc_and_look(&dev, &spec)?
+                }
+                (None, None) => bail!("ptr: give an ADDR or --alloc SIZE"),
+            };
+            emit(&report, json.json)
+        }
         Cmd::MapKernel { handle } => emit(
             &cmd::mem::handle_cmd(&d()?, ioctl::MEM_MAP_CPU_KERNEL, handle)?,
             false,

@@ -22,6 +22,7 @@ mod hardening;
 pub(crate) mod harness;
 mod mem;
 mod pools;
+mod ptr;
 mod shared;
 mod stream_alloc;
 mod streams;
@@ -40,6 +41,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(pools::cases());
     v.extend(streams::cases());
     v.extend(stream_alloc::cases());
+    v.extend(ptr::cases());
     v.extend(bench::cases());
     v.extend(hardening::cases());
     v.extend(faults::cases());

@@ -266,6 +266,10 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
     if features & u64::from(uapi::RUVM_FEATURE_STREAMS) != 0 {
         stream_rows(&d, p)?;
     }
+    if features & u64::from(uapi::RUVM_FEATURE_PTR_ATTRS) != 0 {
+        // Address 0, never ruvm memory: a bad field let through would succeed.
+        row!(&d, p, e, cmd::PTR_ATTRS, uapi::ruvm_ptr_attrs::default(), known: 0, zero: [reserved]);
+    }
     if features & u64::from(uapi::RUVM_FEATURE_STREAM_ALLOC) != 0 {
         // A GPU that is not there: ENODEV if a bad field were let through (and no default
         // pool is made).

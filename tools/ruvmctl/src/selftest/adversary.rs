@@ -21,7 +21,7 @@ use nix::{
 };
 
 use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
-use super::shared::{live, sim_gpu, vid_alloc, vid_pool, vidmem_gpu};
+use super::shared::{live, readable, sim_gpu, vid_alloc, vid_pool, vidmem_gpu};
 use crate::cgroup::MemGroup;
 use libruvm::{cmd, uapi, Ruvm, UserMap};
 
@@ -775,18 +775,6 @@ fn adv_alloc_efault_leaves_no_mapping() -> TestResult {
         found.load(Ordering::Relaxed)
     );
     Ok(())
-}
-
-/// Whether the byte at `p` (in a mapping of ours) can be read: through /proc/self/mem, which
-/// faults the page in as an access would and reports an error where the access would get
-/// SIGBUS.
-fn readable(p: *mut u8) -> bool {
-    use std::os::unix::fs::FileExt;
-    let Ok(f) = std::fs::File::open("/proc/self/mem") else {
-        return false;
-    };
-    let mut b = [0u8; 1];
-    f.read_at(&mut b, p as u64).is_ok()
 }
 
 /// `POOL_DESTROY` gives its cache back without holding the file's lock: another thread's calls

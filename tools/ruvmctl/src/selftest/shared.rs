@@ -82,6 +82,18 @@ pub(super) fn touch_in_child(bytes: u64) -> Result<nix::sys::wait::WaitStatus, S
     })
 }
 
+/// Whether the byte at `p` (in a mapping of ours) can be read: through /proc/self/mem, which
+/// faults the page in as an access would and reports an error where the access would get
+/// SIGBUS.
+pub(super) fn readable(p: *mut u8) -> bool {
+    use std::os::unix::fs::FileExt;
+    let Ok(f) = std::fs::File::open("/proc/self/mem") else {
+        return false;
+    };
+    let mut b = [0u8; 1];
+    f.read_at(&mut b, p as u64).is_ok()
+}
+
 /// The fill of `[0, len)` of mem `h` with the pattern of `seed`.
 fn pattern(h: u64, len: u64, seed: u64) -> uapi::ruvm_mem_fill {
     uapi::ruvm_mem_fill {

@@ -1,0 +1,890 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Pointer attributes (`RUVM_IOCTL_PTR_ATTRS`, CUDA's cudaPointerGetAttributes): what an
+//! address of the calling process is.
+//!
+//! Every answer is compared field by field with the one the case works out from what it made
+//! (`MEM_QUERY`, the address it mapped the mem at, the pool, the GPUs): an address in a user
+//! mapping of a mem is `RUVM_PTR_MEM` with the mem's handle in the calling file (0 with
+//! `RUVM_PTR_OTHER_FILE` for another file's mem, 0 with `RUVM_PTR_FREED` for a freed one); any
+//! other address is `RUVM_PTR_NONE` with every output 0, never an error. Mems are mapped into
+//! a larger `PROT_NONE` reservation, so that the bytes just before and after a mapping are
+//! another mapping's, not whatever the kernel would place there. Every case skips without
+//! `RUVM_FEATURE_PTR_ATTRS`; the GPU parts use a simulated GPU if there is one, else any
+//! present GPU, and are left out (said in a `#` line) without one.
+
+use std::{ffi::c_void, num::NonZeroUsize, ptr::NonNull};
+
+use nix::{
+    errno::Errno,
+    sys::mman::{mmap, mmap_anonymous, mprotect, munmap, MapFlags, ProtFlags},
+    sys::wait::WaitStatus,
+};
+
+use super::harness::{check, expect_errno, in_child, Case, Context, Stop, TestResult};
+use super::shared::readable;
+use libruvm::{cmd, uapi, Ruvm, UserMap};
+
+const K: u64 = 1024;
+const PAGE: usize = 4096;
+const MEM: u32 = uapi::ruvm_ptr_type_RUVM_PTR_MEM;
+const OTHER_FILE: u32 = uapi::ruvm_ptr_flags_RUVM_PTR_OTHER_FILE;
+const FREED: u32 = uapi::ruvm_ptr_flags_RUVM_PTR_FREED;
+const SYSMEM: u32 = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "ptr_first_last_and_past_the_end",
+            run: ptr_first_last_and_past_the_end,
+        },
+        Case {
+            name: "ptr_after_munmap_is_none",
+            run: ptr_after_munmap_is_none,
+        },
+        Case {
+            name: "ptr_stack_heap_and_other_mappings_are_none",
+            run: ptr_stack_heap_and_other_mappings_are_none,
+        },
+        Case {
+            name: "ptr_pool_and_gpu_mappings",
+            run: ptr_pool_and_gpu_mappings,
+        },
+        Case {
+            name: "ptr_freed_mem_is_flagged",
+            run: ptr_freed_mem_is_flagged,
+        },
+        Case {
+            name: "ptr_other_file_has_no_handle",
+            run: ptr_other_file_has_no_handle,
+        },
+        Case {
+            name: "ptr_forked_child_maps_through_the_inherited_file",
+            run: ptr_forked_child_maps_through_the_inherited_file,
+        },
+        Case {
+            name: "ptr_bad_flags_and_reserved_are_einval",
+            run: ptr_bad_flags_and_reserved_are_einval,
+        },
+        Case {
+            name: "ptr_unwritable_argument_is_efault",
+            run: ptr_unwritable_argument_is_efault,
+        },
+    ]
+}
+
+// --- what the cases share ------------------------------------------------------------------
+
+/// The device, or a skip without pointer attributes.
+fn setup() -> Result<Ruvm, Stop> {
+    let d = Ruvm::open().ctx("open")?;
+    let features = d.info().ctx("INFO")?.features;
+    if features & u64::from(uapi::RUVM_FEATURE_PTR_ATTRS) == 0 {
+        return Err(Stop::Skip(
+            "the module has no pointer attributes (RUVM_FEATURE_PTR_ATTRS)".into(),
+        ));
+    }
+    Ok(d)
+}
+
+/// Every field of an answer (inputs too), named, in the structure's order.
+fn named(a: &uapi::ruvm_ptr_attrs) -> [(&'static str, u64); 15] {
+    [
+        ("addr", a.addr),
+        ("flags", a.flags.into()),
+        ("type", a.type_.into()),
+        ("handle", a.handle),
+        ("offset", a.offset),
+        ("base", a.base),
+        ("size", a.size),
+        ("physical_size", a.physical_size),
+        ("chunk_size", a.chunk_size),
+        ("pool", a.pool),
+        ("mapped_gpus", a.mapped_gpus),
+        ("backing", a.backing.into()),
+        ("ptr_flags", a.ptr_flags.into()),
+        ("reserved[0]", a.reserved[0]),
+        ("reserved[1]", a.reserved[1]),
+    ]
+}
+
+/// Checks that `got` is `want`, every field.
+fn same(got: &uapi::ruvm_ptr_attrs, want: &uapi::ruvm_ptr_attrs, what: &str) -> TestResult {
+    let off: Vec<String> = named(got)
+        .iter()
+        .zip(named(want).iter())
+        .filter(|(g, w)| g.1 != w.1)
+        .map(|(g, w)| format!("{} {:#x} (wanted {:#x})", g.0, g.1, w.1))
+        .collect();
+    check!(off.is_empty(), "{what}: {}", off.join(", "));
+    Ok(())
+}
+
+/// `RUVM_IOCTL_PTR_ATTRS` of `addr` through `d`, compared with `want`.
+fn expect(d: &Ruvm, addr: u64, want: &uapi::ruvm_ptr_attrs, what: &str) -> TestResult {
+    let got = d.ptr_attrs(addr).ctx(&format!("PTR_ATTRS of {what}"))?;
+    same(&got, want, what)
+}
+
+/// What an address that is not ruvm memory answers: every output 0.
+fn none(addr: u64) -> uapi::ruvm_ptr_attrs {
+    uapi::ruvm_ptr_attrs {
+        addr,
+        ..Default::default()
+    }
+}
+
+/// What byte `offset` of mem `q`, mapped at `base` through the file that has it, answers: its
+/// handle, no flags, no pool, the GPUs `MEM_QUERY` says it is DMA-mapped for.
+fn mem_byte(q: &uapi::ruvm_mem_query, base: u64, offset: u64) -> uapi::ruvm_ptr_attrs {
+    uapi::ruvm_ptr_attrs {
+        addr: base + offset,
+        type_: MEM,
+        handle: q.handle,
+        offset,
+        base,
+        size: q.size,
+        physical_size: q.physical_size,
+        chunk_size: q.chunk_size,
+        mapped_gpus: q.mapped_gpus,
+        backing: SYSMEM,
+        ..Default::default()
+    }
+}
+
+/// A `PROT_NONE` reservation one page longer than a mem's mapping on each side, with the mem
+/// mapped (shared, read-write) over its middle: the bytes just before and just after the
+/// mapping are the reservation's (anonymous, not ruvm memory). Unmapped whole on drop.
+struct Guarded {
+    region: NonNull<c_void>,
+    total: usize,
+    len: usize,
+}
+
+impl Guarded {
+    fn new(d: &Ruvm, q: &uapi::ruvm_mem_query) -> Result<Self, Stop> {
+        let len = usize::try_from(q.physical_size).ctx("physical size")?;
+        let total = len + 2 * PAGE;
+        let nz = |n: usize| NonZeroUsize::new(n).ok_or_else(|| Stop::Fail("length 0".into()));
+        // SAFETY: a new anonymous mapping at an address the kernel chooses aliases nothing.
+        let region = unsafe {
+            mmap_anonymous(
+                None,
+                nz(total)?,
+                ProtFlags::PROT_NONE,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_NORESERVE,
+            )
+        }
+        .ctx("mmap of the reservation")?;
+        let me = Self { region, total, len };
+        let at = region.as_ptr() as usize + PAGE;
+        let offset = i64::try_from(q.mmap_offset).ctx("mmap offset")?;
+        // SAFETY: the range is inside the reservation just made, which nothing else uses; the
+        // mem's mapping replaces that part of it.
+        let mapped = unsafe {
+            mmap(
+                NonZeroUsize::new(at),
+                nz(len)?,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
+                d.as_fd(),
+                offset,
+            )
+        }
+        .ctx("mmap of the mem into the reservation")?;
+        check!(
+            mapped.as_ptr() as usize == at,
+            "MAP_FIXED at {at:#x} mapped at {:p}",
+            mapped.as_ptr()
+        );
+        Ok(me)
+    }
+
+    /// The address of the mem's first byte.
+    fn base(&self) -> u64 {
+        self.region.as_ptr() as u64 + PAGE as u64
+    }
+
+    /// The mem's byte `i` (a pointer into the mapping).
+    fn at(&self, i: usize) -> *mut u8 {
+        assert!(i < self.len);
+        // SAFETY: inside the mapping.
+        unsafe { self.region.as_ptr().cast::<u8>().add(PAGE + i) }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        // SAFETY: the reservation (and the mem's mapping in it) made by `new`, not used after.
+        let _ = unsafe { munmap(self.region, self.total) };
+    }
+}
+
+/// A sysmem mem of `size` bytes in `chunk`-byte chunks (0: the default), mapped into a
+/// reservation: its query and its mapping.
+fn mapped_mem(d: &Ruvm, size: u64, chunk: u64) -> Result<(uapi::ruvm_mem_query, Guarded), Stop> {
+    let a = d.mem_alloc(size, chunk, 0).ctx("MEM_ALLOC")?;
+    let q = d.mem_query(a.handle).ctx("MEM_QUERY")?;
+    let g = Guarded::new(d, &q)?;
+    Ok((q, g))
+}
+
+/// Up to two present GPUs, the simulated ones first (any GPU DMA-maps sysmem).
+fn gpus(d: &Ruvm) -> Result<Vec<u32>, Stop> {
+    let mut v: Vec<uapi::ruvm_gpu_info> = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .filter(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0)
+        .collect();
+    v.sort_by_key(|g| (!super::gpu::sim(g), g.id));
+    Ok(v.iter().take(2).map(|g| g.id).collect())
+}
+
+/// The bits of GPUs `ids`.
+fn mask(ids: &[u32]) -> u64 {
+    ids.iter().fold(0, |m, g| m | (1u64 << g))
+}
+
+// --- where a mapping starts and ends -------------------------------------------------------
+
+/// The first byte of a mapping, one in the middle, the last byte of the size asked for and the
+/// last of the physical size are the mem's, each at its offset; the bytes just before and just
+/// after the mapping (another mapping's) are not ruvm memory. For 4 KiB chunks (3 pages + 17
+/// bytes: a tail past the size) and 64 KiB chunks (64 KiB + 1: a whole chunk of tail).
+fn ptr_first_last_and_past_the_end() -> TestResult {
+    let d = setup()?;
+    for (size, chunk) in [(3 * 4 * K + 17, 4 * K), (64 * K + 1, 64 * K)] {
+        let (q, g) = mapped_mem(&d, size, chunk)?;
+        check!(
+            q.size == size && q.chunk_size == chunk && q.physical_size > size,
+            "MEM_QUERY of {size} bytes in {chunk}-byte chunks: {q:?}"
+        );
+        let base = g.base();
+        let phys = q.physical_size;
+        for (offset, what) in [
+            (0, "the first byte"),
+            (1, "the second byte"),
+            (phys / 2, "a byte in the middle"),
+            (size - 1, "the last byte asked for"),
+            (size, "the first byte of the tail"),
+            (phys - 1, "the last byte of the mapping"),
+        ] {
+            let what = format!("{what} of a {size}-byte mem ({chunk}-byte chunks)");
+            expect(&d, base + offset, &mem_byte(&q, base, offset), &what)?;
+        }
+        expect(
+            &d,
+            base + phys,
+            &none(base + phys),
+            &format!("the byte after a {size}-byte mem's mapping (the reservation's)"),
+        )?;
+        expect(
+            &d,
+            base - 1,
+            &none(base - 1),
+            &format!("the byte before a {size}-byte mem's mapping (the reservation's)"),
+        )?;
+        drop(g);
+        d.mem_free(q.handle).ctx("MEM_FREE")?;
+    }
+    Ok(())
+}
+
+/// A mapping unmapped: its addresses are not ruvm memory any more, though the mem lives; a new
+/// mapping of the mem answers at its own address.
+fn ptr_after_munmap_is_none() -> TestResult {
+    let d = setup()?;
+    let a = d.mem_alloc(64 * K, 0, 0).ctx("MEM_ALLOC")?;
+    let q = d.mem_query(a.handle).ctx("MEM_QUERY")?;
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    let base = map.as_ptr() as u64;
+    expect(&d, base + 5, &mem_byte(&q, base, 5), "a mapped byte")?;
+    drop(map);
+    for offset in [0, 5, q.physical_size - 1] {
+        expect(
+            &d,
+            base + offset,
+            &none(base + offset),
+            &format!("byte {offset} of the mapping after munmap"),
+        )?;
+    }
+    let q = d.mem_query(a.handle).ctx("MEM_QUERY after munmap")?;
+    check!(
+        q.user_mappings == 0,
+        "the mem after munmap: {} user mappings",
+        q.user_mappings
+    );
+    let again = UserMap::of_mem(&d, &q).ctx("mmap again")?;
+    let base = again.as_ptr() as u64;
+    expect(
+        &d,
+        base + 7,
+        &mem_byte(&q, base, 7),
+        "a byte of a new mapping",
+    )?;
+    drop(again);
+    d.mem_free(a.handle).ctx("MEM_FREE")
+}
+
+static A_STATIC: [u8; 64] = [7; 64];
+
+/// Addresses that are not in a mem's user mapping: the stack, the heap (small and large
+/// allocations), a static, the program's code, an anonymous shared mapping, a mapping of
+/// /dev/zero, a page never mapped, 0, kernel and non-canonical addresses. Each answers NONE
+/// with every output 0, whatever the outputs held going in (junk is put there), and with a
+/// mem mapped meanwhile.
+fn ptr_stack_heap_and_other_mappings_are_none() -> TestResult {
+    let d = setup()?;
+    // A mem mapped meanwhile: a lookup that found "some" mapping of the file would show.
+    let (q, g) = mapped_mem(&d, 64 * K, 0)?;
+    let on_stack = std::hint::black_box([0u8; 32]);
+    let small = Box::new([1u8; 64]);
+    let large = vec![2u8; 4 << 20];
+    let code = ptr_stack_heap_and_other_mappings_are_none as fn() -> TestResult as usize;
+    let anon = UserMapAnon::new(PAGE, MapFlags::MAP_SHARED)?;
+    let zero = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/zero")
+        .ctx("open /dev/zero")?;
+    // SAFETY: a new shared mapping of /dev/zero at an address the kernel chooses.
+    let dz = unsafe {
+        mmap(
+            None,
+            NonZeroUsize::new(PAGE).ok_or(Stop::Fail("page".into()))?,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED,
+            &zero,
+            0,
+        )
+    }
+    .ctx("mmap of /dev/zero")?;
+    // A page mapped, then unmapped: never ruvm memory, and nothing there now.
+    let gone = {
+        let m = UserMapAnon::new(PAGE, MapFlags::MAP_PRIVATE)?;
+        m.ptr.as_ptr() as u64
+    };
+    let addrs: Vec<(u64, &str)> = vec![
+        (on_stack.as_ptr() as u64, "a stack address"),
+        (small.as_ptr() as u64, "a small heap allocation"),
+        (large.as_ptr() as u64 + (2 << 20), "a large heap allocation"),
+        (A_STATIC.as_ptr() as u64, "a static"),
+        (code as u64, "the program's code"),
+        (anon.ptr.as_ptr() as u64, "an anonymous shared mapping"),
+        (dz.as_ptr() as u64, "a mapping of /dev/zero"),
+        (gone, "a page unmapped"),
+        (0, "address 0"),
+        (1, "address 1"),
+        (0xffff_8880_0000_0000, "a kernel address"),
+        (0x8000_0000_0000_0000, "a non-canonical address"),
+        (u64::MAX, "the last address"),
+    ];
+    for (addr, what) in addrs {
+        expect(&d, addr, &none(addr), what)?;
+        // Junk in every output going in: the answer is all zeroes still.
+        let mut a = uapi::ruvm_ptr_attrs {
+            addr,
+            type_: MEM,
+            handle: q.handle,
+            offset: 1,
+            base: 2,
+            size: 3,
+            physical_size: 4,
+            chunk_size: 5,
+            pool: 6,
+            mapped_gpus: 7,
+            backing: 8,
+            ptr_flags: 9,
+            ..Default::default()
+        };
+        d.call(cmd::PTR_ATTRS, &mut a)
+            .ctx(&format!("PTR_ATTRS of {what}, junk in the outputs"))?;
+        same(&a, &none(addr), &format!("{what}, junk in the outputs"))?;
+    }
+    // SAFETY: the mapping made above, not used after.
+    unsafe { munmap(dz, PAGE) }.ctx("munmap of /dev/zero")?;
+    drop((small, large, anon));
+    let base = g.base();
+    expect(&d, base, &mem_byte(&q, base, 0), "the mem mapped meanwhile")?;
+    drop(g);
+    d.mem_free(q.handle).ctx("MEM_FREE")
+}
+
+/// An anonymous read-write mapping, unmapped on drop.
+struct UserMapAnon {
+    ptr: NonNull<c_void>,
+    len: usize,
+}
+
+impl UserMapAnon {
+    fn new(len: usize, flags: MapFlags) -> Result<Self, Stop> {
+        let nz = NonZeroUsize::new(len).ok_or_else(|| Stop::Fail("length 0".into()))?;
+        // SAFETY: a new anonymous mapping at an address the kernel chooses aliases nothing.
+        let ptr = unsafe {
+            mmap_anonymous(
+                None,
+                nz,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                flags,
+            )
+        }
+        .ctx("mmap")?;
+        Ok(Self { ptr, len })
+    }
+}
+
+impl Drop for UserMapAnon {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made by `new`, not used after.
+        let _ = unsafe { munmap(self.ptr, self.len) };
+    }
+}
+
+// --- pools and GPUs --------------------------------------------------------------------------
+
+/// A pool's mem answers its pool; DMA-mapped for GPUs (granted on the pool, or with
+/// MEM_MAP_GPU) it answers their bits, as MEM_QUERY does, and an unmap takes them away. A pool
+/// mem made before the grant is not mapped for the GPU.
+fn ptr_pool_and_gpu_mappings() -> TestResult {
+    let d = setup()?;
+    let (p, chunk) = d.pool_create(64 * K, u64::MAX).ctx("POOL_CREATE")?;
+    let a = d
+        .pool_alloc(p, 64 * K + 5, 0)
+        .ctx("MEM_ALLOC from the pool")?;
+    let qa = d.mem_query(a.handle).ctx("MEM_QUERY")?;
+    check!(
+        qa.chunk_size == chunk && qa.mapped_gpus == 0,
+        "a mem of a pool of {chunk}-byte chunks, granted no GPU: {qa:?}"
+    );
+    let ga = Guarded::new(&d, &qa)?;
+    let base = ga.base();
+    let want = |q: &uapi::ruvm_mem_query, base: u64, offset: u64, pool: u64, gpus: u64| {
+        uapi::ruvm_ptr_attrs {
+            pool,
+            mapped_gpus: gpus,
+            ..mem_byte(q, base, offset)
+        }
+    };
+    expect(
+        &d,
+        base + 64 * K,
+        &want(&qa, base, 64 * K, p, 0),
+        "the first byte of a pool mem's second chunk",
+    )?;
+    let ids = gpus(&d)?;
+    if ids.is_empty() {
+        println!("# the GPU parts skipped: no present GPU");
+    } else {
+        let g = ids[0];
+        d.pool_access(p, g, true).ctx("POOL_SET_ACCESS")?;
+        let b = d.pool_alloc(p, 64 * K, 0).ctx("MEM_ALLOC from the pool")?;
+        let qb = d.mem_query(b.handle).ctx("MEM_QUERY")?;
+        check!(
+            qb.mapped_gpus == 1 << g,
+            "a mem of a pool granted GPU {g}: mapped_gpus {:#x}",
+            qb.mapped_gpus
+        );
+        let gb = Guarded::new(&d, &qb)?;
+        let bb = gb.base();
+        expect(
+            &d,
+            bb + 100,
+            &want(&qb, bb, 100, p, 1 << g),
+            &format!("a mem of a pool granted GPU {g}"),
+        )?;
+        expect(
+            &d,
+            base,
+            &want(&qa, base, 0, p, 0),
+            &format!("a mem made before the pool was granted GPU {g}"),
+        )?;
+        // A plain mem, DMA-mapped with MEM_MAP_GPU for each GPU in turn, then unmapped.
+        let c = d.mem_alloc(8 * K, 0, 0).ctx("MEM_ALLOC")?;
+        let qc = d.mem_query(c.handle).ctx("MEM_QUERY")?;
+        let gc = Guarded::new(&d, &qc)?;
+        let bc = gc.base();
+        for (i, &id) in ids.iter().enumerate() {
+            d.mem_gpu(true, c.handle, id).ctx("MEM_MAP_GPU")?;
+            let q = d.mem_query(c.handle).ctx("MEM_QUERY")?;
+            let m = mask(&ids[..=i]);
+            check!(
+                q.mapped_gpus == m,
+                "MEM_QUERY after MEM_MAP_GPU on {:?}: mapped_gpus {:#x}",
+                &ids[..=i],
+                q.mapped_gpus
+            );
+            expect(
+                &d,
+                bc + 4 * K,
+                &want(&qc, bc, 4 * K, 0, m),
+                &format!("a plain mem mapped for GPUs {:?}", &ids[..=i]),
+            )?;
+        }
+        d.mem_gpu(false, c.handle, g).ctx("MEM_UNMAP_GPU")?;
+        let m = mask(&ids[1..]);
+        expect(
+            &d,
+            bc,
+            &want(&qc, bc, 0, 0, m),
+            &format!("the plain mem unmapped from GPU {g}"),
+        )?;
+        drop((gb, gc));
+        d.mem_free(b.handle).ctx("MEM_FREE")?;
+        d.mem_free(c.handle).ctx("MEM_FREE")?;
+    }
+    drop(ga);
+    d.mem_free(a.handle).ctx("MEM_FREE")?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")
+}
+
+// --- freed, another file's, a child's ----------------------------------------------------------
+
+/// A mem freed (MEM_FREE) while mapped: its mapping still exists (zapped: a read faults) and
+/// answers FREED with handle 0, the rest as before but the GPUs (its DMA tables went with the
+/// free); once unmapped, not ruvm memory. A pool's mem keeps answering its pool (its chunks
+/// are the pool's until the mapping lets go of them).
+fn ptr_freed_mem_is_flagged() -> TestResult {
+    let d = setup()?;
+    let (q, g) = mapped_mem(&d, 20 * K + 3, 4 * K)?;
+    let base = g.base();
+    // SAFETY: byte 10 of the mem's mapping, live.
+    unsafe { g.at(10).write_volatile(42) };
+    d.mem_free(q.handle).ctx("MEM_FREE")?;
+    check!(
+        !readable(g.at(10)),
+        "a freed mem's mapping is still readable"
+    );
+    let freed =
+        |q: &uapi::ruvm_mem_query, base: u64, offset: u64, pool: u64| uapi::ruvm_ptr_attrs {
+            handle: 0,
+            ptr_flags: FREED,
+            pool,
+            mapped_gpus: 0,
+            ..mem_byte(q, base, offset)
+        };
+    for offset in [0, 10, q.size - 1, q.physical_size - 1] {
+        expect(
+            &d,
+            base + offset,
+            &freed(&q, base, offset, 0),
+            &format!("byte {offset} of a freed mem's mapping"),
+        )?;
+    }
+    expect(
+        &d,
+        base + q.physical_size,
+        &none(base + q.physical_size),
+        "the byte after a freed mem's mapping",
+    )?;
+    drop(g);
+    expect(&d, base, &none(base), "a freed mem's mapping once unmapped")?;
+
+    // A pool's mem, mapped for a GPU (when there is one) through the pool's access set.
+    let (p, _) = d.pool_create(0, u64::MAX).ctx("POOL_CREATE")?;
+    let ids = gpus(&d)?;
+    if let Some(&gpu) = ids.first() {
+        d.pool_access(p, gpu, true).ctx("POOL_SET_ACCESS")?;
+    }
+    let a = d.pool_alloc(p, 16 * K, 0).ctx("MEM_ALLOC from the pool")?;
+    let q = d.mem_query(a.handle).ctx("MEM_QUERY")?;
+    let g = Guarded::new(&d, &q)?;
+    let base = g.base();
+    expect(
+        &d,
+        base + 8,
+        &uapi::ruvm_ptr_attrs {
+            pool: p,
+            ..mem_byte(&q, base, 8)
+        },
+        "a pool mem's mapping",
+    )?;
+    d.mem_free(a.handle).ctx("MEM_FREE of the pool mem")?;
+    expect(
+        &d,
+        base + 8,
+        &freed(&q, base, 8, p),
+        "a freed pool mem's mapping",
+    )?;
+    // Still held: the pool cannot go.
+    expect_errno(
+        d.pool_destroy(p),
+        Errno::EBUSY,
+        "POOL_DESTROY while a freed mem's mapping holds its chunks",
+    )?;
+    drop(g);
+    d.pool_destroy(p).ctx("POOL_DESTROY")
+}
+
+/// The same mapping looked up through another open file of the device: OTHER_FILE, handle 0,
+/// every other field the same (also when that file has a mem at the same mmap offset); and a
+/// freed mem's mapping answers FREED (alone) through either file.
+fn ptr_other_file_has_no_handle() -> TestResult {
+    let d = setup()?;
+    let other = Ruvm::open().ctx("open a second file")?;
+    // The other file's own mem, of the same size: the first of each file may share an offset.
+    let theirs = other
+        .mem_alloc(64 * K, 0, 0)
+        .ctx("MEM_ALLOC in the second file")?;
+    let (q, g) = mapped_mem(&d, 64 * K, 0)?;
+    let base = g.base();
+    println!(
+        "# this file's mem at mmap offset {:#x}, the other file's at {:#x}",
+        q.mmap_offset, theirs.mmap_offset
+    );
+    let mine = mem_byte(&q, base, 33);
+    expect(&d, base + 33, &mine, "a mapping through its own file")?;
+    let seen = uapi::ruvm_ptr_attrs {
+        handle: 0,
+        ptr_flags: OTHER_FILE,
+        ..mine
+    };
+    expect(
+        &other,
+        base + 33,
+        &seen,
+        "the same mapping through another file",
+    )?;
+    // The other way round: the other file's mem mapped through it, looked up through this one.
+    let qt = other
+        .mem_query(theirs.handle)
+        .ctx("MEM_QUERY in the second file")?;
+    let gt = Guarded::new(&other, &qt)?;
+    let bt = gt.base();
+    expect(
+        &other,
+        bt,
+        &mem_byte(&qt, bt, 0),
+        "the second file's mapping through it",
+    )?;
+    expect(
+        &d,
+        bt,
+        &uapi::ruvm_ptr_attrs {
+            handle: 0,
+            ptr_flags: OTHER_FILE,
+            ..mem_byte(&qt, bt, 0)
+        },
+        "the second file's mapping through the first",
+    )?;
+    // Freed: FREED through both files, never with OTHER_FILE.
+    d.mem_free(q.handle).ctx("MEM_FREE")?;
+    let freed = uapi::ruvm_ptr_attrs {
+        handle: 0,
+        ptr_flags: FREED,
+        mapped_gpus: 0,
+        ..mine
+    };
+    expect(
+        &d,
+        base + 33,
+        &freed,
+        "a freed mem's mapping through its file",
+    )?;
+    expect(
+        &other,
+        base + 33,
+        &freed,
+        "a freed mem's mapping through another file",
+    )?;
+    drop((g, gt));
+    other
+        .mem_free(theirs.handle)
+        .ctx("MEM_FREE in the second file")
+}
+
+/// A child forked after the file was opened: the parent's mapping is not in the child (never
+/// copied: its address is not ruvm memory there); a mapping the child makes through the
+/// inherited file answers the mem's handle (the file is the same), and through a file the child
+/// opens, OTHER_FILE.
+fn ptr_forked_child_maps_through_the_inherited_file() -> TestResult {
+    let d = setup()?;
+    let (q, g) = mapped_mem(&d, 32 * K, 0)?;
+    let parent_base = g.base();
+    let status = in_child(|| {
+        // Exit codes from 10 name the step that failed.
+        let answer = |dev: &Ruvm, addr: u64| dev.ptr_attrs(addr).ok();
+        let as_wanted = |got: Option<uapi::ruvm_ptr_attrs>, want: &uapi::ruvm_ptr_attrs| {
+            got.is_some_and(|a| named(&a) == named(want))
+        };
+        if !as_wanted(answer(&d, parent_base), &none(parent_base)) {
+            return 10;
+        }
+        let Ok(map) = UserMap::of_mem(&d, &q) else {
+            return 11;
+        };
+        let base = map.as_ptr() as u64;
+        if !as_wanted(answer(&d, base + 9), &mem_byte(&q, base, 9)) {
+            return 12;
+        }
+        let Ok(own) = Ruvm::open() else {
+            return 13;
+        };
+        let other = uapi::ruvm_ptr_attrs {
+            handle: 0,
+            ptr_flags: OTHER_FILE,
+            ..mem_byte(&q, base, 9)
+        };
+        if !as_wanted(answer(&own, base + 9), &other) {
+            return 14;
+        }
+        0
+    })?;
+    let why = match status {
+        WaitStatus::Exited(_, 0) => None,
+        WaitStatus::Exited(_, 10) => Some("the parent's mapping is ruvm memory in the child"),
+        WaitStatus::Exited(_, 11) => Some("mmap in the child through the inherited file failed"),
+        WaitStatus::Exited(_, 12) => {
+            Some("the child's mapping through the inherited file did not answer the mem's handle")
+        }
+        WaitStatus::Exited(_, 13) => Some("the child could not open the device"),
+        WaitStatus::Exited(_, 14) => {
+            Some("the child's mapping through a file it opened did not answer OTHER_FILE")
+        }
+        _ => Some("the child ended otherwise"),
+    };
+    if let Some(why) = why {
+        return Err(Stop::Fail(format!("{why} ({status:?})")));
+    }
+    expect(
+        &d,
+        parent_base + 9,
+        &mem_byte(&q, parent_base, 9),
+        "the parent's mapping after the child",
+    )?;
+    drop(g);
+    d.mem_free(q.handle).ctx("MEM_FREE")
+}
+
+// --- refusals ------------------------------------------------------------------------------
+
+/// Each unknown flag bit and each reserved element non-zero is EINVAL, for a mem's byte and
+/// for an address that is not ruvm memory, and the argument is left as it was.
+fn ptr_bad_flags_and_reserved_are_einval() -> TestResult {
+    let d = setup()?;
+    let (q, g) = mapped_mem(&d, 4 * K, 0)?;
+    let on_stack = std::hint::black_box(0u64);
+    for (addr, what) in [
+        (g.base(), "a mem's byte"),
+        (std::ptr::addr_of!(on_stack) as u64, "a stack address"),
+    ] {
+        let mut bad = Vec::new();
+        for bit in 0..32 {
+            bad.push((
+                uapi::ruvm_ptr_attrs {
+                    addr,
+                    flags: 1 << bit,
+                    ..Default::default()
+                },
+                format!("flags bit {bit}"),
+            ));
+        }
+        for i in 0..2 {
+            let mut a = none(addr);
+            a.reserved[i] = 1 << 63;
+            bad.push((a, format!("reserved[{i}]")));
+        }
+        for (a, field) in bad {
+            let mut arg = uapi::ruvm_ptr_attrs {
+                type_: 0x55,
+                handle: 0x66,
+                ..a
+            };
+            expect_errno(
+                d.call(cmd::PTR_ATTRS, &mut arg),
+                Errno::EINVAL,
+                &format!("PTR_ATTRS of {what} with {field}"),
+            )?;
+            same(
+                &arg,
+                &uapi::ruvm_ptr_attrs {
+                    type_: 0x55,
+                    handle: 0x66,
+                    ..a
+                },
+                &format!("the argument of a refused PTR_ATTRS ({what}, {field})"),
+            )?;
+        }
+    }
+    drop(g);
+    d.mem_free(q.handle).ctx("MEM_FREE")
+}
+
+/// An argument that cannot be read or written back is EFAULT: NULL, a PROT_NONE page, a
+/// read-only page, one straddling the end of a writable page into a read-only one, and one in
+/// a freed mem's (zapped) mapping; in a live mem's mapping it works, and answers for itself.
+fn ptr_unwritable_argument_is_efault() -> TestResult {
+    let d = setup()?;
+    let size = std::mem::size_of::<uapi::ruvm_ptr_attrs>();
+    let call = |at: *mut u8| {
+        // SAFETY: each address given is either unmapped, not writable, or `size` bytes of a
+        // mapping of this case that nothing else uses during the call.
+        unsafe { d.ioctl_ptr(cmd::PTR_ATTRS.nr, at.cast()) }
+    };
+    expect_errno(call(std::ptr::null_mut()), Errno::EFAULT, "a NULL argument")?;
+    // Two pages: the argument written into them, then protected.
+    let two = UserMapAnon::new(2 * PAGE, MapFlags::MAP_PRIVATE)?;
+    let first = two.ptr.as_ptr().cast::<u8>();
+    let put = |at: *mut u8, addr: u64| {
+        let a = none(addr);
+        // SAFETY: `at` is `size` writable bytes of `two` (checked by the callers' offsets).
+        unsafe { at.cast::<uapi::ruvm_ptr_attrs>().write_unaligned(a) };
+    };
+    let stack = std::hint::black_box(0u64);
+    let stack_addr = std::ptr::addr_of!(stack) as u64;
+    put(first, stack_addr);
+    // SAFETY: `two`'s mapping; nothing holds a reference into it.
+    unsafe { mprotect(two.ptr, 2 * PAGE, ProtFlags::PROT_READ) }.ctx("mprotect")?;
+    expect_errno(call(first), Errno::EFAULT, "a read-only argument")?;
+    // SAFETY: as above.
+    unsafe { mprotect(two.ptr, 2 * PAGE, ProtFlags::PROT_NONE) }.ctx("mprotect")?;
+    expect_errno(call(first), Errno::EFAULT, "a PROT_NONE argument")?;
+    // Straddling: its first 40 bytes writable, the rest read-only.
+    // SAFETY: as above.
+    unsafe {
+        mprotect(
+            two.ptr,
+            2 * PAGE,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+        )
+    }
+    .ctx("mprotect")?;
+    // SAFETY: inside `two`: `size` bytes from 40 before the second page.
+    let straddle = unsafe { first.add(PAGE - 40) };
+    put(straddle, stack_addr);
+    // SAFETY: the second page of `two`.
+    let second = NonNull::new(unsafe { first.add(PAGE) }.cast::<c_void>())
+        .ok_or_else(|| Stop::Fail("a null page".into()))?;
+    // SAFETY: as above.
+    unsafe { mprotect(second, PAGE, ProtFlags::PROT_READ) }.ctx("mprotect")?;
+    expect_errno(
+        call(straddle),
+        Errno::EFAULT,
+        "an argument whose last bytes are read-only",
+    )?;
+    drop(two);
+
+    // In a mem's own mapping: it answers for its own address; once the mem is freed, EFAULT.
+    let (q, g) = mapped_mem(&d, 4 * K, 0)?;
+    let base = g.base();
+    put(g.at(0), base);
+    call(g.at(0)).ctx("PTR_ATTRS with its argument in a mem's mapping")?;
+    // SAFETY: the argument, in the live mapping, written back by the call.
+    let got = unsafe { g.at(0).cast::<uapi::ruvm_ptr_attrs>().read_unaligned() };
+    same(
+        &got,
+        &mem_byte(&q, base, 0),
+        "an argument in a mem's mapping, about itself",
+    )?;
+    d.mem_free(q.handle).ctx("MEM_FREE")?;
+    expect_errno(
+        call(g.at(0)),
+        Errno::EFAULT,
+        "an argument in a freed mem's mapping",
+    )?;
+    check!(
+        size == 104,
+        "struct ruvm_ptr_attrs is {size} bytes, the header says 104"
+    );
+    Ok(())
+}
