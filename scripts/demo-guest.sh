@@ -201,17 +201,17 @@ ruvmctl --fd 3 pool trim "$p" 0
 ruvmctl --fd 3 pool destroy "$p"
 
 step "stream-ordered allocation (cudaMallocAsync / cudaFreeAsync): alloc and free are operations of a stream on GPU $s0"
-st=$(ruvmctl --fd 3 stream create --gpu "$s0" --json | handle)
+st=$(ruvmctl --fd 3 stream create --gpu "$s0" --json | grep -m1 '"stream"' | tr -dc 0-9)
 r=$(ruvmctl --fd 3 pool create --threshold 0 --json | handle)
 ruvmctl --fd 3 pool access "$r" "$s0"
 a=$(ruvmctl --fd 3 stream alloc "$st" 1M --pool "$r" --json | handle)
-ruvmctl --fd 3 dma-addrs "$a" "$s0" | head -n 2
+ruvmctl --fd 3 dma-addrs "$a" "$s0" | head -n 3
 ruvmctl --fd 3 stream free "$st" "$a"
 
 step "freed on the stream, its chunks wait in the pool, pending: the same stream takes them again at once"
 ruvmctl --fd 3 pool get "$r" | grep -E 'reserved|used|pending|hits'
 b=$(ruvmctl --fd 3 stream alloc "$st" 1M --pool "$r" --json | handle)
-ruvmctl --fd 3 dma-addrs "$b" "$s0" | head -n 2
+ruvmctl --fd 3 dma-addrs "$b" "$s0" | head -n 3
 ruvmctl --fd 3 stream free "$st" "$b"
 
 step "a synchronize observes the free: the release threshold (0) gives the chunks back"
