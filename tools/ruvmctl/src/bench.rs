@@ -17,6 +17,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub mod cases;
+mod held;
 pub mod report;
 pub mod stream_alloc;
 pub mod streams;

@@ -18,10 +18,10 @@
 //! Everything a case makes is destroyed or freed when it ends, failed or not.
 
 use anyhow::{Context as _, Result};
-use libruvm::{op, uapi, Ruvm};
+use libruvm::{op, uapi};
 
 use super::cases::{per_op, Ctx};
-use super::{pairs, time, Case};
+use super::{held::Held, pairs, time, Case};
 
 const K: u64 = 1 << 10;
 const M: u64 = 1 << 20;
@@ -39,74 +39,6 @@ const LOOP: usize = 1000;
 // One submission carries the pairs; a sample's submissions fit in a stream's queue.
 const _: () = assert!(2 * PAIRS <= uapi::RUVM_MAX_SUBMIT_OPS as usize);
 const _: () = assert!(SUBMITS * 2 * PAIRS <= uapi::RUVM_MAX_STREAM_OPS as usize);
-
-/// What a case made: destroyed (streams), freed (mems) and destroyed (pools) when dropped, in
-/// that order.
-struct Held<'a> {
-    d: &'a Ruvm,
-    streams: Vec<u64>,
-    mems: Vec<u64>,
-    pools: Vec<u64>,
-}
-
-impl<'a> Held<'a> {
-    fn new(d: &'a Ruvm) -> Self {
-        Self {
-            d,
-            streams: Vec::new(),
-            mems: Vec::new(),
-            pools: Vec::new(),
-        }
-    }
-
-    /// A new stream on `gpu`.
-    fn stream(&mut self, gpu: u32) -> Result<u64> {
-        let s = self
-            .d
-            .stream_create(gpu)
-            .with_context(|| format!("STREAM_CREATE on GPU {gpu}"))?
-            .handle;
-        self.streams.push(s);
-        Ok(s)
-    }
-
-    /// A sysmem pool of `chunk`-byte chunks (0: the default) that keeps everything
-    /// (threshold ~0), its chunks DMA-mapped for `gpu`.
-    fn pool(&mut self, chunk: u64, gpu: u32) -> Result<u64> {
-        let (p, _) = self.d.pool_create(chunk, u64::MAX).context("POOL_CREATE")?;
-        self.pools.push(p);
-        self.d
-            .pool_access(p, gpu, true)
-            .with_context(|| format!("POOL_SET_ACCESS for GPU {gpu}"))?;
-        Ok(p)
-    }
-
-    /// A sysmem mem of `size` bytes DMA-mapped for `gpu`.
-    fn mem(&mut self, size: u64, gpu: u32) -> Result<u64> {
-        let h = self.d.mem_alloc(size, 0, 0).context("MEM_ALLOC")?.handle;
-        self.mems.push(h);
-        self.d
-            .mem_gpu(true, h, gpu)
-            .with_context(|| format!("MEM_MAP_GPU for GPU {gpu}"))?;
-        Ok(h)
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        // Whatever is still queued is synchronized first: a pool with a live mem is EBUSY.
-        let _ = self.d.sync_every_stream(WAIT_MS);
-        for &s in &self.streams {
-            let _ = self.d.stream_destroy(s);
-        }
-        for &h in &self.mems {
-            let _ = self.d.mem_free(h);
-        }
-        for &p in &self.pools {
-            let _ = self.d.pool_destroy(p);
-        }
-    }
-}
 
 /// The `stream_alloc` group: skipped, with the reason printed, by a module without streams or
 /// stream-ordered allocation.
@@ -221,7 +153,7 @@ fn footprint(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
         "B",
     );
     let mut held = Held::new(c.d);
-    let src = held.mem(4 * K, c.sim)?;
+    let src = held.mem(4 * K, 0, c.sim)?;
     let s = held.stream(c.sim)?;
     for _ in 0..c.spec.reps.max(1) {
         let mut one = Held::new(c.d);

@@ -17,7 +17,7 @@ use anyhow::{Context as _, Result};
 use libruvm::{op, uapi, Ruvm};
 
 use super::cases::{per_op, size_name, Ctx};
-use super::{pairs, time, Case};
+use super::{held::Held, pairs, time, Case};
 
 const M: u64 = 1 << 20;
 /// The bound of every wait: work that is not done by then is a failure.
@@ -32,73 +32,6 @@ const IOCTLS: u64 = 256;
 // One submit carries the pairs; a sample's submits fit in a stream's queue.
 const _: () = assert!(2 * PAIRS <= uapi::RUVM_MAX_SUBMIT_OPS as usize);
 const _: () = assert!(SUBMITS * 2 * PAIRS <= uapi::RUVM_MAX_STREAM_OPS as usize);
-
-/// What a case made: destroyed (streams, events) and freed (mems) when dropped, in that order.
-struct Held<'a> {
-    d: &'a Ruvm,
-    streams: Vec<u64>,
-    events: Vec<u64>,
-    mems: Vec<u64>,
-}
-
-impl<'a> Held<'a> {
-    fn new(d: &'a Ruvm) -> Self {
-        Self {
-            d,
-            streams: Vec::new(),
-            events: Vec::new(),
-            mems: Vec::new(),
-        }
-    }
-
-    /// A new stream on `gpu`.
-    fn stream(&mut self, gpu: u32) -> Result<u64> {
-        let s = self
-            .d
-            .stream_create(gpu)
-            .with_context(|| format!("STREAM_CREATE on GPU {gpu}"))?
-            .handle;
-        self.streams.push(s);
-        Ok(s)
-    }
-
-    /// A new event.
-    fn event(&mut self) -> Result<u64> {
-        let e = self.d.event_create().context("EVENT_CREATE")?;
-        self.events.push(e);
-        Ok(e)
-    }
-
-    /// A sysmem mem of `size` bytes in 2 MiB chunks, DMA-mapped for `gpu` (what `COPY` and
-    /// `CE_COPY` need).
-    fn mem(&mut self, size: u64, gpu: u32) -> Result<u64> {
-        let h = self
-            .d
-            .mem_alloc(size, 2 * M, 0)
-            .with_context(|| format!("MEM_ALLOC of {}", size_name(size)))?
-            .handle;
-        self.mems.push(h);
-        self.d
-            .mem_gpu(true, h, gpu)
-            .with_context(|| format!("MEM_MAP_GPU for GPU {gpu}"))?;
-        Ok(h)
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        // The streams first: a destroyed stream's queued work still runs, holding its mems.
-        for &s in &self.streams {
-            let _ = self.d.stream_destroy(s);
-        }
-        for &e in &self.events {
-            let _ = self.d.event_destroy(e);
-        }
-        for &h in &self.mems {
-            let _ = self.d.mem_free(h);
-        }
-    }
-}
 
 /// The present simulated GPUs with a copy engine.
 fn sim_engines(d: &Ruvm) -> Result<Vec<u32>> {
@@ -168,7 +101,7 @@ fn submit(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
 /// for, against `CE_COPY` of the same mems (times, whose inverse ratio is the throughput's).
 fn copy_async(c: &Ctx, size: u64, out: &mut dyn FnMut(Case)) -> Result<()> {
     let mut held = Held::new(c.d);
-    let (src, dst) = (held.mem(size, c.sim)?, held.mem(size, c.sim)?);
+    let (src, dst) = (held.mem(size, 2 * M, c.sim)?, held.mem(size, 2 * M, c.sim)?);
     let s = held.stream(c.sim)?;
     let copy = [op::copy(dst, 0, src, 0, size)];
     let n = size_name(size);
@@ -215,7 +148,7 @@ fn two_gpus(c: &Ctx, size: u64, out: &mut dyn FnMut(Case)) -> Result<()> {
     let mut held = Held::new(c.d);
     let mut runs = Vec::new();
     for g in [g1, g2] {
-        let (src, dst) = (held.mem(size, g)?, held.mem(size, g)?);
+        let (src, dst) = (held.mem(size, 2 * M, g)?, held.mem(size, 2 * M, g)?);
         let s = held.stream(g)?;
         runs.push((s, [op::copy(dst, 0, src, 0, size)]));
     }
