@@ -51,6 +51,7 @@ pub(crate) mod alloc;
 mod budget;
 pub(crate) mod engine;
 pub(crate) mod event;
+pub(crate) mod lookup;
 pub(crate) mod op;
 pub(crate) mod plan;
 mod timeline;
@@ -60,7 +61,8 @@ use timeline::{timeline_name, PointFence, TIMES};
 
 use alloc::{Batch, Known};
 use engine::Engine;
-use op::{Lookup, Op, Step};
+use lookup::Lookup;
+use op::{Op, Step};
 use plan::Events;
 
 /// The most operations of one submission.

@@ -20,7 +20,11 @@ use crate::{
         },
         AllocRequest, Handle, Made, Mem, Origin,
     },
-    stream::{event::Event, op::Lookup, plan::Named, Budget, StreamCore},
+    stream::{
+        event::Event,
+        lookup::{Lookup, Named},
+        Budget, StreamCore,
+    },
     uapi,
 };
 

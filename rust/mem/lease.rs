@@ -71,7 +71,7 @@ impl Drop for PoolLease {
                 .take()
                 .unwrap_or_else(|| self.pool.quota().nothing());
             let tags = self.tags();
-            self.pool.give_back(
+            self.pool.give_back_tagged(
                 pages,
                 tables,
                 (self.range.take(), undo),
@@ -225,6 +225,6 @@ impl Handed {
             return;
         }
         // Pending until the points are observed (cached at once if they were).
-        pool.give_back(pages, tables, (None, None), charge, (tags, promise));
+        pool.give_back_tagged(pages, tables, (None, None), charge, (tags, promise));
     }
 }

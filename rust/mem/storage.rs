@@ -225,8 +225,7 @@ pub(super) fn from_pool(pool: &Pool, req: &AllocRequest, layout: &Layout) -> Res
                 reused,
                 charge,
             } = taken;
-            let after = (super::pool::pending::Tags::none(), None);
-            pool.give_back(pages, tables, (range, Some(reused)), charge, after);
+            pool.give_back(pages, tables, (range, Some(reused)), charge);
             return Err(e);
         }
     }

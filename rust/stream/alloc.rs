@@ -31,7 +31,7 @@ use crate::{
     uapi,
 };
 
-use super::op::{Lookup, Op};
+use super::{lookup::Lookup, op::Op};
 
 /// The most other timelines a stream remembers waiting for (the file's streams).
 const KNOWN: usize = uapi::RUVM_MAX_FILE_STREAMS as usize;

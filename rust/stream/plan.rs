@@ -27,7 +27,8 @@ use super::{
     alloc::{Batch, Known},
     engine::Engine,
     event::Event,
-    op::{Lookup, Op, Work},
+    lookup::{Lookup, Named},
+    op::{Op, Work},
     Units,
 };
 
@@ -58,27 +59,6 @@ fn only(op: &uapi::ruvm_op, named: u32) -> Result {
         return Err(EINVAL);
     }
     Ok(())
-}
-
-/// An event a submission names: its handle, the file's event of that handle (`None`: the
-/// file has none), and the seqno the submission last recorded it at (0: none). Events are moved
-/// only once the whole submission is queued.
-pub(crate) struct Named {
-    handle: u64,
-    event: Option<Arc<Event>>,
-    recorded: u64,
-}
-
-impl Named {
-    /// The handle to look up.
-    pub(crate) fn handle(&self) -> u64 {
-        self.handle
-    }
-
-    /// The file's event of the handle.
-    pub(crate) fn found(&mut self, event: Arc<Event>) {
-        self.event = Some(event);
-    }
 }
 
 /// The events a submission names (RECORD, WAIT_EVENT), each once: a hash table by handle

@@ -29,7 +29,7 @@ use crate::{
 };
 
 use super::{
-    super::quota::Charge,
+    super::{offsets::MmapRange, quota::Charge},
     sys::{Entry, Taken},
     Pool, PoolState,
 };
@@ -381,6 +381,30 @@ impl Pool {
         drop(gone);
         drop(tables);
         drop(refused);
+    }
+
+    /// [`Pool::give_back`] for a list with `tags`: one whose points are not all observed
+    /// (chunks a stream allocation took from a pending free, or its own allocation point, or a
+    /// free's on a stream) goes back to the pending list instead, in the room `promise` kept
+    /// if there is one.
+    pub(crate) fn give_back_tagged(
+        &self,
+        pages: Arc<Pages>,
+        tables: KVec<(u32, Arc<GpuTable>)>,
+        (range, undo): (Option<MmapRange>, Option<usize>),
+        charge: Charge,
+        (tags, promise): (Tags, Option<Promise>),
+    ) {
+        if tags.observed() {
+            return self.give_back(pages, tables, (range, undo), charge);
+        }
+        if let Some(reused) = undo {
+            if self.undo_counts(&pages, reused) {
+                return;
+            }
+        }
+        drop(range);
+        self.pend(pages, tables, charge, tags, promise);
     }
 
     /// Room for one more list in the pending list, until the [`Promise`] is kept or dropped:

@@ -19,7 +19,6 @@ use crate::{
 
 use super::{
     super::{offsets::MmapRange, quota::Charge},
-    pending::{Promise, Tags},
     Pool, PoolState,
 };
 
@@ -106,6 +105,21 @@ impl PoolState {
 }
 
 impl Pool {
+    /// Puts back the hit and miss counts of an allocation that failed after taking `pages`, of
+    /// which the first `reused` chunks were cached. Returns whether the list is all new
+    /// chunks, then let go (no longer counted used), not to be cached.
+    pub(super) fn undo_counts(&self, pages: &Pages, reused: usize) -> bool {
+        let n = pages.chunk_count();
+        let mut st = self.state.lock();
+        st.hits = st.hits.saturating_sub(reused as u64);
+        st.misses = st.misses.saturating_sub(n.saturating_sub(reused) as u64);
+        if reused == 0 {
+            st.used = st.used.saturating_sub(pages.len() as u64);
+            return true;
+        }
+        false
+    }
+
     /// Takes `count` chunks for a mem: a cached list of exactly `count` chunks whole (with the
     /// tables the pool may keep), else cached chunks first and new ones (always zeroed: fresh
     /// pages may hold another file's bytes) for the rest, charged to the file's quota first
@@ -324,35 +338,22 @@ impl Pool {
     /// of new chunks only is freed rather than cached (one of cached and new chunks is cached
     /// whole: splitting it would need memory).
     ///
-    /// A list with `tags` not all observed (chunks a stream allocation took from a pending
-    /// free, or its own allocation point) goes back to the pending list instead, in the room
-    /// `promise` kept if there is one.
+    /// (A list that waits for points of streams goes back through
+    /// [`Pool::give_back_tagged`].)
     pub(crate) fn give_back(
         &self,
         pages: Arc<Pages>,
         mut tables: KVec<(u32, Arc<GpuTable>)>,
         (range, undo): (Option<MmapRange>, Option<usize>),
         charge: Charge,
-        (tags, promise): (Tags, Option<Promise>),
     ) {
         let bytes = pages.len() as u64;
         if let Some(reused) = undo {
-            let n = pages.chunk_count();
-            let mut st = self.state.lock();
-            st.hits = st.hits.saturating_sub(reused as u64);
-            st.misses = st.misses.saturating_sub(n.saturating_sub(reused) as u64);
-            if reused == 0 {
-                st.used = st.used.saturating_sub(bytes);
-                drop(st);
+            if self.undo_counts(&pages, reused) {
                 drop(tables);
                 drop(pages);
                 return;
             }
-        }
-        if !tags.observed() {
-            drop(range);
-            self.pend(pages, tables, charge, tags, promise);
-            return;
         }
         // The tables the pool may not keep, dropped outside its lock (rare: room for them is
         // made only then).
