@@ -66,10 +66,10 @@ mod retired;
 pub(crate) mod storage;
 pub(crate) mod tree;
 
-pub(crate) use lease::Made;
 use lease::{give_tables, PoolLease};
+pub(crate) use lease::{Borrow, Made, StreamAlloc};
 use policy::{Backing, Layout, PolicyError};
-use pool::pending::{Asker, Tag, Tags};
+use pool::pending::Tags;
 use quota::{Charge, Quota};
 pub(crate) use retired::Retired;
 use storage::Storage;
@@ -391,13 +391,12 @@ impl Mem {
         req: &AllocRequest,
         quota: &Arc<Quota>,
         origin: Origin,
-        ask: &Asker<'_>,
-        own: Tag,
+        stream: StreamAlloc<'_, '_>,
     ) -> Result<Made> {
         if req.pool.as_ref().is_none_or(|p| p.vid_gpu().is_some()) || req.gpu.is_some() {
             return Err(crate::bind::errno::eopnotsupp());
         }
-        let r = Self::try_alloc(req, quota, origin, Some((ask, own)));
+        let r = Self::try_alloc(req, quota, origin, Some(stream));
         if r.is_err() {
             audit::stats::alloc_failed(req.stats_backing());
         }
@@ -408,7 +407,7 @@ impl Mem {
         req: &AllocRequest,
         quota: &Arc<Quota>,
         origin: Origin,
-        ordered: Option<(&Asker<'_>, Tag)>,
+        ordered: Option<StreamAlloc<'_, '_>>,
     ) -> Result<Made> {
         static SERIAL: Atomic<u64> = Atomic::new(1);
         let page = kernel::page::PAGE_SIZE as u64;
@@ -469,13 +468,32 @@ impl Mem {
                 (layout, Storage::Vid(pages), None)
             }
             Some(p) => {
+                let mut borrowed = None;
                 let (taken, from, own) = match ordered {
                     None => (storage::from_pool(p, req, &layout)?, Tags::none(), None),
-                    Some((ask, own)) => {
+                    Some(s) => {
                         let count = usize::try_from(layout.chunk_count)?;
-                        let o = p.take_ordered(count, ask, storage::stop_on_signal)?;
-                        wait = o.wait;
-                        (o.taken, o.tags, Some(own))
+                        match (s.borrow)(p, count) {
+                            // A mem freed earlier in the submission: its chunks, once its free
+                            // is done (counted a hit now, undone if the allocation fails).
+                            Some(b) => {
+                                p.borrowed(count, false);
+                                borrowed = Some(b.points);
+                                let taken = pool::Taken {
+                                    pages: b.pages,
+                                    tables: b.tables,
+                                    reused: count,
+                                    range: None,
+                                    charge: p.quota().nothing(),
+                                };
+                                (taken, Tags::none(), Some(s.own))
+                            }
+                            None => {
+                                let o = p.take_ordered(count, s.ask, storage::stop_on_signal)?;
+                                wait = o.wait;
+                                (o.taken, o.tags, Some(s.own))
+                            }
+                        }
                     }
                 };
                 // From here a failure drops the lease, which gives everything back.
@@ -491,10 +509,12 @@ impl Mem {
                     charge: Some(taken.charge),
                     from,
                     own,
+                    borrowed: borrowed.is_some(),
                 };
                 if lease.own.is_some() {
-                    // Its own point, and a free's on a stream (see `Mem::prepare_hand_over`).
-                    lease.from.reserve(3)?;
+                    // Its own point, and a free's on a stream (see `Mem::prepare_hand_over`),
+                    // and those of a borrowed mem's chunks with its free's.
+                    lease.from.reserve(3 + borrowed.map_or(0, |n| n + 1))?;
                 }
                 (layout, storage, Some(lease))
             }

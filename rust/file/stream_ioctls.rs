@@ -15,10 +15,10 @@ use crate::{
     audit::{Class, Counted},
     mem::{
         pool::{
-            pending::{Asker, Promise, Tag},
+            pending::{Promise, Tag},
             Pool,
         },
-        AllocRequest, Handle, Made, Mem, Origin,
+        AllocRequest, Handle, Made, Mem, Origin, StreamAlloc,
     },
     stream::{
         event::Event,
@@ -128,8 +128,7 @@ impl Lookup for FileLookup<'_> {
         pool: Arc<Pool>,
         size: u64,
         zero: bool,
-        ask: &Asker<'_>,
-        own: Tag,
+        stream: StreamAlloc<'_, '_>,
     ) -> Result<Made> {
         let req = AllocRequest {
             gpu: None,
@@ -140,7 +139,7 @@ impl Lookup for FileLookup<'_> {
             max_bytes: max_alloc_bytes(),
             pool: Some(pool),
         };
-        Mem::alloc_ordered(&req, &self.0.quota, Origin::here("OP_ALLOC"), ask, own)
+        Mem::alloc_ordered(&req, &self.0.quota, Origin::here("OP_ALLOC"), stream)
     }
 
     fn commit(
@@ -226,13 +225,19 @@ impl Lookup for FileLookup<'_> {
         Ok(())
     }
 
-    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>) {
+    fn free(
+        &self,
+        mem: &Arc<Mem>,
+        free: Option<Tag>,
+        promise: Option<Promise>,
+        heir: Option<&Mem>,
+    ) {
         // The handle is gone: a zap that fails leaves the pages to the fault handler, which
         // refuses a freed mem's.
         let zap = |filled_by| {
             let _ = mem.zap_filled(self.1, filled_by);
         };
-        mem.free_ordered(zap, free, promise);
+        mem.free_ordered(zap, free, promise, heir);
     }
 }
 

@@ -18,7 +18,7 @@ use super::{
     offsets,
     pool::{
         self,
-        pending::{Promise, Tag, Tags},
+        pending::{Asker, Promise, Tag, Tags},
     },
     quota::Charge,
     Mem, MemState,
@@ -45,6 +45,29 @@ pub(super) struct PoolLease {
     /// A mem allocated on a stream: its allocation's point. Once the mem is made, its chunks
     /// go back pending until both that point and `from`'s are observed.
     pub(super) own: Option<Tag>,
+    /// The chunks are another mem's, freed earlier in the same submission, until that free
+    /// is done and they are this mem's ([`Handed::give_to`]): dropped before, the lease gives
+    /// nothing back (the allocation is undone).
+    pub(super) borrowed: bool,
+}
+
+/// A stream allocation ([`Mem::alloc_ordered`]): the stream asking (the pool's reuse rules),
+/// the allocation's point, and where to borrow the chunks of a mem freed earlier in the same
+/// submission (the same pool, as many chunks) before anything else.
+pub(crate) struct StreamAlloc<'a, 'b> {
+    pub(crate) ask: &'a Asker<'b>,
+    pub(crate) own: Tag,
+    pub(crate) borrow: &'a mut dyn FnMut(&Arc<pool::Pool>, usize) -> Option<Borrow>,
+}
+
+/// What a stream allocation borrows from a mem freed earlier in its submission (the same pool,
+/// as many chunks): the chunks and the DMA tables of the pool's GPUs (shared with that mem).
+pub(crate) struct Borrow {
+    pub(crate) pool: Arc<pool::Pool>,
+    pub(crate) pages: Arc<crate::gpu::dma::Pages>,
+    pub(crate) tables: KVec<(u32, Arc<GpuTable>)>,
+    /// How many points the chunks wait for now (room for them is made in the heir's lease).
+    pub(crate) points: usize,
 }
 
 impl PoolLease {
@@ -63,6 +86,11 @@ impl PoolLease {
 
 impl Drop for PoolLease {
     fn drop(&mut self) {
+        if self.borrowed {
+            // The chunks are still the freed mem's: only the allocation is undone.
+            self.pool.borrowed(self.reused, true);
+            return;
+        }
         if let Some(pages) = self.pages.take() {
             let tables = core::mem::replace(&mut self.tables, KVec::new());
             let undo = (!self.made).then_some(self.reused);
@@ -124,6 +152,31 @@ impl Mem {
         pool.promise().map(Some)
     }
 
+    /// What a stream allocation later in the submission that frees this mem may borrow
+    /// ([`Borrow`]): its chunks, and its DMA tables for its pool's GPUs. `None` for a mem of
+    /// no (sysmem) pool, or without memory to list the tables.
+    pub(crate) fn borrowable(&self) -> Option<Borrow> {
+        if !self.leased {
+            return None;
+        }
+        let st = self.state.lock();
+        let l = st.lease.as_ref()?;
+        let pages = l.pages.clone()?;
+        let access = l.pool.access();
+        let mut tables = KVec::with_capacity(st.gpus.len(), GFP_KERNEL).ok()?;
+        for (id, t) in st.gpus.iter().filter(|(id, _)| access.contains(*id)) {
+            // Within the room reserved.
+            let _ = tables.push_within_capacity((*id, t.clone()));
+        }
+        Some(Borrow {
+            pool: l.pool.clone(),
+            pages,
+            tables,
+            // Its points, and its allocation's.
+            points: l.from.len() + 1,
+        })
+    }
+
     /// Frees the mem on a stream, at point `free` (its handle gone, in a submission queued
     /// now): it is retired and what it gave up parked until the stream reaches the free (under
     /// one acquisition of its lock, so that a GPU's removal finds the parked mappings), its
@@ -133,11 +186,15 @@ impl Mem {
     /// may point at an address its pool may drop). A mem a VMA still maps keeps its chunks
     /// (and their quota charge) until the VMA goes: they come back through the lease then,
     /// pending until the free is observed.
+    ///
+    /// With `heir` (a stream allocation later in the submission borrowed the chunks), the
+    /// chunks, their charge and their points become the heir's, mapped or not.
     pub(crate) fn free_ordered(
         &self,
         zap: impl FnOnce(Option<ARef<Mm>>),
         free: Option<Tag>,
         promise: Option<Promise>,
+        heir: Option<&Mem>,
     ) {
         let mut st = self.state.lock();
         let mut retired = Self::retire_locked(&mut st, true);
@@ -152,6 +209,7 @@ impl Mem {
         // checks the mem's life under its lock), and was counted before that.
         let mapped = self.user_mappings.load(Relaxed) != 0;
         let handed = match free {
+            Some(t) if heir.is_some() => self.take_lease(&mut st).map(|h| (h, t)),
             Some(t) if mapped => {
                 // Room was made when the free was planned: this does not allocate.
                 if let Some(l) = st.lease.as_mut() {
@@ -168,7 +226,10 @@ impl Mem {
             zap(filled_by);
         }
         if let Some((h, t)) = handed {
-            h.go(t, promise);
+            match heir {
+                Some(m) => h.give_to(m, t, promise),
+                None => h.go(t, promise),
+            }
         }
     }
 
@@ -202,6 +263,33 @@ struct Handed {
 }
 
 impl Handed {
+    /// The chunks become `heir`'s, which borrowed them (see [`PoolLease::borrowed`]): their
+    /// charge and points go with them, the free's point `free` added. If `heir` holds no
+    /// borrow (never), they go to the pending list instead.
+    fn give_to(self, heir: &Mem, free: Tag, promise: Option<Promise>) {
+        let mut st = heir.state.lock();
+        let Some(l) = st.lease.as_mut().filter(|l| l.borrowed) else {
+            drop(st);
+            return self.go(free, promise);
+        };
+        let Handed {
+            pool,
+            pages,
+            tables,
+            charge,
+            tags,
+        } = self;
+        l.borrowed = false;
+        l.charge = charge;
+        // Room was made with the heir's lease for these points, the free's and its own: this
+        // does not allocate.
+        let _ = l.from.merge(tags);
+        let _ = l.from.add(free);
+        drop(st);
+        // The heir has its own references to the chunks and the tables.
+        drop((pool, pages, tables));
+    }
+
     /// The chunks go to the pool's pending list, waiting for `free` (the point of the stream
     /// that freed the mem) and the points they waited for already; the mem keeps them for the
     /// work queued before the free. With what [`Mem::prepare_hand_over`] made (`promise`),

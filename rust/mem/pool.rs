@@ -412,6 +412,18 @@ impl Pool {
         self.release(None);
     }
 
+    /// A mem of a stream allocation takes `count` chunks a free earlier in its submission gives
+    /// up (see `Mem::free_ordered`): counted hits; they stay counted used, the freed mem's
+    /// bytes becoming the new one's. `undo`: the allocation failed, the free did not happen.
+    pub(crate) fn borrowed(&self, count: usize, undo: bool) {
+        let mut st = self.state.lock();
+        if undo {
+            st.hits = st.hits.saturating_sub(count as u64);
+        } else {
+            st.hits += count as u64;
+        }
+    }
+
     /// A lent mem's `bytes` are let go without coming back (freed with the mem).
     pub(crate) fn forget(&self, bytes: u64) {
         let mut st = self.state.lock();

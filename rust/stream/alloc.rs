@@ -26,7 +26,7 @@ use crate::{
             pending::{Clock, Promise, Tag},
             Pool,
         },
-        Mem,
+        Borrow, Mem,
     },
     uapi,
 };
@@ -96,16 +96,36 @@ struct Freed {
     /// The handle it takes out of the file's table (`None`: a mem of the submission's own).
     handle: Option<u64>,
     mem: Arc<Mem>,
+    /// A later ALLOC of the submission that borrowed the mem's chunks: they become its.
+    heir: Option<Arc<Mem>>,
     /// Room in the mem's pool's pending list for its chunks.
     promise: Option<Promise>,
     op: Arc<Op>,
     seqno: u64,
 }
 
+/// The chunks an ALLOC of `count` chunks from `pool` may borrow from a mem a FREE earlier in
+/// its submission frees (of [`Batch`]'s `reusable`), and that FREE's index.
+pub(super) fn take_reusable(
+    reusable: &mut KVec<(usize, Option<Borrow>)>,
+    pool: &Arc<Pool>,
+    count: usize,
+) -> Option<(usize, Borrow)> {
+    let slot = reusable.iter_mut().find(|(_, b)| {
+        b.as_ref()
+            .is_some_and(|b| Arc::ptr_eq(&b.pool, pool) && b.pages.chunk_count() == count)
+    })?;
+    let i = slot.0;
+    slot.1.take().map(|b| (i, b))
+}
+
 /// What a submission's ALLOCs and FREEs do to the file, and the points its waits name.
 pub(super) struct Batch {
     made: KVec<Made>,
     freed: KVec<Freed>,
+    /// What later ALLOCs may borrow of the mems the FREEs free (same-stream reuse within the
+    /// submission): by the index of the FREE in `freed`; `None` once borrowed.
+    pub(super) reusable: KVec<(usize, Option<Borrow>)>,
     /// The points the submission's waits named so far.
     known: KVec<(u64, u64)>,
     /// The stream's timeline, as a pool sees it (once an ALLOC or FREE needs it).
@@ -119,6 +139,7 @@ impl Batch {
         Self {
             made: KVec::new(),
             freed: KVec::new(),
+            reusable: KVec::new(),
             known: KVec::new(),
             clock: None,
             pool: None,
@@ -222,10 +243,16 @@ impl Batch {
         op: Arc<Op>,
         seqno: u64,
     ) -> Result {
+        // What a later ALLOC may borrow (nothing without memory to note it: it then takes
+        // memory its own way).
+        if let Some(b) = mem.borrowable() {
+            let _ = self.reusable.push((self.freed.len(), Some(b)), GFP_KERNEL);
+        }
         self.freed.push(
             Freed {
                 handle,
                 mem,
+                heir: None,
                 promise,
                 op,
                 seqno,
@@ -233,6 +260,13 @@ impl Batch {
             GFP_KERNEL,
         )?;
         Ok(())
+    }
+
+    /// Notes that `heir`, made by an ALLOC, borrowed the chunks of FREE `freed`'s mem.
+    pub(super) fn inherit(&mut self, freed: usize, heir: Arc<Mem>) {
+        if let Some(f) = self.freed.get_mut(freed) {
+            f.heir = Some(heir);
+        }
     }
 
     /// Writes each ALLOC's handle and mmap offset into the caller's operation (`ops`):
@@ -291,7 +325,7 @@ impl Batch {
             });
             // What the mem gave up is parked in it until the FREE is dropped: here if the
             // stream reached it meanwhile (its work before it is done).
-            files.free(&f.mem, tag, f.promise);
+            files.free(&f.mem, tag, f.promise, f.heir.as_deref());
             f.op.parked();
             drop(f.op);
         }

@@ -7,10 +7,10 @@ use kernel::{prelude::*, sync::Arc};
 
 use crate::mem::{
     pool::{
-        pending::{Asker, Promise, Tag},
+        pending::{Promise, Tag},
         Pool,
     },
-    Made, Mem,
+    Made, Mem, StreamAlloc,
 };
 
 use super::event::Event;
@@ -33,8 +33,7 @@ pub(crate) trait Lookup {
         pool: Arc<Pool>,
         size: u64,
         zero: bool,
-        ask: &Asker<'_>,
-        own: Tag,
+        stream: StreamAlloc<'_, '_>,
     ) -> Result<Made>;
     /// Under the file's lock, with `queue` (which queues the submission): takes the handles
     /// `gone` out of the file's table and enters `new`, all or none (`ENOENT` if a handle of
@@ -46,7 +45,8 @@ pub(crate) trait Lookup {
         queue: &mut dyn FnMut() -> Result,
     ) -> Result;
     /// Frees `mem` (its handle gone) on a stream, at point `free` ([`Mem::free_ordered`]).
-    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>);
+    /// With `heir`, the chunks become that mem's (it borrowed them).
+    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>, heir: Option<&Mem>);
 }
 
 /// An event a submission names: its handle, the file's event of that handle (`None`: the

@@ -18,7 +18,7 @@ use crate::{
         cpu::{CpuFill, Fill},
         gpu::EngineCopy,
         pool::pending::{Asker, Clock},
-        Made,
+        Made, StreamAlloc,
     },
     uapi,
 };
@@ -272,15 +272,35 @@ pub(super) fn plan(
             }
             let pool = batch.pool(files, op.src, gpu.id)?;
             let own = batch.tag(clock, seqno);
+            // A FREE earlier in the submission may give its chunks (the same stream: ordered),
+            // before the pool is asked.
+            let mut reusable = core::mem::replace(&mut batch.reusable, KVec::new());
+            let mut inherits = None;
             let made = {
                 let knows = |c: u64, s: u64| batch.knows(known, c, s);
                 let ask = Asker {
                     context,
                     knows: &knows,
                 };
-                files.alloc(pool, op.length, op.flags & zero != 0, &ask, own)?
+                let mut borrow = |p: &Arc<crate::mem::pool::Pool>, count: usize| {
+                    let found = super::alloc::take_reusable(&mut reusable, p, count);
+                    found.map(|(i, b)| {
+                        inherits = Some(i);
+                        b
+                    })
+                };
+                let stream = StreamAlloc {
+                    ask: &ask,
+                    own,
+                    borrow: &mut borrow,
+                };
+                files.alloc(pool, op.length, op.flags & zero != 0, stream)
             };
-            let Made { mem, wait, reused } = made;
+            batch.reusable = reusable;
+            let Made { mem, wait, reused } = made?;
+            if let Some(i) = inherits {
+                batch.inherit(i, mem.clone());
+            }
             let zero_len = if op.flags & zero != 0 {
                 (reused as u64)
                     .checked_mul(mem.layout().chunk_size)

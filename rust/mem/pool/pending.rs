@@ -98,6 +98,19 @@ impl Tags {
         Ok(())
     }
 
+    /// How many points.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Adds every point of `other` (see [`Self::add`]).
+    pub(crate) fn merge(&mut self, other: Tags) -> Result {
+        for t in other.0 {
+            self.add(t)?;
+        }
+        Ok(())
+    }
+
     /// Room for `n` more points (so that [`Self::add`] of a new stream's does not allocate).
     pub(crate) fn reserve(&mut self, n: usize) -> Result {
         self.0.reserve(n, GFP_KERNEL_ACCOUNT)?;

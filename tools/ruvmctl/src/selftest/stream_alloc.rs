@@ -94,12 +94,20 @@ pub fn cases() -> Vec<Case> {
             run: salloc_free_never_hands_queued_chunks,
         },
         Case {
+            name: "salloc_zero_reuses_in_stream_order",
+            run: salloc_zero_reuses_in_stream_order,
+        },
+        Case {
             name: "salloc_threshold_at_synchronize",
             run: salloc_threshold_at_synchronize,
         },
         Case {
             name: "salloc_footprint_1000",
             run: salloc_footprint_1000,
+        },
+        Case {
+            name: "salloc_footprint_1000_batched",
+            run: salloc_footprint_1000_batched,
         },
         Case {
             name: "salloc_bad_inputs",
@@ -729,6 +737,128 @@ fn salloc_free_never_hands_queued_chunks() -> TestResult {
     drained(&d, "at the end")
 }
 
+/// The seed of the pattern [`salloc_zero_reuses_in_stream_order`] copies: every byte of its
+/// `u64` words non-zero but the lowest (which passes 0 once in 256 words), so that zeroes and
+/// the pattern differ almost everywhere.
+const ZERO_CASE_SEED: u64 = 0xa5c3_96e1_7b2d_4f18;
+
+/// `RUVM_ALLOC_ZERO` zeroes a reused chunk when the stream reaches the ALLOC, after the work
+/// queued before it: stream S, held by a gate, copies a pattern into m1 and frees it; still
+/// held, S allocates m2 (m1's chunk: same-stream reuse, read from the DMA addresses) and copies
+/// m2 out. With the flag, what comes out is zeroes (zeroing when the ALLOC was submitted
+/// would have been overwritten by the copy into m1); without it, the pattern (a reused chunk
+/// keeps the file's bytes, here the ones that copy wrote, in stream order). The output mem
+/// holds another pattern going in, so a copy that did not run shows.
+fn salloc_zero_reuses_in_stream_order() -> TestResult {
+    let (d, g) = setup()?;
+    let before = live(&d)?;
+    let p = pool_for(&d, g, u64::MAX, ALL)?;
+    let stale = 0x0ff5_e7e5;
+    let src = mem_on(&d, g, SIZE, Some(ZERO_CASE_SEED))?;
+    let out = mem_on(&d, g, SIZE, None)?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    for zero in [true, false] {
+        let what = if zero {
+            "with RUVM_ALLOC_ZERO"
+        } else {
+            "without RUVM_ALLOC_ZERO"
+        };
+        let mut gate = Gate::new()?;
+        let f = uapi::ruvm_mem_fill {
+            handle: out,
+            length: SIZE,
+            seed: stale,
+            ..Default::default()
+        };
+        d.mem_fill(false, f).ctx("MEM_FILL of the output")?;
+        // m1 in a submission of its own: a mem freed in the submission that made it never
+        // enters the file's table, and its DMA address is wanted.
+        let m1 = alloc_on(&d, s, p, SIZE, &format!("{what}: m1"))?;
+        let a1 = chunks(&d, m1, g, "m1")?;
+        let (first, _) = submit(
+            &d,
+            s,
+            vec![gate.wait(), op::copy(m1, 0, src, 0, SIZE), op::free(m1)],
+            "WAIT_FD + COPY src to m1 + FREE m1",
+        )?;
+        engine_on(&d, s, first, &format!("{what}: the gate"))?;
+        pool_is(
+            &d,
+            p,
+            (0, 1, 0),
+            &format!("{what}: m1's FREE queued behind the gate"),
+        )?;
+        let (second, ops) = submit(
+            &d,
+            s,
+            vec![
+                op::alloc(p, SIZE, zero),
+                op::with_src_index(op::copy(out, 0, 0, 0, SIZE), 0),
+            ],
+            &format!("ALLOC m2 {what} + COPY m2 to the output"),
+        )?;
+        let m2 = made(&d, &ops, 0, &format!("{what}: m2"))?;
+        let a2 = chunks(&d, m2, g, "m2")?;
+        expect_reuse(
+            &a2,
+            &a1,
+            true,
+            &format!("{what}: m2, allocated on S behind m1's free"),
+        )?;
+        pool_is(&d, p, (1, 0, 0), &format!("{what}: m2 took m1's chunk"))?;
+        not_reached(&d, s, first + 1, &format!("{what}: the copy into m1"))?;
+        let (bad, at) = user_mismatches(&d, out, SIZE, |o| pattern::byte_at(stale, o))?;
+        check!(
+            bad == 0,
+            "{what}: the output changed while S was held: {bad} bytes, the first at {at:?}"
+        );
+        gate.release()?;
+        d.stream_sync(s, WAIT_MS).ctx("STREAM_SYNC")?;
+        let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+        check!(
+            q.error == 0 && q.completed == second + 1,
+            "{what}: the stream after its two submissions: {q:?}, wanted seqno {} completed",
+            second + 1
+        );
+        let want = |o: u64| {
+            if zero {
+                0
+            } else {
+                pattern::byte_at(ZERO_CASE_SEED, o)
+            }
+        };
+        let whose = if zero {
+            "zero (the ALLOC zeroes when S reaches it, after the copy into m1)"
+        } else {
+            "the pattern copied into m1 (a reused chunk keeps the file's bytes)"
+        };
+        let (bad, at) = user_mismatches(&d, out, SIZE, want)?;
+        check!(
+            bad == 0,
+            "{what}: {bad} bytes S copied out of m2 are not {whose}, the first at {at:?}"
+        );
+        let (bad, at) = user_mismatches(&d, m2, SIZE, want)?;
+        check!(
+            bad == 0,
+            "{what}: {bad} bytes of m2 are not {whose}, the first at {at:?}"
+        );
+        d.mem_free(m2).ctx("MEM_FREE m2")?;
+        pool_is(
+            &d,
+            p,
+            (0, 0, 1),
+            &format!("{what}: m2 freed, S synchronized"),
+        )?;
+    }
+    for h in [src, out] {
+        d.mem_free(h).ctx("MEM_FREE")?;
+    }
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    drained(&d, "at the end")?;
+    settled(&d, &before, "at the end")
+}
+
 // --- the release threshold ------------------------------------------------------------------
 
 /// A pending free is never given back (a trim releases nothing, nor does the threshold of 0
@@ -838,6 +968,89 @@ fn salloc_footprint_1000() -> TestResult {
         info.misses == M / SIZE && info.pending_bytes == 0 && info.used_current == 0,
         "after the sync: {info:?}, wanted {} misses (the first MiB only), nothing pending or used",
         M / SIZE
+    );
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    d.mem_free(src).ctx("MEM_FREE")?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    settled(&d, &before, "at the end")?;
+    let end = live(&d)?;
+    check!(
+        super::shared::same_but(&end, &before, super::shared::VIDMEM_KEPT),
+        "the audit ends at {end:?}, began at {before:?}"
+    );
+    Ok(())
+}
+
+/// The footprint with the triples batched, 85 to a submission (255 operations): an ALLOC takes
+/// the chunks of the FREE before it in its own submission, so one MiB stays reserved. A
+/// submission that fails at its last operation (an unknown kind) after its ALLOCs borrowed
+/// those chunks leaves the pool exactly as it was.
+fn salloc_footprint_1000_batched() -> TestResult {
+    const TRIPLES: usize = 85;
+    let (d, g) = setup()?;
+    let before = live(&d)?;
+    let p = pool_for(&d, g, u64::MAX, ALL)?;
+    let src = mem_on(&d, g, 4 * K, Some(0xf00d))?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let mut ops = Vec::with_capacity(3 * TRIPLES);
+    for i in 0..TRIPLES {
+        ops.extend([
+            op::alloc(p, M, false),
+            op::with_dst_index(op::copy(0, 0, src, 0, 4 * K), 3 * i),
+            op::free_index(3 * i),
+        ]);
+    }
+    let mut done = 0;
+    while done < 1000 {
+        d.stream_submit(s, &ops)
+            .ctx(&format!("STREAM_SUBMIT after {done} triples"))?;
+        done += TRIPLES;
+    }
+    d.stream_sync(s, WAIT_MS).ctx("STREAM_SYNC")?;
+    let info = d.pool_get(p).ctx("POOL_GET")?;
+    check!(
+        info.reserved_high == M && info.used_high == M,
+        "reserved_high {} and used_high {} after {done} x 1 MiB, {TRIPLES} to a submission, wanted exactly {M} each",
+        info.reserved_high,
+        info.used_high
+    );
+    check!(
+        info.misses == M / SIZE && info.pending_bytes == 0 && info.used_current == 0,
+        "after the sync: {info:?}, wanted {} misses (the first MiB only), nothing pending or used",
+        M / SIZE
+    );
+    // A failed submission whose ALLOCs borrowed: nothing changes.
+    let mut bad = ops.clone();
+    if let Some(last) = bad.last_mut() {
+        *last = uapi::ruvm_op {
+            kind: 99,
+            ..Default::default()
+        };
+    }
+    let at = d.pool_get(p).ctx("POOL_GET")?;
+    let r = d.stream_submit(s, &bad);
+    check!(
+        r == Err(Errno::EINVAL),
+        "a submission ending with an unknown kind gave {r:?}, wanted EINVAL"
+    );
+    let after = d.pool_get(p).ctx("POOL_GET")?;
+    check!(
+        (
+            after.reserved_current,
+            after.used_current,
+            after.pending_bytes,
+            after.cached_chunks,
+            after.hits,
+            after.misses
+        ) == (
+            at.reserved_current,
+            at.used_current,
+            at.pending_bytes,
+            at.cached_chunks,
+            at.hits,
+            at.misses
+        ),
+        "a failed submission changed the pool: {at:?} -> {after:?}"
     );
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
     d.mem_free(src).ctx("MEM_FREE")?;
@@ -1886,6 +2099,14 @@ mod tests {
         assert_eq!(poked(a, "reserved").reserved, 1);
         let f = poked(op::free(9), "length");
         assert_eq!((f.dst, f.length), (9, 8));
+    }
+
+    #[test]
+    fn the_zero_case_pattern_is_almost_never_zero() {
+        let zeroes = (0..SIZE)
+            .filter(|&o| pattern::byte_at(ZERO_CASE_SEED, o) == 0)
+            .count() as u64;
+        assert!(zeroes <= SIZE / 8 / 256 + 1, "{zeroes} zero bytes");
     }
 
     #[test]
