@@ -281,6 +281,8 @@ pub(crate) struct MemCore {
     /// Its handle reached its caller: its chunks go back as a freed mem's from now on (see
     /// [`Mem::commit`]; set without the mem's lock under the file's, read under the mem's).
     committed: Atomic<bool>,
+    /// The file it was made for ([`Quota::id`]).
+    owner: u64,
     /// Dropped before the storage (field order is drop order): a mem dropped without being
     /// freed (at file close) still holds its mappings and tables, and they go before the
     /// chunks they map, as in uvm_mem.
@@ -549,6 +551,7 @@ impl Mem {
                 leased: lease.is_some(),
                 handed: Atomic::new(false),
                 committed: Atomic::new(false),
+                owner: quota.id(),
                 state <- new_mutex!(MemState {
                     life: Life::Owned,
                     kmap: None,

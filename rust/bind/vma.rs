@@ -145,23 +145,24 @@ impl<T: VmaOwner> VmOps<T> {
 }
 
 /// The VMA operations of owners of type `T`, for the owner's one `static` (whose address tells
-/// its VMAs apart: [`owner_at`]).
-pub(crate) struct Ops(bindings::vm_operations_struct);
+/// its VMAs apart: [`owner_at`]). Typed, so that a VMA installed with `T`'s table is only ever
+/// read back as `T`'s.
+pub(crate) struct Ops<T>(bindings::vm_operations_struct, PhantomData<T>);
 
 // SAFETY: the table holds function pointers only, never written after it is made.
-unsafe impl Sync for Ops {}
+unsafe impl<T> Sync for Ops<T> {}
 
-impl Ops {
+impl<T: VmaOwner> Ops<T> {
     /// The table for owners of type `T`.
-    pub(crate) const fn of<T: VmaOwner>() -> Self {
-        Self(VmOps::<T>::OPS)
+    pub(crate) const fn new() -> Self {
+        Self(VmOps::<T>::OPS, PhantomData)
     }
 }
 
 /// Ties a VMA being created to `owner`, which then fills it on fault, with `T`'s operations
 /// `ops` (its `static`); call it last, when nothing can fail any more, so that a failed `mmap`
 /// leaves no reference behind.
-pub(crate) fn install<T: VmaOwner>(vma: &VmaNew, owner: Arc<T>, ops: &'static Ops) {
+pub(crate) fn install<T: VmaOwner>(vma: &VmaNew, owner: Arc<T>, ops: &'static Ops<T>) {
     let _ = vma.set_mixedmap();
     owner.vma_opened();
     let vma = vma.as_ptr();
@@ -176,7 +177,7 @@ pub(crate) fn install<T: VmaOwner>(vma: &VmaNew, owner: Arc<T>, ops: &'static Op
 /// The owner of the calling process's VMA at `addr`, if that VMA was installed with `ops` (the
 /// operations of owners of type `T`), and the file offset `addr` maps (bytes); `None` for any
 /// other address (none mapped there, or another mapping), or a task with no address space.
-pub(crate) fn owner_at<T: VmaOwner>(addr: usize, ops: &'static Ops) -> Option<(Arc<T>, u64)> {
+pub(crate) fn owner_at<T: VmaOwner>(addr: usize, ops: &'static Ops<T>) -> Option<(Arc<T>, u64)> {
     let task = kernel::current!();
     let mm = task.mm()?;
     let guard = mm.mmap_read_lock();

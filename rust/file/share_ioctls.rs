@@ -35,8 +35,10 @@ impl RuvmFile {
                 })
             };
             args.type_ = uapi::ruvm_ptr_type_RUVM_PTR_MEM;
-            // Freed meanwhile (its handle gone between the two looks): freed, not another's.
-            let freed = p.freed || (handle.is_none() && p.mem.is_freed());
+            let mine = p.owner == self.quota.id();
+            // Not in this file's table but made for it: being freed (its handle just went)
+            // or freed; another file's: freed if it was.
+            let freed = p.freed || (handle.is_none() && (mine || p.mem.is_freed()));
             args.handle = handle.map_or(0, |Handle(h)| h);
             if freed {
                 args.ptr_flags |= uapi::ruvm_ptr_flags_RUVM_PTR_FREED;
@@ -49,7 +51,7 @@ impl RuvmFile {
             args.physical_size = info.layout.physical_size;
             args.chunk_size = info.layout.chunk_size;
             // Another file's pool handle means nothing here (and is not this file's to know).
-            args.pool = if handle.is_some() || freed { p.pool } else { 0 };
+            args.pool = if mine { p.pool } else { 0 };
             args.mapped_gpus = info.mapped_gpus.bits();
             args.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
         }

@@ -310,6 +310,8 @@ pub(crate) struct UserPtr {
     pub(crate) pool: u64,
     /// Freed (its mapping faults).
     pub(crate) freed: bool,
+    /// The file it was made for ([`super::quota::Quota::id`]).
+    pub(crate) owner: u64,
 }
 
 impl Mem {
@@ -333,18 +335,20 @@ impl Mem {
                 st.life == Life::Freed,
             )
         };
+        let owner = mem.owner;
         Some(UserPtr {
             mem,
             offset,
             pool,
             freed,
+            owner,
         })
     }
 }
 
 /// The VMA operations of a mem's user mappings (one `static`: [`vma::owner_at`] knows them by
 /// its address).
-pub(crate) static VM_OPS: vma::Ops = vma::Ops::of::<Mem>();
+pub(crate) static VM_OPS: vma::Ops<Mem> = vma::Ops::new();
 
 impl VmaOwner for Mem {
     fn vma_opened(&self) {

@@ -17,14 +17,23 @@ use kernel::{
 pub(crate) struct Quota {
     used: Atomic<u64>,
     limit: u64,
+    /// Its file's, unique while the module is loaded: which file a mem is of.
+    id: u64,
 }
 
 impl Quota {
     pub(crate) fn new(limit: u64) -> Self {
+        static NEXT: Atomic<u64> = Atomic::new(1);
         Self {
             used: Atomic::new(0),
             limit,
+            id: NEXT.fetch_add(1, Relaxed),
         }
+    }
+
+    /// Its file's id.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// Takes `bytes` from the quota, or fails with `ENOSPC`.

@@ -89,13 +89,19 @@ impl Mem {
                     give_tables(&mut l.tables, mine);
                 }
             } else {
-                for (id, t) in mine {
-                    // A table with no room to go anywhere is dropped (unmapped) here.
-                    let _ = match st.lease.as_mut() {
-                        Some(l) if kept(id) => l.tables.push((id, t), GFP_KERNEL),
-                        _ => st.gpus.push((id, t), GFP_KERNEL),
-                    };
+                // The tables that stay with the mem stay in their own vector (no allocation: a
+                // table dropped here could be one a parked mapping still uses); those for the
+                // pool go to the lease, in room made first, else stay too.
+                let mut mine = mine;
+                if let Some(l) = st.lease.as_mut() {
+                    let n = mine.iter().filter(|(id, _)| kept(*id)).count();
+                    if l.tables.reserve(n, GFP_KERNEL).is_ok() {
+                        mine.retain(|(id, t)| {
+                            !kept(*id) || l.tables.push_within_capacity((*id, t.clone())).is_err()
+                        });
+                    }
                 }
+                st.gpus = mine;
             }
         }
         // INVARIANT: a freed mem keeps no mapping, no VA offset and no table.
