@@ -42,6 +42,21 @@ impl_list_item! {
 }
 
 impl StreamState {
+    /// The fence already made for point `seqno`, not reached yet, if there is one.
+    fn pending_fence(&self, seqno: u64) -> Option<Fence> {
+        for p in self.points.iter() {
+            if p.seqno > seqno {
+                break;
+            }
+            if p.seqno == seqno {
+                if let Some(f) = p.fence.lock().as_ref() {
+                    return Some(f.share());
+                }
+            }
+        }
+        None
+    }
+
     /// The result point `seqno`, reached, signals with: cancelled, failed (at or before it), or
     /// `Ok`.
     pub(super) fn reached(&self, seqno: u64) -> Result {
@@ -107,8 +122,13 @@ impl event::Timeline for StreamCore {
     }
 
     /// A fence for point `seqno`: kept with the stream's points until it is reached, or
-    /// signalled at once (with when it was reached) if it was.
+    /// signalled at once (with when it was reached) if it was. A point not reached has one
+    /// fence at most: asked again (an event's export, a wait, an ALLOC that waits for a
+    /// pending free, however many submissions ask and fail), it is shared.
     fn point_fence(&self, seqno: u64) -> Result<Fence> {
+        if let Some(f) = self.state.lock().pending_fence(seqno) {
+            return Ok(f);
+        }
         let own = OwnFence::new(self.context, seqno, &self.name, fence::Flags::USER)?;
         let shared = own.share();
         let node = ListArc::pin_init(
@@ -128,6 +148,12 @@ impl event::Timeline for StreamCore {
                 f.signal_at(r, t);
             }
             return Ok(shared);
+        }
+        // Made meanwhile by another caller: that one (this one, never shared, goes).
+        if let Some(f) = st.pending_fence(seqno) {
+            drop(st);
+            drop((node, shared));
+            return Ok(f);
         }
         // In seqno order, so that the stream signals them in order.
         let mut cursor = st.points.cursor_front();
