@@ -301,6 +301,11 @@ impl PinnedDrop for MemCore {
         if !self.leased {
             return;
         }
+        if self.handed.load(Relaxed) {
+            if let Storage::Sys(pages) = &self.storage {
+                pages.unpin();
+            }
+        }
         let this = self.project();
         // Every table left goes back with the chunks (a mem dropped without being freed, at
         // file close, still has them in `gpus`); the pool keeps those of its GPUs, and the

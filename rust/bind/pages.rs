@@ -412,6 +412,10 @@ impl Drop for Heads {
 pub(crate) struct ChunkList<T> {
     heads: Heads,
     _tag: T,
+    /// Holders that pin the chunks without accounting for them (a mem freed on a stream, whose
+    /// chunks went on with their charge, while work queued before the free still holds it):
+    /// whoever holds the charge must not let it go (give the chunks back) meanwhile.
+    pins: Atomic<u32>,
     /// Held by every kernel-side access to the bytes ([`Bytes`]). A leaf lock.
     #[pin]
     bytes: Mutex<()>,
@@ -475,6 +479,7 @@ impl<T: Send + Sync> ChunkList<T> {
                 heads,
                 _tag: tag,
                 bytes <- new_mutex!(()),
+            pins: Atomic::new(0),
             }),
             GFP_KERNEL,
         )
@@ -569,6 +574,21 @@ impl<T> ChunkList<T> {
         Some(unsafe { BorrowedPage::from_raw(p) })
     }
 
+    /// One more holder pins the chunks (see `pins`).
+    pub(crate) fn pin(&self) {
+        self.pins.fetch_add(1, Relaxed);
+    }
+
+    /// A holder that pinned them lets go.
+    pub(crate) fn unpin(&self) {
+        self.pins.fetch_sub(1, Relaxed);
+    }
+
+    /// Whether a holder still pins them.
+    pub(crate) fn pinned(&self) -> bool {
+        self.pins.load(Relaxed) != 0
+    }
+
     /// Exclusive kernel-side access to the bytes, until the guard goes.
     pub(crate) fn bytes(&self) -> Bytes<'_, T> {
         Bytes {
@@ -630,6 +650,7 @@ impl<T: Send + Sync> ListSlot<T> {
             heads,
             _tag: tag,
             bytes <- new_mutex!(()),
+            pins: Atomic::new(0),
         });
         // The initialiser cannot fail (a mutex's initialisation cannot); were it to, the
         // chunks would be freed with it.

@@ -243,6 +243,9 @@ impl Mem {
         let l = st.lease.as_mut()?;
         let pages = l.pages.take()?;
         self.handed.store(true, Relaxed);
+        // This mem still holds them (for the work queued before the free), uncharged now:
+        // whoever holds the charge keeps it until the mem is dropped (`MemCore`'s drop).
+        pages.pin();
         Some(Handed {
             pool: l.pool.clone(),
             pages,

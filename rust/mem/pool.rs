@@ -369,6 +369,10 @@ impl Pool {
     /// Gives back cache lists, oldest first, one at a time (each dropped with the lock
     /// released, so nothing is allocated to defer it), until at most `keep` bytes stay
     /// reserved (`None`: the release threshold) or the cache is empty. How many bytes went.
+    ///
+    /// A list whose chunks a freed mem still pins (see [`crate::bind::pages::ChunkList::pin`])
+    /// stays, with its quota charge, until that mem is gone; but for a closing pool, which
+    /// gives back everything.
     fn release(&self, keep: Option<u64>) -> u64 {
         let mut bytes = 0;
         loop {
@@ -378,7 +382,8 @@ impl Pool {
                 self.fit_vcache(&mut st);
                 return bytes;
             }
-            let Some((unit, b)) = self.take_unit(&mut st) else {
+            let all = st.closed || st.dead;
+            let Some((unit, b)) = self.take_unit(&mut st, all) else {
                 self.fit_vcache(&mut st);
                 return bytes;
             };
@@ -389,13 +394,15 @@ impl Pool {
         }
     }
 
-    /// The oldest sysmem list, or a vidmem chunk, out of the cache, and its bytes.
-    fn take_unit(&self, st: &mut PoolState) -> Option<(Unit, u64)> {
+    /// The oldest sysmem list (not pinned, unless `all`), or a vidmem chunk, out of the cache,
+    /// and its bytes.
+    fn take_unit(&self, st: &mut PoolState, all: bool) -> Option<(Unit, u64)> {
         if let Some(v) = st.vcache.pop() {
             st.cached -= self.chunk_size;
             return Some((Unit::Vid(v), self.chunk_size));
         }
-        let e = st.take_entry(0)?;
+        let i = st.cache.iter().position(|e| all || !e.pinned())?;
+        let e = st.take_entry(i)?;
         let b = e.bytes();
         Some((Unit::Sys(e), b))
     }

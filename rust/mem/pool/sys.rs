@@ -58,6 +58,11 @@ impl Entry {
         self.pages.len() as u64
     }
 
+    /// Whether a freed mem still pins its chunks (it is not to be given back yet).
+    pub(super) fn pinned(&self) -> bool {
+        self.pages.pinned()
+    }
+
     /// Counts the entry into `bump` (the audit's walk).
     pub(super) fn walk(&self, chunk_size: u64, bump: &mut impl FnMut(Class, u64)) {
         let n = self.pages.chunk_count() as u64;
@@ -194,7 +199,7 @@ impl Pool {
                 .cache
                 .iter()
                 .next_back()
-                .is_some_and(|e| e.pages.chunk_count() <= apart_room);
+                .is_some_and(|e| e.pages.chunk_count() <= apart_room && !e.pinned());
             let taken = fits
                 .then(|| st.cache.len().checked_sub(1))
                 .flatten()
@@ -384,7 +389,8 @@ impl Pool {
             return None;
         }
         let mut st = self.state.try_lock()?;
-        let e = st.take_entry(0)?;
+        let i = st.cache.iter().position(|e| !e.pinned())?;
+        let e = st.take_entry(i)?;
         self.publish(&st);
         Some(e)
     }

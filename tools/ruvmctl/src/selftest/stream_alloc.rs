@@ -110,6 +110,10 @@ pub fn cases() -> Vec<Case> {
             run: salloc_footprint_1000_batched,
         },
         Case {
+            name: "salloc_freed_chunks_keep_their_charge_while_pinned",
+            run: salloc_freed_chunks_keep_their_charge_while_pinned,
+        },
+        Case {
             name: "salloc_bad_inputs",
             run: salloc_bad_inputs,
         },
@@ -733,6 +737,50 @@ fn salloc_free_never_hands_queued_chunks() -> TestResult {
     for h in [m2, src, other, out] {
         d.mem_free(h).ctx("MEM_FREE")?;
     }
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    drained(&d, "at the end")
+}
+
+/// A mem freed on stream A while work queued on stream B still holds it: once A's free is
+/// observed its chunks are cached, but with the threshold 0 they are not given back (nor by a
+/// trim) while B's work pins them: their quota charge stays until the last holder lets go;
+/// then the next synchronize (B's) gives them back.
+fn salloc_freed_chunks_keep_their_charge_while_pinned() -> TestResult {
+    let (d, g) = setup()?;
+    let mut gate = Gate::new()?;
+    let p = pool_for(&d, g, 0, ALL)?;
+    let out = mem_on(&d, g, SIZE, None)?;
+    let a = d.stream_create(g).ctx("STREAM_CREATE A")?.handle;
+    let b = d.stream_create(g).ctx("STREAM_CREATE B")?.handle;
+    let m = alloc_on(&d, a, p, SIZE, "m")?;
+    d.stream_sync(a, WAIT_MS).ctx("STREAM_SYNC A (the ALLOC)")?;
+    let (first, _) = submit(
+        &d,
+        b,
+        vec![gate.wait(), op::copy(out, 0, m, 0, SIZE)],
+        "B's WAIT_FD, COPY out of m",
+    )?;
+    engine_on(&d, b, first, "B's gate")?;
+    submit(&d, a, vec![op::free(m)], "A's FREE")?;
+    d.stream_sync(a, WAIT_MS).ctx("STREAM_SYNC A")?;
+    let held = d.pool_get(p).ctx("POOL_GET")?;
+    check!(
+        held.reserved_current == SIZE && held.pending_bytes == 0 && held.used_current == 0,
+        "A's free observed while B's COPY holds m: {held:?}, wanted {SIZE} reserved, cached"
+    );
+    let trimmed = d.pool_trim(p, 0).ctx("POOL_TRIM")?;
+    check!(
+        trimmed == 0 && d.pool_get(p).ctx("POOL_GET")?.reserved_current == SIZE,
+        "a trim while B's work pins m's chunks released {trimmed} bytes, wanted none"
+    );
+    gate.release()?;
+    d.stream_sync(b, WAIT_MS).ctx("STREAM_SYNC B")?;
+    let after = d.pool_get(p).ctx("POOL_GET")?;
+    check!(
+        after.reserved_current == 0 && after.cached_chunks == 0,
+        "after B's synchronize (its work let go of m): {after:?}, wanted nothing reserved"
+    );
+    d.mem_free(out).ctx("MEM_FREE")?;
     d.pool_destroy(p).ctx("POOL_DESTROY")?;
     drained(&d, "at the end")
 }
