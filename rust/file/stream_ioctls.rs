@@ -225,13 +225,7 @@ impl Lookup for FileLookup<'_> {
         Ok(())
     }
 
-    fn free(
-        &self,
-        mem: &Arc<Mem>,
-        free: Option<Tag>,
-        promise: Option<Promise>,
-        heir: Option<&Mem>,
-    ) {
+    fn free(&self, mem: &Arc<Mem>, free: Tag, promise: Option<Promise>, heir: Option<&Mem>) {
         // The handle is gone: a zap that fails leaves the pages to the fault handler, which
         // refuses a freed mem's.
         let zap = |filled_by| {

@@ -192,7 +192,7 @@ impl Mem {
     pub(crate) fn free_ordered(
         &self,
         zap: impl FnOnce(Option<ARef<Mm>>),
-        free: Option<Tag>,
+        free: Tag,
         promise: Option<Promise>,
         heir: Option<&Mem>,
     ) {
@@ -208,27 +208,24 @@ impl Mem {
         // Read once the mem is freed: a VMA that inserted a page did so before (a fault
         // checks the mem's life under its lock), and was counted before that.
         let mapped = self.user_mappings.load(Relaxed) != 0;
-        let handed = match free {
-            Some(t) if heir.is_some() => self.take_lease(&mut st).map(|h| (h, t)),
-            Some(t) if mapped => {
-                // Room was made when the free was planned: this does not allocate.
-                if let Some(l) = st.lease.as_mut() {
-                    let _ = l.from.add(t);
-                }
-                None
+        let handed = if mapped && heir.is_none() {
+            // Room was made when the free was planned: this does not allocate.
+            if let Some(l) = st.lease.as_mut() {
+                let _ = l.from.add(free.clone());
             }
-            Some(t) => self.take_lease(&mut st).map(|h| (h, t)),
-            None => None,
+            None
+        } else {
+            self.take_lease(&mut st)
         };
         drop(st);
         drop(old);
         if mapped {
             zap(filled_by);
         }
-        if let Some((h, t)) = handed {
+        if let Some(h) = handed {
             match heir {
-                Some(m) => h.give_to(m, t, promise),
-                None => h.go(t, promise),
+                Some(m) => h.give_to(m, free, promise),
+                None => h.go(free, promise),
             }
         }
     }

@@ -101,7 +101,8 @@ struct Freed {
     /// Room in the mem's pool's pending list for its chunks.
     promise: Option<Promise>,
     op: Arc<Op>,
-    seqno: u64,
+    /// The FREE's point.
+    tag: Tag,
 }
 
 /// The chunks an ALLOC of `count` chunks from `pool` may borrow from a mem a FREE earlier in
@@ -217,8 +218,9 @@ impl Batch {
         Ok(())
     }
 
-    /// Plans the free of the mem `value` names (see [`Self::mem`]); `op` is the FREE, at
-    /// `seqno`. Returns the mem.
+    /// Plans the free of the mem `value` names (see [`Self::mem`]), making the room its
+    /// hand-over will need. Returns the handle it takes out of the file's table (`None`: a mem
+    /// of the submission's own), the mem and that room.
     pub(super) fn free_of(
         &mut self,
         files: &dyn Lookup,
@@ -236,12 +238,12 @@ impl Batch {
         Ok((Some(value), mem, promise))
     }
 
-    /// Notes the FREE `op` of `mem` at `seqno` (`handle`: of the file's table).
+    /// Notes the FREE `op` of `mem` at point `tag` (`handle`: of the file's table).
     pub(super) fn freed(
         &mut self,
         (handle, mem, promise): (Option<u64>, Arc<Mem>, Option<Promise>),
         op: Arc<Op>,
-        seqno: u64,
+        tag: Tag,
     ) -> Result {
         // What a later ALLOC may borrow (nothing without memory to note it: it then takes
         // memory its own way).
@@ -255,7 +257,7 @@ impl Batch {
                 heir: None,
                 promise,
                 op,
-                seqno,
+                tag,
             },
             GFP_KERNEL,
         )?;
@@ -317,15 +319,10 @@ impl Batch {
         for m in self.made.iter() {
             m.mem.commit();
         }
-        let clock = self.clock;
         for f in self.freed {
-            let tag = clock.clone().map(|clock| Tag {
-                clock,
-                seqno: f.seqno,
-            });
             // What the mem gave up is parked in it until the FREE is dropped: here if the
             // stream reached it meanwhile (its work before it is done).
-            files.free(&f.mem, tag, f.promise, f.heir.as_deref());
+            files.free(&f.mem, f.tag, f.promise, f.heir.as_deref());
             f.op.parked();
             drop(f.op);
         }

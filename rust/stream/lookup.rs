@@ -46,7 +46,7 @@ pub(crate) trait Lookup {
     ) -> Result;
     /// Frees `mem` (its handle gone) on a stream, at point `free` ([`Mem::free_ordered`]).
     /// With `heir`, the chunks become that mem's (it borrowed them).
-    fn free(&self, mem: &Arc<Mem>, free: Option<Tag>, promise: Option<Promise>, heir: Option<&Mem>);
+    fn free(&self, mem: &Arc<Mem>, free: Tag, promise: Option<Promise>, heir: Option<&Mem>);
 }
 
 /// An event a submission names: its handle, the file's event of that handle (`None`: the

@@ -342,14 +342,14 @@ pub(super) fn plan(
             if op.flags & !DST_INDEX != 0 {
                 return Err(EINVAL);
             }
-            let _ = batch.tag(clock, seqno);
+            let tag = batch.tag(clock, seqno);
             let freed = batch.free_of(files, op.dst, op.flags & DST_INDEX != 0)?;
             let work = Work::Free {
                 mem: freed.1.clone(),
                 parked: Atomic::new(false),
             };
             let new = Op::new(seqno, work, 1, units)?;
-            batch.freed(freed, new.clone_arc(), seqno)?;
+            batch.freed(freed, new.clone_arc(), tag)?;
             Ok(Some(new))
         }
         _ => Err(EINVAL),
