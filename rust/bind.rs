@@ -7,6 +7,7 @@
 //! and `uapi`, and holds no module state (module-wide locks are declared by their owners with
 //! [`global::global!`]).
 
+pub(crate) mod anon;
 pub(crate) mod completion;
 pub(crate) mod cred;
 pub(crate) mod dma;
@@ -19,6 +20,7 @@ pub(crate) mod maple;
 pub(crate) mod meminfo;
 pub(crate) mod pages;
 pub(crate) mod param;
+pub(crate) mod random;
 pub(crate) mod ratelimit;
 pub(crate) mod shrinker;
 pub(crate) mod upin;

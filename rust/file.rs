@@ -126,7 +126,10 @@ const SPARE: usize = 8;
 /// A file's pools, by handle, at most [`pool::MAX_FILE_POOLS`]; each is closed (its cache
 /// given back) on drop.
 struct FilePools {
+    /// Its own pools and those it imported ([`crate::mem::share`]).
     pools: RBTree<u64, Arc<Pool>>,
+    /// The file's [`Quota::id`]: its own pools are those of its quota.
+    owner: u64,
     /// Entries in `pools`, and places taken for ones being made.
     count: usize,
     /// Each GPU's pools for `RUVM_OP_ALLOC` (`RUVM_IOCTL_GPU_POOL`).
@@ -188,7 +191,8 @@ impl FilePools {
 
 impl Drop for FilePools {
     fn drop(&mut self) {
-        for pool in self.pools.values() {
+        // An imported pool is its own file's to close.
+        for pool in self.pools.values().filter(|p| p.quota().id() == self.owner) {
             pool.close();
         }
     }
@@ -227,6 +231,7 @@ impl MiscDevice for RuvmFile {
                     },
                     pools: FilePools {
                         pools: RBTree::new(),
+                        owner: quota.id(),
                         count: 0,
                         gpus: KVec::new(),
                     },
@@ -275,6 +280,10 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_POOL_SET_ACCESS => me.pool_set_access(user)?,
             uapi::RUVM_IOCTL_GPU_POOL => me.gpu_pool(user)?,
             uapi::RUVM_IOCTL_PTR_ATTRS => me.ptr_attrs(user)?,
+            uapi::RUVM_IOCTL_POOL_EXPORT => me.pool_export(user)?,
+            uapi::RUVM_IOCTL_POOL_IMPORT => me.pool_import(user)?,
+            uapi::RUVM_IOCTL_MEM_EXPORT => me.mem_export(user)?,
+            uapi::RUVM_IOCTL_MEM_IMPORT => me.mem_import(file, user)?,
             uapi::RUVM_IOCTL_STREAM_CREATE => me.stream_create(user)?,
             uapi::RUVM_IOCTL_STREAM_DESTROY => me.stream_destroy(user)?,
             uapi::RUVM_IOCTL_STREAM_SUBMIT => me.stream_submit(file, user, arg)?,

@@ -63,6 +63,7 @@ pub(crate) mod pool;
 pub(crate) mod quota;
 pub(crate) mod registry;
 mod retired;
+pub(crate) mod share;
 pub(crate) mod storage;
 pub(crate) mod tree;
 
@@ -247,9 +248,35 @@ pub(crate) struct MemState {
     /// A mem freed on a stream: the mappings it gave up, kept until the stream reaches the free
     /// ([`Mem::park`]); a GPU's removal takes its own out.
     parked: Option<Retired>,
+    /// Its own [`Mem`] (until dropped) and each import of it ([`share`]): the core leaves the
+    /// registry when the last goes.
+    holders: u32,
+    /// Where it is in its sharing ([`share`]).
+    export: share::Export,
+    /// The exporter let go while imports lived, and the log said so.
+    order_said: bool,
 }
 
 impl MemState {
+    /// The state of a mem just made, owned, with `lease` for a pool mem.
+    fn new(lease: Option<PoolLease>) -> Self {
+        Self {
+            life: Life::Owned,
+            kmap: None,
+            gpu_user: KVec::new(),
+            user_va: None,
+            gpu_kernel: KVec::new(),
+            kva: None,
+            gpus: KVec::new(),
+            lease,
+            filled_by: None,
+            parked: None,
+            holders: 1,
+            export: share::Export::Never,
+            order_said: false,
+        }
+    }
+
     /// `ENOENT` unless the mem may gain mappings.
     fn mappable(&self) -> Result {
         match self.life {
@@ -281,6 +308,8 @@ pub(crate) struct MemCore {
     /// Its handle reached its caller: its chunks go back as a freed mem's from now on (see
     /// [`Mem::commit`]; set without the mem's lock under the file's, read under the mem's).
     committed: Atomic<bool>,
+    /// Its export data was made ([`share`]): its drop takes its lock to let go.
+    exported: Atomic<bool>,
     /// The file it was made for ([`Quota::id`]).
     owner: u64,
     /// Dropped before the storage (field order is drop order): a mem dropped without being
@@ -289,10 +318,14 @@ pub(crate) struct MemCore {
     #[pin]
     state: Mutex<MemState>,
     storage: Storage,
+    /// An imported mem: the exported mem's core, whose chunks `storage` shares (after
+    /// `storage`: its pages go first).
+    source: Option<share::Source>,
     origin: Origin,
     _mems: Counted,
     _bytes: Counted,
-    _usage: Usage,
+    /// Its place in the statistics (an imported mem's chunks are counted with its source).
+    _usage: Option<Usage>,
 }
 
 #[pinned_drop]
@@ -353,10 +386,32 @@ impl core::ops::Deref for Mem {
 
 impl Drop for Mem {
     fn drop(&mut self) {
+        if self.core.exported.load(Relaxed) {
+            // Imports may hold the core: it stays until the last of them goes, retired now (its
+            // file's table, VA spaces and streams are going) if they do.
+            let (last, retired) = {
+                let mut st = self.core.state.lock();
+                self.core.withdraw(&mut st);
+                st.holders -= 1;
+                let retired = (st.holders > 0 && st.life == Life::Owned)
+                    .then(|| Self::retire_locked(&mut st, false));
+                (st.holders == 0, retired)
+            };
+            drop(retired);
+            if !last {
+                return;
+            }
+        }
         // Leave the registry; the core (and with it the chunks) goes when the last reference
         // does, outside the registry's lock.
         let _core = registry::remove(self.core.serial);
     }
+}
+
+/// A new mem serial (the registry's key), never reused while the module is loaded.
+fn new_serial() -> u64 {
+    static SERIAL: Atomic<u64> = Atomic::new(1);
+    SERIAL.fetch_add(1, Relaxed)
 }
 
 /// What `RUVM_IOCTL_MEM_QUERY` reports.
@@ -416,7 +471,6 @@ impl Mem {
         origin: Origin,
         ordered: Option<StreamAlloc<'_, '_>>,
     ) -> Result<Made> {
-        static SERIAL: Atomic<u64> = Atomic::new(1);
         let page = kernel::page::PAGE_SIZE as u64;
         let backing = match &req.gpu {
             None => Backing::Sysmem,
@@ -543,7 +597,7 @@ impl Mem {
         if req.fallback {
             alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
         }
-        let serial = SERIAL.fetch_add(1, Relaxed);
+        let serial = new_serial();
         let core = Arc::pin_init(
             try_pin_init!(MemCore {
                 serial,
@@ -552,27 +606,22 @@ impl Mem {
                 alloc_flags,
                 mmap: Some(mmap),
                 storage,
+                source: None,
                 user_mappings: Atomic::new(0),
                 leased: lease.is_some(),
                 handed: Atomic::new(false),
                 committed: Atomic::new(false),
+                exported: Atomic::new(false),
                 owner: quota.id(),
-                state <- new_mutex!(MemState {
-                    life: Life::Owned,
-                    kmap: None,
-                    gpu_user: KVec::new(),
-                    user_va: None,
-                    gpu_kernel: KVec::new(),
-                    kva: None,
-                    gpus: KVec::new(),
-                    lease,
-                    filled_by: None,
-                    parked: None,
-                }),
+                state <- new_mutex!(MemState::new(lease)),
                 origin,
                 _mems: Counted::new(Class::Mems, 1),
                 _bytes: Counted::new(bytes_class, layout.physical_size),
-                _usage: Usage::new(req.stats_backing(), layout.physical_size, req.size),
+                _usage: Some(Usage::new(
+                    req.stats_backing(),
+                    layout.physical_size,
+                    req.size,
+                )),
             }),
             GFP_KERNEL,
         )?;

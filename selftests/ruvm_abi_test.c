@@ -43,7 +43,8 @@ _Static_assert(offsetof(struct ruvm_pool_info, access) == 88, "pool_info access"
 _Static_assert(offsetof(struct ruvm_pool_info, gpu) == 96, "pool_info gpu");
 _Static_assert(offsetof(struct ruvm_pool_info, reuse) == 100, "pool_info reuse");
 _Static_assert(offsetof(struct ruvm_pool_info, pending_bytes) == 104, "pool_info pending_bytes");
-_Static_assert(offsetof(struct ruvm_pool_info, reserved) == 112, "pool_info reserved");
+_Static_assert(offsetof(struct ruvm_pool_info, pool_flags) == 112, "pool_info pool_flags");
+_Static_assert(offsetof(struct ruvm_pool_info, pad) == 116, "pool_info pad");
 _Static_assert(sizeof(struct ruvm_gpu_pool) == 32, "struct ruvm_gpu_pool size");
 _Static_assert(offsetof(struct ruvm_gpu_pool, flags) == 4, "gpu_pool flags");
 _Static_assert(offsetof(struct ruvm_gpu_pool, pool) == 8, "gpu_pool pool");
@@ -117,6 +118,27 @@ _Static_assert(RUVM_PTR_OTHER_FILE == 1 && RUVM_PTR_FREED == 2, "ptr flags");
 _Static_assert(RUVM_FEATURE_PTR_ATTRS == (1ULL << 12) &&
 		       (RUVM_FEATURES_ALL & RUVM_FEATURE_PTR_ATTRS) != 0,
 	       "ptr attrs feature");
+_Static_assert(sizeof(struct ruvm_pool_export) == 32 && offsetof(struct ruvm_pool_export, fd) == 12,
+	       "struct ruvm_pool_export");
+_Static_assert(sizeof(struct ruvm_pool_import) == 32 && offsetof(struct ruvm_pool_import, handle) == 8,
+	       "struct ruvm_pool_import");
+_Static_assert(sizeof(struct ruvm_mem_export) == 104 && offsetof(struct ruvm_mem_export, data) == 24,
+	       "struct ruvm_mem_export");
+_Static_assert(sizeof(struct ruvm_mem_import) == 120 && offsetof(struct ruvm_mem_import, data) == 16 &&
+		       offsetof(struct ruvm_mem_import, handle) == 80,
+	       "struct ruvm_mem_import");
+_Static_assert(RUVM_IOCTL_POOL_EXPORT == _IOWR(RUVM_IOCTL_MAGIC, 0x51, struct ruvm_pool_export) &&
+		       RUVM_IOCTL_POOL_IMPORT == _IOWR(RUVM_IOCTL_MAGIC, 0x52, struct ruvm_pool_import) &&
+		       RUVM_IOCTL_MEM_EXPORT == _IOWR(RUVM_IOCTL_MAGIC, 0x53, struct ruvm_mem_export) &&
+		       RUVM_IOCTL_MEM_IMPORT == _IOWR(RUVM_IOCTL_MAGIC, 0x54, struct ruvm_mem_import),
+	       "IPC pool numbers");
+_Static_assert(RUVM_EXPORT_DATA_LEN == 64 && RUVM_POOL_EXPORTABLE == 1 &&
+		       RUVM_POOL_FLAG_EXPORTABLE == 1 && RUVM_POOL_FLAG_IMPORTED == 2 &&
+		       RUVM_PTR_IMPORTED == 4,
+	       "IPC pool constants");
+_Static_assert(RUVM_FEATURE_IPC_POOLS == (1ULL << 13) &&
+		       (RUVM_FEATURES_ALL & RUVM_FEATURE_IPC_POOLS) != 0,
+	       "IPC pools feature");
 _Static_assert(RUVM_IOCTL_INFO == _IOWR(RUVM_IOCTL_MAGIC, 0x00, struct ruvm_info), "INFO number");
 _Static_assert(_IOC_SIZE(RUVM_IOCTL_TEST_PLANT) == sizeof(struct ruvm_test_plant), "PLANT size");
 

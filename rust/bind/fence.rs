@@ -22,7 +22,7 @@ use core::{
     ptr::{self, NonNull},
 };
 
-use super::errno;
+use super::{anon::Exported, errno};
 use kernel::{
     bindings,
     fs::{file::FileDescriptorReservation, File},
@@ -141,7 +141,7 @@ impl Fence {
         // SAFETY: the sync_file's file reference is handed over: dropping it (fput) releases
         // the sync_file and its fence reference.
         let file = unsafe { ARef::from_raw(file) };
-        Ok(Exported { fd, file })
+        Ok(Exported::new(fd, file))
     }
 }
 
@@ -177,25 +177,6 @@ struct SyncFileHead {
 extern "C" {
     fn sync_file_create(fence: *mut bindings::dma_fence) -> *mut core::ffi::c_void;
     fn sync_file_get_fence(fd: core::ffi::c_int) -> *mut bindings::dma_fence;
-}
-
-/// A sync_file made for user space, and the descriptor reserved for it.
-pub(crate) struct Exported {
-    fd: FileDescriptorReservation,
-    file: ARef<File>,
-}
-
-impl Exported {
-    /// The descriptor's number (not yet usable by user space).
-    pub(crate) fn fd(&self) -> u32 {
-        self.fd.reserved_fd()
-    }
-
-    /// Makes the descriptor usable (once its number has reached user space). Dropping an
-    /// `Exported` instead gives both back.
-    pub(crate) fn install(self) {
-        self.fd.fd_install(self.file);
-    }
 }
 
 /// A fence ruvm issues: its `dma_fence`, then its timeline's name.

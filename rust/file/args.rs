@@ -117,11 +117,15 @@ spec! {
     ruvm_gpu_pt_walk { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
     ruvm_test_pt_write { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }
     ruvm_test_sim_gpu { flags: 0, zero: [pad, reserved] }
-    ruvm_pool_create { flags: 0, zero: [pad, reserved] }
+    ruvm_pool_create { flags: uapi::ruvm_pool_create_flags_RUVM_POOL_EXPORTABLE, zero: [pad, reserved] }
     ruvm_pool_handle { flags: 0, zero: [pad, reserved] }
-    ruvm_pool_info { flags: 0, zero: [reserved] }
+    ruvm_pool_info { flags: 0, zero: [pool_flags, pad] }
     ruvm_gpu_pool { flags: uapi::ruvm_gpu_pool_flags_RUVM_GPU_POOL_SET, zero: [reserved] }
     ruvm_ptr_attrs { flags: 0, zero: [reserved] }
+    ruvm_pool_export { flags: 0, zero: [reserved] }
+    ruvm_pool_import { flags: 0, zero: [reserved] }
+    ruvm_mem_export { flags: 0, zero: [pad, reserved] }
+    ruvm_mem_import { flags: 0, zero: [pad, reserved] }
     ruvm_pool_set { flags: 0, zero: [reserved] }
     ruvm_pool_trim { flags: 0, zero: [pad, reserved] }
     ruvm_pool_access {

@@ -23,7 +23,7 @@ impl RuvmFile {
         };
         let pool = match args.pool {
             0 => None,
-            h => Some(self.pool(h)?),
+            h => Some(self.own_pool(h)?),
         };
         let req = AllocRequest {
             gpu,
@@ -44,18 +44,22 @@ impl RuvmFile {
         let handle = self.insert(mem)?;
         args.handle = handle.0;
         if let Err(e) = writer.write(&args) {
-            // The caller cannot learn the handle: nothing half-done stays behind. Freed as
-            // `MEM_FREE` frees: another thread may have guessed the mmap offset and mapped
-            // it meanwhile, and its pages are zapped like any freed mem's.
-            if let Some(mem) = self.remove(handle) {
-                let mut retired = mem.retire();
-                let _ = mem.zap_user(file, &mut retired);
-                drop(retired);
-            }
+            self.free_unlearned(file, handle);
             return Err(e);
         }
         made.commit();
         Ok(())
+    }
+
+    /// Frees a new mem whose handle its caller could not learn: nothing half-done stays behind.
+    /// Freed as `MEM_FREE` frees: another thread may have guessed the mmap offset and mapped it
+    /// meanwhile, and its pages are zapped like any freed mem's.
+    pub(super) fn free_unlearned(&self, file: &File, handle: Handle) {
+        if let Some(mem) = self.remove(handle) {
+            let mut retired = mem.retire();
+            let _ = mem.zap_user(file, &mut retired);
+            drop(retired);
+        }
     }
 
     /// `RUVM_IOCTL_MEM_FREE`, in uvm_mem's order: the handle goes, the mem is marked freed, its

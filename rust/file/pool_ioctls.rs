@@ -14,9 +14,25 @@ use crate::{
 use super::{args, RuvmFile};
 
 impl RuvmFile {
-    /// The file's pool `handle`, or `ENOENT`.
+    /// The file's pool `handle` (its own, or imported), or `ENOENT`.
     pub(super) fn pool(&self, handle: u64) -> Result<Arc<Pool>> {
         self.inner.lock().pools.get(handle).ok_or(ENOENT)
+    }
+
+    /// The file's own pool `handle`: `ENOENT` if the file has none of that handle, `EINVAL`
+    /// if it is imported (an imported pool serves `POOL_GET`, `MEM_IMPORT` and
+    /// `POOL_DESTROY` only).
+    pub(super) fn own_pool(&self, handle: u64) -> Result<Arc<Pool>> {
+        let pool = self.pool(handle)?;
+        if !self.owns(&pool) {
+            return Err(EINVAL);
+        }
+        Ok(pool)
+    }
+
+    /// Whether the file made `pool` (else it imported it).
+    fn owns(&self, pool: &Pool) -> bool {
+        pool.quota().id() == self.quota.id()
     }
 
     /// `RUVM_IOCTL_POOL_CREATE`.
@@ -27,11 +43,13 @@ impl RuvmFile {
         // A place in the file's table first: the file's limit, and memory for the entry
         // (charged to the caller), are had before the pool is made.
         let slot = self.inner.lock().pools.slot()?;
+        let exportable = args.flags & uapi::ruvm_pool_create_flags_RUVM_POOL_EXPORTABLE != 0;
         let made = match args.backing {
             uapi::ruvm_backing_RUVM_BACKING_SYSMEM if args.gpu == 0 => {
-                pool::create(quota, page_size, threshold)
+                pool::create(quota, page_size, threshold, exportable)
             }
-            uapi::ruvm_backing_RUVM_BACKING_VIDMEM => {
+            // Only sysmem chunks can be shared.
+            uapi::ruvm_backing_RUVM_BACKING_VIDMEM if !exportable => {
                 gpu::get(args.gpu).and_then(|g| pool::create_vid(quota, g, page_size, threshold))
             }
             _ => Err(EINVAL),
@@ -60,8 +78,14 @@ impl RuvmFile {
     pub(super) fn pool_destroy(&self, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_pool_handle>(user)?;
         let pool = {
-            let inner = self.inner.lock();
+            let mut inner = self.inner.lock();
             let pool = inner.pools.get(args.handle).ok_or(ENOENT)?;
+            if !self.owns(&pool) {
+                // An imported pool leaves this file only (its mems keep their chunks).
+                let _gone = inner.pools.remove(args.handle);
+                drop(inner);
+                return Ok(());
+            }
             if inner.pools.gpus.iter().any(|g| g.default == args.handle) {
                 return Err(EBUSY);
             }
@@ -131,7 +155,7 @@ impl RuvmFile {
             }
             pools.slot()?
         };
-        let made = pool::create(&self.quota, 0, 0).and_then(|p| {
+        let made = pool::create(&self.quota, 0, 0, false).and_then(|p| {
             // Granted under an access guard, as POOL_SET_ACCESS grants.
             let granted = dev.access().and_then(|_access| p.set_access(gpu, true));
             match granted {
@@ -181,7 +205,7 @@ impl RuvmFile {
             args.pool = self.current_pool(args.gpu)?.id();
             return writer.write(&args);
         }
-        if args.pool != 0 && self.pool(args.pool)?.vid_gpu().is_some() {
+        if args.pool != 0 && self.own_pool(args.pool)?.vid_gpu().is_some() {
             return Err(EINVAL);
         }
         let mut inner = self.inner.lock();
@@ -215,7 +239,8 @@ impl RuvmFile {
             let Ok(mut v) = KVec::with_capacity(inner.pools.count, GFP_KERNEL) else {
                 return;
             };
-            for p in inner.pools.pools.values() {
+            // An imported pool's frees are its own file's to observe.
+            for p in inner.pools.pools.values().filter(|p| self.owns(p)) {
                 // Within the room reserved: cannot fail.
                 let _ = v.push_within_capacity(p.clone());
             }
@@ -247,13 +272,19 @@ impl RuvmFile {
         args.access = a.access.bits();
         args.reuse = a.reuse;
         args.pending_bytes = a.pending;
+        if pool.exportable() {
+            args.pool_flags |= uapi::ruvm_pool_flags_RUVM_POOL_FLAG_EXPORTABLE;
+        }
+        if !self.owns(&pool) {
+            args.pool_flags |= uapi::ruvm_pool_flags_RUVM_POOL_FLAG_IMPORTED;
+        }
         writer.write(&args)
     }
 
     /// `RUVM_IOCTL_POOL_SET`.
     pub(super) fn pool_set(&self, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_pool_set>(user)?;
-        let pool = self.pool(args.handle)?;
+        let pool = self.own_pool(args.handle)?;
         match (args.attr, args.value) {
             (uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RELEASE_THRESHOLD, v) => pool.set_threshold(v),
             (uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RESERVED_HIGH, 0) => pool.reset_high(true),
@@ -281,17 +312,17 @@ impl RuvmFile {
     /// `RUVM_IOCTL_POOL_TRIM`.
     pub(super) fn pool_trim(&self, user: UserSlice) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_pool_trim>(user)?;
-        let pool = self.pool(args.handle)?;
+        let pool = self.own_pool(args.handle)?;
         args.released = pool.trim(args.min_bytes_to_keep);
         writer.write(&args)
     }
 
     /// `RUVM_IOCTL_POOL_SET_ACCESS`, in the order ruvm.rst lists: `ENOENT` not a pool of the
-    /// file; `EINVAL` a vidmem pool; `ENODEV` a GPU id no set can hold (64 or more), or
+    /// file; `EINVAL` an imported or a vidmem pool; `ENODEV` a GPU id no set can hold (64 or more), or
     /// granting a GPU that is not bound. Any other id may be revoked.
     pub(super) fn pool_set_access(&self, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_pool_access>(user)?;
-        let pool = self.pool(args.handle)?;
+        let pool = self.own_pool(args.handle)?;
         let revoke = args.flags & uapi::ruvm_pool_access_flags_RUVM_POOL_ACCESS_REVOKE != 0;
         if pool.vid_gpu().is_some() {
             // Vidmem is reached by its own GPU only (no peer access).

@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The sharing ioctls: what a user address is (pointer attributes).
+//! The sharing ioctls: what a user address is (pointer attributes), and IPC pools (a pool as a
+//! descriptor, a mem as export data, and their imports).
 
-use kernel::{prelude::*, sync::Arc, uaccess::UserSlice};
+use kernel::{fs::File, prelude::*, sync::Arc, uaccess::UserSlice};
 
-use crate::{mem::Handle, uapi};
+use crate::{
+    mem::{share, Handle, Mem, Origin},
+    uapi,
+};
 
 use super::{args, RuvmFile};
 
@@ -45,6 +49,9 @@ impl RuvmFile {
             } else if handle.is_none() {
                 args.ptr_flags |= uapi::ruvm_ptr_flags_RUVM_PTR_OTHER_FILE;
             }
+            if p.imported {
+                args.ptr_flags |= uapi::ruvm_ptr_flags_RUVM_PTR_IMPORTED;
+            }
             args.offset = p.offset;
             args.base = addr - p.offset;
             args.size = info.size;
@@ -56,5 +63,62 @@ impl RuvmFile {
             args.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
         }
         writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_POOL_EXPORT`: a new descriptor for an exportable pool of the file.
+    pub(super) fn pool_export(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_pool_export>(user)?;
+        let pool = self.own_pool(args.handle)?;
+        let exported = share::export_pool(pool)?;
+        args.fd = i32::try_from(exported.fd())?;
+        // Not installed unless the caller learns its number (dropped, the file is released).
+        writer.write(&args)?;
+        exported.install();
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_POOL_IMPORT`: the pool of a descriptor enters the file's table (once).
+    pub(super) fn pool_import(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_pool_import>(user)?;
+        let pool = share::import_pool(args.fd)?;
+        args.handle = pool.id();
+        {
+            let mut inner = self.inner.lock();
+            if inner.pools.get(pool.id()).is_none() {
+                let slot = inner.pools.slot()?;
+                inner.pools.insert(slot, pool);
+            }
+        }
+        // A caller that does not learn the handle can still name it (it is the pool's own,
+        // the same in every file): the import stays, as a second import would.
+        writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_MEM_EXPORT`.
+    pub(super) fn mem_export(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_export>(user)?;
+        let mem = self.mem(args.handle)?;
+        (args.pool, args.data) = mem.export_data()?;
+        writer.write(&args)
+    }
+
+    /// `RUVM_IOCTL_MEM_IMPORT`: a new mem of the file sharing an exported mem's chunks.
+    pub(super) fn mem_import(&self, file: &File, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_import>(user)?;
+        let pool = self.pool(args.pool)?;
+        if !pool.exportable() {
+            return Err(EINVAL);
+        }
+        let mem = Mem::import(&args.data, &pool, &self.quota, Origin::here("MEM_IMPORT"))?;
+        args.mmap_offset = mem.mmap_offset();
+        args.size = mem.info().size;
+        let handle = self.insert(mem)?;
+        args.handle = handle.0;
+        if let Err(e) = writer.write(&args) {
+            // The caller cannot learn the handle: freed as `MEM_FREE` frees (see `mem_alloc`).
+            self.free_unlearned(file, handle);
+            return Err(e);
+        }
+        Ok(())
     }
 }

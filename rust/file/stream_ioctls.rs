@@ -119,7 +119,7 @@ impl Lookup for FileLookup<'_> {
     fn pool(&self, handle: u64, gpu: u32) -> Result<Arc<Pool>> {
         match handle {
             0 => self.0.current_pool(gpu),
-            h => self.0.pool(h),
+            h => self.0.own_pool(h),
         }
     }
 

@@ -306,8 +306,11 @@ pub(crate) struct UserPtr {
     pub(crate) mem: Arc<Mem>,
     /// The byte of the mem the address is.
     pub(crate) offset: u64,
-    /// The mem's pool, if its chunks came from one (0: none).
+    /// The mem's pool, if its chunks came from one (0: none); an imported mem's, the
+    /// exporting pool.
     pub(crate) pool: u64,
+    /// An imported mem ([`super::share`]).
+    pub(crate) imported: bool,
     /// Freed (its mapping faults).
     pub(crate) freed: bool,
     /// The file it was made for ([`super::quota::Quota::id`]).
@@ -328,10 +331,11 @@ impl Mem {
         if offset >= mem.layout.physical_size {
             return None;
         }
+        let source = mem.source.as_ref().map(|s| s.pool());
         let (pool, freed) = {
             let st = mem.state.lock();
             (
-                st.lease.as_ref().map_or(0, |l| l.pool.id()),
+                st.lease.as_ref().map(|l| l.pool.id()).or(source),
                 st.life == Life::Freed,
             )
         };
@@ -339,7 +343,8 @@ impl Mem {
         Some(UserPtr {
             mem,
             offset,
-            pool,
+            pool: pool.unwrap_or(0),
+            imported: source.is_some(),
             freed,
             owner,
         })

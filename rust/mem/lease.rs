@@ -21,7 +21,7 @@ use super::{
         pending::{Asker, Promise, Tag, Tags},
     },
     quota::Charge,
-    Mem, MemState,
+    Mem, MemCore, MemState,
 };
 
 /// A pool mem's tie to its pool: when it is dropped (with the mem's core, or on a failed
@@ -142,6 +142,10 @@ impl Mem {
         }
         let pool = {
             let mut st = self.state.lock();
+            // A free of it begins: no import from now on (see `share`).
+            if st.export != super::share::Export::Never {
+                st.export = super::share::Export::Withdrawn;
+            }
             let Some(l) = st.lease.as_mut() else {
                 return Ok(None);
             };
@@ -160,6 +164,10 @@ impl Mem {
             return None;
         }
         let st = self.state.lock();
+        // Imports share the chunks: they are not another mem's to take.
+        if MemCore::imported(&st) {
+            return None;
+        }
         let l = st.lease.as_ref()?;
         let pages = l.pages.clone()?;
         let access = l.pool.access();
@@ -197,6 +205,8 @@ impl Mem {
         heir: Option<&Mem>,
     ) {
         let mut st = self.state.lock();
+        self.withdraw(&mut st);
+        let imported = MemCore::imported(&st);
         let mut retired = Self::retire_locked(&mut st, true);
         let filled_by = retired.filled_by.take();
         let old = st.parked.replace(retired);
@@ -208,7 +218,8 @@ impl Mem {
         // Read once the mem is freed: a VMA that inserted a page did so before (a fault
         // checks the mem's life under its lock), and was counted before that.
         let mapped = self.user_mappings.load(Relaxed) != 0;
-        let handed = if mapped && heir.is_none() {
+        // Imports keep the chunks as a VMA does (never with an heir: `borrowable` refuses).
+        let handed = if (mapped || imported) && heir.is_none() {
             // Room was made when the free was planned: this does not allocate.
             if let Some(l) = st.lease.as_mut() {
                 let _ = l.from.add(free.clone());

@@ -211,14 +211,23 @@ pub(crate) struct Pool {
     /// The access set as of its last change, for readers that do not take the lock (a free
     /// sorting its tables early; the lock's copy decides).
     access: Atomic<u64>,
+    /// Made with `RUVM_POOL_EXPORTABLE`: it and its mems may be shared with other files
+    /// ([`crate::mem::share`]).
+    exportable: bool,
     #[pin]
     state: Mutex<PoolState>,
     _audit: Counted,
 }
 
 /// A new sysmem pool of a file with quota `quota`, chunks of `page_size` bytes (uvm_mem's
-/// rules; 0 for the default) and release threshold `threshold`.
-pub(crate) fn create(quota: &Arc<Quota>, page_size: u64, threshold: u64) -> Result<Arc<Pool>> {
+/// rules; 0 for the default) and release threshold `threshold`; `exportable`: it may be shared
+/// with other files.
+pub(crate) fn create(
+    quota: &Arc<Quota>,
+    page_size: u64,
+    threshold: u64,
+    exportable: bool,
+) -> Result<Arc<Pool>> {
     let page = kernel::page::PAGE_SIZE as u64;
     let layout =
         policy::layout(Backing::Sysmem, 1, page_size, page).map_err(super::policy_error)?;
@@ -227,7 +236,7 @@ pub(crate) fn create(quota: &Arc<Quota>, page_size: u64, threshold: u64) -> Resu
         policy::chunk_order(layout.chunk_size, page),
         None,
         layout.chunk_size,
-        threshold,
+        (threshold, exportable),
     )
 }
 
@@ -247,7 +256,7 @@ pub(crate) fn create_vid(
     };
     // The default for a mem of one chunk's worth: the rules' size-independent choice.
     let layout = policy::layout(backing, 1, page_size, page).map_err(super::policy_error)?;
-    Pool::new(quota, 0, Some(gpu), layout.chunk_size, threshold)
+    Pool::new(quota, 0, Some(gpu), layout.chunk_size, (threshold, false))
 }
 
 /// A new pool handle, never 0 and never reused while the module is loaded.
@@ -264,7 +273,7 @@ impl Pool {
         order: u32,
         vid: Option<Arc<GpuDev>>,
         chunk_size: u64,
-        threshold: u64,
+        (threshold, exportable): (u64, bool),
     ) -> Result<Arc<Pool>> {
         // A vidmem pool's access set is its GPU (no peer access).
         let initial = vid.as_ref().map_or(GpuSet::EMPTY, |g| GpuSet::of(g.id));
@@ -277,6 +286,7 @@ impl Pool {
                 chunk_size,
                 quota: quota.clone(),
                 access: Atomic::new(initial.bits()),
+                exportable,
                 state <- new_mutex!(PoolState {
                     cache: Fifo::new(),
                     cached: 0,
@@ -328,6 +338,16 @@ impl Pool {
     /// The GPU of a vidmem pool.
     pub(crate) fn vid_gpu(&self) -> Option<&Arc<GpuDev>> {
         self.vid.as_ref()
+    }
+
+    /// Whether it was made exportable.
+    pub(crate) fn exportable(&self) -> bool {
+        self.exportable
+    }
+
+    /// Whether it was destroyed, or its file closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state.lock().closed
     }
 
     /// The access set as of its last change (the pool's lock decides what is kept).

@@ -61,6 +61,12 @@ pub(super) fn remove(serial: u64) -> Option<Arc<MemCore>> {
     reg.mems.remove_with(&serial, Arc::clone)
 }
 
+/// The live mem of serial `serial` (an import's lookup, [`super::share`]).
+pub(super) fn get(serial: u64) -> Option<Arc<MemCore>> {
+    let reg = MEMS.lock()?;
+    reg.as_ref()?.mems.get(&serial).cloned()
+}
+
 /// Counts the real objects: every mem in the registry (its chunks, kernel mapping, user
 /// mappings, and its handle if it is owned), the vidmem storage of every GPU, and the planted
 /// leaks. Compared with the counters by the audit's consistency check.
@@ -76,6 +82,8 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
         for core in mems.iter().flat_map(|r| r.mems.values()) {
             bump(Class::Mems, 1);
             match &core.storage {
+                // An imported mem's chunks are counted with the mem it shares them with.
+                Storage::Sys(_) if core.source.is_some() => {}
                 Storage::Sys(pages) => {
                     bump(Class::SysmemBytes, core.layout.physical_size);
                     // Chunks handed to a pool's pending list are counted there.

@@ -64,7 +64,9 @@ impl Mem {
     /// zapping the user mappings (uvm_mem's order: CPU user, CPU kernel, GPU user, GPU kernel,
     /// GPU phys). The chunks go with the last reference.
     pub(crate) fn retire(&self) -> Retired {
-        Self::retire_locked(&mut self.state.lock(), false)
+        let mut st = self.state.lock();
+        self.withdraw(&mut st);
+        Self::retire_locked(&mut st, false)
     }
 
     /// [`Mem::retire`], under the mem's lock. With `parking` (a free on a stream, whose

@@ -9,7 +9,7 @@
 
 use kernel::{new_spinlock, prelude::*, sync::Arc, sync::SpinLock};
 
-use crate::bind::fence::{Exported, Fence};
+use crate::bind::{anon::Exported, fence::Fence};
 
 /// A stream's timeline, as an event sees it.
 pub(crate) trait Timeline: Send + Sync {

@@ -69,7 +69,7 @@ struct Family {
     doc: &'static str,
 }
 
-const FAMILIES: [Family; 10] = [
+const FAMILIES: [Family; 11] = [
     Family {
         table: "FEATURES",
         source: Source::Defines("RUVM_FEATURE_"),
@@ -117,6 +117,12 @@ const FAMILIES: [Family; 10] = [
         source: Source::Enum("ruvm_pool_reuse"),
         strip: "RUVM_POOL_REUSE_",
         doc: "The reuse policies of `ruvm_pool_info.reuse` (`enum ruvm_pool_reuse`).",
+    },
+    Family {
+        table: "POOL_FLAGS",
+        source: Source::Enum("ruvm_pool_flags"),
+        strip: "RUVM_POOL_FLAG_",
+        doc: "The flags of `ruvm_pool_info.pool_flags` (`enum ruvm_pool_flags`).",
     },
     Family {
         table: "PTR_TYPES",

@@ -104,11 +104,18 @@ struct ruvm_info {
 #define RUVM_FEATURE_STREAM_ALLOC (1ULL << 11)
 /* Pointer attributes (CUDA's cudaPointerGetAttributes): PTR_ATTRS. */
 #define RUVM_FEATURE_PTR_ATTRS (1ULL << 12)
+/*
+ * IPC pools (CUDA's cudaMemPoolExportToShareableHandle, ImportFromShareableHandle,
+ * ExportPointer, ImportPointer): RUVM_POOL_EXPORTABLE, POOL_EXPORT, POOL_IMPORT, MEM_EXPORT,
+ * MEM_IMPORT, ruvm_pool_info.pool_flags, RUVM_PTR_IMPORTED.
+ */
+#define RUVM_FEATURE_IPC_POOLS (1ULL << 13)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
 	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS |                   \
-	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC | RUVM_FEATURE_PTR_ATTRS)
+	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC | RUVM_FEATURE_PTR_ATTRS |           \
+	 RUVM_FEATURE_IPC_POOLS)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -1039,7 +1046,7 @@ struct ruvm_test_ce_raw {
  *                           (CUDA's cudaMemPoolAttrReleaseThreshold; ~0: never)
  * @handle:            (out) the pool's handle, never 0
  * @chunk_size:        (out) its chunk size
- * @flags:             (in)  must be 0
+ * @flags:             (in)  enum ruvm_pool_create_flags
  * @pad:               (in)  must be 0
  * @reserved:          (in)  must be 0
  */
@@ -1053,6 +1060,16 @@ struct ruvm_pool_create {
 	__u32 flags;
 	__u32 pad;
 	__u64 reserved[2];
+};
+
+/* ruvm_pool_create.flags */
+enum ruvm_pool_create_flags {
+	/*
+	 * The pool can be shared with other files (RUVM_IOCTL_POOL_EXPORT) and its mems with
+	 * them (RUVM_IOCTL_MEM_EXPORT): CUDA's cudaMemHandleTypePosixFileDescriptor. Sysmem
+	 * pools only (EINVAL for a vidmem pool).
+	 */
+	RUVM_POOL_EXPORTABLE = 1 << 0,
 };
 
 /**
@@ -1100,7 +1117,8 @@ struct ruvm_pool_handle {
  * @gpu:               (out) RUVM_BACKING_VIDMEM: the pool's GPU
  * @reuse:             (out) enum ruvm_pool_reuse: the reuse policies that are on
  * @pending_bytes:     (out) bytes of chunks pending a free (above)
- * @reserved:          (in)  must be 0
+ * @pool_flags:        (in)  must be 0; (out) enum ruvm_pool_flags
+ * @pad:               (in)  must be 0
  */
 struct ruvm_pool_info {
 	__u64 handle;
@@ -1119,7 +1137,19 @@ struct ruvm_pool_info {
 	__u32 gpu;
 	__u32 reuse;
 	__u64 pending_bytes;
-	__u64 reserved[1];
+	__u32 pool_flags;
+	__u32 pad;
+};
+
+/* ruvm_pool_info.pool_flags */
+enum ruvm_pool_flags {
+	/* Made with RUVM_POOL_EXPORTABLE. */
+	RUVM_POOL_FLAG_EXPORTABLE = 1 << 0,
+	/*
+	 * Another file's pool, imported into this one (RUVM_IOCTL_POOL_IMPORT): the attributes
+	 * are the exporting pool's.
+	 */
+	RUVM_POOL_FLAG_IMPORTED = 1 << 1,
 };
 
 /*
@@ -1265,6 +1295,9 @@ enum ruvm_ptr_flags {
 	/* The mem was freed: its handle is gone (@handle is 0) and the mapping faults (SIGBUS);
 	 * RUVM_PTR_OTHER_FILE is then not set, whichever file's it was. */
 	RUVM_PTR_FREED = 1 << 1,
+	/* The mem is an imported one (RUVM_IOCTL_MEM_IMPORT): its chunks are those of a mem of
+	 * an exporting pool, @pool is that pool (the handle its import has in any file). */
+	RUVM_PTR_IMPORTED = 1 << 2,
 };
 
 /**
@@ -1306,6 +1339,126 @@ struct ruvm_ptr_attrs {
 	__u64 mapped_gpus;
 	__u32 backing;
 	__u32 ptr_flags;
+	__u64 reserved[2];
+};
+
+/*
+ * IPC pools (CUDA's IPC memory pools; Documentation/ruvm.rst, "Sharing pools between
+ * processes"). A pool made with RUVM_POOL_EXPORTABLE is exported as a file descriptor, which is
+ * the capability: whoever holds it can import the pool into an open file of /dev/ruvm
+ * (typically another process's, after SCM_RIGHTS). An imported pool cannot allocate. A mem of
+ * an exportable pool is exported as RUVM_EXPORT_DATA_LEN opaque bytes, which may travel by any
+ * means; imported through the imported pool, they make a mem of the importer's file that shares
+ * the exporter's chunks (mmap, GPU mappings and copies work on it as on any sysmem mem).
+ */
+
+/* Bytes of a mem's export data (cudaMemPoolPtrExportData). */
+#define RUVM_EXPORT_DATA_LEN 64
+
+/**
+ * struct ruvm_pool_export - a pool as a file descriptor (RUVM_IOCTL_POOL_EXPORT)
+ *
+ * cudaMemPoolExportToShareableHandle: a new close-on-exec descriptor for the pool, each call.
+ * It keeps the pool's bookkeeping (not its memory) until it is closed, and the module loaded
+ * (rmmod fails with EBUSY while one is open). Errors: EINVAL non-zero @flags or @reserved, or
+ * a pool made without RUVM_POOL_EXPORTABLE, or an imported pool; ENOENT not a pool of the file;
+ * EMFILE; ENOMEM.
+ *
+ * @handle:   (in)  a pool of the calling file
+ * @flags:    (in)  must be 0
+ * @fd:       (out) the descriptor
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_pool_export {
+	__u64 handle;
+	__u32 flags;
+	__s32 fd;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_pool_import - import a pool from its descriptor (RUVM_IOCTL_POOL_IMPORT)
+ *
+ * cudaMemPoolImportFromShareableHandle: the pool enters the calling file's pool table (counted
+ * in RUVM_MAX_FILE_POOLS) under its own handle, the same in every file; importing it again,
+ * or into the file that made it, returns that handle and changes nothing. An imported pool
+ * serves RUVM_IOCTL_POOL_GET (the exporting pool's attributes, RUVM_POOL_FLAG_IMPORTED),
+ * RUVM_IOCTL_MEM_IMPORT and RUVM_IOCTL_POOL_DESTROY (which takes it out of the importing file
+ * only); anything else that names it is EINVAL: allocations (RUVM_IOCTL_MEM_ALLOC,
+ * RUVM_OP_ALLOC), RUVM_IOCTL_GPU_POOL, POOL_SET, POOL_TRIM, POOL_SET_ACCESS. Errors: EINVAL
+ * non-zero @flags or @reserved, or @fd is not a ruvm pool descriptor; EBADF @fd is not open;
+ * ENOENT the pool was destroyed (or its file closed); ENOSPC the file's pool table is full;
+ * ENOMEM.
+ *
+ * @fd:       (in)  a descriptor from RUVM_IOCTL_POOL_EXPORT
+ * @flags:    (in)  must be 0
+ * @handle:   (out) the pool's handle in the calling file
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_pool_import {
+	__s32 fd;
+	__u32 flags;
+	__u64 handle;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_mem_export - a mem's export data (RUVM_IOCTL_MEM_EXPORT)
+ *
+ * cudaMemPoolExportPointer: the same data for the mem at each call. The data names the mem
+ * with a random key: it is not a handle, and is refused once the mem's handle leaves its file
+ * (RUVM_IOCTL_MEM_FREE, a RUVM_OP_FREE submitted, even in a submission that fails, or the
+ * file's close). Errors: EINVAL non-zero @flags, @pad or @reserved, or a mem of no pool made
+ * with RUVM_POOL_EXPORTABLE (an imported mem included); ENOENT not a mem of the file.
+ *
+ * @handle:   (in)  a mem of the calling file, allocated from an exportable pool
+ * @flags:    (in)  must be 0
+ * @pad:      (in)  must be 0
+ * @pool:     (out) the pool's handle
+ * @data:     (out) the export data
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_mem_export {
+	__u64 handle;
+	__u32 flags;
+	__u32 pad;
+	__u64 pool;
+	__u8 data[RUVM_EXPORT_DATA_LEN];
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_mem_import - a mem from another's export data (RUVM_IOCTL_MEM_IMPORT)
+ *
+ * cudaMemPoolImportPointer: a new mem of the calling file, under a new handle, that shares the
+ * exported mem's chunks (sysmem, the same size and layout; not zeroed, not mapped for any GPU).
+ * Its physical size counts in the calling file's limit (max_file_mib) too. It is freed as any
+ * mem; the chunks live until the last of the exporter's mem and its imports lets go of them.
+ * CUDA's rule is that importers free first: an exporter that frees (or closes its file) while
+ * imports of the mem live is said once in the kernel log, and its chunks stay, counted in its
+ * pool's used bytes and its file's limit, until the last import is freed. Errors: EINVAL
+ * non-zero @flags, @pad or @reserved, @pool is a pool of the file that is not exportable, or
+ * @data is not export data (its version); ENOENT @pool is not a pool of the file, or @data
+ * names no live exported mem of @pool (forged, stale, another pool's); ENOSPC the file's
+ * limit; ENOMEM.
+ *
+ * @pool:        (in)  the exporting pool, imported (or the file's own exportable pool)
+ * @flags:       (in)  must be 0
+ * @pad:         (in)  must be 0
+ * @data:        (in)  export data from RUVM_IOCTL_MEM_EXPORT
+ * @handle:      (out) the new mem's handle
+ * @mmap_offset: (out) its mmap offset
+ * @size:        (out) its size
+ * @reserved:    (in)  must be 0
+ */
+struct ruvm_mem_import {
+	__u64 pool;
+	__u32 flags;
+	__u32 pad;
+	__u8 data[RUVM_EXPORT_DATA_LEN];
+	__u64 handle;
+	__u64 mmap_offset;
+	__u64 size;
 	__u64 reserved[2];
 };
 
@@ -1689,6 +1842,10 @@ enum {
 	RUVM_IOCTL_POOL_SET_ACCESS = _IOWR(RUVM_IOCTL_MAGIC, 0x36, struct ruvm_pool_access),
 	RUVM_IOCTL_GPU_POOL = _IOWR(RUVM_IOCTL_MAGIC, 0x37, struct ruvm_gpu_pool),
 	RUVM_IOCTL_PTR_ATTRS = _IOWR(RUVM_IOCTL_MAGIC, 0x50, struct ruvm_ptr_attrs),
+	RUVM_IOCTL_POOL_EXPORT = _IOWR(RUVM_IOCTL_MAGIC, 0x51, struct ruvm_pool_export),
+	RUVM_IOCTL_POOL_IMPORT = _IOWR(RUVM_IOCTL_MAGIC, 0x52, struct ruvm_pool_import),
+	RUVM_IOCTL_MEM_EXPORT = _IOWR(RUVM_IOCTL_MAGIC, 0x53, struct ruvm_mem_export),
+	RUVM_IOCTL_MEM_IMPORT = _IOWR(RUVM_IOCTL_MAGIC, 0x54, struct ruvm_mem_import),
 	RUVM_IOCTL_STREAM_CREATE = _IOWR(RUVM_IOCTL_MAGIC, 0x40, struct ruvm_stream_create),
 	RUVM_IOCTL_STREAM_DESTROY = _IOWR(RUVM_IOCTL_MAGIC, 0x41, struct ruvm_stream_handle),
 	RUVM_IOCTL_STREAM_SUBMIT = _IOWR(RUVM_IOCTL_MAGIC, 0x42, struct ruvm_stream_submit),

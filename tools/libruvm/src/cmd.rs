@@ -104,6 +104,14 @@ commands! {
     GPU_POOL: ruvm_gpu_pool = RUVM_IOCTL_GPU_POOL;
     /// What an address of the calling process is (pointer attributes).
     PTR_ATTRS: ruvm_ptr_attrs = RUVM_IOCTL_PTR_ATTRS;
+    /// An exportable pool as a file descriptor.
+    POOL_EXPORT: ruvm_pool_export = RUVM_IOCTL_POOL_EXPORT;
+    /// Import a pool from its descriptor.
+    POOL_IMPORT: ruvm_pool_import = RUVM_IOCTL_POOL_IMPORT;
+    /// A mem's export data.
+    MEM_EXPORT: ruvm_mem_export = RUVM_IOCTL_MEM_EXPORT;
+    /// A mem of this file sharing an exported mem's chunks.
+    MEM_IMPORT: ruvm_mem_import = RUVM_IOCTL_MEM_IMPORT;
     /// Make a stream on a GPU.
     STREAM_CREATE: ruvm_stream_create = RUVM_IOCTL_STREAM_CREATE;
     /// Destroy a stream (its queued work runs on).

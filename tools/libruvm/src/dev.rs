@@ -8,7 +8,7 @@
 
 use std::{
     fs::{File, OpenOptions},
-    os::fd::AsRawFd,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
     path::PathBuf,
 };
 
@@ -28,6 +28,9 @@ use crate::{
 pub fn path() -> PathBuf {
     std::env::var_os("RUVM_DEV").map_or_else(|| PathBuf::from("/dev/ruvm"), PathBuf::from)
 }
+
+/// A mem's export data (`RUVM_IOCTL_MEM_EXPORT`): opaque bytes that may travel by any means.
+pub type ExportData = [u8; uapi::RUVM_EXPORT_DATA_LEN as usize];
 
 /// One open file of `/dev/ruvm`.
 pub struct Ruvm {
@@ -86,6 +89,10 @@ ioctl_args!(
     uapi::ruvm_pool_access,
     uapi::ruvm_gpu_pool,
     uapi::ruvm_ptr_attrs,
+    uapi::ruvm_pool_export,
+    uapi::ruvm_pool_import,
+    uapi::ruvm_mem_export,
+    uapi::ruvm_mem_import,
     uapi::ruvm_stream_create,
     uapi::ruvm_stream_handle,
     uapi::ruvm_stream_submit,
@@ -220,6 +227,73 @@ impl Ruvm {
         };
         self.call(cmd::POOL_CREATE, &mut a)?;
         Ok((a.handle, a.chunk_size))
+    }
+
+    /// `RUVM_IOCTL_POOL_CREATE` of a sysmem pool with `flags` (`enum ruvm_pool_create_flags`,
+    /// e.g. `RUVM_POOL_EXPORTABLE`): its handle and chunk size.
+    pub fn pool_create_flags(
+        &self,
+        page_size: u64,
+        release_threshold: u64,
+        flags: u32,
+    ) -> Result<(u64, u64), Errno> {
+        let mut a = uapi::ruvm_pool_create {
+            page_size,
+            release_threshold,
+            backing: uapi::ruvm_backing_RUVM_BACKING_SYSMEM,
+            flags,
+            ..Default::default()
+        };
+        self.call(cmd::POOL_CREATE, &mut a)?;
+        Ok((a.handle, a.chunk_size))
+    }
+
+    /// `RUVM_IOCTL_POOL_EXPORT`: a new close-on-exec descriptor for exportable pool `pool`.
+    pub fn pool_export(&self, pool: u64) -> Result<OwnedFd, Errno> {
+        let mut a = uapi::ruvm_pool_export {
+            handle: pool,
+            ..Default::default()
+        };
+        self.call(cmd::POOL_EXPORT, &mut a)?;
+        // SAFETY: the module installed a new descriptor, now owned by the caller.
+        Ok(unsafe { OwnedFd::from_raw_fd(a.fd) })
+    }
+
+    /// `RUVM_IOCTL_POOL_IMPORT`: the handle in this file of the pool of descriptor `fd`.
+    pub fn pool_import(&self, fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+        self.pool_import_raw(fd.as_raw_fd())
+    }
+
+    /// `RUVM_IOCTL_POOL_IMPORT` of any descriptor number (bad ones included, for tests).
+    pub fn pool_import_raw(&self, fd: i32) -> Result<u64, Errno> {
+        let mut a = uapi::ruvm_pool_import {
+            fd,
+            ..Default::default()
+        };
+        self.call(cmd::POOL_IMPORT, &mut a)?;
+        Ok(a.handle)
+    }
+
+    /// `RUVM_IOCTL_MEM_EXPORT`: the pool of mem `handle` and its export data.
+    pub fn mem_export(&self, handle: u64) -> Result<(u64, ExportData), Errno> {
+        let mut a = uapi::ruvm_mem_export {
+            handle,
+            ..Default::default()
+        };
+        self.call(cmd::MEM_EXPORT, &mut a)?;
+        Ok((a.pool, a.data))
+    }
+
+    /// `RUVM_IOCTL_MEM_IMPORT`: a new mem of this file sharing the chunks of the mem `data`
+    /// names, through pool `pool` (imported): its handle, mmap offset and size.
+    pub fn mem_import(&self, pool: u64, data: &ExportData) -> Result<uapi::ruvm_mem_import, Errno> {
+        let mut a = uapi::ruvm_mem_import {
+            pool,
+            data: *data,
+            ..Default::default()
+        };
+        self.call(cmd::MEM_IMPORT, &mut a)?;
+        Ok(a)
     }
 
     /// `RUVM_IOCTL_POOL_DESTROY`.
@@ -958,7 +1032,7 @@ mod tests {
         assert_eq!(offset_of!(P, gpu), 96);
         assert_eq!(offset_of!(P, reuse), 100);
         assert_eq!(offset_of!(P, pending_bytes), 104);
-        assert_eq!(offset_of!(P, reserved), 112);
+        assert_eq!(offset_of!(P, pool_flags), 112);
         use uapi::ruvm_gpu_pool as G;
         assert_eq!(offset_of!(G, flags), 4);
         assert_eq!(offset_of!(G, pool), 8);
@@ -1003,6 +1077,41 @@ mod tests {
         assert_eq!((c >> 8) & 0xff, uapi::RUVM_IOCTL_MAGIC);
         assert_eq!(c >> 30, 3, "read-write");
         assert_eq!(((c >> 16) & 0x3fff) as usize, 104);
+    }
+
+    #[test]
+    fn the_ipc_pool_commands_are_0x51_to_0x54_with_their_layouts() {
+        use std::mem::{offset_of, size_of};
+        for (c, nr, size) in [
+            (cmd::POOL_EXPORT.nr, 0x51, 32),
+            (cmd::POOL_IMPORT.nr, 0x52, 32),
+            (cmd::MEM_EXPORT.nr, 0x53, 104),
+            (cmd::MEM_IMPORT.nr, 0x54, 120),
+        ] {
+            assert_eq!(c & 0xff, nr);
+            assert_eq!((c >> 8) & 0xff, uapi::RUVM_IOCTL_MAGIC);
+            assert_eq!(c >> 30, 3, "read-write");
+            assert_eq!(((c >> 16) & 0x3fff) as usize, size);
+        }
+        assert_eq!(size_of::<uapi::ruvm_pool_export>(), 32);
+        assert_eq!(size_of::<uapi::ruvm_pool_import>(), 32);
+        assert_eq!(size_of::<uapi::ruvm_mem_export>(), 104);
+        assert_eq!(size_of::<uapi::ruvm_mem_import>(), 120);
+        assert_eq!(offset_of!(uapi::ruvm_pool_export, fd), 12);
+        assert_eq!(offset_of!(uapi::ruvm_mem_export, data), 24);
+        assert_eq!(offset_of!(uapi::ruvm_mem_import, data), 16);
+        assert_eq!(offset_of!(uapi::ruvm_mem_import, handle), 80);
+        assert_eq!(offset_of!(uapi::ruvm_pool_info, pool_flags), 112);
+        assert_eq!(uapi::RUVM_EXPORT_DATA_LEN, 64);
+        assert_eq!(uapi::ruvm_pool_create_flags_RUVM_POOL_EXPORTABLE, 1);
+        assert_eq!(uapi::ruvm_pool_flags_RUVM_POOL_FLAG_EXPORTABLE, 1);
+        assert_eq!(uapi::ruvm_pool_flags_RUVM_POOL_FLAG_IMPORTED, 2);
+        assert_eq!(uapi::ruvm_ptr_flags_RUVM_PTR_IMPORTED, 4);
+        assert_eq!(u64::from(uapi::RUVM_FEATURE_IPC_POOLS), 1 << 13);
+        assert_ne!(
+            u64::from(uapi::RUVM_FEATURES_ALL) & u64::from(uapi::RUVM_FEATURE_IPC_POOLS),
+            0
+        );
     }
 
     #[test]

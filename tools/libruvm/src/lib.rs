@@ -34,8 +34,8 @@ pub mod uapi;
 
 pub use cmd::Cmd;
 pub use dev::{
-    load_module, path, pci_name, reuse_attr, unload_with_verdict, IoctlArg, Ruvm, UnloadState,
-    UserMap,
+    load_module, path, pci_name, reuse_attr, unload_with_verdict, ExportData, IoctlArg, Ruvm,
+    UnloadState, UserMap,
 };
 pub use nix::errno::Errno;
 

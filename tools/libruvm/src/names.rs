@@ -113,6 +113,8 @@ mod tests {
         assert_eq!(PTR_TYPES.len(), 2);
         assert_eq!(bit_names(PTR_FLAGS, 3), vec!["other-file", "freed"]);
         assert_eq!(bit_names(PTR_FLAGS, 2), vec!["freed"]);
+        assert_eq!(bit_names(PTR_FLAGS, 4), vec!["imported"]);
+        assert_eq!(bit_names(POOL_FLAGS, 3), vec!["exportable", "imported"]);
     }
 
     #[test]

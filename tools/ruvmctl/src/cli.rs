@@ -130,6 +130,23 @@ pub enum PoolAction {
         /// Bytes the pool may keep reserved before a free gives memory back (`max`: never).
         #[arg(long, default_value = "0", value_parser = parse_threshold)]
         threshold: u64,
+        /// Make it shareable with other processes (RUVM_POOL_EXPORTABLE; sysmem only).
+        #[arg(long)]
+        exportable: bool,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Two processes sharing a pool (CUDA's IPC pools): this one exports an exportable pool
+    /// and a mem of it (RUVM_IOCTL_POOL_EXPORT, RUVM_IOCTL_MEM_EXPORT); a forked child with its
+    /// own open file imports both (SCM_RIGHTS where the kernel has AF_UNIX), reads the bytes,
+    /// is refused an allocation, writes its own and frees first; this one reads them back.
+    Share {
+        /// Bytes of the shared mem.
+        #[arg(long, default_value = "64K", value_parser = parse_size)]
+        size: u64,
+        /// Also read the import with this GPU's copy engine, in the importer.
+        #[arg(long)]
+        gpu: Option<u32>,
         #[command(flatten)]
         json: Json,
     },

@@ -13,6 +13,7 @@ pub mod info;
 pub mod mem;
 pub mod pool;
 pub mod ptr;
+pub mod share;
 pub mod stream;
 pub mod test;
 

@@ -62,17 +62,24 @@ fn run(cli: Cli) -> Result<()> {
                 vidmem,
                 page_size,
                 threshold,
+                exportable,
                 json,
             } => emit(
                 &cmd::pool::create(
                     &d()?,
-                    vidmem,
-                    page_size,
-                    threshold,
+                    cmd::pool::Made {
+                        vidmem,
+                        page_size,
+                        release_threshold: threshold,
+                        exportable,
+                    },
                     fd.is_none() && !json.json,
                 )?,
                 json.json,
             ),
+            PoolAction::Share { size, gpu, json } => {
+                emit(&cmd::share::share(&d()?, size, gpu)?, json.json)
+            }
             PoolAction::Destroy { pool } => emit(&cmd::pool::destroy(&d()?, pool)?, false),
             PoolAction::Get { pool, json } => emit(&cmd::pool::get(&d()?, pool)?, json.json),
             PoolAction::Set {

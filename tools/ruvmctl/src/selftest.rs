@@ -20,6 +20,7 @@ mod gpu;
 mod gpu_va;
 mod hardening;
 pub(crate) mod harness;
+mod ipc;
 mod mem;
 mod pools;
 mod ptr;
@@ -42,6 +43,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(streams::cases());
     v.extend(stream_alloc::cases());
     v.extend(ptr::cases());
+    v.extend(ipc::cases());
     v.extend(bench::cases());
     v.extend(hardening::cases());
     v.extend(faults::cases());

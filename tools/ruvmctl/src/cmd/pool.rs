@@ -34,6 +34,8 @@ pub struct PoolInfo {
     pub access: Vec<u32>,
     /// The reuse policies that are on, by name (`enum ruvm_pool_reuse`).
     pub reuse: Vec<String>,
+    /// `exportable`, `imported` (`enum ruvm_pool_flags`).
+    pub flags: Vec<String>,
     #[serde(skip)]
     note: Option<&'static str>,
 }
@@ -94,6 +96,14 @@ impl Report for PoolInfo {
                 ),
             ),
             ("hits / misses", format!("{} / {}", self.hits, self.misses)),
+            (
+                "sharing",
+                if self.flags.is_empty() {
+                    "none".into()
+                } else {
+                    self.flags.join(", ")
+                },
+            ),
             ("access", access),
             (
                 "reuse",
@@ -135,23 +145,31 @@ pub fn get(d: &Ruvm, handle: u64) -> Result<PoolInfo> {
         misses: a.misses,
         access: (0..64).filter(|g| a.access & (1u64 << g) != 0).collect(),
         reuse: names::bit_names(names::POOL_REUSE, a.reuse.into()),
+        flags: names::bit_names(names::POOL_FLAGS, a.pool_flags.into()),
         note: None,
     })
 }
 
+/// What `pool create` asks for.
+pub struct Made {
+    /// A GPU's memory instead of sysmem.
+    pub vidmem: Option<u32>,
+    pub page_size: u64,
+    pub release_threshold: u64,
+    /// `RUVM_POOL_EXPORTABLE`.
+    pub exportable: bool,
+}
+
 /// `pool create` (`RUVM_IOCTL_POOL_CREATE`): the new pool's attributes.
-pub fn create(
-    d: &Ruvm,
-    vidmem: Option<u32>,
-    page_size: u64,
-    release_threshold: u64,
-    own_fd: bool,
-) -> Result<PoolInfo> {
+pub fn create(d: &Ruvm, m: Made, own_fd: bool) -> Result<PoolInfo> {
     let mut a = arg(|a: &mut uapi::ruvm_pool_create| {
-        a.page_size = page_size;
-        a.release_threshold = release_threshold;
+        a.page_size = m.page_size;
+        a.release_threshold = m.release_threshold;
         a.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
-        if let Some(g) = vidmem {
+        if m.exportable {
+            a.flags = uapi::ruvm_pool_create_flags_RUVM_POOL_EXPORTABLE;
+        }
+        if let Some(g) = m.vidmem {
             a.backing = uapi::ruvm_backing_RUVM_BACKING_VIDMEM;
             a.gpu = g;
         }
@@ -315,6 +333,7 @@ mod tests {
             misses: 3,
             access: vec![1],
             reuse: names::bit_names(names::POOL_REUSE, reuse.into()),
+            flags: names::bit_names(names::POOL_FLAGS, 3),
             note: None,
         }
     }
@@ -334,8 +353,13 @@ mod tests {
             none.contains("none (only what a synchronize observed)"),
             "{none}"
         );
+        assert!(
+            all.contains("sharing:") && all.contains("exportable, imported"),
+            "{all}"
+        );
         let json = serde_json::to_value(info(2, 4096)).expect("serializes");
         assert_eq!(json["pending"], 4096);
+        assert_eq!(json["flags"][1], "imported");
         assert_eq!(json["reuse"], serde_json::json!(["allow-opportunistic"]));
     }
 

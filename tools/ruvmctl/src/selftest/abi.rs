@@ -171,18 +171,44 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
     }
     // Pools: every template is a call that would succeed (or fail otherwise than EINVAL) if
     // a bad field were let through.
-    let (pool, _) = d.pool_create(0, 0).ctx("POOL_CREATE")?;
+    let (pool, _) = d
+        .pool_create_flags(0, 0, uapi::ruvm_pool_create_flags_RUVM_POOL_EXPORTABLE)
+        .ctx("POOL_CREATE")?;
     row!(&d, p, e, cmd::POOL_CREATE, uapi::ruvm_pool_create::default(),
-        known: 0, zero: [pad, reserved]);
+        known: uapi::ruvm_pool_create_flags_RUVM_POOL_EXPORTABLE, zero: [pad, reserved]);
     let handle = uapi::ruvm_pool_handle {
         handle: pool,
         ..Default::default()
     };
-    // `reuse` and `pending_bytes` (the old pad and reserved[0]) are outputs now.
+    // `reuse` and `pending_bytes` (the old pad and reserved[0]) are outputs now, and
+    // `pool_flags` (the old reserved[1]) is an output that must be 0 on input.
     row!(&d, p, e, cmd::POOL_GET, uapi::ruvm_pool_info {
         handle: pool,
         ..Default::default()
+    }, known: 0, zero: [pool_flags, pad]);
+    row!(&d, p, e, cmd::POOL_EXPORT, uapi::ruvm_pool_export {
+        handle: pool,
+        ..Default::default()
     }, known: 0, zero: [reserved]);
+    let pool_fd = d.pool_export(pool).ctx("POOL_EXPORT")?;
+    row!(&d, p, e, cmd::POOL_IMPORT, uapi::ruvm_pool_import {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&pool_fd),
+        ..Default::default()
+    }, known: 0, zero: [reserved]);
+    let shared = d
+        .pool_alloc(pool, 4096, 0)
+        .ctx("MEM_ALLOC from an exportable pool")?;
+    row!(&d, p, e, cmd::MEM_EXPORT, uapi::ruvm_mem_export {
+        handle: shared.handle,
+        ..Default::default()
+    }, known: 0, zero: [pad, reserved]);
+    let (_, data) = d.mem_export(shared.handle).ctx("MEM_EXPORT")?;
+    row!(&d, p, e, cmd::MEM_IMPORT, uapi::ruvm_mem_import {
+        pool,
+        data,
+        ..Default::default()
+    }, known: 0, zero: [pad, reserved]);
+    d.mem_free(shared.handle).ctx("MEM_FREE")?;
     row!(&d, p, e, cmd::POOL_SET, uapi::ruvm_pool_set {
         handle: pool,
         attr: uapi::ruvm_pool_attr_RUVM_POOL_ATTR_RELEASE_THRESHOLD,

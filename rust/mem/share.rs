@@ -1,0 +1,268 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Sharing through exportable pools (CUDA's IPC pools): a pool as a file descriptor, a mem of
+//! it as export data, and imported mems that share its chunks.
+//!
+//! # The one rule of a shared mem's chunks
+//!
+//! An imported mem is a mem of the importing file (its own handle, mmap offset, kernel and GPU
+//! mappings and DMA tables) whose storage is the exported mem's pages, and which holds the
+//! exported mem's core ([`Source`]). A core counts its holders (its own [`Mem`], then one per
+//! import) under its lock; it stays in the mem registry, with its chunks and its pool lease,
+//! until the last of them lets go. So the chunks go back to the pool (and may be handed to
+//! another mem) only when no import can reach them, whatever the order of the frees:
+//!
+//! - the exporter's free (or its file's close) while imports live retires its mem (no mapping,
+//!   no table, no handle) and says so once in the kernel log: CUDA's rule is that importers
+//!   free first;
+//! - a free on a stream keeps the chunks with the mem while imports live (as for a user
+//!   mapping: they come back, pending its point, with the core), and a later allocation of the
+//!   same submission never borrows them;
+//! - an import is made only while the mem is exported and no free of it has begun (checked
+//!   with the holder count, under the core's lock): once a free begins, the count only falls.
+//!
+//! # Export data
+//!
+//! [`DATA_LEN`] bytes: a version, the pool's handle, the mem's serial and a random key made at
+//! the mem's first export. It is not a capability by itself (the imported pool is), but data
+//! that names another pool, a freed mem or a wrong key is refused alike (`ENOENT`).
+
+use kernel::{
+    new_mutex,
+    prelude::*,
+    sync::{atomic::ordering::Relaxed, Arc},
+};
+
+use crate::{
+    audit::{Class, Counted},
+    bind::{
+        anon::{AnonFile, Exported},
+        random, ratelimit,
+    },
+    uapi,
+};
+
+use super::{
+    offsets, pool::Pool, quota::Quota, registry, storage::Storage, Life, Mem, MemCore, MemState,
+    Origin,
+};
+
+/// Bytes of a mem's export data.
+pub(crate) const DATA_LEN: usize = uapi::RUVM_EXPORT_DATA_LEN as usize;
+
+/// Bytes of an export key.
+const KEY_LEN: usize = 16;
+
+/// The first word of export data: "ruvm export", version 1.
+const MAGIC: u64 = 0x7275_766d_6578_0001;
+
+/// The files of exported pools (`RUVM_IOCTL_POOL_EXPORT`).
+static POOL_FILES: AnonFile<Pool> = AnonFile::new();
+
+/// Where a mem is in its sharing (under its lock).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Export {
+    /// Never exported.
+    Never,
+    /// Exported with this key: imports may be made.
+    Open([u8; KEY_LEN]),
+    /// A free of it has begun: no import may be made, nor export data again.
+    Withdrawn,
+}
+
+/// A new descriptor for exportable pool `pool` (its handle checked by the caller).
+pub(crate) fn export_pool(pool: Arc<Pool>) -> Result<Exported> {
+    if !pool.exportable() {
+        return Err(EINVAL);
+    }
+    POOL_FILES.create(c"ruvm-pool", pool)
+}
+
+/// The pool of descriptor `fd`: `EBADF` not open, `EINVAL` not a pool's, `ENOENT` the pool
+/// was destroyed or its file closed.
+pub(crate) fn import_pool(fd: i32) -> Result<Arc<Pool>> {
+    let pool = POOL_FILES.get(fd)?;
+    if pool.is_closed() {
+        return Err(ENOENT);
+    }
+    Ok(pool)
+}
+
+/// An imported mem's hold on the core it shares chunks with (a field of the imported mem's
+/// core after its storage, so that its pages go first), and that core's pool.
+pub(super) struct Source {
+    core: Arc<MemCore>,
+    pool: u64,
+}
+
+impl Source {
+    /// The handle of the pool the chunks came from.
+    pub(super) fn pool(&self) -> u64 {
+        self.pool
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        let last = {
+            let mut st = self.core.state.lock();
+            st.holders -= 1;
+            st.holders == 0
+        };
+        if last {
+            // Its own mem went before: the core leaves the registry, and its chunks go back
+            // to its pool as the last reference goes, outside the registry's lock.
+            let _core = registry::remove(self.core.serial);
+        }
+    }
+}
+
+impl MemCore {
+    /// A free of the mem (or its file's close) begins: no import may be made from now on. If
+    /// imports live, CUDA's order was broken: said once in the kernel log.
+    pub(super) fn withdraw(&self, st: &mut MemState) {
+        st.export = match st.export {
+            Export::Never => Export::Never,
+            _ => Export::Withdrawn,
+        };
+        if st.holders > 1 && !st.order_said {
+            st.order_said = true;
+            if ratelimit::printk_ok() {
+                pr_warn!(
+                    "mem serial={} freed by its exporter while {} import(s) of it live (importers must free first): its chunks stay until the last import is freed; {}\n",
+                    self.serial,
+                    st.holders - 1,
+                    self.origin
+                );
+            }
+        }
+    }
+
+    /// Whether an import holds the core (read under its lock; it only falls once a free has
+    /// begun).
+    pub(super) fn imported(st: &MemState) -> bool {
+        st.holders > 1
+    }
+}
+
+impl Mem {
+    /// The export data of a mem of an exportable pool, and the pool's handle: `EINVAL` for a
+    /// mem of no exportable pool, `ENOENT` once a free of it has begun.
+    pub(crate) fn export_data(&self) -> Result<(u64, [u8; DATA_LEN])> {
+        let mut st = self.state.lock();
+        let pool = match st.lease.as_ref() {
+            Some(l) if l.pool.exportable() => l.pool.id(),
+            _ => return Err(EINVAL),
+        };
+        if st.life != Life::Owned {
+            return Err(ENOENT);
+        }
+        let key = match st.export {
+            Export::Open(k) => k,
+            Export::Withdrawn => return Err(ENOENT),
+            Export::Never => {
+                let k = random::bytes::<KEY_LEN>();
+                st.export = Export::Open(k);
+                self.exported.store(true, Relaxed);
+                k
+            }
+        };
+        drop(st);
+        let mut data = [0u8; DATA_LEN];
+        for (at, word) in [(0, MAGIC), (8, pool), (16, self.serial)] {
+            data[at..at + 8].copy_from_slice(&word.to_le_bytes());
+        }
+        data[24..24 + KEY_LEN].copy_from_slice(&key);
+        Ok((pool, data))
+    }
+
+    /// A new mem of the file with quota `quota` sharing the chunks of the mem `data` names,
+    /// exported through `pool` (exportable; the caller checked it is in its file's table).
+    /// Its physical size is charged to `quota`.
+    pub(crate) fn import(
+        data: &[u8; DATA_LEN],
+        pool: &Arc<Pool>,
+        quota: &Arc<Quota>,
+        origin: Origin,
+    ) -> Result<Arc<Mem>> {
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&data[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        if word(0) != MAGIC || data[24 + KEY_LEN..].iter().any(|&b| b != 0) {
+            return Err(EINVAL);
+        }
+        let (pool_id, serial) = (word(8), word(16));
+        let mut key = [0u8; KEY_LEN];
+        key.copy_from_slice(&data[24..24 + KEY_LEN]);
+        if pool_id != pool.id() {
+            return Err(ENOENT);
+        }
+        let core = registry::get(serial).ok_or(ENOENT)?;
+        let source = {
+            let mut st = core.state.lock();
+            let of_pool = st
+                .lease
+                .as_ref()
+                .is_some_and(|l| Arc::ptr_eq(&l.pool, pool));
+            let open = matches!(st.export, Export::Open(k) if same_key(&k, &key));
+            if !of_pool || !open || st.life != Life::Owned {
+                return Err(ENOENT);
+            }
+            st.holders += 1;
+            drop(st);
+            Source {
+                core: core.clone(),
+                pool: pool.id(),
+            }
+        };
+        let pages = core.storage.sys()?.clone();
+        let layout = core.layout;
+        let charge = quota.charge(layout.physical_size)?;
+        let mmap = offsets::MmapRange::new(layout.physical_size)?;
+        let serial = super::new_serial();
+        let view = Arc::pin_init(
+            try_pin_init!(MemCore {
+                serial,
+                size: core.size,
+                layout,
+                alloc_flags: 0,
+                mmap: Some(mmap),
+                storage: Storage::Sys(pages),
+                source: Some(source),
+                user_mappings: kernel::sync::atomic::Atomic::new(0),
+                leased: false,
+                handed: kernel::sync::atomic::Atomic::new(false),
+                committed: kernel::sync::atomic::Atomic::new(true),
+                exported: kernel::sync::atomic::Atomic::new(false),
+                owner: quota.id(),
+                state <- new_mutex!(MemState::new(None)),
+                origin,
+                _mems: Counted::new(Class::Mems, 1),
+                // Its bytes and chunks are the exported mem's, counted there.
+                _bytes: Counted::new(Class::SysmemBytes, 0),
+                _usage: None,
+            }),
+            GFP_KERNEL,
+        )?;
+        let mem = Arc::new(
+            Mem {
+                core: view.clone(),
+                _charge: Some(charge),
+            },
+            GFP_KERNEL,
+        )?;
+        // On failure `mem` is dropped, and its hold on the exported core with it.
+        registry::insert(serial, view)?;
+        Ok(mem)
+    }
+}
+
+/// Compares two keys in time independent of where they differ.
+fn same_key(a: &[u8; KEY_LEN], b: &[u8; KEY_LEN]) -> bool {
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
