@@ -310,6 +310,8 @@ pub(crate) struct MemCore {
     committed: Atomic<bool>,
     /// Its export data was made ([`share`]): its drop takes its lock to let go.
     exported: Atomic<bool>,
+    /// The handle of the sysmem pool its chunks came from (0: none), fixed when made.
+    pool: u64,
     /// The file it was made for ([`Quota::id`]).
     owner: u64,
     /// Dropped before the storage (field order is drop order): a mem dropped without being
@@ -598,6 +600,7 @@ impl Mem {
             alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
         }
         let serial = new_serial();
+        let pool_id = lease.as_ref().map_or(0, |l| l.pool.id());
         let core = Arc::pin_init(
             try_pin_init!(MemCore {
                 serial,
@@ -612,6 +615,7 @@ impl Mem {
                 handed: Atomic::new(false),
                 committed: Atomic::new(false),
                 exported: Atomic::new(false),
+                pool: pool_id,
                 owner: quota.id(),
                 state <- new_mutex!(MemState::new(lease)),
                 origin,

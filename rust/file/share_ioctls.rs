@@ -80,9 +80,15 @@ impl RuvmFile {
     /// `RUVM_IOCTL_POOL_IMPORT`: the pool of a descriptor enters the file's table (once).
     pub(super) fn pool_import(&self, user: UserSlice) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_pool_import>(user)?;
-        let pool = share::import_pool(args.fd)?;
+        let pool = share::pool_of_fd(args.fd)?;
         args.handle = pool.id();
-        {
+        let present = self.inner.lock().pools.get(pool.id()).is_some();
+        if !present {
+            // Destroyed, or its file closed (read without the file's lock: a destroy racing
+            // the import may come after it, as if it had been made later).
+            if pool.is_closed() {
+                return Err(ENOENT);
+            }
             let mut inner = self.inner.lock();
             if inner.pools.get(pool.id()).is_none() {
                 let slot = inner.pools.slot()?;
@@ -108,6 +114,10 @@ impl RuvmFile {
         let pool = self.pool(args.pool)?;
         if !pool.exportable() {
             return Err(EINVAL);
+        }
+        // The exporter's file closed (its pool with it): its mems are going.
+        if pool.is_closed() {
+            return Err(ENOENT);
         }
         let mem = Mem::import(&args.data, &pool, &self.quota, Origin::here("MEM_IMPORT"))?;
         args.mmap_offset = mem.mmap_offset();

@@ -142,10 +142,9 @@ impl Mem {
         }
         let pool = {
             let mut st = self.state.lock();
-            // A free of it begins: no import from now on (see `share`).
-            if st.export != super::share::Export::Never {
-                st.export = super::share::Export::Withdrawn;
-            }
+            // A free of it begins: no export data and no import from now on, so that the
+            // holders `borrowable` counts next can only fall (see `share`).
+            st.export = super::share::Export::Withdrawn;
             let Some(l) = st.lease.as_mut() else {
                 return Ok(None);
             };

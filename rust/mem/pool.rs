@@ -120,6 +120,9 @@ struct PoolState {
     closed: bool,
     /// A vidmem pool whose GPU went: chunks that come back are freed, none are handed out.
     dead: bool,
+    /// Its count in the audit's pools, until it is closed (and leaves the registry the audit
+    /// walks), though an exported descriptor or another file's import may hold it longer.
+    counted: Option<Counted>,
 }
 
 impl PoolState {
@@ -216,7 +219,6 @@ pub(crate) struct Pool {
     exportable: bool,
     #[pin]
     state: Mutex<PoolState>,
-    _audit: Counted,
 }
 
 /// A new sysmem pool of a file with quota `quota`, chunks of `page_size` bytes (uvm_mem's
@@ -306,8 +308,8 @@ impl Pool {
                     anchor: None,
                     closed: false,
                     dead: false,
+                    counted: Some(Counted::new(Class::Pools, 1)),
                 }),
-                _audit: Counted::new(Class::Pools, 1),
             }),
             GFP_KERNEL_ACCOUNT,
         )?;
@@ -520,15 +522,16 @@ impl Pool {
     /// Closes the pool (destroyed, or its file closed): the cache is given back now, chunks
     /// that come back later are freed; it leaves the registry.
     pub(crate) fn close(self: &Arc<Self>) {
-        let pending = {
+        let (pending, counted) = {
             let mut st = self.state.lock();
             st.closed = true;
             let p = Self::drain_pending(&mut st);
             self.publish(&st);
-            p
+            (p, st.counted.take())
         };
         drop(pending);
         self.release(Some(0));
         registry::remove(self);
+        drop(counted);
     }
 }

@@ -61,10 +61,15 @@ pub(super) fn remove(serial: u64) -> Option<Arc<MemCore>> {
     reg.mems.remove_with(&serial, Arc::clone)
 }
 
-/// The live mem of serial `serial` (an import's lookup, [`super::share`]).
-pub(super) fn get(serial: u64) -> Option<Arc<MemCore>> {
+/// The live mem of serial `serial` whose chunks came from pool `pool` (an import's lookup,
+/// [`super::share`]).
+pub(super) fn get_of_pool(serial: u64, pool: u64) -> Option<Arc<MemCore>> {
     let reg = MEMS.lock()?;
-    reg.as_ref()?.mems.get(&serial).cloned()
+    reg.as_ref()?
+        .mems
+        .get(&serial)
+        .filter(|c| c.pool == pool)
+        .cloned()
 }
 
 /// Counts the real objects: every mem in the registry (its chunks, kernel mapping, user

@@ -78,14 +78,10 @@ pub(crate) fn export_pool(pool: Arc<Pool>) -> Result<Exported> {
     POOL_FILES.create(c"ruvm-pool", pool)
 }
 
-/// The pool of descriptor `fd`: `EBADF` not open, `EINVAL` not a pool's, `ENOENT` the pool
-/// was destroyed or its file closed.
-pub(crate) fn import_pool(fd: i32) -> Result<Arc<Pool>> {
-    let pool = POOL_FILES.get(fd)?;
-    if pool.is_closed() {
-        return Err(ENOENT);
-    }
-    Ok(pool)
+/// The pool of descriptor `fd`: `EBADF` not open, `EINVAL` not a pool's (the caller refuses
+/// a closed one, unless its file has it already).
+pub(crate) fn pool_of_fd(fd: i32) -> Result<Arc<Pool>> {
+    POOL_FILES.get(fd)
 }
 
 /// An imported mem's hold on the core it shares chunks with (a field of the imported mem's
@@ -121,10 +117,7 @@ impl MemCore {
     /// A free of the mem (or its file's close) begins: no import may be made from now on. If
     /// imports live, CUDA's order was broken: said once in the kernel log.
     pub(super) fn withdraw(&self, st: &mut MemState) {
-        st.export = match st.export {
-            Export::Never => Export::Never,
-            _ => Export::Withdrawn,
-        };
+        st.export = Export::Withdrawn;
         if st.holders > 1 && !st.order_said {
             st.order_said = true;
             if ratelimit::printk_ok() {
@@ -199,7 +192,8 @@ impl Mem {
         if pool_id != pool.id() {
             return Err(ENOENT);
         }
-        let core = registry::get(serial).ok_or(ENOENT)?;
+        // Only a mem of this very pool is looked at (another file's mems stay out of reach).
+        let core = registry::get_of_pool(serial, pool.id()).ok_or(ENOENT)?;
         let source = {
             let mut st = core.state.lock();
             let of_pool = st
@@ -236,6 +230,7 @@ impl Mem {
                 handed: kernel::sync::atomic::Atomic::new(false),
                 committed: kernel::sync::atomic::Atomic::new(true),
                 exported: kernel::sync::atomic::Atomic::new(false),
+                pool: 0,
                 owner: quota.id(),
                 state <- new_mutex!(MemState::new(None)),
                 origin,
@@ -244,14 +239,16 @@ impl Mem {
                 _bytes: Counted::new(Class::SysmemBytes, 0),
                 _usage: None,
             }),
-            GFP_KERNEL,
+            // Charged to the importer's memory cgroup: nothing else bounds how many imports
+            // of a small mem a process makes (its quota counts their bytes, not these).
+            GFP_KERNEL_ACCOUNT,
         )?;
         let mem = Arc::new(
             Mem {
                 core: view.clone(),
                 _charge: Some(charge),
             },
-            GFP_KERNEL,
+            GFP_KERNEL_ACCOUNT,
         )?;
         // On failure `mem` is dropped, and its hold on the exported core with it.
         registry::insert(serial, view)?;

@@ -6,8 +6,9 @@
 //! Bytes cross between the files through independent paths: written through one file's user
 //! mapping, read through the other's, and copied by a GPU's copy engine into a mem the reader
 //! allocated itself. Between processes the pool's descriptor travels by `SCM_RIGHTS` where the
-//! kernel has `AF_UNIX`; the project's test kernels have none (`socketpair` is `ENOSYS`), and
-//! the child then imports the descriptor it inherited across `fork` (said in a `#` line). The
+//! kernel has `AF_UNIX` (the project's kernels and Debian's do); on a kernel without it
+//! (`socketpair` is `ENOSYS`) the child imports the descriptor it inherited across `fork`
+//! (said in a `#` line). The
 //! export data travels by a pipe. Every case skips without `RUVM_FEATURE_IPC_POOLS`; the copy
 //! engine parts use a simulated GPU and are left out (said) without one.
 
@@ -716,12 +717,25 @@ fn ipc_exporter_closes_first_chunks_live_on() -> TestResult {
     let m = d.mem_import(ip, &data).ctx("MEM_IMPORT")?;
     drop(map);
     drop(exporter);
-    // The pool was closed with its file: its descriptor imports nothing more.
+    // The pool was closed with its file: its descriptor imports nothing more
+    // into a file that has it not; one that has it already keeps it, and the pool's mems are
+    // not imported through it any more.
+    let third = Ruvm::open().ctx("open a third file")?;
     expect_errno(
-        d.pool_import(fd.as_fd()),
+        third.pool_import(fd.as_fd()),
         Errno::ENOENT,
-        "POOL_IMPORT after the exporter closed",
+        "POOL_IMPORT into a new file after the exporter closed",
     )?;
+    let again = d
+        .pool_import(fd.as_fd())
+        .ctx("POOL_IMPORT again into the importing file")?;
+    check!(again == ip, "the import again answered {again}, not {ip}");
+    expect_errno(
+        d.mem_import(ip, &data),
+        Errno::ENOENT,
+        "MEM_IMPORT through the pool after its file closed",
+    )?;
+    drop(third);
     let mq = d.mem_query(m.handle).ctx("MEM_QUERY of the import")?;
     let view = UserMap::of_mem(&d, &mq).ctx("mmap of the import")?;
     let bad = bad_bytes(&view, 0, SIZE, 31);
@@ -748,8 +762,9 @@ fn ipc_exporter_closes_first_chunks_live_on() -> TestResult {
     Ok(())
 }
 
-/// A free on a stream of an exported mem while an import lives, followed in the same
-/// submission by an allocation from the pool (which would borrow the freed chunks): the new mem
+/// A FREE in a failed submission withdraws a mem's export data. A free on a stream of an
+/// exported mem while an import lives, followed in the same submission by an allocation from
+/// the pool (which would borrow the freed chunks): the new mem
 /// gets other chunks, and writing it leaves the import's bytes.
 fn ipc_stream_free_never_hands_imported_chunks() -> TestResult {
     let d = setup()?;
@@ -770,6 +785,30 @@ fn ipc_stream_free_never_hands_imported_chunks() -> TestResult {
     let ip = other.pool_import(fd.as_fd()).ctx("POOL_IMPORT")?;
     let m = other.mem_import(ip, &data).ctx("MEM_IMPORT")?;
     let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    // A FREE in a submission that fails still withdraws the mem: it has no export data
+    // after, never exported or exported (an export racing the planning of a FREE and an ALLOC
+    // that borrows its chunks would otherwise share them with an import).
+    for exported_before in [false, true] {
+        let x = d.pool_alloc(p, SIZE, 0).ctx("MEM_ALLOC")?.handle;
+        if exported_before {
+            d.mem_export(x).ctx("MEM_EXPORT")?;
+        }
+        let mut failing = vec![
+            libruvm::op::free(x),
+            libruvm::op::alloc(p, SIZE, false),
+            libruvm::op::copy(u64::MAX, 0, x, 0, SIZE),
+        ];
+        check!(
+            d.stream_submit_mut(s, &mut failing).is_err(),
+            "a submission copying into no mem was queued"
+        );
+        expect_errno(
+            d.mem_export(x).map(drop),
+            Errno::ENOENT,
+            &format!("MEM_EXPORT after a failed FREE (exported before: {exported_before})"),
+        )?;
+        d.mem_free(x).ctx("MEM_FREE")?;
+    }
     let mut ops = vec![
         libruvm::op::free(q.handle),
         libruvm::op::alloc(p, SIZE, false),
