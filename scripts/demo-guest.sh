@@ -221,6 +221,9 @@ ruvmctl --fd 3 pool get "$r" | grep -E 'reserved|pending'
 ruvmctl --fd 3 stream destroy "$st"
 ruvmctl --fd 3 pool destroy "$r"
 
+step "IPC pools: two processes share a pool (CUDA's cudaMemPoolExportToShareableHandle / ImportPointer); the importer cannot allocate from it"
+ruvmctl pool share --size 1M --gpu "$s0"
+
 step "memory pressure: a pool caches 192M; a tmpfs then takes more than the guest has without it: the shrinker gives the cache back"
 q=$(ruvmctl --fd 3 pool create --page-size 2M --threshold max --json | handle)
 m=$(ruvmctl --fd 3 alloc 192M --pool "$q" --json | handle)

@@ -11,8 +11,8 @@
 //! and answers [`BUSY`] if a stream still had work queued once it was done, [`IDLE`] if not.
 //!
 //! The hand-off of a sync_file goes through [`Shared::handoffs`] and `pidfd_getfd(2)`, not a
-//! socket: the guests the fuzzer runs in have no `CONFIG_NET`/`CONFIG_UNIX` (`socketpair` is
-//! `ENOSYS`), and `pidfd_getfd` needs no config option (Linux 5.6). Each worker slot has
+//! socket: it works on kernels without `CONFIG_NET`/`CONFIG_UNIX` (where `socketpair` is
+//! `ENOSYS`), as `pidfd_getfd` needs no config option (Linux 5.6). Each worker slot has
 //! [`HANDOFFS`] cells, each in one of three states:
 //! - `0`: free;
 //! - `fd + 1`: announced: the worker keeps a duplicate of the sync_file open as its descriptor

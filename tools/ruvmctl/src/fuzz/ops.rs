@@ -18,6 +18,7 @@ use nix::{
 use super::{fences, oracle, Rng, Shared, GPU_IDS, PAGE_SIZES, SIZES};
 use crate::cmd::arg;
 
+mod ipc;
 mod streams;
 
 use Errno::*;
@@ -393,7 +394,7 @@ fn one(w: &World, rng: &mut Rng) {
         return;
     };
     let d = &*file;
-    match rng.below(36) {
+    match rng.below(38) {
         0..=2 => alloc(w, d, rng),
         3 => {
             let h = w.handle(rng);
@@ -503,6 +504,7 @@ fn one(w: &World, rng: &mut Rng) {
         26 => w.read_check(d, rng),
         28..=29 => pools(w, d, rng),
         30..=35 => streams::one(w, &file, rng),
+        36 | 37 => ipc::one(w, d, rng),
         _ => {
             // Vidmem, which has its own rules and allocator (its storage is the system's memory).
             if w.over_budget(d) {
@@ -745,7 +747,8 @@ fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
         }
         4 => {
             let keep = rng.pick(&[0, 65536, 1 << 20, u64::MAX]);
-            w.check("POOL_TRIM", d.pool_trim(pool, keep), &[ENOENT]);
+            // EINVAL: a pool this file imported ([`ipc`]).
+            w.check("POOL_TRIM", d.pool_trim(pool, keep), &[ENOENT, EINVAL]);
         }
         5 => {
             let r = d.pool_access(pool, w.gpu(rng), rng.below(3) != 0);
@@ -948,8 +951,8 @@ fn forked_child(w: &World, d: &Ruvm, rng: &mut Rng) {
     }
 }
 
-/// Open, close, dup, or take a file again from this process with `pidfd_getfd` (no sockets: the
-/// guests have no `CONFIG_UNIX` for `SCM_RIGHTS`).
+/// Open, close, dup, or take a file again from this process with `pidfd_getfd` (no sockets:
+/// it needs no `CONFIG_UNIX` for `SCM_RIGHTS`).
 fn files(w: &World, rng: &mut Rng) {
     let Ok(mut files) = w.files.lock() else {
         return;

@@ -212,6 +212,23 @@ fn fault_sweep_ioctls() -> TestResult {
         .filter(|g| g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0)
         .collect();
     let free = move |h: u64| d.mem_free(h).ctx("free");
+    // IPC pools: an exportable pool with a mem, exported, and a second file importing both.
+    let ipc = d
+        .pool_create_flags(0, 0, uapi::ruvm_pool_create_flags_RUVM_POOL_EXPORTABLE)
+        .ctx("POOL_CREATE exportable")?
+        .0;
+    let shared = d.pool_alloc(ipc, 64 << 10, 0).ctx("alloc")?.handle;
+    let (_, data) = d.mem_export(shared).ctx("MEM_EXPORT")?;
+    let ipc_fd = d.pool_export(ipc).ctx("POOL_EXPORT")?;
+    let importer = Ruvm::open().ctx("open a second file")?;
+    let imp = &importer;
+    // A third file for the pool's import itself (the second keeps its import throughout).
+    let importer2 = Ruvm::open().ctx("open a third file")?;
+    let imp2 = &importer2;
+    let ipc_fd_ref = &ipc_fd;
+    let ip = importer
+        .pool_import(std::os::fd::AsFd::as_fd(&ipc_fd))
+        .ctx("POOL_IMPORT")?;
     let mut scenarios: Vec<Scenario<'_>> = Vec::new();
     for order in 0..=9u32 {
         let chunk = 4096u64 << order;
@@ -475,13 +492,41 @@ fn fault_sweep_ioctls() -> TestResult {
             }),
         });
     }
+    scenarios.push(Scenario {
+        name: "pool export".into(),
+        op: Box::new(move || {
+            let fd = d.pool_export(ipc)?;
+            Ok(undo(move || {
+                drop(fd);
+                Ok(())
+            }))
+        }),
+    });
+    scenarios.push(Scenario {
+        name: "pool import".into(),
+        op: Box::new(move || {
+            let ip = imp2.pool_import(std::os::fd::AsFd::as_fd(ipc_fd_ref))?;
+            Ok(undo(move || {
+                imp2.pool_destroy(ip).ctx("destroy the import")
+            }))
+        }),
+    });
+    scenarios.push(Scenario {
+        name: "mem import".into(),
+        op: Box::new(move || {
+            let m = imp.mem_import(ip, &data)?;
+            Ok(undo(move || imp.mem_free(m.handle).ctx("free the import")))
+        }),
+    });
     let mut report = Vec::new();
     for s in &mut scenarios {
         let n = sweep(d, &inj, s)?;
         report.push(format!("{}: {n}", s.name));
     }
     drop(scenarios);
-    for p in [Some(cold), Some(warm), Some(apart), vid_pool]
+    drop((importer, importer2, ipc_fd));
+    free(shared)?;
+    for p in [Some(cold), Some(warm), Some(apart), Some(ipc), vid_pool]
         .into_iter()
         .flatten()
     {

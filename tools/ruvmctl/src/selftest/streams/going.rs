@@ -4,8 +4,8 @@
 //! removed, the stream destroyed. Every fence exported from them signals (ECANCELED, ENODEV,
 //! or without an error for a destroyed stream, whose work runs on), and nothing stays queued.
 //!
-//! A killed process's sync_files reach this one by `pidfd_getfd`, not `SCM_RIGHTS`: the test
-//! guest's kernel has no `CONFIG_UNIX` (`socketpair` is `ENOSYS` there).
+//! A killed process's sync_files reach this one by `pidfd_getfd`, not `SCM_RIGHTS`: it needs no
+//! `CONFIG_UNIX` (the project's kernels have had it only since IPC pools).
 
 use std::{
     os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
@@ -203,8 +203,8 @@ fn take_report(r: &OwnedFd, child: Pid) -> Result<([u64; REPORT_WORDS], Vec<Owne
 
 /// A child process queues 1001 operations (held by a sw_sync fence this process holds),
 /// writes the numbers of its descriptors of each event's last point to a pipe, and sleeps;
-/// this process takes those descriptors with `pidfd_getfd` (the test guest has no
-/// `CONFIG_UNIX` for `SCM_RIGHTS`), then SIGKILLs it: every one signals ECANCELED, and
+/// this process takes those descriptors with `pidfd_getfd` (no `CONFIG_UNIX` needed for
+/// `SCM_RIGHTS`), then SIGKILLs it: every one signals ECANCELED, and
 /// nothing stays queued.
 pub(super) fn stream_kill_with_1000_ops_signals_every_fence() -> TestResult {
     let (d, g) = setup()?;
