@@ -7,7 +7,7 @@
 //! whether every case could run.
 //!
 //! The cases are in [`cases`] (the stream cases in [`streams`], stream-ordered allocation in
-//! [`stream_alloc`]); the goals and the table in
+//! [`stream_alloc`], IPC pools in [`ipc`]); the goals and the table in
 //! [`report`]; the size-scaling SVG in [`svg`] (drawn on the host from the JSON the guest
 //! prints).
 
@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod cases;
 mod held;
+pub mod ipc;
 pub mod report;
 pub mod stream_alloc;
 pub mod streams;
@@ -33,7 +34,7 @@ pub struct Spec {
 }
 
 /// The groups of cases, in the order they run.
-pub const GROUPS: [&str; 11] = [
+pub const GROUPS: [&str; 12] = [
     "g1",
     "g2",
     "g3",
@@ -45,6 +46,7 @@ pub const GROUPS: [&str; 11] = [
     "pool",
     "streams",
     "stream_alloc",
+    "ipc",
 ];
 
 /// One case: ruvm's way and the baseline's, sample by sample (nanoseconds, or bytes for the
@@ -161,7 +163,7 @@ pub fn command(spec: &Spec, groups: &[String], json: bool) -> Result<()> {
         max_size: spec.max_size,
         cases: Vec::new(),
     };
-    let more: [cases::CaseGroup; 2] = [streams::streams, stream_alloc::stream_alloc];
+    let more: [cases::CaseGroup; 3] = [streams::streams, stream_alloc::stream_alloc, ipc::ipc];
     cases::run_all(&d, spec, groups, &more, &mut |c: Case| {
         eprintln!(
             "bench: {:<28} ruvm {:>12.0} {}  base {:>12.0}  ratio {:.3}",

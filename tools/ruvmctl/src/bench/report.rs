@@ -285,6 +285,12 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
         r.measure = "per hit / fresh".into();
         rows.push(r);
     }
+    // IPC pools, against a bare ioctl: for information (CUDA on an H100 in the note).
+    for c in with_prefix("ipc.") {
+        let mut r = ratio_row("Sharing", c, Target::Info);
+        r.measure = "per op / bare ioctl".into();
+        rows.push(r);
+    }
     if let Some(c) = get("stream_alloc.footprint") {
         let worst = c.ruvm.iter().copied().fold(f64::NAN, f64::max);
         let mib = (1u64 << 20) as f64;
