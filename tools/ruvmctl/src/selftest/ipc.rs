@@ -685,13 +685,28 @@ fn ipc_exporter_frees_first_chunks_live_on() -> TestResult {
             "the log said the order was broken {said} times, wanted once"
         );
     }
-    drop(view);
-    other.mem_free(m.handle).ctx("MEM_FREE of the import")?;
+    // A trim gives back what is cached, never the chunks the import holds.
+    d.pool_trim(p, 0).ctx("POOL_TRIM")?;
     let info = d.pool_get(p).ctx("POOL_GET")?;
     check!(
-        info.used_current == 0,
-        "after the import's free the pool's used is {}",
+        info.reserved_current == SIZE && info.used_current == SIZE,
+        "after a trim with the import alive: reserved {} used {}, wanted {SIZE} and {SIZE}",
+        info.reserved_current,
         info.used_current
+    );
+    check!(
+        bad_bytes(&view, 0, SIZE, 21) == 0,
+        "the import's bytes changed with the trim"
+    );
+    drop(view);
+    other.mem_free(m.handle).ctx("MEM_FREE of the import")?;
+    // The release threshold (0) holds for an exported pool too (CUDA's never gives back).
+    let info = d.pool_get(p).ctx("POOL_GET")?;
+    check!(
+        info.used_current == 0 && info.reserved_current == 0,
+        "after the import's free the pool's used is {} and reserved {} (threshold 0)",
+        info.used_current,
+        info.reserved_current
     );
     d.pool_destroy(p).ctx("POOL_DESTROY")?;
     drop((other, fd));
