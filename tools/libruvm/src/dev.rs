@@ -219,14 +219,7 @@ impl Ruvm {
 
     /// `RUVM_IOCTL_POOL_CREATE` of a sysmem pool: its handle and chunk size.
     pub fn pool_create(&self, page_size: u64, release_threshold: u64) -> Result<(u64, u64), Errno> {
-        let mut a = uapi::ruvm_pool_create {
-            page_size,
-            release_threshold,
-            backing: uapi::ruvm_backing_RUVM_BACKING_SYSMEM,
-            ..Default::default()
-        };
-        self.call(cmd::POOL_CREATE, &mut a)?;
-        Ok((a.handle, a.chunk_size))
+        self.pool_create_flags(page_size, release_threshold, 0)
     }
 
     /// `RUVM_IOCTL_POOL_CREATE` of a sysmem pool with `flags` (`enum ruvm_pool_create_flags`,

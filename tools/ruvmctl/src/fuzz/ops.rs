@@ -114,6 +114,15 @@ impl World {
             .unwrap_or(0)
     }
 
+    /// One of the pools this worker made, or a number that names none.
+    fn pool(&self, rng: &mut Rng) -> u64 {
+        self.pools
+            .lock()
+            .ok()
+            .and_then(|p| (!p.is_empty()).then(|| p[rng.below(p.len() as u64) as usize]))
+            .unwrap_or(rng.pick(&[0, 1, u64::MAX]))
+    }
+
     fn is_freed(&self, h: u64) -> bool {
         self.freed.lock().map(|f| f.contains(&h)).unwrap_or(false)
     }
@@ -645,12 +654,7 @@ fn gpu_va(w: &World, d: &Ruvm, rng: &mut Rng) {
 /// Memory pools: made, allocated from, read (its attributes must add up), set, trimmed,
 /// granted GPUs and destroyed, with handles of this file, of other files and of none.
 fn pools(w: &World, d: &Ruvm, rng: &mut Rng) {
-    let pool = w
-        .pools
-        .lock()
-        .ok()
-        .and_then(|p| (!p.is_empty()).then(|| p[rng.below(p.len() as u64) as usize]))
-        .unwrap_or(rng.pick(&[0, 1, u64::MAX]));
+    let pool = w.pool(rng);
     match rng.below(8) {
         7 => vid_pool_beyond(w, d, rng),
         0 => {

@@ -130,6 +130,32 @@ fn counts(d: &Ruvm) -> Result<[u64; 3], Stop> {
     Ok([l[MEMS], l[POOLS], l[SYSMEM_BYTES]])
 }
 
+/// Checks that the audit's live mems, pools and sysmem bytes are back at `before`.
+fn unchanged(d: &Ruvm, before: &[u64; 3]) -> TestResult {
+    let after = counts(d)?;
+    check!(
+        after == *before,
+        "mems, pools, sysmem bytes: {after:?} after, {before:?} before"
+    );
+    Ok(())
+}
+
+/// Pool `p` of `d` exported and imported into a new open file, and mem `h` of it exported
+/// and imported there: the pool's descriptor, the export data, the other file, the pool's
+/// handle there and the imported mem.
+fn imported(
+    d: &Ruvm,
+    p: u64,
+    h: u64,
+) -> Result<(OwnedFd, ExportData, Ruvm, u64, uapi::ruvm_mem_import), Stop> {
+    let fd = d.pool_export(p).ctx("POOL_EXPORT")?;
+    let (_, data) = d.mem_export(h).ctx("MEM_EXPORT")?;
+    let other = Ruvm::open().ctx("open a second file")?;
+    let ip = other.pool_import(fd.as_fd()).ctx("POOL_IMPORT")?;
+    let m = other.mem_import(ip, &data).ctx("MEM_IMPORT")?;
+    Ok((fd, data, other, ip, m))
+}
+
 /// A simulated GPU with a copy engine, if there is one.
 fn copy_gpu(d: &Ruvm) -> Result<Option<u32>, Stop> {
     match super::shared::sim_gpu(d) {
@@ -385,11 +411,7 @@ fn ipc_two_processes_share_a_pool_mem() -> TestResult {
         said == 0,
         "the log says an exporter freed first ({said} times), but the importer did"
     );
-    let after = counts(&d)?;
-    check!(
-        after == before,
-        "mems, pools, sysmem bytes: {after:?} after, {before:?} before"
-    );
+    unchanged(&d, &before)?;
     Ok(())
 }
 
@@ -626,11 +648,7 @@ fn ipc_forged_stale_and_foreign_data_refused() -> TestResult {
         d.pool_destroy(pool).ctx("POOL_DESTROY")?;
     }
     drop((other, fd));
-    let after = counts(&d)?;
-    check!(
-        after == before,
-        "mems, pools, sysmem bytes: {after:?} after, {before:?} before"
-    );
+    unchanged(&d, &before)?;
     Ok(())
 }
 
@@ -642,11 +660,7 @@ fn ipc_exporter_frees_first_chunks_live_on() -> TestResult {
     let before = counts(&d)?;
     let marker = kmsg::write_marker().ok();
     let (p, q, map) = exported_mem(&d, 21)?;
-    let fd = d.pool_export(p).ctx("POOL_EXPORT")?;
-    let (_, data) = d.mem_export(q.handle).ctx("MEM_EXPORT")?;
-    let other = Ruvm::open().ctx("open a second file")?;
-    let ip = other.pool_import(fd.as_fd()).ctx("POOL_IMPORT")?;
-    let m = other.mem_import(ip, &data).ctx("MEM_IMPORT")?;
+    let (fd, _data, other, _ip, m) = imported(&d, p, q.handle)?;
     let mq = other.mem_query(m.handle).ctx("MEM_QUERY")?;
     let view = UserMap::of_mem(&other, &mq).ctx("mmap of the import")?;
     drop(map);
@@ -710,11 +724,7 @@ fn ipc_exporter_frees_first_chunks_live_on() -> TestResult {
     );
     d.pool_destroy(p).ctx("POOL_DESTROY")?;
     drop((other, fd));
-    let after = counts(&d)?;
-    check!(
-        after == before,
-        "mems, pools, sysmem bytes: {after:?} after, {before:?} before"
-    );
+    unchanged(&d, &before)?;
     Ok(())
 }
 
@@ -769,11 +779,7 @@ fn ipc_exporter_closes_first_chunks_live_on() -> TestResult {
     d.mem_free(m.handle).ctx("MEM_FREE of the import")?;
     d.pool_destroy(ip).ctx("POOL_DESTROY of the import")?;
     drop(fd);
-    let after = counts(&d)?;
-    check!(
-        after == before,
-        "mems, pools, sysmem bytes: {after:?} after, {before:?} before"
-    );
+    unchanged(&d, &before)?;
     Ok(())
 }
 
@@ -794,11 +800,7 @@ fn ipc_stream_free_never_hands_imported_chunks() -> TestResult {
     let before = counts(&d)?;
     let (p, q, map) = exported_mem(&d, 41)?;
     d.pool_access(p, g, true).ctx("POOL_SET_ACCESS")?;
-    let fd = d.pool_export(p).ctx("POOL_EXPORT")?;
-    let (_, data) = d.mem_export(q.handle).ctx("MEM_EXPORT")?;
-    let other = Ruvm::open().ctx("open a second file")?;
-    let ip = other.pool_import(fd.as_fd()).ctx("POOL_IMPORT")?;
-    let m = other.mem_import(ip, &data).ctx("MEM_IMPORT")?;
+    let (fd, _data, other, _ip, m) = imported(&d, p, q.handle)?;
     let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
     // A FREE in a submission that fails still withdraws the mem: it has no export data
     // after, never exported or exported (an export racing the planning of a FREE and an ALLOC
@@ -863,11 +865,7 @@ fn ipc_stream_free_never_hands_imported_chunks() -> TestResult {
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
     d.pool_destroy(p).ctx("POOL_DESTROY")?;
     drop((other, fd));
-    let after = counts(&d)?;
-    check!(
-        after == before,
-        "mems, pools, sysmem bytes: {after:?} after, {before:?} before"
-    );
+    unchanged(&d, &before)?;
     Ok(())
 }
 
@@ -876,11 +874,7 @@ fn ipc_stream_free_never_hands_imported_chunks() -> TestResult {
 fn ipc_ptr_attrs_of_an_imported_mem() -> TestResult {
     let d = setup()?;
     let (p, q, map) = exported_mem(&d, 51)?;
-    let fd = d.pool_export(p).ctx("POOL_EXPORT")?;
-    let (_, data) = d.mem_export(q.handle).ctx("MEM_EXPORT")?;
-    let other = Ruvm::open().ctx("open a second file")?;
-    let ip = other.pool_import(fd.as_fd()).ctx("POOL_IMPORT")?;
-    let m = other.mem_import(ip, &data).ctx("MEM_IMPORT")?;
+    let (_fd, _data, other, _ip, m) = imported(&d, p, q.handle)?;
     let mq = other.mem_query(m.handle).ctx("MEM_QUERY")?;
     check!(
         mq.mmap_offset == m.mmap_offset && mq.size == SIZE,

@@ -15,12 +15,7 @@ use Errno::*;
 
 /// One IPC step on file `d` of worker `w`.
 pub(super) fn one(w: &World, d: &Ruvm, rng: &mut Rng) {
-    let pool = w
-        .pools
-        .lock()
-        .ok()
-        .and_then(|p| (!p.is_empty()).then(|| p[rng.below(p.len() as u64) as usize]))
-        .unwrap_or(rng.pick(&[0, 1, u64::MAX]));
+    let pool = w.pool(rng);
     let Some(other) = w.file(rng) else { return };
     match rng.below(4) {
         0 => {
