@@ -136,6 +136,24 @@ pub enum PoolAction {
         #[command(flatten)]
         json: Json,
     },
+    /// Export an exportable pool as a descriptor (RUVM_IOCTL_POOL_EXPORT) and run CMD (with
+    /// `sh -c`) with it inherited, its number in $RUVM_POOL_FD: e.g. `ruvmctl --fd 3 pool export
+    /// P --run 'ruvmctl --fd 4 pool import $RUVM_POOL_FD'`. Fails if CMD does.
+    Export {
+        pool: u64,
+        /// The command to run with the descriptor.
+        #[arg(long, value_name = "CMD")]
+        run: String,
+    },
+    /// Import the pool of an inherited descriptor (RUVM_IOCTL_POOL_IMPORT); prints its handle
+    /// in this file (the pool's own). An imported pool cannot allocate.
+    Import {
+        /// The descriptor number (`$RUVM_POOL_FD` under `pool export --run`).
+        #[arg(value_name = "FD")]
+        descriptor: i32,
+        #[command(flatten)]
+        json: Json,
+    },
     /// Two processes sharing a pool (CUDA's IPC pools): this one exports an exportable pool
     /// and a mem of it (RUVM_IOCTL_POOL_EXPORT, RUVM_IOCTL_MEM_EXPORT); a forked child with its
     /// own open file imports both (SCM_RIGHTS where the kernel has AF_UNIX), reads the bytes,
@@ -376,6 +394,22 @@ pub enum Cmd {
     },
     /// Free a mem (RUVM_IOCTL_MEM_FREE).
     Free { handle: u64 },
+    /// A mem's export data (RUVM_IOCTL_MEM_EXPORT, cudaMemPoolExportPointer): its pool and 64
+    /// bytes in hex, which `import` takes in another file that imported the pool.
+    Export {
+        handle: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// A mem of this file sharing an exported mem's chunks (RUVM_IOCTL_MEM_IMPORT,
+    /// cudaMemPoolImportPointer), through POOL (imported with `pool import`).
+    Import {
+        pool: u64,
+        /// The export data, 128 hex digits (from `export`).
+        data: String,
+        #[command(flatten)]
+        json: Json,
+    },
     /// What an address is: which mem, where in it, its pool and GPU mappings
     /// (RUVM_IOCTL_PTR_ATTRS, cudaPointerGetAttributes); "not ruvm memory" for any other
     /// address. An address means something in ruvmctl's own process only: ADDR is looked up
@@ -754,6 +788,19 @@ mod tests {
     #[test]
     fn the_grammar_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn pool_import_takes_its_descriptor_beside_the_global_fd() {
+        let c =
+            Cli::try_parse_from(["ruvmctl", "--fd", "4", "pool", "import", "5"]).expect("parses");
+        assert_eq!(c.fd, Some(4));
+        match c.cmd {
+            Cmd::Pool {
+                action: PoolAction::Import { descriptor: 5, .. },
+            } => {}
+            _ => panic!("pool import 5"),
+        }
     }
 
     #[test]

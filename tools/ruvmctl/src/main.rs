@@ -77,6 +77,12 @@ fn run(cli: Cli) -> Result<()> {
                 )?,
                 json.json,
             ),
+            PoolAction::Export { pool, run } => {
+                emit(&cmd::share::export_run(&d()?, pool, &run)?, false)
+            }
+            PoolAction::Import { descriptor, json } => {
+                emit(&cmd::share::import_pool(&d()?, descriptor)?, json.json)
+            }
             PoolAction::Share { size, gpu, json } => {
                 emit(&cmd::share::share(&d()?, size, gpu)?, json.json)
             }
@@ -132,6 +138,10 @@ fn run(cli: Cli) -> Result<()> {
             false,
         ),
         Cmd::Query { handle, json } => emit(&cmd::mem::query(&d()?, handle)?, json.json),
+        Cmd::Export { handle, json } => emit(&cmd::share::export_mem(&d()?, handle)?, json.json),
+        Cmd::Import { pool, data, json } => {
+            emit(&cmd::share::import_mem(&d()?, pool, &data)?, json.json)
+        }
         Cmd::Ptr {
             addr,
             alloc,

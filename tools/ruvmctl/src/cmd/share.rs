@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! `pool share`: two processes sharing an IPC pool (CUDA's `cudaMemPoolExportToShareableHandle`
-//! and `cudaMemPoolImportPointer`), end to end.
+//! The IPC pool commands (CUDA's `cudaMemPoolExportToShareableHandle`, `ImportFromShareableHandle`,
+//! `ExportPointer`, `ImportPointer`): `pool export --run`, `pool import`, `export`, `import`, one
+//! ioctl each, and `pool share`, two processes sharing a pool end to end.
+//!
+//! A pool's descriptor lives only as long as a process holds it, so `pool export` runs the
+//! importing command itself, the descriptor inherited; export data is plain bytes (hex) that
+//! travel by any means.
 //!
 //! A pool and its descriptor live only as long as the open file that made them, so the whole
 //! exchange runs in one command: this process (the exporter) makes an exportable pool and a mem
@@ -388,4 +393,152 @@ fn receive_fd(s: RawFd) -> Result<OwnedFd> {
         .ok_or_else(|| anyhow!("no descriptor in the message"))?;
     // SAFETY: SCM_RIGHTS installed a new descriptor in this process, owned here.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `pool export --run CMD`: the descriptor and how CMD ended.
+#[derive(Serialize)]
+pub struct ExportRun {
+    pub pool: u64,
+    pub fd: i32,
+    pub status: i32,
+}
+
+impl Report for ExportRun {
+    fn render(&self) -> String {
+        String::new()
+    }
+
+    fn failure(&self) -> Option<String> {
+        (self.status != 0).then(|| format!("the command exited {}", self.status))
+    }
+}
+
+/// `pool export P --run CMD` (`RUVM_IOCTL_POOL_EXPORT`): CMD runs with the descriptor
+/// inherited (close-on-exec cleared for it), its number in `RUVM_POOL_FD`.
+pub fn export_run(d: &Ruvm, pool: u64, run: &str) -> Result<ExportRun> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    let fd = d.pool_export(pool).context("POOL_EXPORT")?;
+    fcntl(&fd, FcntlArg::F_SETFD(FdFlag::empty())).context("clearing close-on-exec")?;
+    let n = fd.as_raw_fd();
+    let st = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(run)
+        .env("RUVM_POOL_FD", n.to_string())
+        .status()
+        .context("running the command")?;
+    drop(fd);
+    Ok(ExportRun {
+        pool,
+        fd: n,
+        status: st.code().unwrap_or(-1),
+    })
+}
+
+/// `pool import FD`: the pool's handle in this file.
+#[derive(Serialize)]
+pub struct Imported {
+    pub pool: u64,
+}
+
+impl Report for Imported {
+    fn render(&self) -> String {
+        fields([("pool", format!("{} (imported)", self.pool))])
+    }
+}
+
+/// `pool import FD` (`RUVM_IOCTL_POOL_IMPORT`) of an inherited descriptor.
+pub fn import_pool(d: &Ruvm, fd: i32) -> Result<Imported> {
+    let pool = d.pool_import_raw(fd).context("POOL_IMPORT")?;
+    Ok(Imported { pool })
+}
+
+/// `export H`: the mem's pool and export data (hex).
+#[derive(Serialize)]
+pub struct MemExport {
+    pub handle: u64,
+    pub pool: u64,
+    pub data: String,
+}
+
+impl Report for MemExport {
+    fn render(&self) -> String {
+        format!(
+            "mem {} of pool {}, export data:\n{}",
+            self.handle, self.pool, self.data
+        )
+    }
+}
+
+/// `export H` (`RUVM_IOCTL_MEM_EXPORT`).
+pub fn export_mem(d: &Ruvm, handle: u64) -> Result<MemExport> {
+    let (pool, data) = d.mem_export(handle).context("MEM_EXPORT")?;
+    Ok(MemExport {
+        handle,
+        pool,
+        data: data.iter().map(|b| format!("{b:02x}")).collect(),
+    })
+}
+
+/// Export data from its hex form (128 digits).
+fn parse_data(hex: &str) -> Result<ExportData> {
+    let hex = hex.trim();
+    let mut data: ExportData = [0; uapi::RUVM_EXPORT_DATA_LEN as usize];
+    if hex.len() != 2 * data.len() || !hex.is_ascii() {
+        bail!(
+            "export data is {} hex digits, not {}",
+            2 * data.len(),
+            hex.len()
+        );
+    }
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+            .map_err(|_| anyhow!("'{}' is not a hex byte", &hex[2 * i..2 * i + 2]))?;
+    }
+    Ok(data)
+}
+
+/// `import POOL DATA`: the new mem.
+#[derive(Serialize)]
+pub struct MemImport {
+    pub handle: u64,
+    pub mmap_offset: u64,
+    pub size: u64,
+}
+
+impl Report for MemImport {
+    fn render(&self) -> String {
+        fields([
+            ("mem", format!("{} (imported)", self.handle)),
+            ("size", show_size(self.size)),
+            ("mmap offset", format!("{:#x}", self.mmap_offset)),
+        ])
+    }
+}
+
+/// `import POOL DATA` (`RUVM_IOCTL_MEM_IMPORT`).
+pub fn import_mem(d: &Ruvm, pool: u64, hex: &str) -> Result<MemImport> {
+    let data = parse_data(hex)?;
+    let m = d.mem_import(pool, &data).context("MEM_IMPORT")?;
+    Ok(MemImport {
+        handle: m.handle,
+        mmap_offset: m.mmap_offset,
+        size: m.size,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_data_goes_through_hex_unchanged() {
+        let mut data: ExportData = [0; uapi::RUVM_EXPORT_DATA_LEN as usize];
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i * 37) as u8;
+        }
+        let hex: String = data.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(parse_data(&hex).expect("parses"), data);
+        assert!(parse_data(&hex[2..]).is_err());
+        assert!(parse_data(&format!("zz{}", &hex[2..])).is_err());
+    }
 }
