@@ -59,6 +59,10 @@ const MAGIC: u64 = 0x7275_766d_6578_0001;
 /// The files of exported pools (`RUVM_IOCTL_POOL_EXPORT`).
 static POOL_FILES: AnonFile<Pool> = AnonFile::new();
 
+/// The rate limit of the message that CUDA's free order was broken (its own: the kernel's
+/// shared one is often spent by other messages).
+static ORDER_LOG: ratelimit::Own = ratelimit::Own::new(10);
+
 /// Where a mem is in its sharing (under its lock).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Export {
@@ -120,7 +124,7 @@ impl MemCore {
         st.export = Export::Withdrawn;
         if st.holders > 1 && !st.order_said {
             st.order_said = true;
-            if ratelimit::printk_ok() {
+            if ORDER_LOG.ok() {
                 pr_warn!(
                     "mem serial={} freed by its exporter while {} import(s) of it live (importers must free first): its chunks stay until the last import is freed; {}\n",
                     self.serial,

@@ -475,7 +475,16 @@ pub fn export_mem(d: &Ruvm, handle: u64) -> Result<MemExport> {
     Ok(MemExport {
         handle,
         pool,
-        data: data.iter().map(|b| format!("{b:02x}")).collect(),
+        data: to_hex(&data),
+    })
+}
+
+/// Bytes as hex digits, two a byte.
+fn to_hex(data: &[u8]) -> String {
+    use std::fmt::Write as _;
+    data.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
     })
 }
 
@@ -536,7 +545,7 @@ mod tests {
         for (i, b) in data.iter_mut().enumerate() {
             *b = (i * 37) as u8;
         }
-        let hex: String = data.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = to_hex(&data);
         assert_eq!(parse_data(&hex).expect("parses"), data);
         assert!(parse_data(&hex[2..]).is_err());
         assert!(parse_data(&format!("zz{}", &hex[2..])).is_err());
