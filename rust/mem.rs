@@ -392,7 +392,7 @@ impl Drop for Mem {
             let (last, retired) = {
                 let mut st = self.core.state.lock();
                 self.core.withdraw(&mut st);
-                st.holders -= 1;
+                st.holders = st.holders.saturating_sub(1);
                 let retired = (st.holders > 0 && st.life == Life::Owned)
                     .then(|| Self::retire_locked(&mut st, false));
                 (st.holders == 0, retired)

@@ -106,7 +106,7 @@ impl Drop for Source {
     fn drop(&mut self) {
         let last = {
             let mut st = self.core.state.lock();
-            st.holders -= 1;
+            st.holders = st.holders.saturating_sub(1);
             st.holders == 0
         };
         if last {
@@ -166,10 +166,11 @@ impl Mem {
         };
         drop(st);
         let mut data = [0u8; DATA_LEN];
-        for (at, word) in [(0, MAGIC), (8, pool), (16, self.serial)] {
-            data[at..at + 8].copy_from_slice(&word.to_le_bytes());
+        let parts = [MAGIC, pool, self.serial].map(u64::to_le_bytes);
+        let bytes = Iterator::chain(parts.iter().flatten(), key.iter());
+        for (d, b) in data.iter_mut().zip(bytes) {
+            *d = *b;
         }
-        data[24..24 + KEY_LEN].copy_from_slice(&key);
         Ok((pool, data))
     }
 
@@ -182,17 +183,23 @@ impl Mem {
         quota: &Arc<Quota>,
         origin: Origin,
     ) -> Result<Arc<Mem>> {
-        let word = |at: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&data[at..at + 8]);
-            u64::from_le_bytes(w)
+        // The layout: three words (version, pool, serial), the key, zeroes.
+        let word = |at: usize| -> Result<u64> {
+            let w: [u8; 8] = data
+                .get(at..at + 8)
+                .and_then(|s| s.try_into().ok())
+                .ok_or(EINVAL)?;
+            Ok(u64::from_le_bytes(w))
         };
-        if word(0) != MAGIC || data[24 + KEY_LEN..].iter().any(|&b| b != 0) {
+        let key: [u8; KEY_LEN] = data
+            .get(24..24 + KEY_LEN)
+            .and_then(|s| s.try_into().ok())
+            .ok_or(EINVAL)?;
+        let tail = data.get(24 + KEY_LEN..).ok_or(EINVAL)?;
+        if word(0)? != MAGIC || tail.iter().any(|&b| b != 0) {
             return Err(EINVAL);
         }
-        let (pool_id, serial) = (word(8), word(16));
-        let mut key = [0u8; KEY_LEN];
-        key.copy_from_slice(&data[24..24 + KEY_LEN]);
+        let (pool_id, serial) = (word(8)?, word(16)?);
         if pool_id != pool.id() {
             return Err(ENOENT);
         }
@@ -208,7 +215,9 @@ impl Mem {
             if !of_pool || !open || st.life != Life::Owned {
                 return Err(ENOENT);
             }
-            st.holders += 1;
+            // At most one holder per import, each charged to some file's quota: never near
+            // the limit, but refused rather than wrapped.
+            st.holders = st.holders.checked_add(1).ok_or(ENOSPC)?;
             drop(st);
             Source {
                 core: core.clone(),
