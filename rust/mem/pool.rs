@@ -27,7 +27,9 @@
 //!
 //! # Stale data
 //!
-//! A pool belongs to one file and its chunks serve that file's mems only; what a pool gives
+//! A pool belongs to one file and its chunks serve that file's mems only (an exportable pool's
+//! mem is shared with its imports, [`crate::mem::share`], but its chunks are reused only once
+//! none holds them); what a pool gives
 //! back goes to the page allocator, as a freed mem's chunks do. A reused chunk is zeroed when
 //! the mem asks for zeroed memory (`RUVM_ALLOC_ZERO`); otherwise it holds what an earlier mem
 //! of the same file left.

@@ -1387,7 +1387,8 @@ struct ruvm_pool_export {
  * only); anything else that names it is EINVAL: allocations (RUVM_IOCTL_MEM_ALLOC,
  * RUVM_OP_ALLOC), RUVM_IOCTL_GPU_POOL, POOL_SET, POOL_TRIM, POOL_SET_ACCESS. Errors: EINVAL
  * non-zero @flags or @reserved, or @fd is not a ruvm pool descriptor; EBADF @fd is not open;
- * ENOENT the pool was destroyed (or its file closed); ENOSPC the file's pool table is full;
+ * ENOENT the pool was destroyed (or its file closed) and the file has it not; ENOSPC the
+ * file's pool table is full;
  * ENOMEM.
  *
  * @fd:       (in)  a descriptor from RUVM_IOCTL_POOL_EXPORT
@@ -1438,9 +1439,9 @@ struct ruvm_mem_export {
  * imports of the mem live is said once in the kernel log, and its chunks stay, counted in its
  * pool's used bytes and its file's limit, until the last import is freed. Errors: EINVAL
  * non-zero @flags, @pad or @reserved, @pool is a pool of the file that is not exportable, or
- * @data is not export data (its version); ENOENT @pool is not a pool of the file, or @data
- * names no live exported mem of @pool (forged, stale, another pool's); ENOSPC the file's
- * limit; ENOMEM.
+ * @data is not export data (its version); ENOENT @pool is not a pool of the file, was
+ * destroyed or its file closed, or @data names no live exported mem of @pool (forged, stale,
+ * another pool's); ENOSPC the file's limit; ENOMEM.
  *
  * @pool:        (in)  the exporting pool, imported (or the file's own exportable pool)
  * @flags:       (in)  must be 0

@@ -1005,18 +1005,7 @@ fn salloc_footprint_1000() -> TestResult {
         "# 1000 (ALLOC 1 MiB + COPY + FREE) submissions and their sync: {:.1} ms",
         t.elapsed().as_secs_f64() * 1e3
     );
-    let info = d.pool_get(p).ctx("POOL_GET")?;
-    check!(
-        info.reserved_high == M && info.used_high == M,
-        "reserved_high {} and used_high {} after 1000 x 1 MiB on one stream, wanted exactly {M} each",
-        info.reserved_high,
-        info.used_high
-    );
-    check!(
-        info.misses == M / SIZE && info.pending_bytes == 0 && info.used_current == 0,
-        "after the sync: {info:?}, wanted {} misses (the first MiB only), nothing pending or used",
-        M / SIZE
-    );
+    footprint_is_one_mib(d.pool_get(p).ctx("POOL_GET")?, "1000 x 1 MiB on one stream")?;
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
     d.mem_free(src).ctx("MEM_FREE")?;
     d.pool_destroy(p).ctx("POOL_DESTROY")?;
@@ -1025,6 +1014,23 @@ fn salloc_footprint_1000() -> TestResult {
     check!(
         super::shared::same_but(&end, &before, super::shared::VIDMEM_KEPT),
         "the audit ends at {end:?}, began at {before:?}"
+    );
+    Ok(())
+}
+
+/// Checks a footprint loop's pool after its sync: exactly 1 MiB reserved and used at the
+/// high, the first MiB's chunks its only misses, nothing pending or used (`what` ran).
+fn footprint_is_one_mib(info: uapi::ruvm_pool_info, what: &str) -> TestResult {
+    check!(
+        info.reserved_high == M && info.used_high == M,
+        "reserved_high {} and used_high {} after {what}, wanted exactly {M} each",
+        info.reserved_high,
+        info.used_high
+    );
+    check!(
+        info.misses == M / SIZE && info.pending_bytes == 0 && info.used_current == 0,
+        "after the sync: {info:?}, wanted {} misses (the first MiB only), nothing pending or used",
+        M / SIZE
     );
     Ok(())
 }
@@ -1056,17 +1062,7 @@ fn salloc_footprint_1000_batched() -> TestResult {
     }
     d.stream_sync(s, WAIT_MS).ctx("STREAM_SYNC")?;
     let info = d.pool_get(p).ctx("POOL_GET")?;
-    check!(
-        info.reserved_high == M && info.used_high == M,
-        "reserved_high {} and used_high {} after {done} x 1 MiB, {TRIPLES} to a submission, wanted exactly {M} each",
-        info.reserved_high,
-        info.used_high
-    );
-    check!(
-        info.misses == M / SIZE && info.pending_bytes == 0 && info.used_current == 0,
-        "after the sync: {info:?}, wanted {} misses (the first MiB only), nothing pending or used",
-        M / SIZE
-    );
+    footprint_is_one_mib(info, &format!("{done} x 1 MiB, {TRIPLES} to a submission"))?;
     // A failed submission whose ALLOCs borrowed: nothing changes.
     let mut bad = ops.clone();
     if let Some(last) = bad.last_mut() {
