@@ -284,6 +284,8 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_POOL_IMPORT => me.pool_import(user)?,
             uapi::RUVM_IOCTL_MEM_EXPORT => me.mem_export(user)?,
             uapi::RUVM_IOCTL_MEM_IMPORT => me.mem_import(file, user)?,
+            uapi::RUVM_IOCTL_MEM_EXPORT_DMABUF => me.mem_export_dmabuf(user)?,
+            uapi::RUVM_IOCTL_MEM_IMPORT_DMABUF => me.mem_import_dmabuf(file, user)?,
             uapi::RUVM_IOCTL_STREAM_CREATE => me.stream_create(user)?,
             uapi::RUVM_IOCTL_STREAM_DESTROY => me.stream_destroy(user)?,
             uapi::RUVM_IOCTL_STREAM_SUBMIT => me.stream_submit(file, user, arg)?,

@@ -51,6 +51,7 @@ use crate::{
 mod alloc;
 pub(crate) mod bench;
 pub(crate) mod cpu;
+mod dmabuf;
 pub(crate) mod gpu;
 pub(crate) mod gpu_va;
 mod lease;
@@ -253,6 +254,12 @@ pub(crate) struct MemState {
     export: share::Export,
     /// The exporter let go while imports lived, and the log said so.
     order_said: bool,
+    /// Of the holders, those CUDA's free order does not concern: dma-bufs of the mem and
+    /// their imports ([`dmabuf`]).
+    quiet: u32,
+    /// The reservation object of the mem's dma-bufs (made at the first export): the fences of
+    /// the work on its bytes, for implicit sync ([`dmabuf`]).
+    resv: Option<Arc<crate::bind::resv::Resv>>,
 }
 
 impl MemState {
@@ -272,6 +279,8 @@ impl MemState {
             holders: 1,
             export: share::Export::Never,
             order_said: false,
+            quiet: 0,
+            resv: None,
         }
     }
 

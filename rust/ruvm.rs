@@ -22,7 +22,9 @@
 //!    take a file's or a mem's lock; a free takes it, holding no ruvm lock, to wait for an
 //!    `mmap` that filled a VMA);
 //! 2. a stream's submission mutex (`stream.rs`), held across one submission's checks and
-//!    planning, under which the file's table mutex, mems' and GPUs' locks are taken;
+//!    planning, under which the file's table mutex, mems' and GPUs' locks are taken, and,
+//!    after the commit, each dma-buf reservation object an operation's fence goes into, one at
+//!    a time (`stream/implicit.rs`; nothing of ruvm's under it);
 //! 3. a file's table mutex (`file.rs`), released before anything below is taken, but a
 //!    stream's state mutex (to ask whether a destroyed stream still has work);
 //! 4. a stream's state mutex (`stream.rs`): under it only a GPU's users mutex and leaves; the
@@ -48,7 +50,9 @@
 //!     shrinker handle and the kernel's `list_lru` lock of that shrinker, taken under a pool's
 //!     mutex (`mem/pool/registry.rs`, `bind/lru.rs`), and the audit's unload state
 //!     (`audit.rs`), under which registering pins a user page (taking the mmap lock of the
-//!     caller, which holds no ruvm lock then).
+//!     caller, which holds no ruvm lock then), and a dma-buf's mutexes of its importers'
+//!     mappings and of its kernel mapping (`bind/dmabuf.rs`; the dma-buf core calls in with
+//!     the buffer's reservation lock held).
 //!
 //! User memory is never touched with a ruvm lock held, but for the fault path (1 then 8).
 
@@ -76,6 +80,8 @@ module! {
     authors: ["The ruvm developers"],
     description: "Rust re-creation of NVIDIA UVM's uvm_mem memory manager",
     license: "GPL",
+    // dma_buf_export and the other dma-buf functions are exported in this namespace.
+    imports_ns: ["DMA_BUF"],
     params: {
         enable_test_ioctls: u32 {
             default: 0,

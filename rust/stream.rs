@@ -51,6 +51,7 @@ pub(crate) mod alloc;
 mod budget;
 pub(crate) mod engine;
 pub(crate) mod event;
+mod implicit;
 pub(crate) mod lookup;
 pub(crate) mod op;
 pub(crate) mod plan;
@@ -260,6 +261,8 @@ impl StreamCore {
         };
         let mut units = self.budget.take(u64::from(count))?;
         let mut planned = List::<Op>::new();
+        // The operations whose fences go into dma-bufs' reservation objects once queued.
+        let mut published: KVec<Arc<Op>> = KVec::new();
         // The operation before, and the operations folded into it since (counted into it at
         // once, when the next is planned or the submission ends).
         let mut prev: Option<Arc<Op>> = None;
@@ -282,6 +285,9 @@ impl StreamCore {
                     }
                     folded = (0, 0);
                     prev = Some(new.clone_arc());
+                    if new.implicit.is_some() {
+                        published.push(new.clone_arc(), GFP_KERNEL)?;
+                    }
                     planned.push_back(new);
                 }
             }
@@ -308,6 +314,7 @@ impl StreamCore {
             files.commit(&mut gone, &mut new, &mut queue)?;
         }
         known.merge(&batch);
+        implicit::publish(self, &published);
         batch.finish(files);
         drop(known);
         for (event, seqno) in events.recorded() {

@@ -78,6 +78,8 @@ plain_old_data!(
     ruvm_pool_import,
     ruvm_mem_export,
     ruvm_mem_import,
+    ruvm_mem_export_dmabuf,
+    ruvm_mem_import_dmabuf,
     ruvm_stream_create,
     ruvm_stream_handle,
     ruvm_op,

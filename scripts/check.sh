@@ -283,7 +283,7 @@ host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --
 # Simulated GPUs only (no edu devices): the GPU suite on faux devices, with the test ioctls on
 # for the engine's fault test.
 sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
-	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_ --filter adv_ --filter stream_ --filter salloc_ --filter ptr_ --filter ipc_")
+	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_ --filter adv_ --filter stream_ --filter salloc_ --filter ptr_ --filter ipc_ --filter dmabuf_")
 
 job host_checks
 # The stock kernel's package test and suite (the longest job: DKMS builds in a chroot).

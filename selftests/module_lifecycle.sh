@@ -1,15 +1,17 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0
 # Module load/unload in the guest, as KTAP: repeated insmod/unload cycles (each unload checked
-# by the audit's verdict), bad parameters, the audit silent at leak_checker=0, and rmmod refused
-# while a file of /dev/ruvm is open. Expects ruvm not to be loaded when it starts.
+# by the audit's verdict), bad parameters, the audit silent at leak_checker=0, rmmod refused
+# while a file of /dev/ruvm is open, and refused (clearly, at once) while a dma-buf ruvm
+# exported lives, then accepted with a clean verdict once it is gone. Expects ruvm not to be
+# loaded when it starts.
 KO=${RUVM_KO:-/ruvm/ruvm.ko}
 n=0 failed=0
 ok() { n=$((n + 1)); echo "ok $n $1"; }
 notok() { n=$((n + 1)); failed=1; echo "# $1: $2"; echo "not ok $n $1"; }
 
 echo "TAP version 13"
-echo "1..5"
+echo "1..7"
 
 if [ -d /sys/module/ruvm ]; then
 	echo "# ruvm is already loaded"
@@ -81,6 +83,35 @@ if ruvmctl unload; then
 	ok rmmod_after_last_close
 else
 	notok rmmod_after_last_close "rmmod failed after the file was closed"
+fi
+# A dma-buf holds the module: a background process keeps the buffer of a mem (whose file,
+# ruvmctl's, is closed) and nothing else of ruvm's is open.
+insmod "$KO" || { notok rmmod_refused_while_a_dmabuf_lives "insmod failed"; echo "Bail out!"; exit 1; }
+why=
+holder=/tmp/ruvm-dmabuf-holder
+rm -f "$holder"
+exec 3<> /dev/ruvm
+h=$(ruvmctl --fd 3 alloc 64K --json | sed -n 's/.*"handle": *\([0-9]*\).*/\1/p')
+[ -n "$h" ] || why="alloc failed"
+if [ -z "$why" ]; then
+	# The buffer outlives the file (closed below) in `sleep`.
+	ruvmctl --fd 3 dmabuf export "$h" --run "sleep 120 3>&- & echo \$! > $holder" > /dev/null 2>&1 ||
+		why="dmabuf export failed"
+fi
+exec 3>&-
+if [ -z "$why" ]; then
+	start=$(date +%s)
+	msg=$(timeout 10 rmmod ruvm 2>&1) && why="rmmod succeeded with a dma-buf alive"
+	[ -n "$why" ] || [ $(($(date +%s) - start)) -lt 5 ] || why="rmmod took $(($(date +%s) - start)) s"
+	[ -n "$why" ] || echo "$msg" | grep -qiE "in use|unavailable|busy" || why="rmmod said: $msg"
+	[ -d /sys/module/ruvm ] || why="${why:-the module went}"
+fi
+[ -z "$why" ] && ok rmmod_refused_while_a_dmabuf_lives || notok rmmod_refused_while_a_dmabuf_lives "$why"
+[ -s "$holder" ] && { kill "$(cat "$holder")" 2> /dev/null; while kill -0 "$(cat "$holder")" 2> /dev/null; do sleep 0.1; done; }
+if ruvmctl unload > /dev/null; then
+	ok rmmod_after_the_dmabuf_closed
+else
+	notok rmmod_after_the_dmabuf_closed "unload (with its audit verdict) failed after the buffer's last descriptor closed"
 fi
 echo "# Totals: pass:$((n - failed)) fail:$failed xfail:0 xpass:0 skip:0 error:0"
 exit $failed

@@ -134,6 +134,16 @@ _Static_assert(RUVM_IOCTL_POOL_EXPORT == _IOWR(RUVM_IOCTL_MAGIC, 0x51, struct ru
 		       RUVM_IOCTL_MEM_EXPORT == _IOWR(RUVM_IOCTL_MAGIC, 0x53, struct ruvm_mem_export) &&
 		       RUVM_IOCTL_MEM_IMPORT == _IOWR(RUVM_IOCTL_MAGIC, 0x54, struct ruvm_mem_import),
 	       "IPC pool numbers");
+_Static_assert(sizeof(struct ruvm_mem_export_dmabuf) == 32 &&
+		       offsetof(struct ruvm_mem_export_dmabuf, fd) == 12 &&
+		       sizeof(struct ruvm_mem_import_dmabuf) == 48 &&
+		       offsetof(struct ruvm_mem_import_dmabuf, handle) == 8 &&
+		       RUVM_IOCTL_MEM_EXPORT_DMABUF ==
+			       _IOWR(RUVM_IOCTL_MAGIC, 0x55, struct ruvm_mem_export_dmabuf) &&
+		       RUVM_IOCTL_MEM_IMPORT_DMABUF ==
+			       _IOWR(RUVM_IOCTL_MAGIC, 0x56, struct ruvm_mem_import_dmabuf) &&
+		       RUVM_FEATURE_DMABUF == (1ULL << 14),
+	       "dma-buf layouts and numbers");
 _Static_assert(RUVM_EXPORT_DATA_LEN == 64 && RUVM_POOL_EXPORTABLE == 1 &&
 		       RUVM_POOL_FLAG_EXPORTABLE == 1 && RUVM_POOL_FLAG_IMPORTED == 2 &&
 		       RUVM_PTR_IMPORTED == 4,
@@ -326,6 +336,54 @@ TEST(pool_descriptor_holds_the_module)
 	EXPECT_EQ(-1, ioctl(other, RUVM_IOCTL_POOL_IMPORT, &i));
 	EXPECT_EQ(ENOENT, errno);
 	close(other);
+	close(e.fd);
+}
+
+TEST(dmabuf_holds_the_module)
+{
+	struct ruvm_mem_alloc a;
+	struct ruvm_mem_export_dmabuf e;
+	struct ruvm_info info;
+	char refs[32] = { 0 };
+	int fd, other, r, refcnt;
+
+	fd = open("/dev/ruvm", O_RDWR);
+	if (fd < 0)
+		SKIP(return, "/dev/ruvm not present (is ruvm loaded?)");
+	memset(&info, 0, sizeof(info));
+	ASSERT_EQ(0, ioctl(fd, RUVM_IOCTL_INFO, &info));
+	if (!(info.features & RUVM_FEATURE_DMABUF)) {
+		close(fd);
+		SKIP(return, "the module has no dma-bufs");
+	}
+	if (geteuid() != 0) {
+		close(fd);
+		SKIP(return, "not root (delete_module)");
+	}
+	memset(&a, 0, sizeof(a));
+	a.size = 65536;
+	ASSERT_EQ(0, ioctl(fd, RUVM_IOCTL_MEM_ALLOC, &a));
+	memset(&e, 0, sizeof(e));
+	e.handle = a.handle;
+	ASSERT_EQ(0, ioctl(fd, RUVM_IOCTL_MEM_EXPORT_DMABUF, &e));
+	ASSERT_GE(e.fd, 0);
+	EXPECT_NE(0, fcntl(e.fd, F_GETFD) & FD_CLOEXEC);
+	/* The file goes (its mem with it): only the buffer holds the module and the pages. */
+	close(fd);
+	other = open("/sys/module/ruvm/refcnt", O_RDONLY);
+	ASSERT_GE(other, 0);
+	r = read(other, refs, sizeof(refs) - 1);
+	close(other);
+	ASSERT_GT(r, 0);
+	refcnt = atoi(refs);
+	if (refcnt != 1) {
+		close(e.fd);
+		SKIP(return, "the module's reference count is %d with only the buffer open", refcnt);
+	}
+	errno = 0;
+	EXPECT_EQ(-1, syscall(SYS_delete_module, "ruvm", O_NONBLOCK));
+	EXPECT_TRUE(errno == EWOULDBLOCK || errno == EBUSY);
+	ASSERT_TRUE(access("/dev/ruvm", F_OK) == 0);
 	close(e.fd);
 }
 

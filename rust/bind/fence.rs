@@ -60,11 +60,11 @@ impl Fence {
     /// # Safety
     ///
     /// `ptr` is null or a fence the caller holds a reference on, which it gives up.
-    unsafe fn from_owned(ptr: *mut bindings::dma_fence) -> Option<Self> {
+    pub(super) unsafe fn from_owned(ptr: *mut bindings::dma_fence) -> Option<Self> {
         NonNull::new(ptr).map(Self)
     }
 
-    fn as_ptr(&self) -> *mut bindings::dma_fence {
+    pub(super) fn as_ptr(&self) -> *mut bindings::dma_fence {
         self.0.as_ptr()
     }
 

@@ -93,6 +93,12 @@ impl<T> VMap<T> {
         }
     }
 
+    /// The mapping's first byte (for a caller that hands the address to the kernel: a
+    /// dma-buf's `vmap`).
+    pub(crate) fn addr(&self) -> *mut u8 {
+        self.addr.as_ptr()
+    }
+
     /// The mapping's length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.count as usize * PAGE_SIZE

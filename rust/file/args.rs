@@ -126,6 +126,8 @@ spec! {
     ruvm_pool_import { flags: 0, zero: [reserved] }
     ruvm_mem_export { flags: 0, zero: [pad, reserved] }
     ruvm_mem_import { flags: 0, zero: [pad, reserved] }
+    ruvm_mem_export_dmabuf { flags: 0, zero: [reserved] }
+    ruvm_mem_import_dmabuf { flags: 0, zero: [reserved] }
     ruvm_pool_set { flags: 0, zero: [reserved] }
     ruvm_pool_trim { flags: 0, zero: [pad, reserved] }
     ruvm_pool_access {

@@ -132,3 +132,33 @@ impl RuvmFile {
         Ok(())
     }
 }
+
+impl RuvmFile {
+    /// `RUVM_IOCTL_MEM_EXPORT_DMABUF`: a new dma-buf of a sysmem mem of the file.
+    pub(super) fn mem_export_dmabuf(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_export_dmabuf>(user)?;
+        let mem = self.mem(args.handle)?;
+        let exported = mem.export_dmabuf()?;
+        args.fd = i32::try_from(exported.fd())?;
+        // Not installed unless the caller learns its number (dropped, the buffer is released).
+        writer.write(&args)?;
+        exported.install();
+        Ok(())
+    }
+
+    /// `RUVM_IOCTL_MEM_IMPORT_DMABUF`: a new mem of the file sharing a dma-buf's pages.
+    pub(super) fn mem_import_dmabuf(&self, file: &File, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_import_dmabuf>(user)?;
+        let mem = Mem::import_dmabuf(args.fd, &self.quota, Origin::here("MEM_IMPORT_DMABUF"))?;
+        args.mmap_offset = mem.mmap_offset();
+        args.size = mem.info().size;
+        let handle = self.insert(mem)?;
+        args.handle = handle.0;
+        if let Err(e) = writer.write(&args) {
+            // The caller cannot learn the handle: freed as `MEM_FREE` frees (see `mem_alloc`).
+            self.free_unlearned(file, handle);
+            return Err(e);
+        }
+        Ok(())
+    }
+}

@@ -91,11 +91,37 @@ pub(crate) fn pool_of_fd(fd: i32) -> Result<Arc<Pool>> {
 /// An imported mem's hold on the core it shares chunks with (a field of the imported mem's
 /// core after its storage, so that its pages go first), and that core's pool.
 pub(super) struct Source {
-    core: Arc<MemCore>,
+    pub(super) core: Arc<MemCore>,
     pool: u64,
+    /// A dma-buf's hold, or a dma-buf import's: not one CUDA's free order concerns.
+    quiet: bool,
 }
 
 impl Source {
+    /// One more holder of `core`, whose lock the caller holds (`st`): `ENOSPC` if the count
+    /// would wrap (never near: each holder is charged to some file or is a descriptor). `pool`
+    /// is the handle of the pool the chunks came from (0: none); `quiet` says the holder is a
+    /// dma-buf's or its import's.
+    pub(super) fn hold(
+        core: &Arc<MemCore>,
+        st: &mut MemState,
+        pool: u64,
+        quiet: bool,
+    ) -> Result<Self> {
+        let quiet_n = if quiet {
+            st.quiet.checked_add(1).ok_or(ENOSPC)?
+        } else {
+            st.quiet
+        };
+        st.holders = st.holders.checked_add(1).ok_or(ENOSPC)?;
+        st.quiet = quiet_n;
+        Ok(Self {
+            core: core.clone(),
+            pool,
+            quiet,
+        })
+    }
+
     /// The handle of the pool the chunks came from.
     pub(super) fn pool(&self) -> u64 {
         self.pool
@@ -107,6 +133,9 @@ impl Drop for Source {
         let last = {
             let mut st = self.core.state.lock();
             st.holders = st.holders.saturating_sub(1);
+            if self.quiet {
+                st.quiet = st.quiet.saturating_sub(1);
+            }
             st.holders == 0
         };
         if last {
@@ -122,13 +151,15 @@ impl MemCore {
     /// imports live, CUDA's order was broken: said once in the kernel log.
     pub(super) fn withdraw(&self, st: &mut MemState) {
         st.export = Export::Withdrawn;
-        if st.holders > 1 && !st.order_said {
+        // Its own mem, and the holders the order does not concern, aside.
+        let imports = st.holders.saturating_sub(1).saturating_sub(st.quiet);
+        if imports > 0 && !st.order_said {
             st.order_said = true;
             if ORDER_LOG.ok() {
                 pr_warn!(
                     "mem serial={} freed by its exporter while {} import(s) of it live (importers must free first): its chunks stay until the last import is freed; {}\n",
                     self.serial,
-                    st.holders - 1,
+                    imports,
                     self.origin
                 );
             }
@@ -215,15 +246,17 @@ impl Mem {
             if !of_pool || !open || st.life != Life::Owned {
                 return Err(ENOENT);
             }
-            // At most one holder per import, each charged to some file's quota: never near
-            // the limit, but refused rather than wrapped.
-            st.holders = st.holders.checked_add(1).ok_or(ENOSPC)?;
+            let source = Source::hold(&core, &mut st, pool.id(), false)?;
             drop(st);
-            Source {
-                core: core.clone(),
-                pool: pool.id(),
-            }
+            source
         };
+        Self::view(source, quota, origin)
+    }
+
+    /// A new mem of the file with quota `quota` sharing the chunks of the core `source` holds
+    /// (its physical size charged to `quota`).
+    pub(super) fn view(source: Source, quota: &Arc<Quota>, origin: Origin) -> Result<Arc<Mem>> {
+        let core = source.core.clone();
         let pages = core.storage.sys()?.clone();
         let layout = core.layout;
         let charge = quota.charge(layout.physical_size)?;

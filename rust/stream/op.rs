@@ -27,7 +27,7 @@ use crate::{
     mem::{cpu::CpuFill, gpu::EngineCopy, Mem},
 };
 
-use super::{engine::Engine, Budget, Units};
+use super::{engine::Engine, implicit::Implicit, Budget, Units};
 
 /// What an operation does.
 pub(super) enum Work {
@@ -76,6 +76,8 @@ pub(crate) struct Op {
     /// are folded into it and retire with it.
     covers: Atomic<u64>,
     pub(super) work: Work,
+    /// Its implicit sync on mems shared as dma-bufs (copies and fills).
+    pub(super) implicit: Option<Implicit>,
     /// Bytes moved so far (copies, fills).
     pub(super) done: Atomic<u64>,
     /// When the stream first reached it (a wait's deadline counts from then).
@@ -126,6 +128,17 @@ impl Op {
     /// A new operation holding one of the submission's units, `taken` (left there if it
     /// cannot be made).
     pub(super) fn new(seqno: u64, work: Work, mems: u64, taken: &mut Units) -> Result<ListArc<Op>> {
+        Self::synced(seqno, work, None, mems, taken)
+    }
+
+    /// [`Op::new`], with its implicit sync.
+    pub(super) fn synced(
+        seqno: u64,
+        work: Work,
+        implicit: Option<Implicit>,
+        mems: u64,
+        taken: &mut Units,
+    ) -> Result<ListArc<Op>> {
         let budget = taken.budget().clone();
         // The op holds the unit from here; a failure to make it leaves it with `taken`.
         taken.hand(1)?;
@@ -134,6 +147,7 @@ impl Op {
                 covers: Atomic::new(seqno),
                 seqno,
                 work,
+                implicit,
                 done: Atomic::new(0),
                 started <- new_spinlock!(None),
                 _mems: Counted::new(Class::StreamMems, mems),
@@ -163,6 +177,17 @@ impl Op {
     /// Runs the operation's next piece on `engine`'s GPU (at most one piece: the engine goes
     /// round the streams between pieces).
     pub(super) fn step(&self, engine: &Engine) -> Result<Step> {
+        if let Some(i) = &self.implicit {
+            if let Some(e) = i.doomed() {
+                return Err(e);
+            }
+            while let Some(watch) = i.pending() {
+                match self.wait_step(watch, &super::implicit::timeout(), engine)? {
+                    Step::Done => i.passed(),
+                    s => return Ok(s),
+                }
+            }
+        }
         let done = self.done.load(Relaxed);
         let moved = match &self.work {
             Work::Nop | Work::Record | Work::Free { .. } => return Ok(Step::Done),
@@ -254,7 +279,13 @@ impl Op {
     /// Whether a blocked wait may go on: its fence signalled, its deadline passed, or the GPU
     /// is going (the next step then ends it).
     pub(super) fn may_go_on(&self, engine: &Engine) -> bool {
+        let implicit = self.implicit.as_ref().and_then(|i| i.pending());
+        let implicit_timeout = super::implicit::timeout();
         let (watch, timeout) = match &self.work {
+            _ if implicit.is_some() => match implicit {
+                Some(w) => (w, &implicit_timeout),
+                None => return true,
+            },
             Work::Wait { watch, timeout } => (watch, timeout),
             Work::Alloc {
                 wait: Some((watch, timeout)),

@@ -18,7 +18,7 @@ use crate::{
         cpu::{CpuFill, Fill},
         gpu::EngineCopy,
         pool::pending::{Asker, Clock},
-        Made, StreamAlloc,
+        Made, MemCore, StreamAlloc,
     },
     uapi,
 };
@@ -27,6 +27,7 @@ use super::{
     alloc::{Batch, Known},
     engine::Engine,
     event::Event,
+    implicit::Implicit,
     lookup::{Lookup, Named},
     op::{Op, Work},
     Units,
@@ -184,8 +185,10 @@ pub(super) fn plan(
             }
             let dst = batch.mem(files, op.dst, op.flags & DST_INDEX != 0)?;
             let src = batch.mem(files, op.src, op.flags & SRC_INDEX != 0)?;
+            let (d, s): (&MemCore, &MemCore) = (&dst, &src);
+            let implicit = Implicit::of(&[(d, true), (s, false)], context, engine)?;
             let copy = EngineCopy::plan(gpu, dst, op.dst_offset, src, op.src_offset, op.length)?;
-            Op::new(seqno, Work::Copy(copy), 2, units).map(Some)
+            Op::synced(seqno, Work::Copy(copy), implicit, 2, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_COPY_VA => {
             only(op, FLAGS | DST | SRC | LENGTH)?;
@@ -217,7 +220,9 @@ pub(super) fn plan(
             gpu.access()?;
             let mem = batch.mem(files, op.dst, false)?;
             let plan = CpuFill::plan(&mem, op.dst_offset, op.length, fill)?;
-            Op::new(seqno, Work::Fill(plan), 1, units).map(Some)
+            let m: &MemCore = &mem;
+            let implicit = Implicit::of(&[(m, true)], context, engine)?;
+            Op::synced(seqno, Work::Fill(plan), implicit, 1, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_RECORD => {
             only(op, VALUE)?;

@@ -110,12 +110,17 @@ struct ruvm_info {
  * MEM_IMPORT, ruvm_pool_info.pool_flags, RUVM_PTR_IMPORTED.
  */
 #define RUVM_FEATURE_IPC_POOLS (1ULL << 13)
+/*
+ * Mems as dma-bufs: RUVM_IOCTL_MEM_EXPORT_DMABUF, RUVM_IOCTL_MEM_IMPORT_DMABUF, and implicit
+ * sync on the buffers' reservation objects.
+ */
+#define RUVM_FEATURE_DMABUF (1ULL << 14)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
 	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS |                   \
 	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC | RUVM_FEATURE_PTR_ATTRS |           \
-	 RUVM_FEATURE_IPC_POOLS)
+	 RUVM_FEATURE_IPC_POOLS | RUVM_FEATURE_DMABUF)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -1463,6 +1468,60 @@ struct ruvm_mem_import {
 	__u64 reserved[2];
 };
 
+/**
+ * struct ruvm_mem_export_dmabuf - a mem as a dma-buf (RUVM_IOCTL_MEM_EXPORT_DMABUF)
+ *
+ * A new dma-buf of the whole mem (its physical size), opened read-write, with a close-on-exec
+ * descriptor: another process (after SCM_RIGHTS) or another device's driver imports it. Its
+ * operations: map for an importing device (a scatter table of the pages, DMA-mapped through
+ * that device's IOMMU), mmap, vmap, and CPU access begin/end (DMA_BUF_IOCTL_SYNC). Its
+ * reservation object carries the fences of the mem's queued work (DMA_BUF_IOCTL_EXPORT_SYNC_FILE
+ * and poll() see them); every dma-buf of a mem, and every mem imported from one, shares it.
+ * The buffer holds the mem's chunks (charged to the exporting file until the last holder goes:
+ * the mem, its imports or a buffer), and holds the module: rmmod fails with EBUSY while a
+ * buffer ruvm exported lives. Freeing the mem while a buffer lives is allowed (the buffer
+ * keeps the pages). Errors: EINVAL non-zero @flags or @reserved; ENOENT not a mem of the file;
+ * EOPNOTSUPP a vidmem mem; EMFILE no descriptor; ENOMEM.
+ *
+ * @handle:   (in)  a sysmem mem of the calling file
+ * @flags:    (in)  must be 0
+ * @fd:       (out) the dma-buf's descriptor
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_mem_export_dmabuf {
+	__u64 handle;
+	__u32 flags;
+	__s32 fd;
+	__u64 reserved[2];
+};
+
+/**
+ * struct ruvm_mem_import_dmabuf - a mem from a dma-buf (RUVM_IOCTL_MEM_IMPORT_DMABUF)
+ *
+ * A dma-buf that ruvm exported (in any process) becomes a new mem of the calling file, under a
+ * new handle, sharing the buffer's pages (sysmem, the same size and layout as the exported
+ * mem; not zeroed, not mapped for any GPU). Its physical size counts in the calling file's
+ * limit (max_file_mib). It is freed as any mem, in any order with the exporter's. Work on it
+ * follows the buffer's reservation object (implicit sync). Errors: EINVAL non-zero @flags or
+ * @reserved, or @fd is not a dma-buf; EBADF @fd is not open; EOPNOTSUPP a dma-buf of
+ * another exporter; ENOSPC the file's limit; ENOMEM.
+ *
+ * @fd:          (in)  a dma-buf's descriptor
+ * @flags:       (in)  must be 0
+ * @handle:      (out) the new mem's handle
+ * @mmap_offset: (out) its mmap offset
+ * @size:        (out) its size (the exported mem's)
+ * @reserved:    (in)  must be 0
+ */
+struct ruvm_mem_import_dmabuf {
+	__s32 fd;
+	__u32 flags;
+	__u64 handle;
+	__u64 mmap_offset;
+	__u64 size;
+	__u64 reserved[2];
+};
+
 /* What RUVM_IOCTL_TEST_SIM_GPU does. */
 enum ruvm_sim_gpu_op {
 	/* Remove the simulated GPU, as an unbind removes a test GPU. */
@@ -1847,6 +1906,8 @@ enum {
 	RUVM_IOCTL_POOL_IMPORT = _IOWR(RUVM_IOCTL_MAGIC, 0x52, struct ruvm_pool_import),
 	RUVM_IOCTL_MEM_EXPORT = _IOWR(RUVM_IOCTL_MAGIC, 0x53, struct ruvm_mem_export),
 	RUVM_IOCTL_MEM_IMPORT = _IOWR(RUVM_IOCTL_MAGIC, 0x54, struct ruvm_mem_import),
+	RUVM_IOCTL_MEM_EXPORT_DMABUF = _IOWR(RUVM_IOCTL_MAGIC, 0x55, struct ruvm_mem_export_dmabuf),
+	RUVM_IOCTL_MEM_IMPORT_DMABUF = _IOWR(RUVM_IOCTL_MAGIC, 0x56, struct ruvm_mem_import_dmabuf),
 	RUVM_IOCTL_STREAM_CREATE = _IOWR(RUVM_IOCTL_MAGIC, 0x40, struct ruvm_stream_create),
 	RUVM_IOCTL_STREAM_DESTROY = _IOWR(RUVM_IOCTL_MAGIC, 0x41, struct ruvm_stream_handle),
 	RUVM_IOCTL_STREAM_SUBMIT = _IOWR(RUVM_IOCTL_MAGIC, 0x42, struct ruvm_stream_submit),

@@ -112,6 +112,10 @@ commands! {
     MEM_EXPORT: ruvm_mem_export = RUVM_IOCTL_MEM_EXPORT;
     /// A mem of this file sharing an exported mem's chunks.
     MEM_IMPORT: ruvm_mem_import = RUVM_IOCTL_MEM_IMPORT;
+    /// A mem as a dma-buf.
+    MEM_EXPORT_DMABUF: ruvm_mem_export_dmabuf = RUVM_IOCTL_MEM_EXPORT_DMABUF;
+    /// A mem of this file sharing a dma-buf's pages.
+    MEM_IMPORT_DMABUF: ruvm_mem_import_dmabuf = RUVM_IOCTL_MEM_IMPORT_DMABUF;
     /// Make a stream on a GPU.
     STREAM_CREATE: ruvm_stream_create = RUVM_IOCTL_STREAM_CREATE;
     /// Destroy a stream (its queued work runs on).

@@ -8,7 +8,7 @@
 
 use std::{
     fs::{File, OpenOptions},
-    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
     path::PathBuf,
 };
 
@@ -93,6 +93,8 @@ ioctl_args!(
     uapi::ruvm_pool_import,
     uapi::ruvm_mem_export,
     uapi::ruvm_mem_import,
+    uapi::ruvm_mem_export_dmabuf,
+    uapi::ruvm_mem_import_dmabuf,
     uapi::ruvm_stream_create,
     uapi::ruvm_stream_handle,
     uapi::ruvm_stream_submit,
@@ -275,6 +277,29 @@ impl Ruvm {
         };
         self.call(cmd::MEM_EXPORT, &mut a)?;
         Ok((a.pool, a.data))
+    }
+
+    /// `RUVM_IOCTL_MEM_EXPORT_DMABUF`: a new dma-buf of mem `handle` (its descriptor,
+    /// close-on-exec).
+    pub fn mem_export_dmabuf(&self, handle: u64) -> Result<OwnedFd, Errno> {
+        let mut a = uapi::ruvm_mem_export_dmabuf {
+            handle,
+            ..Default::default()
+        };
+        self.call(cmd::MEM_EXPORT_DMABUF, &mut a)?;
+        // SAFETY: the module installed a new descriptor, now owned by the caller.
+        Ok(unsafe { OwnedFd::from_raw_fd(a.fd) })
+    }
+
+    /// `RUVM_IOCTL_MEM_IMPORT_DMABUF`: a new mem of this file sharing the pages of the
+    /// dma-buf at descriptor `fd`: its handle, mmap offset and size.
+    pub fn mem_import_dmabuf(&self, fd: RawFd) -> Result<uapi::ruvm_mem_import_dmabuf, Errno> {
+        let mut a = uapi::ruvm_mem_import_dmabuf {
+            fd,
+            ..Default::default()
+        };
+        self.call(cmd::MEM_IMPORT_DMABUF, &mut a)?;
+        Ok(a)
     }
 
     /// `RUVM_IOCTL_MEM_IMPORT`: a new mem of this file sharing the chunks of the mem `data`
@@ -1070,6 +1095,25 @@ mod tests {
         assert_eq!((c >> 8) & 0xff, uapi::RUVM_IOCTL_MAGIC);
         assert_eq!(c >> 30, 3, "read-write");
         assert_eq!(((c >> 16) & 0x3fff) as usize, 104);
+    }
+
+    #[test]
+    fn the_dmabuf_commands_are_0x55_and_0x56_with_their_layouts() {
+        use std::mem::{offset_of, size_of};
+        for (c, nr, size) in [
+            (cmd::MEM_EXPORT_DMABUF.nr, 0x55, 32),
+            (cmd::MEM_IMPORT_DMABUF.nr, 0x56, 48),
+        ] {
+            assert_eq!(c & 0xff, nr);
+            assert_eq!((c >> 8) & 0xff, uapi::RUVM_IOCTL_MAGIC);
+            assert_eq!(c >> 30, 3, "read-write");
+            assert_eq!(((c >> 16) & 0x3fff) as usize, size);
+        }
+        assert_eq!(size_of::<uapi::ruvm_mem_export_dmabuf>(), 32);
+        assert_eq!(size_of::<uapi::ruvm_mem_import_dmabuf>(), 48);
+        assert_eq!(offset_of!(uapi::ruvm_mem_export_dmabuf, fd), 12);
+        assert_eq!(offset_of!(uapi::ruvm_mem_import_dmabuf, handle), 8);
+        assert_eq!(u64::from(uapi::RUVM_FEATURE_DMABUF), 1 << 14);
     }
 
     #[test]

@@ -26,6 +26,7 @@
 
 pub mod cmd;
 mod dev;
+pub mod dmabuf;
 pub mod names;
 pub mod op;
 mod stream;

@@ -114,6 +114,41 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
+/// `ruvmctl dmabuf ...`.
+#[derive(Subcommand)]
+pub enum DmabufAction {
+    /// Export mem H as a dma-buf (RUVM_IOCTL_MEM_EXPORT_DMABUF) and run CMD (with `sh -c`)
+    /// with it inherited, its number in $RUVM_DMABUF_FD: e.g. `ruvmctl --fd 3 dmabuf export H
+    /// --run 'ruvmctl dmabuf import $RUVM_DMABUF_FD'`. Fails if CMD does.
+    Export {
+        handle: u64,
+        /// The command to run with the descriptor.
+        #[arg(long, value_name = "CMD")]
+        run: String,
+    },
+    /// Import an inherited dma-buf descriptor that ruvm exported (RUVM_IOCTL_MEM_IMPORT_DMABUF):
+    /// prints the new mem's handle (use --fd to keep it).
+    Import {
+        /// The descriptor number (`$RUVM_DMABUF_FD` under `dmabuf export --run`).
+        #[arg(value_name = "FD")]
+        descriptor: i32,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// The fences of an inherited dma-buf descriptor's reservation object that a reader (or,
+    /// with --write, a writer) waits for, as a sync_file (DMA_BUF_IOCTL_EXPORT_SYNC_FILE): its
+    /// status and fences.
+    Fences {
+        #[arg(value_name = "FD")]
+        descriptor: i32,
+        /// A writer's view: every fence, readers' too.
+        #[arg(long)]
+        write: bool,
+        #[command(flatten)]
+        json: Json,
+    },
+}
+
 /// `ruvmctl pool ...`.
 #[derive(Subcommand)]
 pub enum PoolAction {
@@ -359,6 +394,11 @@ pub enum EventAction {
 
 #[derive(Subcommand)]
 pub enum Cmd {
+    /// Mems as dma-bufs: export one for another process or device, import one of ruvm's.
+    Dmabuf {
+        #[command(subcommand)]
+        action: DmabufAction,
+    },
     /// Show the loaded module's version, ABI, features and live mems (RUVM_IOCTL_INFO).
     Info(Json),
     /// Allocate a mem (RUVM_IOCTL_MEM_ALLOC): sysmem, or with --vidmem a GPU's memory.

@@ -7,6 +7,7 @@ use anyhow::{Context as _, Result};
 use libruvm::{Cmd, IoctlArg, Ruvm};
 
 pub mod audit;
+pub mod dmabuf;
 pub mod gpu;
 pub mod gpu_va;
 pub mod info;

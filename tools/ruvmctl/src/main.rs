@@ -28,7 +28,7 @@ mod pattern;
 mod selftest;
 mod units;
 
-use cli::{Cli, Cmd, EventAction, GpuAction, PoolAction, StreamAction};
+use cli::{Cli, Cmd, DmabufAction, EventAction, GpuAction, PoolAction, StreamAction};
 use output::{emit, Done};
 
 /// Runs one command.
@@ -138,6 +138,19 @@ fn run(cli: Cli) -> Result<()> {
             false,
         ),
         Cmd::Query { handle, json } => emit(&cmd::mem::query(&d()?, handle)?, json.json),
+        Cmd::Dmabuf { action } => match action {
+            DmabufAction::Export { handle, run } => {
+                emit(&cmd::dmabuf::export_run(&d()?, handle, &run)?, false)
+            }
+            DmabufAction::Import { descriptor, json } => {
+                emit(&cmd::dmabuf::import(&d()?, descriptor)?, json.json)
+            }
+            DmabufAction::Fences {
+                descriptor,
+                write,
+                json,
+            } => emit(&cmd::dmabuf::fences(descriptor, write)?, json.json),
+        },
         Cmd::Export { handle, json } => emit(&cmd::share::export_mem(&d()?, handle)?, json.json),
         Cmd::Import { pool, data, json } => {
             emit(&cmd::share::import_mem(&d()?, pool, &data)?, json.json)

@@ -15,6 +15,7 @@ mod adversary;
 mod audit;
 mod basic;
 mod bench;
+mod dmabuf;
 mod faults;
 mod gpu;
 mod gpu_va;
@@ -27,6 +28,7 @@ mod ptr;
 mod shared;
 mod stream_alloc;
 mod streams;
+mod vgem;
 mod vidmem;
 
 /// Every case, in the order they run.
@@ -44,6 +46,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(stream_alloc::cases());
     v.extend(ptr::cases());
     v.extend(ipc::cases());
+    v.extend(dmabuf::cases());
     v.extend(bench::cases());
     v.extend(hardening::cases());
     v.extend(faults::cases());

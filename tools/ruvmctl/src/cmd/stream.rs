@@ -30,7 +30,7 @@ fn errno_name(e: i64) -> String {
 }
 
 /// A fence status for people: pending, signalled, or the error it signalled with.
-fn status_text(status: i32) -> String {
+pub(crate) fn status_text(status: i32) -> String {
     match status {
         0 => "pending".into(),
         1 => "signalled".into(),

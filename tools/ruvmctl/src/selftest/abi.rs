@@ -208,6 +208,18 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
         data,
         ..Default::default()
     }, known: 0, zero: [pad, reserved]);
+    row!(&d, p, e, cmd::MEM_EXPORT_DMABUF, uapi::ruvm_mem_export_dmabuf {
+        handle: shared.handle,
+        ..Default::default()
+    }, known: 0, zero: [reserved]);
+    let buf = d
+        .mem_export_dmabuf(shared.handle)
+        .ctx("MEM_EXPORT_DMABUF")?;
+    row!(&d, p, e, cmd::MEM_IMPORT_DMABUF, uapi::ruvm_mem_import_dmabuf {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&buf),
+        ..Default::default()
+    }, known: 0, zero: [reserved]);
+    drop(buf);
     d.mem_free(shared.handle).ctx("MEM_FREE")?;
     row!(&d, p, e, cmd::POOL_SET, uapi::ruvm_pool_set {
         handle: pool,

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Mems as dma-bufs: a sysmem mem exported as a dma-buf for other processes and devices, a
+//! dma-buf of ruvm's imported as a mem, and the reservation object that carries the fences of
+//! the work on a shared mem's bytes (implicit sync).
+//!
+//! # Lifetimes
+//!
+//! A dma-buf holds the mem's core ([`Source`], a quiet holder: the buffer outliving the mem is
+//! how dma-bufs are used, not a broken free order), so its chunks live, charged to the
+//! exporter, until the last of the mem, its imports and its buffers lets go. The buffer holds
+//! this module too (`dma_buf_export` takes a reference on its owner): `rmmod` is refused
+//! (`EBUSY`, "Module ruvm is in use") while any buffer ruvm exported lives.
+//!
+//! # Implicit sync
+//!
+//! A mem exported as a dma-buf (and every mem imported from one of its buffers) has a
+//! reservation object, the buffer's. Work on its bytes follows it: a stream operation that
+//! copies into or out of it, or fills it, first waits for the fences there (a write waits for
+//! all, a read for writers'), then adds its own fence once queued; a synchronous copy, fill or
+//! verify waits the same way and, done when it returns, adds none.
+
+use kernel::{
+    prelude::*,
+    sync::{atomic::ordering::Relaxed, Arc},
+};
+
+use crate::{
+    audit::Counted,
+    bind::{
+        anon::Exported,
+        dmabuf::{BufOps, Buffer, Got},
+        errno,
+        resv::Resv,
+    },
+    uapi,
+};
+
+use super::{quota::Quota, share::Export, share::Source, Life, Mem, MemCore, Origin};
+
+/// The dma-buf operations of ruvm's buffers: their private data holds the mem's core.
+static BUF_OPS: BufOps<Source, Counted> = BufOps::new();
+
+impl MemCore {
+    /// The core whose reservation object this mem's work follows: its own, or its source's
+    /// (an imported mem shares its exporter's).
+    fn resv_core(&self) -> &MemCore {
+        match &self.source {
+            Some(s) => &s.core,
+            None => self,
+        }
+    }
+
+    /// The reservation object of the mem's dma-bufs, if it has one.
+    pub(crate) fn resv(&self) -> Option<Arc<Resv>> {
+        let core = self.resv_core();
+        // Set before a first buffer is made, never cleared: a mem never exported needs no
+        // lock here.
+        if !core.exported.load(Relaxed) {
+            return None;
+        }
+        core.state.lock().resv.clone()
+    }
+
+    /// Waits for what a synchronous access (a write, or a read) to the mem's bytes must wait
+    /// for (see the module's doc): at most `RUVM_WAIT_MAX_MS`, interruptibly.
+    pub(crate) fn wait_implicit(&self, write: bool) -> Result {
+        match self.resv() {
+            Some(r) => r.wait(write, uapi::RUVM_WAIT_MAX_MS),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Mem {
+    /// A new dma-buf of the mem (its whole physical size), with a close-on-exec descriptor
+    /// reserved for it: `EOPNOTSUPP` for vidmem, `ENOENT` once a free of it has begun.
+    pub(crate) fn export_dmabuf(&self) -> Result<Exported> {
+        let pages = self.storage.sys()?.clone();
+        let (source, resv) = {
+            let mut st = self.state.lock();
+            if st.life != Life::Owned || st.export == Export::Withdrawn {
+                return Err(ENOENT);
+            }
+            let pool = st.lease.as_ref().map_or(0, |l| l.pool.id());
+            let source = Source::hold(&self.core, &mut st, pool, true)?;
+            drop(st);
+            // The reservation object is the shared one (the source's, for an import).
+            let rc = self.resv_core();
+            let mut rst = rc.state.lock();
+            let resv = match &rst.resv {
+                Some(r) => r.clone(),
+                None => {
+                    let r = Resv::new()?;
+                    rst.resv = Some(r.clone());
+                    r
+                }
+            };
+            // From here every access to the mem follows the object ([`MemCore::resv`]), and
+            // its drop takes its lock to let go ([`Mem`]'s drop).
+            rc.exported.store(true, Relaxed);
+            self.exported.store(true, Relaxed);
+            (source, resv)
+        };
+        // On failure the hold is dropped with the buffer (or with `source`).
+        let buf = Buffer::new(source, pages, resv)?;
+        BUF_OPS.export(buf)
+    }
+
+    /// A new mem of the file with quota `quota` sharing the pages of the dma-buf open at
+    /// descriptor `fd`, one of ruvm's: `EBADF` not open, `EINVAL` not a dma-buf,
+    /// `EOPNOTSUPP` another exporter's.
+    pub(crate) fn import_dmabuf(fd: i32, quota: &Arc<Quota>, origin: Origin) -> Result<Arc<Mem>> {
+        let buf = match BUF_OPS.get(fd)? {
+            Got::Own(b) => b,
+            Got::Foreign => return Err(errno::eopnotsupp()),
+        };
+        let held = buf.owner();
+        let source = {
+            let mut st = held.core.state.lock();
+            Source::hold(&held.core, &mut st, held.pool(), true)?
+        };
+        Self::view(source, quota, origin)
+    }
+}
