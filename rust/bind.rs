@@ -8,6 +8,7 @@
 //! [`global::global!`]).
 
 pub(crate) mod anon;
+pub(crate) mod attach;
 pub(crate) mod completion;
 pub(crate) mod cred;
 pub(crate) mod dma;

@@ -218,6 +218,19 @@ impl GpuAccess<'_> {
         )
     }
 
+    /// Attaches another exporter's dma-buf to the GPU and maps it (`EOPNOTSUPP` on a simulated
+    /// GPU; see [`dma::GpuTable::attach`]).
+    pub(crate) fn attach(&self, buf: &crate::bind::attach::DmaBuf) -> Result<dma::GpuTable> {
+        let r = &self.gpu.res;
+        dma::GpuTable::attach(
+            &r.dma,
+            buf,
+            self.gpu.limit,
+            r.tracker.clone(),
+            r.sim.is_some(),
+        )
+    }
+
     /// Largest piece one [`Self::copy`] moves.
     pub(crate) fn max_piece(&self) -> Result<usize> {
         Ok(match self.engine()? {

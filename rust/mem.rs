@@ -460,7 +460,7 @@ impl Mem {
     pub(crate) fn sys_pages(&self) -> Option<Arc<crate::gpu::dma::Pages>> {
         match &self.storage {
             Storage::Sys(p) => Some(p.clone()),
-            Storage::Vid(_) => None,
+            Storage::Vid(_) | Storage::Buf(_) => None,
         }
     }
 

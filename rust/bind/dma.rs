@@ -98,6 +98,11 @@ impl DmaDevice {
         Ok(Self { dev: dev.into() })
     }
 
+    /// The C `struct device`, for the binding layer's calls.
+    pub(super) fn raw(&self) -> *mut bindings::device {
+        raw_device(&self.dev)
+    }
+
     /// The device's streaming DMA mask, if it has one.
     pub(crate) fn dma_mask(&self) -> Option<u64> {
         let raw = raw_device(&self.dev);

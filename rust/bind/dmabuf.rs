@@ -29,7 +29,7 @@ use kernel::{
     sync::{aref::ARef, Arc, ArcBorrow, Mutex},
 };
 
-use super::{anon::Exported, pages::ChunkList, resv::Resv, vmap::VMap};
+use super::{anon::Exported, attach::DmaBuf, pages::ChunkList, resv::Resv, vmap::VMap};
 
 /// An importing device's mapping of a buffer: its scatter table, mapped for `dev`.
 struct Mapped {
@@ -184,8 +184,8 @@ impl<T: Send + Sync, P: Send + Sync> Buffer<T, P> {
 pub(crate) enum Got<T, P> {
     /// A buffer of this table: its private data.
     Own(Arc<Buffer<T, P>>),
-    /// Another exporter's buffer (not usable by ruvm).
-    Foreign,
+    /// Another exporter's buffer, held.
+    Foreign(DmaBuf),
 }
 
 /// The `dma_buf_ops` of ruvm's buffers holding owner tokens `T` over pages tagged `P`; its
@@ -260,16 +260,18 @@ impl<T: Send + Sync + 'static, P: Send + Sync + 'static> BufOps<T, P> {
         kernel::error::from_err_ptr(dmabuf)?;
         // SAFETY: the buffer is live while our reference is held; `ops` never changes.
         let ours = core::ptr::eq(unsafe { (*dmabuf).ops }, &self.0);
-        let got = if ours {
-            // SAFETY: a buffer of this table holds, in its private data, a reference on an
-            // `Arc<Buffer>` that lasts until its release, which our reference holds off.
-            Got::Own(unsafe { ArcBorrow::from_raw((*dmabuf).priv_.cast::<Buffer<T, P>>()) }.into())
-        } else {
-            Got::Foreign
+        let Some(held) = NonNull::new(dmabuf) else {
+            return Err(EBADF);
         };
-        // SAFETY: the reference taken above.
-        unsafe { bindings::dma_buf_put(dmabuf) };
-        Ok(got)
+        // SAFETY: the reference `dma_buf_get` took, handed over.
+        let held = unsafe { DmaBuf::from_owned(held) };
+        if !ours {
+            return Ok(Got::Foreign(held));
+        }
+        // SAFETY: a buffer of this table holds, in its private data, a reference on an
+        // `Arc<Buffer>` that lasts until its release, which `held` holds off.
+        let buf = unsafe { ArcBorrow::from_raw((*dmabuf).priv_.cast::<Buffer<T, P>>()) };
+        Ok(Got::Own(buf.into()))
     }
 
     /// The buffer of a dma-buf of this table.

@@ -13,24 +13,42 @@ use core::ptr;
 
 use kernel::{bindings, ffi::c_uint, prelude::*, sync::Arc, time::msecs_to_jiffies, types::Opaque};
 
-use super::fence::Fence;
+use super::{attach::DmaBuf, fence::Fence};
 
-/// A reservation object, which lives as long as its last holder (a mem, or a buffer exported
-/// with it).
+/// A reservation object ruvm made, which lives as long as its last holder (a mem, or a buffer
+/// exported with it).
 ///
 /// # Invariants
 ///
 /// `obj` was initialised by `dma_resv_init` and is finished by `Drop` only.
 #[pin_data(PinnedDrop)]
-pub(crate) struct Resv {
+struct Own {
     #[pin]
     obj: Opaque<bindings::dma_resv>,
 }
 
+#[pinned_drop]
+impl PinnedDrop for Own {
+    fn drop(self: Pin<&mut Self>) {
+        // SAFETY: by the type invariant the object was initialised; no holder is left (a
+        // buffer exported with it holds it), so nothing uses it any more.
+        unsafe { bindings::dma_resv_fini(self.obj.get()) };
+    }
+}
+
+/// A reservation object: one ruvm made (for the buffers of a mem it exports), or another
+/// exporter's buffer's, held by a reference on the buffer.
+pub(crate) struct Resv(Kind);
+
+enum Kind {
+    Own(Pin<KBox<Own>>),
+    Of(DmaBuf),
+}
+
 // SAFETY: a reservation object is used from any thread under its own lock (or RCU).
-unsafe impl Send for Resv {}
+unsafe impl Send for Own {}
 // SAFETY: as above.
-unsafe impl Sync for Resv {}
+unsafe impl Sync for Own {}
 
 /// The fences an access must wait for: a write waits for every fence (readers' and
 /// writers'), a read for writers' only.
@@ -45,17 +63,26 @@ fn usage(write: bool) -> bindings::dma_resv_usage {
 impl Resv {
     /// A new, empty reservation object (charged to the caller's memory cgroup).
     pub(crate) fn new() -> Result<Arc<Self>> {
-        Arc::pin_init(
-            pin_init!(Self {
+        let own = KBox::pin_init(
+            pin_init!(Own {
                 // SAFETY: `slot` is valid, pinned memory for a `dma_resv`.
                 obj <- Opaque::ffi_init(|slot| unsafe { bindings::dma_resv_init(slot) }),
             }),
             GFP_KERNEL_ACCOUNT,
-        )
+        )?;
+        Ok(Arc::new(Resv(Kind::Own(own)), GFP_KERNEL_ACCOUNT)?)
+    }
+
+    /// The reservation object of another exporter's buffer `buf` (held).
+    pub(crate) fn of(buf: DmaBuf) -> Result<Arc<Self>> {
+        Ok(Arc::new(Resv(Kind::Of(buf)), GFP_KERNEL_ACCOUNT)?)
     }
 
     pub(super) fn as_ptr(&self) -> *mut bindings::dma_resv {
-        self.obj.get()
+        match &self.0 {
+            Kind::Own(o) => o.obj.get(),
+            Kind::Of(b) => b.resv(),
+        }
     }
 
     /// The fences an access (a write, or a read) must wait for now, each a new reference.
@@ -125,14 +152,5 @@ impl Resv {
         // SAFETY: locked above.
         unsafe { bindings::dma_resv_unlock(obj) };
         kernel::error::to_result(r)
-    }
-}
-
-#[pinned_drop]
-impl PinnedDrop for Resv {
-    fn drop(self: Pin<&mut Self>) {
-        // SAFETY: by the type invariant the object was initialised; no holder is left (a
-        // buffer exported with it holds it), so nothing uses it any more.
-        unsafe { bindings::dma_resv_fini(self.as_ptr()) };
     }
 }

@@ -9,6 +9,7 @@
 
 use kernel::{
     new_condvar, new_mutex,
+    page::PAGE_SIZE,
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
@@ -19,6 +20,7 @@ use kernel::{
 use crate::{
     audit::{Class, Counted, Uncounted},
     bind::{
+        attach::{Attachment, DmaBuf},
         dma::{DmaDevice, DmaTable},
         pages::ChunkList,
     },
@@ -111,10 +113,39 @@ impl Tracker {
 /// and the tracker hears of it only after they are gone.
 pub(crate) struct GpuTable {
     _sim: Option<SimRecords>,
-    table: DmaTable<Counted>,
+    table: Table,
     _maps: Counted,
     _bytes: Counted,
     tracked: Tracked,
+}
+
+/// What a [`GpuTable`] maps: a mem's chunks, or another exporter's dma-buf, page by page.
+enum Table {
+    Chunks(DmaTable<Counted>),
+    Buffer(Attachment),
+}
+
+impl Table {
+    fn count(&self) -> usize {
+        match self {
+            Table::Chunks(t) => t.count(),
+            Table::Buffer(a) => a.count(),
+        }
+    }
+
+    fn chunk_len(&self) -> usize {
+        match self {
+            Table::Chunks(t) => t.chunk_len(),
+            Table::Buffer(_) => PAGE_SIZE,
+        }
+    }
+
+    fn addr(&self, i: usize) -> Option<u64> {
+        match self {
+            Table::Chunks(t) => t.addr(i),
+            Table::Buffer(a) => a.addr(i),
+        }
+    }
 }
 
 /// A table's place in its GPU's [`Tracker`], given back on drop.
@@ -154,20 +185,43 @@ impl GpuTable {
         sim: Option<Arc<SimIommu>>,
     ) -> Result<Self> {
         let table = DmaTable::new(dev, pages, limit)?;
-        let n = table.count() as u64;
-        let bytes = n * table.chunk_len() as u64;
         let sim = match sim {
             None => None,
             Some(iommu) => Some(SimRecords::new(iommu, &table)?),
         };
+        Ok(Self::tracked(Table::Chunks(table), sim, tracker))
+    }
+
+    /// Attaches another exporter's dma-buf `buf` to `dev` and maps it, page by page (see
+    /// [`Attachment::new`]). A simulated GPU cannot reach it (`EOPNOTSUPP`): its engine reads
+    /// pages through records of ruvm's own mappings, and an importer never sees a foreign
+    /// buffer's pages.
+    pub(super) fn attach(
+        dev: &DmaDevice,
+        buf: &DmaBuf,
+        limit: u64,
+        tracker: Arc<Tracker>,
+        sim: bool,
+    ) -> Result<Self> {
+        if sim {
+            return Err(crate::bind::errno::eopnotsupp());
+        }
+        let a = Attachment::new(buf, dev, limit)?;
+        Ok(Self::tracked(Table::Buffer(a), None, tracker))
+    }
+
+    /// `table`, counted by the audit and in its GPU's tracker from now on.
+    fn tracked(table: Table, sim: Option<SimRecords>, tracker: Arc<Tracker>) -> Self {
+        let n = table.count() as u64;
+        let bytes = n * table.chunk_len() as u64;
         tracker.add(bytes);
-        Ok(Self {
+        Self {
             _sim: sim,
             table,
             _maps: Counted::new(Class::DmaMappings, n),
             _bytes: Counted::new(Class::DmaBytes, bytes),
             tracked: Tracked { tracker, bytes },
-        })
+        }
     }
 
     /// Leaves the table out of the audit's DMA classes and its GPU's mapped bytes until the
@@ -196,7 +250,7 @@ impl GpuTable {
 
     /// The DMA address of every chunk, in order.
     pub(crate) fn addrs(&self) -> impl Iterator<Item = u64> + '_ {
-        self.table.addrs()
+        (0..self.table.count()).filter_map(|i| self.table.addr(i))
     }
 
     /// The DMA address of byte `offset` of the mapped pages.

@@ -178,7 +178,7 @@ impl Mem {
             }
         };
         let bytes_class = match storage {
-            Storage::Sys(_) => Class::SysmemBytes,
+            Storage::Sys(_) | Storage::Buf(_) => Class::SysmemBytes,
             Storage::Vid(_) => Class::VidmemBytes,
         };
         // A list the pool kept whole comes with the range of the mem that freed it (the same

@@ -21,22 +21,30 @@
 //! verify waits the same way and, done when it returns, adds none.
 
 use kernel::{
+    new_mutex,
+    page::PAGE_SIZE,
     prelude::*,
-    sync::{atomic::ordering::Relaxed, Arc},
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc,
+    },
 };
 
 use crate::{
-    audit::Counted,
+    audit::{Class, Counted},
     bind::{
         anon::Exported,
+        attach::DmaBuf,
         dmabuf::{BufOps, Buffer, Got},
-        errno,
         resv::Resv,
     },
     uapi,
 };
 
-use super::{quota::Quota, share::Export, share::Source, Life, Mem, MemCore, Origin};
+use super::{
+    offsets, policy::Layout, quota::Quota, registry, share::Export, share::Source,
+    storage::Storage, Life, Mem, MemCore, MemState, Origin,
+};
 
 /// The dma-buf operations of ruvm's buffers: their private data holds the mem's core.
 static BUF_OPS: BufOps<Source, Counted> = BufOps::new();
@@ -107,13 +115,13 @@ impl Mem {
         BUF_OPS.export(buf)
     }
 
-    /// A new mem of the file with quota `quota` sharing the pages of the dma-buf open at
-    /// descriptor `fd`, one of ruvm's: `EBADF` not open, `EINVAL` not a dma-buf,
-    /// `EOPNOTSUPP` another exporter's.
+    /// A new mem of the file with quota `quota` for the dma-buf open at descriptor `fd`: one
+    /// of ruvm's shares its pages; another exporter's is held, to be attached for each GPU it
+    /// is mapped on. `EBADF` not open, `EINVAL` not a dma-buf (or one of no whole pages).
     pub(crate) fn import_dmabuf(fd: i32, quota: &Arc<Quota>, origin: Origin) -> Result<Arc<Mem>> {
         let buf = match BUF_OPS.get(fd)? {
             Got::Own(b) => b,
-            Got::Foreign => return Err(errno::eopnotsupp()),
+            Got::Foreign(b) => return Self::import_foreign(b, quota, origin),
         };
         let held = buf.owner();
         let source = {
@@ -121,5 +129,64 @@ impl Mem {
             Source::hold(&held.core, &mut st, held.pool(), true)?
         };
         Self::view(source, quota, origin)
+    }
+
+    /// A new mem of the file with quota `quota` holding another exporter's buffer `buf`: its
+    /// size in whole pages (chunks of a page), charged to `quota` like any import; no CPU
+    /// mapping, kernel or GPU VA mapping, or export of it (`EOPNOTSUPP`); each GPU it is
+    /// mapped on (`MEM_MAP_GPU`) attaches the buffer, and copies reach it through that
+    /// mapping. Its work follows the buffer's own reservation object.
+    fn import_foreign(buf: DmaBuf, quota: &Arc<Quota>, origin: Origin) -> Result<Arc<Mem>> {
+        let size = u64::try_from(buf.size())?;
+        let page = PAGE_SIZE as u64;
+        if size == 0 || size % page != 0 {
+            return Err(EINVAL);
+        }
+        let layout = Layout {
+            chunk_size: page,
+            chunk_count: size / page,
+            physical_size: size,
+        };
+        let charge = quota.charge(size)?;
+        let mmap = offsets::MmapRange::new(size)?;
+        let resv = Resv::of(buf.clone())?;
+        let mut state = MemState::new(None);
+        state.resv = Some(resv);
+        let serial = super::new_serial();
+        let core = Arc::pin_init(
+            try_pin_init!(MemCore {
+                serial,
+                size,
+                layout,
+                alloc_flags: 0,
+                mmap: Some(mmap),
+                storage: Storage::Buf(buf),
+                source: None,
+                user_mappings: Atomic::new(0),
+                leased: false,
+                handed: Atomic::new(false),
+                committed: Atomic::new(true),
+                // Its reservation object is read as an exported mem's is.
+                exported: Atomic::new(true),
+                pool: 0,
+                owner: quota.id(),
+                state <- new_mutex!(state),
+                origin,
+                _mems: Counted::new(Class::Mems, 1),
+                // The exporter's memory, not ruvm's.
+                _bytes: Counted::new(Class::SysmemBytes, 0),
+                _usage: None,
+            }),
+            GFP_KERNEL_ACCOUNT,
+        )?;
+        let mem = Arc::new(
+            Mem {
+                core: core.clone(),
+                _charge: Some(charge),
+            },
+            GFP_KERNEL_ACCOUNT,
+        )?;
+        registry::insert(serial, core)?;
+        Ok(mem)
     }
 }

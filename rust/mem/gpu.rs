@@ -7,6 +7,7 @@
 use kernel::{prelude::*, sync::Arc};
 
 use crate::{
+    bind::attach::DmaBuf,
     gpu::{
         dma::{GpuTable, Pages},
         mmu::KERNEL_SPACE,
@@ -266,10 +267,34 @@ impl Mem {
         let pages = match &self.storage {
             Storage::Sys(p) => p,
             Storage::Vid(v) => return v.check_gpu(gpu),
+            Storage::Buf(b) => return self.attach_gpu(&access, gpu.id, b),
         };
         let mut st = self.state.lock();
         st.mappable()?;
         table_for(&mut st, &access, gpu.id, pages).map(|_| ())
+    }
+
+    /// [`Mem::map_gpu`] of another exporter's buffer: attached and mapped with no lock of the
+    /// mem's held (the exporter's calls take the buffer's reservation lock), then kept unless
+    /// the mem was freed, or mapped by another caller, meanwhile (then dropped, unlocked).
+    fn attach_gpu(&self, access: &GpuAccess<'_>, id: u32, buf: &DmaBuf) -> Result {
+        {
+            let st = self.state.lock();
+            st.mappable()?;
+            if st.gpus.iter().any(|(g, _)| *g == id) {
+                return Ok(());
+            }
+        }
+        let table = Arc::new(access.attach(buf)?, GFP_KERNEL_ACCOUNT)?;
+        let mut st = self.state.lock();
+        st.mappable()?;
+        if st.gpus.iter().any(|(g, _)| *g == id) || !table.keepable() {
+            drop(st);
+            drop(table);
+            return Ok(());
+        }
+        st.gpus.push((id, table), GFP_KERNEL_ACCOUNT)?;
+        Ok(())
     }
 
     /// Maps a new pool mem for every GPU of its pool's access set: with the tables the pool
@@ -358,6 +383,8 @@ impl Mem {
                 v.may_be_written();
                 (None, gpu_page_size(true, chunk, gpu.page_sizes)?)
             }
+            // Reached by the copy engine only (a GPU with an MMU cannot attach it).
+            Storage::Buf(_) => return Err(crate::bind::errno::eopnotsupp()),
         };
         let chunk_len = self.chunk_len()?;
         let storage = &self.storage;
@@ -369,7 +396,7 @@ impl Mem {
                     ..Pte::new(t.addr(offset)?, Aperture::SysCoherent)
                 }),
                 (Storage::Vid(v), _) => Ok(Pte::new(v.phys(offset, chunk_len)?, Aperture::Video)),
-                (Storage::Sys(_), None) => Err(EINVAL),
+                (Storage::Sys(_), None) | (Storage::Buf(_), _) => Err(EINVAL),
             }
         };
         let kva = match st.kva.take() {
@@ -490,7 +517,7 @@ impl Mem {
     /// for vidmem, the GPU's own memory (see [`VidPages::check_gpu`]).
     fn engine_view(&self, gpu: &GpuDev) -> Result<EngineView<'_>> {
         match &self.storage {
-            Storage::Sys(_) => Ok(EngineView::Table(self.gpu_table(gpu.id)?)),
+            Storage::Sys(_) | Storage::Buf(_) => Ok(EngineView::Table(self.gpu_table(gpu.id)?)),
             Storage::Vid(v) => v.check_gpu(gpu).map(|()| EngineView::Vid(v)),
         }
     }
@@ -535,7 +562,7 @@ impl Mem {
             return Err(EINVAL);
         }
         match &self.storage {
-            Storage::Sys(_) => Ok((
+            Storage::Sys(_) | Storage::Buf(_) => Ok((
                 self.gpu_table(gpu.id)?.addr(offset)?,
                 uapi::ruvm_aperture_RUVM_APERTURE_SYS,
             )),

@@ -103,6 +103,8 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
                     bump(Class::VidmemBytes, core.layout.physical_size);
                     bump(Class::VidmemChunks, v.chunk_count() as u64);
                 }
+                // Another exporter's memory: no bytes or chunks of ruvm's.
+                Storage::Buf(_) => {}
             }
             bump(Class::UserMappings, core.user_mappings.load(Relaxed).into());
             let st = core.state.lock();

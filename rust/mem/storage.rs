@@ -15,6 +15,7 @@ use kernel::{
 use crate::{
     audit::{Class, Counted},
     bind::{
+        attach::DmaBuf,
         errno,
         pages::{ChunkFlags, ChunkList},
     },
@@ -34,23 +35,27 @@ pub(crate) enum Storage {
     /// Sysmem chunks, counted by order while any holder (a mapping, a table) has them.
     Sys(Arc<Pages>),
     Vid(VidPages),
+    /// Another exporter's dma-buf (its pages are the exporter's, never seen: the mem is
+    /// reached only through each GPU's attachment, by DMA address).
+    Buf(DmaBuf),
 }
 
 impl Storage {
     /// The GPU of a vidmem mem.
     pub(super) fn vidmem_gpu(&self) -> Option<u32> {
         match self {
-            Storage::Sys(_) => None,
+            Storage::Sys(_) | Storage::Buf(_) => None,
             Storage::Vid(v) => Some(v.gpu.id),
         }
     }
 
     /// The sysmem pages, or `EOPNOTSUPP` for vidmem (which the CPU cannot map: as in uvm_mem
-    /// for GPUs whose memory is not CPU-coherent).
+    /// for GPUs whose memory is not CPU-coherent) and for another exporter's buffer (whose
+    /// pages an importer never sees).
     pub(super) fn sys(&self) -> Result<&Arc<Pages>> {
         match self {
             Storage::Sys(p) => Ok(p),
-            Storage::Vid(_) => Err(errno::eopnotsupp()),
+            Storage::Vid(_) | Storage::Buf(_) => Err(errno::eopnotsupp()),
         }
     }
 }

@@ -1498,13 +1498,17 @@ struct ruvm_mem_export_dmabuf {
 /**
  * struct ruvm_mem_import_dmabuf - a mem from a dma-buf (RUVM_IOCTL_MEM_IMPORT_DMABUF)
  *
- * A dma-buf that ruvm exported (in any process) becomes a new mem of the calling file, under a
- * new handle, sharing the buffer's pages (sysmem, the same size and layout as the exported
- * mem; not zeroed, not mapped for any GPU). Its physical size counts in the calling file's
- * limit (max_file_mib). It is freed as any mem, in any order with the exporter's. Work on it
- * follows the buffer's reservation object (implicit sync). Errors: EINVAL non-zero @flags or
- * @reserved, or @fd is not a dma-buf; EBADF @fd is not open; EOPNOTSUPP a dma-buf of
- * another exporter; ENOSPC the file's limit; ENOMEM.
+ * A dma-buf becomes a new mem of the calling file, under a new handle, not mapped for any GPU.
+ * One that ruvm exported (in any process) shares the buffer's pages (sysmem, the same size and
+ * layout as the exported mem; not zeroed). Another exporter's (udmabuf, a GPU driver's) is held
+ * as is: its size in 4 KiB chunks, reached only by GPUs' copy engines through RUVM_IOCTL_MEM_MAP_GPU,
+ * which attaches the buffer to that GPU and maps it through the GPU's IOMMU (EOPNOTSUPP on a
+ * simulated GPU); mmap through /dev/ruvm, the kernel mapping, GPU VA mappings and a dma-buf
+ * export of it are EOPNOTSUPP (map the buffer's own descriptor instead). Its size counts in
+ * the calling file's limit (max_file_mib). It is freed as any mem, in any order with the
+ * exporter's. Work on it follows the buffer's reservation object (implicit sync). Errors:
+ * EINVAL non-zero @flags or @reserved, @fd is not a dma-buf, or another exporter's buffer is
+ * not whole pages; EBADF @fd is not open; ENOSPC the file's limit; ENOMEM.
  *
  * @fd:          (in)  a dma-buf's descriptor
  * @flags:       (in)  must be 0

@@ -32,6 +32,8 @@ use crate::{kmsg, pattern};
 use libruvm::{dmabuf, op, sync_file, uapi, Ruvm, UserMap};
 
 const SIZE: u64 = 64 * 1024;
+/// Bytes of the foreign buffers (the edu engine moves under 4 KiB a transfer).
+const FOREIGN: u64 = 16 * 1024;
 const MEMS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_MEMS as usize;
 const SYSMEM_BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_BYTES as usize;
 /// The kernel log's words for an exporter that freed first (IPC pools only).
@@ -54,6 +56,14 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "dmabuf_refusals",
             run: dmabuf_refusals,
+        },
+        Case {
+            name: "dmabuf_foreign_udmabuf_through_the_engine",
+            run: dmabuf_foreign_udmabuf_through_the_engine,
+        },
+        Case {
+            name: "dmabuf_foreign_vgem_buffer_fenced_and_read_by_vgem",
+            run: dmabuf_foreign_vgem_buffer_fenced_and_read_by_vgem,
         },
     ]
 }
@@ -91,13 +101,13 @@ fn patterned(d: &Ruvm, seed: u64) -> Result<(u64, UserMap), Stop> {
 }
 
 /// A shared mapping of `len` bytes of dma-buf `fd` from byte `offset`.
-struct BufMap {
+pub(super) struct BufMap {
     addr: NonNull<u8>,
     len: usize,
 }
 
 impl BufMap {
-    fn new(fd: &impl AsFd, offset: u64, len: u64) -> Result<Self, Errno> {
+    pub(super) fn new(fd: &impl AsFd, offset: u64, len: u64) -> Result<Self, Errno> {
         let len = usize::try_from(len).map_err(|_| Errno::EINVAL)?;
         let n = NonZeroUsize::new(len).ok_or(Errno::EINVAL)?;
         let off = i64::try_from(offset).map_err(|_| Errno::EINVAL)?;
@@ -118,13 +128,13 @@ impl BufMap {
         })
     }
 
-    fn read(&self, i: usize) -> u8 {
+    pub(super) fn read(&self, i: usize) -> u8 {
         assert!(i < self.len);
         // SAFETY: inside the mapping, which lives as long as `self`.
         unsafe { self.addr.as_ptr().add(i).read_volatile() }
     }
 
-    fn write(&self, i: usize, v: u8) {
+    pub(super) fn write(&self, i: usize, v: u8) {
         assert!(i < self.len);
         // SAFETY: as above.
         unsafe { self.addr.as_ptr().add(i).write_volatile(v) }
@@ -386,8 +396,8 @@ fn dmabuf_vgem_fence_holds_the_next_copy() -> TestResult {
     Ok(())
 }
 
-/// Exact errors: an unknown handle, a vidmem mem, a descriptor that is not open, not a dma-buf,
-/// or another exporter's buffer (udmabuf).
+/// Exact errors: an unknown handle, a vidmem mem, a descriptor that is not open or not a
+/// dma-buf.
 fn dmabuf_refusals() -> TestResult {
     let d = setup()?;
     expect_errno(
@@ -414,14 +424,6 @@ fn dmabuf_refusals() -> TestResult {
     )?;
     drop(sync);
     d.event_destroy(e).ctx("EVENT_DESTROY")?;
-    match udmabuf(SIZE).ctx("udmabuf")? {
-        Some((_memfd, ubuf)) => expect_errno(
-            d.mem_import_dmabuf(ubuf.as_raw_fd()).map(|_| ()),
-            Errno::EOPNOTSUPP,
-            "MEM_IMPORT_DMABUF of a udmabuf",
-        )?,
-        None => println!("# no /dev/udmabuf: another exporter's buffer is not tried"),
-    }
     if let Ok(gpu) = super::shared::vidmem_gpu(&d) {
         let p = super::shared::vid_pool(&d, gpu.id, 64 * 1024, 0).ctx("POOL_CREATE vidmem")?;
         let h = super::shared::vid_alloc(&d, p, gpu.id, SIZE)
@@ -444,5 +446,188 @@ fn dmabuf_refusals() -> TestResult {
         Errno::ENOENT,
         "MEM_EXPORT_DMABUF of a freed mem",
     )?;
+    Ok(())
+}
+
+/// A test GPU (edu: a real DMA engine behind the guest's IOMMU), or a skip: a simulated GPU's
+/// engine cannot reach another exporter's buffer.
+fn edu_gpu(d: &Ruvm) -> Result<u32, Stop> {
+    d.gpus()
+        .ctx("GPU_LIST")?
+        .iter()
+        .find(|g| {
+            g.flags & uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT != 0
+                && g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU
+        })
+        .map(|g| g.id)
+        .ok_or_else(|| Stop::Skip("no test (edu) GPU".into()))
+}
+
+/// A udmabuf (a memfd's pages, another exporter's dma-buf) imported into ruvm: what needs its
+/// pages is refused (ruvm's mmap, the kernel mapping, an export, a simulated GPU:
+/// `EOPNOTSUPP`); mapped for an edu GPU, its engine writes bytes the memfd then reads, and
+/// reads bytes written through the memfd. The audit is back where it was.
+fn dmabuf_foreign_udmabuf_through_the_engine() -> TestResult {
+    use std::os::unix::fs::FileExt;
+    let d = setup()?;
+    let g = edu_gpu(&d)?;
+    let Some((memfd, ubuf)) = udmabuf(FOREIGN).ctx("udmabuf")? else {
+        return Err(Stop::Skip("no /dev/udmabuf (CONFIG_UDMABUF)".into()));
+    };
+    let before = counts(&d)?;
+    let (seed_a, seed_b, seed_c) = (0xd5a, 0xd5b, 0xd5c);
+    let bytes = |seed: u64| {
+        (0..FOREIGN)
+            .map(|o| pattern::byte_at(seed, o))
+            .collect::<Vec<u8>>()
+    };
+    memfd
+        .write_all_at(&bytes(seed_a), 0)
+        .ctx("write to the memfd")?;
+    let m = d
+        .mem_import_dmabuf(ubuf.as_raw_fd())
+        .ctx("MEM_IMPORT_DMABUF of a udmabuf")?;
+    check!(m.size == FOREIGN, "the import's size is {}", m.size);
+    let q = d.mem_query(m.handle).ctx("MEM_QUERY")?;
+    expect_errno(
+        UserMap::of_mem(&d, &q).map(|_| ()),
+        Errno::EOPNOTSUPP,
+        "mmap of another exporter's buffer through /dev/ruvm",
+    )?;
+    expect_errno(
+        d.map_kernel(m.handle),
+        Errno::EOPNOTSUPP,
+        "MAP_CPU_KERNEL of it",
+    )?;
+    expect_errno(
+        d.mem_export_dmabuf(m.handle).map(|_| ()),
+        Errno::EOPNOTSUPP,
+        "MEM_EXPORT_DMABUF of it",
+    )?;
+    if let Ok(sim) = sim_gpu(&d) {
+        expect_errno(
+            d.mem_gpu(true, m.handle, sim),
+            Errno::EOPNOTSUPP,
+            "MEM_MAP_GPU of it on a simulated GPU",
+        )?;
+    }
+    d.mem_gpu(true, m.handle, g)
+        .ctx("MEM_MAP_GPU of it on the edu GPU")?;
+    let addrs = d.dma_addrs(m.handle, g, 0, 64).ctx("MEM_DMA_ADDRS")?;
+    check!(
+        addrs.len() as u64 == FOREIGN / 4096,
+        "{} DMA addresses for {} pages",
+        addrs.len(),
+        FOREIGN / 4096
+    );
+    let (a, amap) = patterned(&d, seed_b)?;
+    // Only its first FOREIGN bytes are copied (the edu engine moves under 4 KiB a transfer).
+    d.mem_gpu(true, a, g).ctx("MEM_MAP_GPU")?;
+    d.ce_copy(g, m.handle, 0, a, 0, FOREIGN)
+        .ctx("CE_COPY into the udmabuf")?;
+    let mut got = vec![0u8; FOREIGN as usize];
+    memfd.read_exact_at(&mut got, 0).ctx("read the memfd")?;
+    let n = got
+        .iter()
+        .zip(bytes(seed_b))
+        .filter(|(x, y)| **x != *y)
+        .count();
+    check!(n == 0, "{n} bytes the engine wrote are not in the memfd");
+    memfd
+        .write_all_at(&bytes(seed_c), 0)
+        .ctx("write to the memfd")?;
+    d.ce_copy(g, a, 0, m.handle, 0, FOREIGN)
+        .ctx("CE_COPY out of the udmabuf")?;
+    let n = bad(|i| amap.read(i), 0, FOREIGN, seed_c);
+    check!(
+        n == 0,
+        "{n} bytes the engine read out of the memfd are wrong"
+    );
+    drop(amap);
+    d.mem_free(a).ctx("MEM_FREE")?;
+    // The GPU's removal drops the attachment (the exporter's mapping undone) with its
+    // tables; the mem stays, mapped on no GPU, and maps again once the GPU is back.
+    let info = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .find(|x| x.id == g)
+        .ok_or_else(|| Stop::Fail("the GPU left the list".into()))?;
+    let name = libruvm::pci_name(&info);
+    std::fs::write(format!("{}/unbind", super::gpu::DRIVER), &name).ctx("unbind")?;
+    let q = d.mem_query(m.handle).ctx("MEM_QUERY after unbind");
+    std::fs::write(format!("{}/bind", super::gpu::DRIVER), &name).ctx("bind")?;
+    let q = q?;
+    check!(
+        q.mapped_gpus & (1 << g) == 0,
+        "the import is still mapped on the removed GPU ({:#x})",
+        q.mapped_gpus
+    );
+    d.mem_gpu(true, m.handle, g)
+        .ctx("MEM_MAP_GPU of the import on the rebound GPU")?;
+    d.mem_free(m.handle).ctx("MEM_FREE of the import")?;
+    drop((ubuf, memfd));
+    let after = counts(&d)?;
+    check!(
+        after == before,
+        "mems, sysmem bytes: {after:?} after, {before:?} before"
+    );
+    Ok(())
+}
+
+/// vgem's own buffer, exported by vgem and imported into ruvm, with a vgem write fence on it: a
+/// stream copy into it on an edu GPU has not run 300 ms later; once vgem signals, the copy runs
+/// and vgem's own CPU mapping reads what ruvm's engine wrote.
+fn dmabuf_foreign_vgem_buffer_fenced_and_read_by_vgem() -> TestResult {
+    let d = setup()?;
+    let Some(vgem) = Vgem::open() else {
+        return Err(Stop::Skip("no vgem device (CONFIG_DRM_VGEM)".into()));
+    };
+    let g = edu_gpu(&d)?;
+    let seed = 0xd6a;
+    let handle = vgem.create(FOREIGN).ctx("vgem CREATE_DUMB")?;
+    let vmap = vgem
+        .map(handle, FOREIGN)
+        .ctx("vgem's mapping of its buffer")?;
+    for o in 0..FOREIGN as usize {
+        vmap.write(o, 0);
+    }
+    let vbuf = vgem.export(handle).ctx("vgem PRIME export")?;
+    let m = d
+        .mem_import_dmabuf(vbuf.as_raw_fd())
+        .ctx("MEM_IMPORT_DMABUF of vgem's buffer")?;
+    check!(m.size >= FOREIGN, "the import's size is {}", m.size);
+    d.mem_gpu(true, m.handle, g).ctx("MEM_MAP_GPU of it")?;
+    let (a, amap) = patterned(&d, seed)?;
+    // Only its first FOREIGN bytes are copied.
+    d.mem_gpu(true, a, g).ctx("MEM_MAP_GPU")?;
+    let fence = vgem.fence(handle, true).ctx("vgem FENCE_ATTACH")?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let seqno = d
+        .stream_submit(s, &[op::copy(m.handle, 0, a, 0, FOREIGN)])
+        .ctx("STREAM_SUBMIT")?;
+    std::thread::sleep(Duration::from_millis(300));
+    let held = d.stream_query(s).ctx("STREAM_QUERY")?.completed < seqno;
+    // ruvm's copy is in vgem's buffer's reservation object too.
+    let pending = dmabuf::export_sync_file(&vbuf, false).ctx("EXPORT_SYNC_FILE")?;
+    let info = sync_file::info(&pending).ctx("SYNC_IOC_FILE_INFO")?;
+    vgem.signal(fence).ctx("vgem FENCE_SIGNAL")?;
+    d.stream_sync(s, 20_000).ctx("STREAM_SYNC")?;
+    check!(held, "the copy completed while vgem's fence was pending");
+    check!(
+        info.fences.iter().any(|f| f.driver == "ruvm"),
+        "vgem's buffer did not carry ruvm's fence: {info:?}"
+    );
+    let n = bad(|i| vmap.read(i), 0, FOREIGN, seed);
+    check!(
+        n == 0,
+        "vgem's mapping reads {n} bytes other than ruvm's engine wrote"
+    );
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    drop((amap, pending));
+    d.mem_free(a).ctx("MEM_FREE")?;
+    d.mem_free(m.handle).ctx("MEM_FREE of the import")?;
+    drop((vmap, vbuf));
+    vgem.close(handle).ctx("GEM_CLOSE")?;
     Ok(())
 }

@@ -36,6 +36,28 @@ struct DrmPrimeHandle {
     fd: i32,
 }
 
+/// `struct drm_mode_create_dumb`.
+#[repr(C)]
+#[derive(Default)]
+struct DrmCreateDumb {
+    height: u32,
+    width: u32,
+    bpp: u32,
+    flags: u32,
+    handle: u32,
+    pitch: u32,
+    size: u64,
+}
+
+/// `struct drm_mode_map_dumb`.
+#[repr(C)]
+#[derive(Default)]
+struct DrmMapDumb {
+    handle: u32,
+    pad: u32,
+    offset: u64,
+}
+
 /// `struct drm_gem_close`.
 #[repr(C)]
 #[derive(Default)]
@@ -79,7 +101,8 @@ const UDMABUF_FLAGS_CLOEXEC: u32 = 1;
 
 mod ioctl {
     use super::{
-        DrmGemClose, DrmPrimeHandle, DrmVersion, UdmabufCreate, VgemFenceAttach, VgemFenceSignal,
+        DrmCreateDumb, DrmGemClose, DrmMapDumb, DrmPrimeHandle, DrmVersion, UdmabufCreate,
+        VgemFenceAttach, VgemFenceSignal,
     };
 
     const DRM: u8 = b'd';
@@ -88,7 +111,10 @@ mod ioctl {
 
     nix::ioctl_readwrite!(drm_version, DRM, 0x00, DrmVersion);
     nix::ioctl_write_ptr!(drm_gem_close, DRM, 0x09, DrmGemClose);
+    nix::ioctl_readwrite!(drm_prime_handle_to_fd, DRM, 0x2d, DrmPrimeHandle);
     nix::ioctl_readwrite!(drm_prime_fd_to_handle, DRM, 0x2e, DrmPrimeHandle);
+    nix::ioctl_readwrite!(drm_mode_create_dumb, DRM, 0xb2, DrmCreateDumb);
+    nix::ioctl_readwrite!(drm_mode_map_dumb, DRM, 0xb3, DrmMapDumb);
     nix::ioctl_readwrite!(vgem_fence_attach, DRM, DRIVER + 1, VgemFenceAttach);
     nix::ioctl_write_ptr!(vgem_fence_signal, DRM, DRIVER + 2, VgemFenceSignal);
     nix::ioctl_write_ptr!(udmabuf_create, b'u', 0x42, UdmabufCreate);
@@ -137,6 +163,44 @@ impl Vgem {
         // SAFETY: `a` is the structure the command encodes, borrowed for the call.
         unsafe { ioctl::drm_prime_fd_to_handle(self.file.as_raw_fd(), &mut a) }?;
         Ok(a.handle)
+    }
+
+    /// A new vgem buffer of `size` bytes (a multiple of 4096): its GEM handle.
+    pub(super) fn create(&self, size: u64) -> Result<u32, Errno> {
+        let mut a = DrmCreateDumb {
+            height: u32::try_from(size / 4096).map_err(|_| Errno::EINVAL)?,
+            width: 1024,
+            bpp: 32,
+            ..Default::default()
+        };
+        // SAFETY: `a` is the structure the command encodes, borrowed for the call.
+        unsafe { ioctl::drm_mode_create_dumb(self.file.as_raw_fd(), &mut a) }?;
+        Ok(a.handle)
+    }
+
+    /// Exports vgem buffer `handle` as a dma-buf (read-write, close-on-exec).
+    pub(super) fn export(&self, handle: u32) -> Result<OwnedFd, Errno> {
+        let mut a = DrmPrimeHandle {
+            handle,
+            flags: (nix::libc::O_RDWR | nix::libc::O_CLOEXEC) as u32,
+            fd: -1,
+        };
+        // SAFETY: `a` is the structure the command encodes, borrowed for the call.
+        unsafe { ioctl::drm_prime_handle_to_fd(self.file.as_raw_fd(), &mut a) }?;
+        // SAFETY: the kernel installed `a.fd` for this call; this is its only owner.
+        Ok(unsafe { OwnedFd::from_raw_fd(a.fd) })
+    }
+
+    /// vgem's own CPU mapping of its buffer `handle`, `len` bytes (not of an import: DRM
+    /// refuses those).
+    pub(super) fn map(&self, handle: u32, len: u64) -> Result<super::dmabuf::BufMap, Errno> {
+        let mut a = DrmMapDumb {
+            handle,
+            ..Default::default()
+        };
+        // SAFETY: `a` is the structure the command encodes, borrowed for the call.
+        unsafe { ioctl::drm_mode_map_dumb(self.file.as_raw_fd(), &mut a) }?;
+        super::dmabuf::BufMap::new(&self.file, a.offset, len)
     }
 
     /// Drops GEM handle `handle` (its import goes with the last reference).
