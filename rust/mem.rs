@@ -260,6 +260,9 @@ pub(crate) struct MemState {
     /// The reservation object of the mem's dma-bufs (made at the first export): the fences of
     /// the work on its bytes, for implicit sync ([`dmabuf`]).
     resv: Option<Arc<crate::bind::resv::Resv>>,
+    /// The quota charge of a mem of no pool whose [`Mem`] went while other holders keep its
+    /// chunks (a dma-buf, an import): it goes with them, so the file's limit counts them.
+    kept_charge: Option<Charge>,
 }
 
 impl MemState {
@@ -281,6 +284,7 @@ impl MemState {
             order_said: false,
             quiet: 0,
             resv: None,
+            kept_charge: None,
         }
     }
 
@@ -404,6 +408,9 @@ impl Drop for Mem {
                 st.holders = st.holders.saturating_sub(1);
                 let retired = (st.holders > 0 && st.life == Life::Owned)
                     .then(|| Self::retire_locked(&mut st, false));
+                if st.holders > 0 {
+                    st.kept_charge = self._charge.take();
+                }
                 (st.holders == 0, retired)
             };
             drop(retired);

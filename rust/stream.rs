@@ -314,7 +314,7 @@ impl StreamCore {
             files.commit(&mut gone, &mut new, &mut queue)?;
         }
         known.merge(&batch);
-        implicit::publish(self, &published);
+        implicit::publish(self, &published, &self.engine);
         batch.finish(files);
         drop(known);
         for (event, seqno) in events.recorded() {

@@ -124,6 +124,13 @@ fn raw_device(dev: &device::Device) -> *mut bindings::device {
         .cast_mut()
 }
 
+/// The frame number of a page.
+#[cfg(CONFIG_X86_64)]
+pub(super) fn page_pfn(page: NonNull<bindings::page>) -> kernel::ffi::c_ulong {
+    // CAST: a frame number fits the kernel's `unsigned long` (it is one).
+    (page_phys(page) >> bindings::PAGE_SHIFT) as kernel::ffi::c_ulong
+}
+
 /// The physical address of a page.
 ///
 /// `page_to_phys` is a macro; on x86-64 the page array is virtually contiguous

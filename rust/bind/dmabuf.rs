@@ -44,8 +44,9 @@ struct Mapped {
 /// `P` the pages' tag.
 #[pin_data]
 pub(crate) struct Buffer<T, P> {
-    owner: T,
+    /// Before `owner`: the pages go first, so the owner's last hold finds them unshared.
     pages: Arc<ChunkList<P>>,
+    owner: T,
     resv: Arc<Resv>,
     /// The kernel mapping, while `vmap` asked for one (the dma-buf core counts its users).
     #[pin]
@@ -96,9 +97,26 @@ impl<T: Send + Sync, P: Send + Sync> Buffer<T, P> {
         for i in 0..n {
             ptrs.push(self.pages.page_ptr(i).ok_or(EINVAL)?.as_ptr(), GFP_KERNEL)?;
         }
+        // The importer's limits on one segment, as `drm_prime_pages_to_sg` reads them.
+        // SAFETY: `dev` is live for the call; `dma_parms` is null or the device's.
+        let max_seg = unsafe {
+            let parms = (*dev).dma_parms;
+            let seg = if parms.is_null() {
+                64 * 1024
+            } else {
+                (*parms).max_segment_size as usize
+            };
+            seg.min(bindings::dma_max_mapping_size(dev))
+        };
+        let max_seg = c_uint::try_from(max_seg)
+            .unwrap_or(c_uint::MAX)
+            .max(PAGE_SIZE as c_uint)
+            & !(PAGE_SIZE as c_uint - 1);
+        // Kept while the importer has it mapped: charged to the importer's memory cgroup (its
+        // syscall maps it).
         // SAFETY: all-zero is the state `sg_alloc_table*` expects of a new table.
         let table: KBox<bindings::sg_table> =
-            KBox::new(unsafe { core::mem::zeroed() }, GFP_KERNEL)?;
+            KBox::new(unsafe { core::mem::zeroed() }, GFP_KERNEL_ACCOUNT)?;
         let sgt = KBox::into_raw(table);
         // SAFETY: `sgt` is a zeroed table of ours; `ptrs` holds `count` pages, live while the
         // buffer is (and so while the table is); segments are at most `c_uint::MAX` bytes.
@@ -109,8 +127,8 @@ impl<T: Send + Sync, P: Send + Sync> Buffer<T, P> {
                 count,
                 0,
                 len,
-                c_uint::MAX & !(PAGE_SIZE as c_uint - 1),
-                bindings::GFP_KERNEL,
+                max_seg,
+                bindings::GFP_KERNEL | (1 << bindings::___GFP_ACCOUNT_BIT),
             )
         };
         if r != 0 {
@@ -128,7 +146,10 @@ impl<T: Send + Sync, P: Send + Sync> Buffer<T, P> {
             drop(unsafe { KBox::from_raw(sgt) });
             return Err(Error::from_errno(r));
         }
-        let listed = self.maps.lock().push(Mapped { dev, sgt, dir }, GFP_KERNEL);
+        let listed = self
+            .maps
+            .lock()
+            .push(Mapped { dev, sgt, dir }, GFP_KERNEL_ACCOUNT);
         if let Err(e) = listed {
             // SAFETY: mapped above for `dev` with `dir`, in no list: undone, then freed.
             unsafe {
@@ -317,8 +338,12 @@ impl<T: Send + Sync + 'static, P: Send + Sync + 'static> BufOps<T, P> {
         drop(unsafe { Arc::from_raw((*dmabuf).priv_.cast::<Buffer<T, P>>()) });
     }
 
-    /// Inserts every page the VMA covers (the dma-buf core checked its range against the
-    /// buffer's size). Each page is referenced by the mapping; the VMA holds the buffer's file.
+    /// Maps every page the VMA covers (the dma-buf core checked its range against the
+    /// buffer's size) by frame number, each run of neighbouring frames at once: the VMA
+    /// becomes `VM_PFNMAP | VM_IO | VM_DONTEXPAND | VM_DONTDUMP` (`remap_pfn_range`), so no
+    /// `struct page` reference is taken through it, `get_user_pages` refuses it (no pin can
+    /// outlive the buffer and see the chunks reused), and it never grows. The VMA holds the
+    /// buffer's file, which holds the pages.
     ///
     /// # Safety
     ///
@@ -330,26 +355,42 @@ impl<T: Send + Sync + 'static, P: Send + Sync + 'static> BufOps<T, P> {
         // SAFETY: as above.
         let buf = unsafe { Self::buffer(dmabuf) };
         // SAFETY: the VMA is live and ours to fill for the call.
-        let (start, end, pgoff) = unsafe {
+        let (start, end, pgoff, prot) = unsafe {
             let range = &(*vma).__bindgen_anon_1.__bindgen_anon_1;
-            (range.vm_start, range.vm_end, (*vma).vm_pgoff)
+            (
+                range.vm_start,
+                range.vm_end,
+                (*vma).vm_pgoff,
+                (*vma).vm_page_prot,
+            )
         };
+        let page = PAGE_SIZE as c_ulong;
         // A page offset inside the buffer (the core checked it).
         let mut i = pgoff;
         let mut addr = start;
         while addr < end {
-            let Some(page) = buf.pages.page_ptr(i) else {
+            let Some(first) = buf.pages.page_ptr(i).map(super::dma::page_pfn) else {
                 return EINVAL.to_errno();
             };
-            // SAFETY: `addr` is a page of the VMA, `page` a page of the buffer (live while
-            // the VMA, which holds its file, is); the mmap lock is held for writing, so the
-            // VMA may become a mixed map.
-            let r = unsafe { bindings::vm_insert_page(vma, addr as c_ulong, page.as_ptr()) };
+            let mut run: c_ulong = 1;
+            while addr + run * page < end
+                && buf
+                    .pages
+                    .page_ptr(i + run as usize)
+                    .map(super::dma::page_pfn)
+                    == Some(first + run)
+            {
+                run += 1;
+            }
+            // SAFETY: `[addr, addr + run pages)` is inside the VMA and `first..` are the frames
+            // of `run` pages of the buffer, live while the VMA (which holds its file) is; the
+            // mmap lock is held for writing.
+            let r = unsafe { bindings::remap_pfn_range(vma, addr, first, run * page, prot) };
             if r != 0 {
                 return r;
             }
-            addr += PAGE_SIZE as c_ulong;
-            i += 1;
+            addr += run * page;
+            i += run as usize;
         }
         0
     }

@@ -85,36 +85,6 @@ impl Resv {
         }
     }
 
-    /// The fences an access (a write, or a read) must wait for now, each a new reference.
-    pub(crate) fn fences(&self, write: bool) -> Result<KVec<Fence>> {
-        let mut count: c_uint = 0;
-        let mut array: *mut *mut bindings::dma_fence = ptr::null_mut();
-        // SAFETY: by the type invariant the object is live; the fences are read under RCU (no
-        // lock needed); on success `array` holds `count` new references, and is ours to free.
-        let r = unsafe {
-            bindings::dma_resv_get_fences(self.as_ptr(), usage(write), &mut count, &mut array)
-        };
-        kernel::error::to_result(r)?;
-        let mut out = KVec::new();
-        let mut failed = None;
-        for i in 0..count as usize {
-            // SAFETY: entry `i` of the array, a new reference handed over.
-            let fence = unsafe { Fence::from_owned(*array.add(i)) };
-            if let Some(f) = fence {
-                // On failure the fence is dropped (its reference given back), as are the rest.
-                if let Err(e) = out.push(f, GFP_KERNEL) {
-                    failed = Some(e);
-                }
-            }
-        }
-        // SAFETY: the array the call allocated, its references taken over above.
-        unsafe { bindings::kfree(array.cast()) };
-        match failed {
-            Some(e) => Err(e.into()),
-            None => Ok(out),
-        }
-    }
-
     /// Waits for what an access must wait for, at most `timeout_ms`: `ETIMEDOUT`, or
     /// `ERESTARTSYS` on a signal.
     pub(crate) fn wait(&self, write: bool, timeout_ms: u32) -> Result {
@@ -130,9 +100,10 @@ impl Resv {
         }
     }
 
-    /// Adds `fence`, the fence of an access (a write, or a read), under the object's lock.
-    /// Fails (`ENOMEM`) only if room for it cannot be made.
-    pub(crate) fn add(&self, fence: &Fence, write: bool) -> Result {
+    /// Under the object's lock, at once: the fences an access (a write, or a read) must wait
+    /// for (each a new reference), then `fence`, that access's own, added. So two accesses
+    /// each see the other's fence, whatever their order. Fails (`ENOMEM`) with nothing added.
+    pub(crate) fn exchange(&self, fence: &Fence, write: bool) -> Result<KVec<Fence>> {
         let obj = self.as_ptr();
         let kind = if write {
             bindings::dma_resv_usage_DMA_RESV_USAGE_WRITE
@@ -142,15 +113,47 @@ impl Resv {
         // SAFETY: the object is live; without an acquire context the lock is a plain mutex
         // (no other reservation lock is held here, so none is waited for while holding one).
         unsafe { bindings::dma_resv_lock(obj, ptr::null_mut()) };
-        // SAFETY: the lock is held; the room is used at once, under the same lock.
-        let r = unsafe { bindings::dma_resv_reserve_fences(obj, 1) };
-        if r == 0 {
+        let r = self.fences(write).and_then(|before| {
+            // SAFETY: the lock is held; the room is used at once, under the same lock.
+            let r = unsafe { bindings::dma_resv_reserve_fences(obj, 1) };
+            kernel::error::to_result(r)?;
             // SAFETY: the lock is held, with room for one fence; the object takes its own
             // reference on the live `fence`.
             unsafe { bindings::dma_resv_add_fence(obj, fence.as_ptr(), kind) };
-        }
+            Ok(before)
+        });
         // SAFETY: locked above.
         unsafe { bindings::dma_resv_unlock(obj) };
-        kernel::error::to_result(r)
+        r
+    }
+
+    /// The fences an access (a write, or a read) must wait for now, each a new reference.
+    fn fences(&self, write: bool) -> Result<KVec<Fence>> {
+        let mut count: c_uint = 0;
+        let mut array: *mut *mut bindings::dma_fence = ptr::null_mut();
+        // SAFETY: by the type invariant the object is live; the fences are read under RCU; on
+        // success `array` holds `count` new references, and is ours to free.
+        let r = unsafe {
+            bindings::dma_resv_get_fences(self.as_ptr(), usage(write), &mut count, &mut array)
+        };
+        kernel::error::to_result(r)?;
+        let mut out = KVec::new();
+        let mut failed = None;
+        for i in 0..count as usize {
+            // SAFETY: entry `i` of the array, a new reference handed over.
+            let fence = unsafe { Fence::from_owned(*array.add(i)) };
+            if let Some(f) = fence {
+                // On failure the fence is dropped (its reference given back), as are the rest.
+                if let Err(e) = out.push(f, GFP_KERNEL_ACCOUNT) {
+                    failed = Some(e);
+                }
+            }
+        }
+        // SAFETY: the array the call allocated, its references taken over above.
+        unsafe { bindings::kfree(array.cast()) };
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(out),
+        }
     }
 }

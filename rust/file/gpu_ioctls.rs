@@ -124,8 +124,6 @@ impl RuvmFile {
         let dst = self.mem(args.dst_handle)?;
         let src = self.mem(args.src_handle)?;
         let gpu = gpu::get(args.gpu)?;
-        dst.wait_implicit(true)?;
-        src.wait_implicit(false)?;
         Mem::ce_copy(
             &gpu,
             &dst,

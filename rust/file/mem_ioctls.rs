@@ -131,8 +131,6 @@ impl RuvmFile {
             _ => return Err(EINVAL),
         };
         let mem = self.mem(args.handle)?;
-        // A mem shared as a dma-buf: its queued writers first (and, for a fill, its readers).
-        mem.wait_implicit(!verify)?;
         if verify {
             (args.mismatches, args.first_mismatch) = mem.verify(args.offset, args.length, fill)?;
             writer.write(&args)
@@ -146,8 +144,6 @@ impl RuvmFile {
         let args = args::read::<uapi::ruvm_mem_copy>(user)?;
         let dst = self.mem(args.dst_handle)?;
         let src = self.mem(args.src_handle)?;
-        dst.wait_implicit(true)?;
-        src.wait_implicit(false)?;
         Mem::copy(&dst, args.dst_offset, &src, args.src_offset, args.length)
     }
 }

@@ -22,7 +22,7 @@ use crate::{
     gpu::dma::Pages,
 };
 
-use super::{pattern, Life, Mem, Retired};
+use super::{pattern, Life, Mem, MemCore, Retired};
 
 /// A CPU kernel mapping, counted by the audit.
 pub(crate) struct KernelMapping {
@@ -146,6 +146,8 @@ impl Mem {
     /// Writes the pattern (or a byte) over a range, through the CPU kernel mapping.
     pub(crate) fn fill(self: &Arc<Self>, offset: u64, len: u64, fill: Fill) -> Result {
         let plan = CpuFill::plan(self, offset, len, fill)?;
+        // Shared as a dma-buf: its users' work first.
+        MemCore::wait_implicit(&[(self, true)])?;
         let mut done = 0;
         while done < plan.len() {
             done += plan.piece(done)?;
@@ -158,6 +160,7 @@ impl Mem {
     pub(crate) fn verify(&self, offset: u64, len: u64, fill: Fill) -> Result<(u64, u64)> {
         let (offset, len) = self.range(offset, len)?;
         let map = self.kmap()?;
+        MemCore::wait_implicit(&[(self, false)])?;
         let mut bytes = map.map.bytes();
         let mut want = [0u8; 256];
         let mut got = [0u8; 256];
@@ -189,6 +192,7 @@ impl Mem {
         let (dst_offset, len) = dst.range(dst_offset, len)?;
         let (src_offset, _) = src.range(src_offset, len as u64)?;
         let (dst_map, src_map) = (dst.kmap()?, src.kmap()?);
+        MemCore::wait_implicit(&[(dst, true), (src, false)])?;
         if Arc::ptr_eq(&dst_map, &src_map) {
             return dst_map.map.bytes().copy_within(dst_offset, src_offset, len);
         }

@@ -28,6 +28,7 @@ use kernel::{
         atomic::{ordering::Relaxed, Atomic},
         Arc,
     },
+    time::{Instant, Monotonic},
 };
 
 use crate::{
@@ -51,12 +52,13 @@ static BUF_OPS: BufOps<Source, Counted> = BufOps::new();
 
 impl MemCore {
     /// The core whose reservation object this mem's work follows: its own, or its source's
-    /// (an imported mem shares its exporter's).
+    /// (an imported mem shares its exporter's, however many imports deep).
     fn resv_core(&self) -> &MemCore {
-        match &self.source {
-            Some(s) => &s.core,
-            None => self,
+        let mut core = self;
+        while let Some(s) = &core.source {
+            core = &s.core;
         }
+        core
     }
 
     /// The reservation object of the mem's dma-bufs, if it has one.
@@ -70,13 +72,20 @@ impl MemCore {
         core.state.lock().resv.clone()
     }
 
-    /// Waits for what a synchronous access (a write, or a read) to the mem's bytes must wait
-    /// for (see the module's doc): at most `RUVM_WAIT_MAX_MS`, interruptibly.
-    pub(crate) fn wait_implicit(&self, write: bool) -> Result {
-        match self.resv() {
-            Some(r) => r.wait(write, uapi::RUVM_WAIT_MAX_MS),
-            None => Ok(()),
+    /// Waits for what a synchronous access to each of `mems` (a write, or a read) must wait
+    /// for (see the module's doc): at most `RUVM_WAIT_MAX_MS` in all (`ETIMEDOUT`),
+    /// interruptibly (`ERESTARTSYS`). Called once the access's arguments are checked.
+    pub(crate) fn wait_implicit(mems: &[(&MemCore, bool)]) -> Result {
+        let start = Instant::<Monotonic>::now();
+        for (mem, write) in mems {
+            let Some(r) = mem.resv() else {
+                continue;
+            };
+            let spent = u32::try_from(start.elapsed().as_millis()).unwrap_or(u32::MAX);
+            let left = uapi::RUVM_WAIT_MAX_MS.checked_sub(spent).ok_or(ETIMEDOUT)?;
+            r.wait(*write, left.max(1))?;
         }
+        Ok(())
     }
 }
 

@@ -535,6 +535,8 @@ impl Mem {
         len: u64,
     ) -> Result {
         let copy = EngineCopy::plan(gpu, dst.clone(), dst_offset, src.clone(), src_offset, len)?;
+        // Shared as dma-bufs: their users' work first (the GPU is not held meanwhile).
+        MemCore::wait_implicit(&[(dst, true), (src, false)])?;
         let access = gpu.access()?;
         let mut done = 0;
         while done < copy.len() {

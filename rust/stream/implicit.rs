@@ -1,20 +1,24 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! Implicit sync of a stream operation on mems shared as dma-bufs (see `mem::dmabuf`): the
-//! fences it waits for before its first piece (those in the buffers' reservation objects when
-//! it is submitted: a write waits for all, a read for writers'), and the objects its own fence
-//! goes into once it is queued (as a write or a read).
+//! reservation objects it follows (noted when it is planned), and, once it is queued, for each
+//! of them at once under the object's lock, the fences it must wait for (a write waits for
+//! all, a read for writers') and its own fence added (as a write or a read). The operation
+//! does not run before that exchange is done: until then the engine finds it blocked. So no
+//! user of the buffer, ruvm's or another driver's, can see the buffer idle while the
+//! operation runs, and of two accesses the later always waits for the earlier.
 //!
 //! A fence of the stream's own timeline is not waited for: the stream's order satisfies it.
 //! The wait lasts at most `RUVM_WAIT_MAX_MS` from when the stream reaches the operation, then
 //! fails it with `ETIMEDOUT` (the stream's error rule applies); a fence that signals an error
-//! fails it with that error.
+//! fails it with that error. If the exchange itself fails (no memory), the operation fails
+//! with that error before its first piece, without having been seen by the buffer's users.
 
 use kernel::{
     prelude::*,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
-        Arc,
+        Arc, SetOnce,
     },
     time::Delta,
 };
@@ -32,61 +36,55 @@ pub(super) fn timeout() -> Delta {
     Delta::from_millis(i64::from(uapi::RUVM_WAIT_MAX_MS))
 }
 
+/// The fences an operation waits for, made once it is queued.
+type Waits = KVec<Pin<KBox<Watch<Engine>>>>;
+
 /// An operation's implicit sync.
 pub(super) struct Implicit {
-    /// The fences to wait for, in order; `next` is the first not yet seen signalled.
-    waits: KVec<Pin<KBox<Watch<Engine>>>>,
+    /// The objects it follows, each as a write or not.
+    follows: KVec<(Arc<Resv>, bool)>,
+    /// The fences to wait for, in order, set once the exchange is done (until then the
+    /// operation is blocked); `next` is the first not yet seen signalled.
+    waits: SetOnce<Waits>,
     next: Atomic<usize>,
-    /// Where its fence goes once it is queued, as a write or not.
-    publish: KVec<(Arc<Resv>, bool)>,
-    /// Its fence could not be added to one of them (the errno): it fails before its next
-    /// piece rather than run unseen by the buffer's other users.
+    /// The exchange failed (the errno): the operation fails before its first piece.
     doomed: Atomic<i32>,
 }
 
 impl Implicit {
-    /// The implicit sync of an operation of the stream whose fence context is `context`,
-    /// running on `engine`, that accesses each of `mems` (writing it, or not); `None` if
-    /// none of them is shared as a dma-buf.
-    pub(super) fn of(
-        mems: &[(&MemCore, bool)],
-        context: u64,
-        engine: &Arc<Engine>,
-    ) -> Result<Option<Self>> {
-        let mut publish: KVec<(Arc<Resv>, bool)> = KVec::new();
+    /// The implicit sync of an operation that accesses each of `mems` (writing it, or not);
+    /// `None` if none of them is shared as a dma-buf.
+    pub(super) fn of(mems: &[(&MemCore, bool)]) -> Result<Option<Self>> {
+        let mut follows: KVec<(Arc<Resv>, bool)> = KVec::new();
         for (mem, write) in mems {
             let Some(resv) = mem.resv() else {
                 continue;
             };
-            match publish.iter_mut().find(|(r, _)| Arc::ptr_eq(r, &resv)) {
+            match follows.iter_mut().find(|(r, _)| Arc::ptr_eq(r, &resv)) {
                 Some(entry) => entry.1 |= *write,
-                None => publish.push((resv, *write), GFP_KERNEL_ACCOUNT)?,
+                None => follows.push((resv, *write), GFP_KERNEL_ACCOUNT)?,
             }
         }
-        if publish.is_empty() {
+        if follows.is_empty() {
             return Ok(None);
         }
-        let mut waits = KVec::new();
-        for (resv, write) in publish.iter() {
-            for fence in resv.fences(*write)? {
-                if fence.context() == context || fence.is_signalled() {
-                    continue;
-                }
-                let watch = KBox::pin_init(Watch::new(fence, engine.clone()), GFP_KERNEL_ACCOUNT)?;
-                waits.push(watch, GFP_KERNEL_ACCOUNT)?;
-            }
-        }
         Ok(Some(Self {
-            waits,
+            follows,
+            waits: SetOnce::new(),
             next: Atomic::new(0),
-            publish,
             doomed: Atomic::new(0),
         }))
     }
 
-    /// The next fence to wait for, if any is left.
+    /// The fences to wait for, once the exchange is done (`None` before: the operation must
+    /// not run yet).
+    pub(super) fn waits(&self) -> Option<&Waits> {
+        self.waits.as_ref()
+    }
+
+    /// The next fence to wait for, if the exchange is done and one is left.
     pub(super) fn pending(&self) -> Option<&Pin<KBox<Watch<Engine>>>> {
-        self.waits.get(self.next.load(Relaxed))
+        self.waits()?.get(self.next.load(Relaxed))
     }
 
     /// The fence [`Implicit::pending`] gave signalled.
@@ -94,7 +92,7 @@ impl Implicit {
         self.next.fetch_add(1, Relaxed);
     }
 
-    /// The error it must fail with, if its fence could not be published.
+    /// The error it must fail with, if the exchange failed.
     pub(super) fn doomed(&self) -> Option<Error> {
         match self.doomed.load(Relaxed) {
             0 => None,
@@ -102,27 +100,44 @@ impl Implicit {
         }
     }
 
-    /// Adds `fence` (the operation's, once queued) to every object it goes into; on failure
-    /// the operation is doomed (see `doomed`).
-    pub(super) fn publish(&self, fence: Result<Fence>) {
-        let r = fence.and_then(|f| {
-            self.publish
-                .iter()
-                .try_for_each(|(resv, write)| resv.add(&f, *write))
+    /// The exchange, once the operation is queued with fence `fence` on the stream whose
+    /// context is `context` (run by `engine`).
+    fn exchange(&self, fence: Result<Fence>, context: u64, engine: &Arc<Engine>) {
+        let made = fence.and_then(|f| {
+            let mut waits = KVec::new();
+            for (resv, write) in self.follows.iter() {
+                for before in resv.exchange(&f, *write)? {
+                    if before.context() == context || before.is_signalled() {
+                        continue;
+                    }
+                    let w = KBox::pin_init(Watch::new(before, engine.clone()), GFP_KERNEL_ACCOUNT)?;
+                    waits.push(w, GFP_KERNEL_ACCOUNT)?;
+                }
+            }
+            Ok(waits)
         });
-        if let Err(e) = r {
-            self.doomed.store(e.to_errno(), Relaxed);
-        }
+        let waits = match made {
+            Ok(w) => w,
+            Err(e) => {
+                self.doomed.store(e.to_errno(), Relaxed);
+                KVec::new()
+            }
+        };
+        // Set once: this is the only caller, once per operation.
+        let _ = self.waits.populate(waits);
     }
 }
 
-/// Adds the fence of each of `ops`, queued on `stream`, to the objects it goes into: in
-/// submission order, under the stream's submission lock, so each buffer sees the stream's
-/// fences in the stream's order.
-pub(super) fn publish(stream: &StreamCore, ops: &[Arc<Op>]) {
+/// The exchange of each of `ops`, just queued on `stream`: in submission order, under the
+/// stream's submission lock, so each buffer sees the stream's fences in the stream's order.
+/// Then the engine looks at the stream again.
+pub(super) fn publish(stream: &StreamCore, ops: &[Arc<Op>], engine: &Arc<Engine>) {
     for op in ops {
         if let Some(i) = &op.implicit {
-            i.publish(stream.point_fence(op.seqno));
+            i.exchange(stream.point_fence(op.seqno), stream.context, engine);
         }
+    }
+    if !ops.is_empty() {
+        engine.kick();
     }
 }

@@ -178,6 +178,11 @@ impl Op {
     /// round the streams between pieces).
     pub(super) fn step(&self, engine: &Engine) -> Result<Step> {
         if let Some(i) = &self.implicit {
+            // Not before its fence is in the buffers' objects (its submission publishes it
+            // right after queueing it, then kicks the engine).
+            if i.waits().is_none() {
+                return Ok(Step::Blocked);
+            }
             if let Some(e) = i.doomed() {
                 return Err(e);
             }
@@ -279,6 +284,9 @@ impl Op {
     /// Whether a blocked wait may go on: its fence signalled, its deadline passed, or the GPU
     /// is going (the next step then ends it).
     pub(super) fn may_go_on(&self, engine: &Engine) -> bool {
+        if self.implicit.as_ref().is_some_and(|i| i.waits().is_none()) {
+            return false;
+        }
         let implicit = self.implicit.as_ref().and_then(|i| i.pending());
         let implicit_timeout = super::implicit::timeout();
         let (watch, timeout) = match &self.work {

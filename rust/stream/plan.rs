@@ -186,7 +186,7 @@ pub(super) fn plan(
             let dst = batch.mem(files, op.dst, op.flags & DST_INDEX != 0)?;
             let src = batch.mem(files, op.src, op.flags & SRC_INDEX != 0)?;
             let (d, s): (&MemCore, &MemCore) = (&dst, &src);
-            let implicit = Implicit::of(&[(d, true), (s, false)], context, engine)?;
+            let implicit = Implicit::of(&[(d, true), (s, false)])?;
             let copy = EngineCopy::plan(gpu, dst, op.dst_offset, src, op.src_offset, op.length)?;
             Op::synced(seqno, Work::Copy(copy), implicit, 2, units).map(Some)
         }
@@ -221,7 +221,7 @@ pub(super) fn plan(
             let mem = batch.mem(files, op.dst, false)?;
             let plan = CpuFill::plan(&mem, op.dst_offset, op.length, fill)?;
             let m: &MemCore = &mem;
-            let implicit = Implicit::of(&[(m, true)], context, engine)?;
+            let implicit = Implicit::of(&[(m, true)])?;
             Op::synced(seqno, Work::Fill(plan), implicit, 1, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_RECORD => {

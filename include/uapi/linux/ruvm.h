@@ -1480,8 +1480,10 @@ struct ruvm_mem_import {
  * The buffer holds the mem's chunks (charged to the exporting file until the last holder goes:
  * the mem, its imports or a buffer), and holds the module: rmmod fails with EBUSY while a
  * buffer ruvm exported lives. Freeing the mem while a buffer lives is allowed (the buffer
- * keeps the pages). Errors: EINVAL non-zero @flags or @reserved; ENOENT not a mem of the file;
- * EOPNOTSUPP a vidmem mem; EMFILE no descriptor; ENOMEM.
+ * keeps the pages). Its mmap maps frames (VM_PFNMAP: its pages cannot be pinned). Errors: EINVAL
+ * non-zero @flags or @reserved; ENOENT not a mem of the file, or a RUVM_OP_FREE of it was
+ * submitted; EOPNOTSUPP a vidmem mem or another exporter's buffer; ENOMEM; EMFILE no
+ * descriptor.
  *
  * @handle:   (in)  a sysmem mem of the calling file
  * @flags:    (in)  must be 0

@@ -58,6 +58,10 @@ pub fn cases() -> Vec<Case> {
             run: dmabuf_refusals,
         },
         Case {
+            name: "dmabuf_kept_chunks_count_in_the_file_limit",
+            run: dmabuf_kept_chunks_count_in_the_file_limit,
+        },
+        Case {
             name: "dmabuf_foreign_udmabuf_through_the_engine",
             run: dmabuf_foreign_udmabuf_through_the_engine,
         },
@@ -155,6 +159,23 @@ fn bad(read: impl Fn(usize) -> u8, base: u64, len: u64, seed: u64) -> u64 {
         .count() as u64
 }
 
+/// Whether `vmsplice` (which pins the pages of what it is given) refuses the first page of
+/// `map` (`EFAULT`).
+fn pin_refused(map: &BufMap) -> bool {
+    let Ok((rx, tx)) = nix::unistd::pipe() else {
+        return false;
+    };
+    let iov = nix::libc::iovec {
+        iov_base: map.addr.as_ptr().cast(),
+        iov_len: 4096,
+    };
+    // SAFETY: one iovec over the live mapping, borrowed for the call; the pipe is ours.
+    let r = unsafe { nix::libc::vmsplice(tx.as_raw_fd(), &iov, 1, 0) };
+    let refused = r < 0 && Errno::last() == Errno::EFAULT;
+    drop((rx, tx));
+    refused
+}
+
 /// A simulated GPU with a copy engine, or `None` (said).
 fn copy_gpu(d: &Ruvm) -> Result<Option<u32>, Stop> {
     match sim_gpu(d) {
@@ -208,6 +229,12 @@ fn dmabuf_mmap_and_engine_share_bytes() -> TestResult {
         Errno::EINVAL,
         "mmap of the dma-buf past its end",
     )?;
+    // The mapping has no pages to pin: a pin could outlive the buffer and see the chunks
+    // reused by a later mem.
+    check!(
+        pin_refused(&whole),
+        "vmsplice pinned pages of the dma-buf's mapping"
+    );
     // Written through the buffer's mapping, between CPU access begin and end.
     dmabuf::cpu_access(&buf, false).ctx("DMA_BUF_IOCTL_SYNC start")?;
     for o in 0..SIZE {
@@ -386,6 +413,41 @@ fn dmabuf_vgem_fence_holds_the_next_copy() -> TestResult {
     check!(
         sync_file::wait(&cbuf, Duration::from_secs(5)).ctx("poll of C")?,
         "C's buffer did not poll readable after the copy"
+    );
+    // Synchronous calls: a bad range is refused at once, fence or not; a copy into B waits
+    // for a new vgem fence, which another thread signals 300 ms later.
+    let fence = vgem.fence(gem, true).ctx("vgem FENCE_ATTACH")?;
+    let t = std::time::Instant::now();
+    expect_errno(
+        d.mem_fill(false, super::shared::pattern(b, SIZE + 1, seed_a)),
+        Errno::EINVAL,
+        "MEM_FILL past the end with a fence pending",
+    )?;
+    check!(
+        t.elapsed() < Duration::from_secs(5),
+        "a bad range waited {:?} for the fence",
+        t.elapsed()
+    );
+    d.map_kernel(c).ctx("MAP_CPU_KERNEL")?;
+    let t = std::time::Instant::now();
+    let waited = std::thread::scope(|scope| {
+        let v = &vgem;
+        scope.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            v.signal(fence)
+        });
+        d.ce_copy(g, b, 0, c, 0, SIZE)
+    });
+    waited.ctx("CE_COPY into B with vgem's fence pending")?;
+    check!(
+        t.elapsed() >= Duration::from_millis(250),
+        "the synchronous copy into B did not wait for vgem's fence ({:?})",
+        t.elapsed()
+    );
+    let n = mismatches(&d, b, SIZE, seed_b)?;
+    check!(
+        n == 0,
+        "{n} bytes of B are not C's after the synchronous copy"
     );
     vgem.close(gem).ctx("GEM_CLOSE")?;
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
@@ -629,5 +691,39 @@ fn dmabuf_foreign_vgem_buffer_fenced_and_read_by_vgem() -> TestResult {
     d.mem_free(m.handle).ctx("MEM_FREE of the import")?;
     drop((vmap, vbuf));
     vgem.close(handle).ctx("GEM_CLOSE")?;
+    Ok(())
+}
+
+/// A mem freed while its dma-buf lives keeps counting in its file's limit (`max_file_mib`):
+/// with four quarters of the limit allocated, exported and freed (the buffers kept), a fifth
+/// allocation is `ENOSPC`; once the buffers are closed it succeeds. Run where the limit is
+/// small (`max_file_mib` at most 256).
+fn dmabuf_kept_chunks_count_in_the_file_limit() -> TestResult {
+    let d = setup()?;
+    let limit = d.info().ctx("INFO")?.max_file_bytes;
+    if limit == 0 || limit > 256 << 20 {
+        return Err(Stop::Skip("needs max_file_mib at most 256".into()));
+    }
+    let quarter = limit / 4;
+    let mut bufs = Vec::new();
+    for _ in 0..4 {
+        let h = d
+            .mem_alloc(quarter, 0, 0)
+            .ctx("MEM_ALLOC a quarter")?
+            .handle;
+        bufs.push(d.mem_export_dmabuf(h).ctx("MEM_EXPORT_DMABUF")?);
+        d.mem_free(h).ctx("MEM_FREE")?;
+    }
+    expect_errno(
+        d.mem_alloc(quarter, 0, 0).map(|_| ()),
+        Errno::ENOSPC,
+        "a fifth quarter with four freed mems' buffers alive",
+    )?;
+    drop(bufs);
+    let h = d
+        .mem_alloc(quarter, 0, 0)
+        .ctx("MEM_ALLOC once the buffers are closed")?
+        .handle;
+    d.mem_free(h).ctx("MEM_FREE")?;
     Ok(())
 }

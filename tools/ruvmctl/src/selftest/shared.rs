@@ -95,7 +95,7 @@ pub(super) fn readable(p: *mut u8) -> bool {
 }
 
 /// The fill of `[0, len)` of mem `h` with the pattern of `seed`.
-fn pattern(h: u64, len: u64, seed: u64) -> uapi::ruvm_mem_fill {
+pub(super) fn pattern(h: u64, len: u64, seed: u64) -> uapi::ruvm_mem_fill {
     uapi::ruvm_mem_fill {
         handle: h,
         length: len,
