@@ -112,11 +112,11 @@ impl<T: Send + Sync, P: Send + Sync> Buffer<T, P> {
             .unwrap_or(c_uint::MAX)
             .max(PAGE_SIZE as c_uint)
             & !(PAGE_SIZE as c_uint - 1);
+        // SAFETY: all-zero is the state `sg_alloc_table*` expects of a new table.
+        let zeroed: bindings::sg_table = unsafe { core::mem::zeroed() };
         // Kept while the importer has it mapped: charged to the importer's memory cgroup (its
         // syscall maps it).
-        // SAFETY: all-zero is the state `sg_alloc_table*` expects of a new table.
-        let table: KBox<bindings::sg_table> =
-            KBox::new(unsafe { core::mem::zeroed() }, GFP_KERNEL_ACCOUNT)?;
+        let table = KBox::new(zeroed, GFP_KERNEL_ACCOUNT)?;
         let sgt = KBox::into_raw(table);
         // SAFETY: `sgt` is a zeroed table of ours; `ptrs` holds `count` pages, live while the
         // buffer is (and so while the table is); segments are at most `c_uint::MAX` bytes.
