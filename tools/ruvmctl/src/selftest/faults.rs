@@ -278,6 +278,10 @@ fn fault_sweep_ioctls() -> TestResult {
             }),
         });
     }
+    // dma-bufs made for the sweep, and their mems (freed at the end).
+    let mut shared_bufs: Vec<std::os::fd::OwnedFd> = Vec::new();
+    let mut shared_mems: Vec<u64> = Vec::new();
+    let mut foreign_files: Vec<std::fs::File> = Vec::new();
     // A copy by a simulated engine (edu's takes 0.2 s a transfer: too slow to sweep).
     let sim_gpu = present.iter().find(|g| sim(g)).map(|g| g.id);
     let pair = match sim_gpu {
@@ -344,6 +348,39 @@ fn fault_sweep_ioctls() -> TestResult {
                     }),
                 });
             }
+            // A copy into a mem shared as a dma-buf: its exchange with the buffer's
+            // reservation object, after the submission is queued, may fail on its own; the
+            // operation then fails with ENOMEM (the stream in error), which the undo accepts.
+            // A new stream each time (one in error takes no more work).
+            let ex = d.mem_alloc(64 << 10, 0, 0).ctx("alloc")?.handle;
+            d.mem_gpu(true, ex, id).ctx("map")?;
+            shared_bufs.push(d.mem_export_dmabuf(ex).ctx("MEM_EXPORT_DMABUF")?);
+            shared_mems.push(ex);
+            scenarios.push(Scenario {
+                name: format!("stream copy into a dma-buf's mem on GPU {id}"),
+                op: Box::new(move || {
+                    let s = d.stream_create(id)?.handle;
+                    if let Err(e) = d.stream_submit(s, &[op::copy(ex, 0, a, 0, 4096)]) {
+                        let _ = d.stream_destroy(s);
+                        return Err(e);
+                    }
+                    Ok(undo(move || {
+                        match d.stream_sync(s, 10_000) {
+                            Ok(()) => {}
+                            Err(Errno::EIO) => {
+                                let q = d.stream_query(s).ctx("stream query")?;
+                                check!(
+                                    q.error == Errno::ENOMEM as u32,
+                                    "the stream failed with errno {}, wanted ENOMEM",
+                                    q.error
+                                );
+                            }
+                            Err(e) => return Err(Stop::Fail(format!("stream sync: {e}"))),
+                        }
+                        d.stream_destroy(s).ctx("stream destroy")
+                    }))
+                }),
+            });
             scenarios.push(Scenario {
                 name: "event export".into(),
                 op: Box::new(move || {
@@ -518,12 +555,69 @@ fn fault_sweep_ioctls() -> TestResult {
             Ok(undo(move || imp.mem_free(m.handle).ctx("free the import")))
         }),
     });
+    // dma-bufs: an export, an import of ruvm's buffer into the second file, and another
+    // exporter's (a udmabuf) imported and mapped for a test GPU.
+    if d.info().ctx("INFO")?.features & u64::from(uapi::RUVM_FEATURE_DMABUF) != 0 {
+        let dm = d.mem_alloc(64 << 10, 0, 0).ctx("alloc")?.handle;
+        shared_mems.push(dm);
+        scenarios.push(Scenario {
+            name: "dma-buf export".into(),
+            op: Box::new(move || {
+                let fd = d.mem_export_dmabuf(dm)?;
+                Ok(undo(move || {
+                    drop(fd);
+                    Ok(())
+                }))
+            }),
+        });
+        let dbuf = d.mem_export_dmabuf(dm).ctx("MEM_EXPORT_DMABUF")?;
+        let draw = std::os::fd::AsRawFd::as_raw_fd(&dbuf);
+        shared_bufs.push(dbuf);
+        scenarios.push(Scenario {
+            name: "dma-buf import".into(),
+            op: Box::new(move || {
+                let m = imp.mem_import_dmabuf(draw)?;
+                Ok(undo(move || imp.mem_free(m.handle).ctx("free the import")))
+            }),
+        });
+        let edu = present
+            .iter()
+            .find(|g| g.kind == uapi::ruvm_gpu_kind_RUVM_GPU_KIND_EDU)
+            .map(|g| g.id);
+        if let (Some(g), Some((memfd, ubuf))) =
+            (edu, super::vgem::udmabuf(16 << 10).ctx("udmabuf")?)
+        {
+            let uraw = std::os::fd::AsRawFd::as_raw_fd(&ubuf);
+            scenarios.push(Scenario {
+                name: "another exporter's dma-buf import".into(),
+                op: Box::new(move || {
+                    let m = d.mem_import_dmabuf(uraw)?;
+                    Ok(undo(move || free(m.handle)))
+                }),
+            });
+            let fm = d.mem_import_dmabuf(uraw).ctx("MEM_IMPORT_DMABUF")?.handle;
+            shared_mems.push(fm);
+            scenarios.push(Scenario {
+                name: format!("another exporter's dma-buf mapped on GPU {g}"),
+                op: Box::new(move || {
+                    d.mem_gpu(true, fm, g)?;
+                    Ok(undo(move || d.mem_gpu(false, fm, g).ctx("unmap GPU")))
+                }),
+            });
+            shared_bufs.push(ubuf);
+            foreign_files.push(memfd);
+        }
+    }
     let mut report = Vec::new();
     for s in &mut scenarios {
         let n = sweep(d, &inj, s)?;
         report.push(format!("{}: {n}", s.name));
     }
     drop(scenarios);
+    for h in shared_mems {
+        free(h)?;
+    }
+    drop((shared_bufs, foreign_files));
     drop((importer, importer2, ipc_fd));
     free(shared)?;
     for p in [Some(cold), Some(warm), Some(apart), Some(ipc), vid_pool]
