@@ -61,6 +61,8 @@ struct World {
     streams: streams::State,
     /// This worker's slot (for the parent's requests, [`fences`]).
     slot: usize,
+    /// dma-bufs of its mems kept open for a while ([`ipc`]).
+    bufs: Mutex<Vec<std::os::fd::OwnedFd>>,
 }
 
 impl World {
@@ -357,6 +359,7 @@ pub fn worker(
         max_size,
         streams: streams::State::new(&mut rng),
         slot,
+        bufs: Mutex::new(Vec::new()),
     };
     std::thread::scope(|s| {
         for t in 0..threads {

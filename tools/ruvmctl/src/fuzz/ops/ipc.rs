@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! IPC pools in the fuzzer: a worker exports its pools and mems and imports them into its own
-//! other open files (the isolation oracle stays whole: the bytes shared are the worker's own,
-//! tagged with its tag). Each call names the errnos ruvm.rst allows; forged export data must be
-//! refused, and an imported pool must refuse to allocate.
+//! IPC pools and dma-bufs in the fuzzer: a worker exports its pools and mems (as export data
+//! and as dma-bufs) and imports them into its own other open files (the isolation oracle stays
+//! whole: the bytes shared are the worker's own, tagged with its tag). Each call names the
+//! errnos ruvm.rst allows; forged export data must be refused, and an imported pool must refuse
+//! to allocate. A few dma-bufs are kept open, so that the worker's stream copies and fills of
+//! those mems go through implicit sync, and its frees leave the buffers holding the chunks.
 
 use std::os::fd::AsFd;
 
@@ -17,7 +19,8 @@ use Errno::*;
 pub(super) fn one(w: &World, d: &Ruvm, rng: &mut Rng) {
     let pool = w.pool(rng);
     let Some(other) = w.file(rng) else { return };
-    match rng.below(4) {
+    match rng.below(6) {
+        4 | 5 => dmabuf(w, d, &other, rng),
         0 => {
             // An exportable pool, kept with the worker's pools.
             let r = d.pool_create_flags(
@@ -86,6 +89,79 @@ pub(super) fn one(w: &World, d: &Ruvm, rng: &mut Rng) {
                 if let Ok(mut hs) = w.handles.lock() {
                     hs.push(m.handle);
                 }
+            }
+        }
+    }
+}
+
+/// The most dma-bufs a worker keeps open.
+const KEPT_BUFS: usize = 8;
+
+/// A mem of file `d` as a dma-buf: imported into `other` (and read by the isolation oracle),
+/// mapped and read through the buffer, or kept open for a while.
+fn dmabuf(w: &World, d: &Ruvm, other: &Ruvm, rng: &mut Rng) {
+    let h = w.handle(rng);
+    let Some(buf) = w.check(
+        "MEM_EXPORT_DMABUF",
+        d.mem_export_dmabuf(h),
+        &[ENOENT, EOPNOTSUPP, EMFILE],
+    ) else {
+        return;
+    };
+    match rng.below(3) {
+        0 => {
+            let r = other.mem_import_dmabuf(std::os::fd::AsRawFd::as_raw_fd(&buf));
+            if let Some(m) = w.check("MEM_IMPORT_DMABUF", r, &[ENOSPC]) {
+                w.read_check_mem(other, m.handle, " (imported from a dma-buf)");
+                if let Ok(mut hs) = w.handles.lock() {
+                    hs.push(m.handle);
+                }
+            }
+        }
+        1 => {
+            // The buffer's own mapping, of its first page.
+            let map = libruvm::dmabuf::cpu_access(&buf, false).and_then(|()| {
+                // SAFETY: a new shared mapping of the buffer; nothing else is placed there.
+                unsafe {
+                    nix::sys::mman::mmap(
+                        None,
+                        std::num::NonZeroUsize::MIN.saturating_add(4095),
+                        nix::sys::mman::ProtFlags::PROT_READ,
+                        nix::sys::mman::MapFlags::MAP_SHARED,
+                        &buf,
+                        0,
+                    )
+                }
+            });
+            match map {
+                Ok(p) => {
+                    let mut bytes = [0u8; 4096];
+                    // SAFETY: the page just mapped, read once, then unmapped.
+                    unsafe {
+                        core::ptr::copy_nonoverlapping(
+                            p.as_ptr().cast::<u8>(),
+                            bytes.as_mut_ptr(),
+                            4096,
+                        );
+                        let _ = nix::sys::mman::munmap(p, 4096);
+                    }
+                    if let Some((o, id)) = super::oracle::foreign(&bytes, w.id) {
+                        w.problem(format!(
+                            "the dma-buf of mem {h} holds worker {id:#x}'s tag at offset {o:#x}: another file's bytes"
+                        ));
+                    }
+                    let _ = libruvm::dmabuf::cpu_access(&buf, true);
+                }
+                Err(ENOMEM | EINTR) => {}
+                Err(e) => w.problem(format!("mmap of the dma-buf of mem {h}: unexpected {e}")),
+            }
+        }
+        _ => {
+            if let Ok(mut kept) = w.bufs.lock() {
+                if kept.len() >= KEPT_BUFS {
+                    kept.remove(0);
+                }
+                kept.push(buf);
             }
         }
     }
