@@ -574,6 +574,51 @@ impl<T> ChunkList<T> {
         Some(unsafe { BorrowedPage::from_raw(p) })
     }
 
+    /// Whether something outside this list holds a reference on one of its pages: a
+    /// `get_user_pages` of a user mapping of them (a pipe that `vmsplice` filled, an
+    /// `O_DIRECT` read in flight, a long-term pin), or a transient look of the kernel's. Such
+    /// chunks must not be handed to another mem: the holder could read or write them there.
+    /// Called with no mapping of the list left (this list's own reference is then the only
+    /// one on each page, or on each block).
+    pub(crate) fn held_elsewhere(&self) -> bool {
+        let refs = |p: NonNull<bindings::page>| -> i32 {
+            // SAFETY: `p` is a page of this list, live while it is; `_refcount` is read
+            // atomically (a racy read is fine: a reference taken after it is not ours to see).
+            unsafe { core::ptr::addr_of!((*p.as_ptr())._refcount.counter).read_volatile() }
+        };
+        let order = self.heads.order;
+        let heads = self.heads.v.as_slice();
+        let mut blocks = self.heads.blocks.iter().peekable();
+        let mut i = 0;
+        while let Some(&p) = heads.get(i) {
+            if let Some(&&(start, block)) = blocks.peek() {
+                if start == i {
+                    blocks.next();
+                    // One compound block: every page's references are the block's.
+                    if refs(p) != 1 {
+                        return true;
+                    }
+                    i += 1 << block.saturating_sub(order);
+                    continue;
+                }
+            }
+            if order >= SPLIT_BELOW {
+                if refs(p) != 1 {
+                    return true;
+                }
+            } else {
+                for k in 0..1usize << order {
+                    // SAFETY: `k` is inside the chunk, whose `struct page`s are contiguous.
+                    if refs(unsafe { p.add(k) }) != 1 {
+                        return true;
+                    }
+                }
+            }
+            i += 1;
+        }
+        false
+    }
+
     /// One more holder pins the chunks (see `pins`).
     pub(crate) fn pin(&self) {
         self.pins.fetch_add(1, Relaxed);

@@ -58,6 +58,12 @@ impl Entry {
         self.pages.len() as u64
     }
 
+    /// Whether something outside ruvm holds a page of its chunks (see
+    /// [`crate::bind::pages::ChunkList::held_elsewhere`]).
+    pub(super) fn held_elsewhere(&self) -> bool {
+        self.pages.held_elsewhere()
+    }
+
     /// Whether a freed mem still pins its chunks (it is not to be given back yet).
     pub(super) fn pinned(&self) -> bool {
         self.pages.pinned()
@@ -100,6 +106,11 @@ impl PoolState {
     /// Caches `e` as the newest entry; what could not be cached is returned, to be dropped
     /// once the lock is released.
     pub(super) fn cache(&mut self, e: Entry) -> Option<Entry> {
+        // Chunks someone still holds a page of (a pin through a user mapping made before the
+        // free) are never handed to another mem: not cached, given back.
+        if e.held_elsewhere() {
+            return Some(e);
+        }
         let bytes = e.bytes();
         let refused = self.cache.push_back(e);
         if refused.is_none() {

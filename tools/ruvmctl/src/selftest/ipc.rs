@@ -75,6 +75,10 @@ pub fn cases() -> Vec<Case> {
             name: "ipc_ptr_attrs_of_an_imported_mem",
             run: ipc_ptr_attrs_of_an_imported_mem,
         },
+        Case {
+            name: "ipc_pinned_chunks_never_reused",
+            run: ipc_pinned_chunks_never_reused,
+        },
     ]
 }
 
@@ -903,6 +907,59 @@ fn ipc_ptr_attrs_of_an_imported_mem() -> TestResult {
     other.mem_free(m.handle).ctx("MEM_FREE of the import")?;
     drop(map);
     d.mem_free(q.handle).ctx("MEM_FREE")?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    Ok(())
+}
+
+/// An importer that pinned a page of its import through its own mapping (`vmsplice` into a
+/// pipe, which holds the page) cannot read the exporter's later mems: once both let go, the
+/// chunks are not cached (a pool keeping everything, exact fit) but given back, so the
+/// exporter's next allocation of the same size gets other chunks, and what the pipe holds is
+/// the bytes of the time of the pin.
+fn ipc_pinned_chunks_never_reused() -> TestResult {
+    let d = setup()?;
+    let (seed_a, seed_b) = (0x1bd0, 0x1bd1);
+    let (p, _) = d
+        .pool_create_flags(0, u64::MAX, EXPORTABLE)
+        .ctx("POOL_CREATE exportable, keeping everything")?;
+    let h = d.pool_alloc(p, SIZE, 0).ctx("MEM_ALLOC")?.handle;
+    let q = d.mem_query(h).ctx("MEM_QUERY")?;
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    write_pattern(&map, 0, SIZE, seed_a);
+    drop(map);
+    let (_fd, _, other, _, m) = imported(&d, p, h)?;
+    let mq = other.mem_query(m.handle).ctx("MEM_QUERY of the import")?;
+    let imap = UserMap::of_mem(&other, &mq).ctx("mmap of the import")?;
+    let (rx, tx) = pipe().ctx("pipe")?;
+    let iov = nix::libc::iovec {
+        iov_base: imap.as_ptr().cast(),
+        iov_len: 4096,
+    };
+    // SAFETY: one iovec over the live mapping, borrowed for the call; the pipe is ours.
+    let n = unsafe { nix::libc::vmsplice(tx.as_raw_fd(), &iov, 1, 0) };
+    check!(n == 4096, "vmsplice of the import's first page gave {n}");
+    drop(imap);
+    other.mem_free(m.handle).ctx("MEM_FREE of the import")?;
+    d.mem_free(h).ctx("MEM_FREE")?;
+    let again = d.pool_alloc(p, SIZE, 0).ctx("MEM_ALLOC again")?.handle;
+    let q2 = d.mem_query(again).ctx("MEM_QUERY")?;
+    let map2 = UserMap::of_mem(&d, &q2).ctx("mmap")?;
+    write_pattern(&map2, 0, SIZE, seed_b);
+    let mut got = [0u8; 4096];
+    let mut rx = std::fs::File::from(rx);
+    rx.read_exact(&mut got).ctx("read the pipe")?;
+    let new = (0..4096u64)
+        .filter(|&o| got[o as usize] == pattern::byte_at(seed_b, o))
+        .count();
+    let old = (0..4096u64)
+        .filter(|&o| got[o as usize] == pattern::byte_at(seed_a, o))
+        .count();
+    check!(
+        old == 4096,
+        "the pinned page holds {new} bytes of the exporter's later mem and {old} of its own"
+    );
+    drop((map2, tx));
+    d.mem_free(again).ctx("MEM_FREE")?;
     d.pool_destroy(p).ctx("POOL_DESTROY")?;
     Ok(())
 }
