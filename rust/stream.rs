@@ -314,7 +314,10 @@ impl StreamCore {
             files.commit(&mut gone, &mut new, &mut queue)?;
         }
         known.merge(&batch);
-        implicit::publish(self, &published, &self.engine);
+        let ops = published
+            .iter()
+            .filter_map(|op| Some((op.implicit.as_ref()?, op.seqno)));
+        implicit::publish(self, ops, &self.engine);
         batch.finish(files);
         drop(known);
         for (event, seqno) in events.recorded() {

@@ -120,12 +120,24 @@ impl RuvmFile {
             return Err(ENOENT);
         }
         let mem = Mem::import(&args.data, &pool, &self.quota, Origin::here("MEM_IMPORT"))?;
-        args.mmap_offset = mem.mmap_offset();
-        args.size = mem.info().size;
+        self.hand_out(file, mem, |h, offset, size| {
+            (args.handle, args.mmap_offset, args.size) = (h, offset, size);
+            writer.write(&args)
+        })
+    }
+
+    /// Enters imported mem `mem` in the file's table and tells the caller (`tell`: its handle,
+    /// mmap offset and size); if the caller cannot learn them, the mem is freed as `MEM_FREE`
+    /// frees (see `mem_alloc`).
+    fn hand_out(
+        &self,
+        file: &File,
+        mem: Arc<Mem>,
+        tell: impl FnOnce(u64, u64, u64) -> Result,
+    ) -> Result {
+        let (offset, size) = (mem.mmap_offset(), mem.info().size);
         let handle = self.insert(mem)?;
-        args.handle = handle.0;
-        if let Err(e) = writer.write(&args) {
-            // The caller cannot learn the handle: freed as `MEM_FREE` frees (see `mem_alloc`).
+        if let Err(e) = tell(handle.0, offset, size) {
             self.free_unlearned(file, handle);
             return Err(e);
         }
@@ -150,15 +162,9 @@ impl RuvmFile {
     pub(super) fn mem_import_dmabuf(&self, file: &File, user: UserSlice) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_import_dmabuf>(user)?;
         let mem = Mem::import_dmabuf(args.fd, &self.quota, Origin::here("MEM_IMPORT_DMABUF"))?;
-        args.mmap_offset = mem.mmap_offset();
-        args.size = mem.info().size;
-        let handle = self.insert(mem)?;
-        args.handle = handle.0;
-        if let Err(e) = writer.write(&args) {
-            // The caller cannot learn the handle: freed as `MEM_FREE` frees (see `mem_alloc`).
-            self.free_unlearned(file, handle);
-            return Err(e);
-        }
-        Ok(())
+        self.hand_out(file, mem, |h, offset, size| {
+            (args.handle, args.mmap_offset, args.size) = (h, offset, size);
+            writer.write(&args)
+        })
     }
 }

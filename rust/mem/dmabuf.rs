@@ -21,18 +21,14 @@
 //! verify waits the same way and, done when it returns, adds none.
 
 use kernel::{
-    new_mutex,
     page::PAGE_SIZE,
     prelude::*,
-    sync::{
-        atomic::{ordering::Relaxed, Atomic},
-        Arc,
-    },
+    sync::{atomic::ordering::Relaxed, Arc},
     time::{Instant, Monotonic},
 };
 
 use crate::{
-    audit::{Class, Counted},
+    audit::Counted,
     bind::{
         anon::Exported,
         attach::DmaBuf,
@@ -43,8 +39,11 @@ use crate::{
 };
 
 use super::{
-    offsets, policy::Layout, quota::Quota, registry, share::Export, share::Source,
-    storage::Storage, Life, Mem, MemCore, MemState, Origin,
+    policy::Layout,
+    quota::Quota,
+    share::{Borrowed, Export, Source},
+    storage::Storage,
+    Life, Mem, MemCore, MemState, Origin,
 };
 
 /// The dma-buf operations of ruvm's buffers: their private data holds the mem's core.
@@ -102,7 +101,7 @@ impl Mem {
             let pool = st.lease.as_ref().map_or(0, |l| l.pool.id());
             let source = Source::hold(&self.core, &mut st, pool, true)?;
             drop(st);
-            // The reservation object is the shared one (the source's, for an import).
+            // The reservation object is the shared one (the root source's, for an import).
             let rc = self.resv_core();
             let mut rst = rc.state.lock();
             let resv = match &rst.resv {
@@ -156,46 +155,17 @@ impl Mem {
             chunk_count: size / page,
             physical_size: size,
         };
-        let charge = quota.charge(size)?;
-        let mmap = offsets::MmapRange::new(size)?;
-        let resv = Resv::of(buf.clone())?;
         let mut state = MemState::new(None);
-        state.resv = Some(resv);
-        let serial = super::new_serial();
-        let core = Arc::pin_init(
-            try_pin_init!(MemCore {
-                serial,
-                size,
-                layout,
-                alloc_flags: 0,
-                mmap: Some(mmap),
-                storage: Storage::Buf(buf),
-                source: None,
-                user_mappings: Atomic::new(0),
-                leased: false,
-                handed: Atomic::new(false),
-                committed: Atomic::new(true),
-                // Its reservation object is read as an exported mem's is.
-                exported: Atomic::new(true),
-                pool: 0,
-                owner: quota.id(),
-                state <- new_mutex!(state),
-                origin,
-                _mems: Counted::new(Class::Mems, 1),
-                // The exporter's memory, not ruvm's.
-                _bytes: Counted::new(Class::SysmemBytes, 0),
-                _usage: None,
-            }),
-            GFP_KERNEL_ACCOUNT,
-        )?;
-        let mem = Arc::new(
-            Mem {
-                core: core.clone(),
-                _charge: Some(charge),
-            },
-            GFP_KERNEL_ACCOUNT,
-        )?;
-        registry::insert(serial, core)?;
-        Ok(mem)
+        state.resv = Some(Resv::of(buf.clone())?);
+        let borrowed = Borrowed {
+            storage: Storage::Buf(buf),
+            source: None,
+            size,
+            layout,
+            state,
+            // Its reservation object is read as an exported mem's is.
+            exported: true,
+        };
+        borrowed.make(quota, origin)
     }
 }

@@ -30,7 +30,10 @@
 use kernel::{
     new_mutex,
     prelude::*,
-    sync::{atomic::ordering::Relaxed, Arc},
+    sync::{
+        atomic::{ordering::Relaxed, Atomic},
+        Arc,
+    },
 };
 
 use crate::{
@@ -43,8 +46,8 @@ use crate::{
 };
 
 use super::{
-    offsets, pool::Pool, quota::Quota, registry, storage::Storage, Life, Mem, MemCore, MemState,
-    Origin,
+    offsets, policy::Layout, pool::Pool, quota::Quota, registry, storage::Storage, Life, Mem,
+    MemCore, MemState, Origin,
 };
 
 /// Bytes of a mem's export data.
@@ -258,46 +261,73 @@ impl Mem {
     pub(super) fn view(source: Source, quota: &Arc<Quota>, origin: Origin) -> Result<Arc<Mem>> {
         let core = source.core.clone();
         let pages = core.storage.sys()?.clone();
-        let layout = core.layout;
+        let borrowed = Borrowed {
+            storage: Storage::Sys(pages),
+            source: Some(source),
+            size: core.size,
+            layout: core.layout,
+            state: MemState::new(None),
+            exported: false,
+        };
+        borrowed.make(quota, origin)
+    }
+}
+
+/// A mem whose bytes are another's: an import (its storage shares an exported mem's pages,
+/// its source holds them) or another exporter's dma-buf (`mem::dmabuf`).
+pub(super) struct Borrowed {
+    pub(super) storage: Storage,
+    pub(super) source: Option<Source>,
+    pub(super) size: u64,
+    pub(super) layout: Layout,
+    pub(super) state: MemState,
+    /// Whether its state's reservation object is to be read (see `MemCore::resv`).
+    pub(super) exported: bool,
+}
+
+impl Borrowed {
+    /// The mem, of the file with quota `quota`: its physical size charged to `quota`, its
+    /// objects to the caller's memory cgroup (nothing else bounds how many imports of a small
+    /// mem a process makes: its quota counts their bytes, not these), registered.
+    pub(super) fn make(self, quota: &Arc<Quota>, origin: Origin) -> Result<Arc<Mem>> {
+        let layout = self.layout;
         let charge = quota.charge(layout.physical_size)?;
         let mmap = offsets::MmapRange::new(layout.physical_size)?;
         let serial = super::new_serial();
-        let view = Arc::pin_init(
+        let core = Arc::pin_init(
             try_pin_init!(MemCore {
                 serial,
-                size: core.size,
+                size: self.size,
                 layout,
                 alloc_flags: 0,
                 mmap: Some(mmap),
-                storage: Storage::Sys(pages),
-                source: Some(source),
-                user_mappings: kernel::sync::atomic::Atomic::new(0),
+                storage: self.storage,
+                source: self.source,
+                user_mappings: Atomic::new(0),
                 leased: false,
-                handed: kernel::sync::atomic::Atomic::new(false),
-                committed: kernel::sync::atomic::Atomic::new(true),
-                exported: kernel::sync::atomic::Atomic::new(false),
+                handed: Atomic::new(false),
+                committed: Atomic::new(true),
+                exported: Atomic::new(self.exported),
                 pool: 0,
                 owner: quota.id(),
-                state <- new_mutex!(MemState::new(None)),
+                state <- new_mutex!(self.state),
                 origin,
                 _mems: Counted::new(Class::Mems, 1),
-                // Its bytes and chunks are the exported mem's, counted there.
+                // Its bytes and chunks are another mem's (counted there), or not ruvm's.
                 _bytes: Counted::new(Class::SysmemBytes, 0),
                 _usage: None,
             }),
-            // Charged to the importer's memory cgroup: nothing else bounds how many imports
-            // of a small mem a process makes (its quota counts their bytes, not these).
             GFP_KERNEL_ACCOUNT,
         )?;
         let mem = Arc::new(
             Mem {
-                core: view.clone(),
+                core: core.clone(),
                 _charge: Some(charge),
             },
             GFP_KERNEL_ACCOUNT,
         )?;
-        // On failure `mem` is dropped, and its hold on the exported core with it.
-        registry::insert(serial, view)?;
+        // On failure `mem` is dropped, and its hold on what it borrows with it.
+        registry::insert(serial, core)?;
         Ok(mem)
     }
 }

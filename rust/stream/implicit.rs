@@ -29,7 +29,7 @@ use crate::{
     uapi,
 };
 
-use super::{engine::Engine, event::Timeline, op::Op, StreamCore};
+use super::{engine::Engine, event::Timeline, StreamCore};
 
 /// How long an implicit wait may last.
 pub(super) fn timeout() -> Delta {
@@ -128,16 +128,20 @@ impl Implicit {
     }
 }
 
-/// The exchange of each of `ops`, just queued on `stream`: in submission order, under the
-/// stream's submission lock, so each buffer sees the stream's fences in the stream's order.
-/// Then the engine looks at the stream again.
-pub(super) fn publish(stream: &StreamCore, ops: &[Arc<Op>], engine: &Arc<Engine>) {
-    for op in ops {
-        if let Some(i) = &op.implicit {
-            i.exchange(stream.point_fence(op.seqno), stream.context, engine);
-        }
+/// The exchange of each of `ops` (an operation's implicit sync and its seqno), just queued on
+/// `stream`: in submission order, under the stream's submission lock, so each buffer sees the
+/// stream's fences in the stream's order. Then the engine looks at the stream again.
+pub(super) fn publish<'a>(
+    stream: &StreamCore,
+    ops: impl Iterator<Item = (&'a Implicit, u64)>,
+    engine: &Arc<Engine>,
+) {
+    let mut any = false;
+    for (i, seqno) in ops {
+        i.exchange(stream.point_fence(seqno), stream.context, engine);
+        any = true;
     }
-    if !ops.is_empty() {
+    if any {
         engine.kick();
     }
 }

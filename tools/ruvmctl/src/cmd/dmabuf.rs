@@ -5,7 +5,7 @@
 //! (`RUVM_IOCTL_MEM_IMPORT_DMABUF`), and the fences a buffer's users wait for
 //! (`DMA_BUF_IOCTL_EXPORT_SYNC_FILE`).
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 
 use anyhow::{bail, Context as _, Result};
 use libruvm::{dmabuf, sync_file, Ruvm};
@@ -13,42 +13,15 @@ use serde::Serialize;
 
 use crate::output::{fields, Report};
 
-/// What `dmabuf export H --run CMD` did.
-#[derive(Serialize)]
-pub struct ExportRun {
-    pub handle: u64,
-    pub fd: i32,
-    pub status: i32,
-}
-
-impl Report for ExportRun {
-    fn render(&self) -> String {
-        String::new()
-    }
-
-    fn failure(&self) -> Option<String> {
-        (self.status != 0).then(|| format!("the command exited {}", self.status))
-    }
-}
-
-/// `dmabuf export H --run CMD`: CMD runs with the buffer's descriptor inherited (close-on-exec
-/// cleared for it), its number in `RUVM_DMABUF_FD`.
-pub fn export_run(d: &Ruvm, handle: u64, run: &str) -> Result<ExportRun> {
-    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+/// `dmabuf export H --run CMD`: CMD runs with the buffer's descriptor inherited, its number
+/// in `RUVM_DMABUF_FD`.
+pub fn export_run(d: &Ruvm, handle: u64, run: &str) -> Result<super::share::ExportRun> {
     let fd = d.mem_export_dmabuf(handle).context("MEM_EXPORT_DMABUF")?;
-    fcntl(&fd, FcntlArg::F_SETFD(FdFlag::empty())).context("clearing close-on-exec")?;
-    let n = fd.as_raw_fd();
-    let st = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(run)
-        .env("RUVM_DMABUF_FD", n.to_string())
-        .status()
-        .context("running the command")?;
-    drop(fd);
-    Ok(ExportRun {
-        handle,
-        fd: n,
-        status: st.code().unwrap_or(-1),
+    let (fd, status) = super::share::run_with(fd, "RUVM_DMABUF_FD", run)?;
+    Ok(super::share::ExportRun {
+        exported: handle,
+        fd,
+        status,
     })
 }
 

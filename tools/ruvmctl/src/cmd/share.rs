@@ -395,10 +395,11 @@ fn receive_fd(s: RawFd) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// `pool export --run CMD`: the descriptor and how CMD ended.
+/// `pool export --run CMD` and `dmabuf export --run CMD`: what was exported (the pool, the
+/// mem), the descriptor and how CMD ended.
 #[derive(Serialize)]
 pub struct ExportRun {
-    pub pool: u64,
+    pub exported: u64,
     pub fd: i32,
     pub status: i32,
 }
@@ -416,22 +417,30 @@ impl Report for ExportRun {
 /// `pool export P --run CMD` (`RUVM_IOCTL_POOL_EXPORT`): CMD runs with the descriptor
 /// inherited (close-on-exec cleared for it), its number in `RUVM_POOL_FD`.
 pub fn export_run(d: &Ruvm, pool: u64, run: &str) -> Result<ExportRun> {
-    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     let fd = d.pool_export(pool).context("POOL_EXPORT")?;
+    let (fd, status) = run_with(fd, "RUVM_POOL_FD", run)?;
+    Ok(ExportRun {
+        exported: pool,
+        fd,
+        status,
+    })
+}
+
+/// Runs `run` with `sh -c`, descriptor `fd` inherited (close-on-exec cleared for it) and its
+/// number in environment variable `var`; closes it after. Returns the number and how the
+/// command exited (-1: by a signal).
+pub fn run_with(fd: OwnedFd, var: &str, run: &str) -> Result<(i32, i32)> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     fcntl(&fd, FcntlArg::F_SETFD(FdFlag::empty())).context("clearing close-on-exec")?;
     let n = fd.as_raw_fd();
     let st = std::process::Command::new("sh")
         .arg("-c")
         .arg(run)
-        .env("RUVM_POOL_FD", n.to_string())
+        .env(var, n.to_string())
         .status()
         .context("running the command")?;
     drop(fd);
-    Ok(ExportRun {
-        pool,
-        fd: n,
-        status: st.code().unwrap_or(-1),
-    })
+    Ok((n, st.code().unwrap_or(-1)))
 }
 
 /// `pool import FD`: the pool's handle in this file.

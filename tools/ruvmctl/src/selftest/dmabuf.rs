@@ -13,20 +13,12 @@
 //! Every case skips without `RUVM_FEATURE_DMABUF`; the vgem and copy-engine parts skip (said)
 //! without vgem or a simulated GPU.
 
-use std::{
-    num::NonZeroUsize,
-    os::fd::{AsFd, AsRawFd},
-    ptr::NonNull,
-    time::Duration,
-};
+use std::{os::fd::AsRawFd, time::Duration};
 
-use nix::{
-    errno::Errno,
-    sys::mman::{mmap, munmap, MapFlags, ProtFlags},
-};
+use nix::errno::Errno;
 
 use super::harness::{check, expect_errno, in_child, Case, Context, Stop, TestResult};
-use super::shared::{live, mismatches, sim_gpu};
+use super::shared::{live, mismatches, sim_gpu, BufMap};
 use super::vgem::{udmabuf, Vgem};
 use crate::{kmsg, pattern};
 use libruvm::{dmabuf, op, sync_file, uapi, Ruvm, UserMap};
@@ -102,54 +94,6 @@ fn patterned(d: &Ruvm, seed: u64) -> Result<(u64, UserMap), Stop> {
         map.write(o as usize, pattern::byte_at(seed, o));
     }
     Ok((h, map))
-}
-
-/// A shared mapping of `len` bytes of dma-buf `fd` from byte `offset`.
-pub(super) struct BufMap {
-    addr: NonNull<u8>,
-    len: usize,
-}
-
-impl BufMap {
-    pub(super) fn new(fd: &impl AsFd, offset: u64, len: u64) -> Result<Self, Errno> {
-        let len = usize::try_from(len).map_err(|_| Errno::EINVAL)?;
-        let n = NonZeroUsize::new(len).ok_or(Errno::EINVAL)?;
-        let off = i64::try_from(offset).map_err(|_| Errno::EINVAL)?;
-        // SAFETY: a new shared mapping of the buffer; nothing else is placed there.
-        let addr = unsafe {
-            mmap(
-                None,
-                n,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED,
-                fd,
-                off,
-            )
-        }?;
-        Ok(Self {
-            addr: addr.cast(),
-            len,
-        })
-    }
-
-    pub(super) fn read(&self, i: usize) -> u8 {
-        assert!(i < self.len);
-        // SAFETY: inside the mapping, which lives as long as `self`.
-        unsafe { self.addr.as_ptr().add(i).read_volatile() }
-    }
-
-    pub(super) fn write(&self, i: usize, v: u8) {
-        assert!(i < self.len);
-        // SAFETY: as above.
-        unsafe { self.addr.as_ptr().add(i).write_volatile(v) }
-    }
-}
-
-impl Drop for BufMap {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, unused from here.
-        let _ = unsafe { munmap(self.addr.cast(), self.len) };
-    }
 }
 
 /// Bytes of `[from, from + len)` of `read` (offsets from `base`) that are not pattern `seed`.

@@ -170,3 +170,53 @@ pub(super) fn vid_alloc(
     d.call(cmd::MEM_ALLOC, &mut a)?;
     Ok(a)
 }
+
+/// A shared read-write mapping of `len` bytes of file `fd` (a dma-buf, a DRM node) from byte
+/// `offset`, unmapped on drop.
+pub(super) struct BufMap {
+    pub(super) addr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+impl BufMap {
+    pub(super) fn new(fd: &impl std::os::fd::AsFd, offset: u64, len: u64) -> Result<Self, Errno> {
+        use nix::sys::mman::{mmap, MapFlags, ProtFlags};
+        let len = usize::try_from(len).map_err(|_| Errno::EINVAL)?;
+        let n = std::num::NonZeroUsize::new(len).ok_or(Errno::EINVAL)?;
+        let off = i64::try_from(offset).map_err(|_| Errno::EINVAL)?;
+        // SAFETY: a new shared mapping of the buffer; nothing else is placed there.
+        let addr = unsafe {
+            mmap(
+                None,
+                n,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                fd,
+                off,
+            )
+        }?;
+        Ok(Self {
+            addr: addr.cast(),
+            len,
+        })
+    }
+
+    pub(super) fn read(&self, i: usize) -> u8 {
+        assert!(i < self.len);
+        // SAFETY: inside the mapping, which lives as long as `self`.
+        unsafe { self.addr.as_ptr().add(i).read_volatile() }
+    }
+
+    pub(super) fn write(&self, i: usize, v: u8) {
+        assert!(i < self.len);
+        // SAFETY: as above.
+        unsafe { self.addr.as_ptr().add(i).write_volatile(v) }
+    }
+}
+
+impl Drop for BufMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unused from here.
+        let _ = unsafe { nix::sys::mman::munmap(self.addr.cast(), self.len) };
+    }
+}

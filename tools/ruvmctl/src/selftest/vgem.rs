@@ -193,14 +193,14 @@ impl Vgem {
 
     /// vgem's own CPU mapping of its buffer `handle`, `len` bytes (not of an import: DRM
     /// refuses those).
-    pub(super) fn map(&self, handle: u32, len: u64) -> Result<super::dmabuf::BufMap, Errno> {
+    pub(super) fn map(&self, handle: u32, len: u64) -> Result<super::shared::BufMap, Errno> {
         let mut a = DrmMapDumb {
             handle,
             ..Default::default()
         };
         // SAFETY: `a` is the structure the command encodes, borrowed for the call.
         unsafe { ioctl::drm_mode_map_dumb(self.file.as_raw_fd(), &mut a) }?;
-        super::dmabuf::BufMap::new(&self.file, a.offset, len)
+        super::shared::BufMap::new(&self.file, a.offset, len)
     }
 
     /// Drops GEM handle `handle` (its import goes with the last reference).
