@@ -23,8 +23,9 @@
 //!    `mmap` that filled a VMA);
 //! 2. a stream's submission mutex (`stream.rs`), held across one submission's checks and
 //!    planning, under which the file's table mutex, mems' and GPUs' locks are taken, and,
-//!    after the commit, each dma-buf reservation object an operation's fence goes into, one at
-//!    a time (`stream/implicit.rs`; nothing of ruvm's under it);
+//!    after the commit, the lock of exchanges with several dma-bufs' objects, then each
+//!    reservation object an operation's fence goes into, one at a time (`stream/implicit.rs`;
+//!    nothing of ruvm's under it);
 //! 3. a file's table mutex (`file.rs`), released before anything below is taken, but a
 //!    stream's state mutex (to ask whether a destroyed stream still has work);
 //! 4. a stream's state mutex (`stream.rs`): under it only a GPU's users mutex and leaves; the
@@ -231,8 +232,9 @@ impl Layers {
         let layers = Layers;
         audit::init(level);
         gpu::init(config);
+        gpu::dma::init()?;
         mem::init()?;
-        stream::engine::init()?;
+        stream::init()?;
         Ok(layers)
     }
 }
@@ -245,6 +247,8 @@ impl Drop for Layers {
         // The streams' runners first (idempotent: the unload did it already).
         stream::engine::exit();
         let freed = mem::exit();
+        // Every mem gone: the last releases of other exporters' buffers end here.
+        gpu::dma::exit();
         gpu::drain();
         if freed > 0 && audit::level() > 0 {
             pr_info!("audit: freed objects={freed}\n");

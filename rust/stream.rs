@@ -66,6 +66,13 @@ use lookup::Lookup;
 use op::{Op, Step};
 use plan::Events;
 
+/// Makes the layer's module-wide state: the engines' queue and registry, and the lock of
+/// implicit exchanges with several objects (module init).
+pub(crate) fn init() -> Result {
+    implicit::init();
+    engine::init()
+}
+
 /// The most operations of one submission.
 pub(crate) const MAX_SUBMIT: u32 = uapi::RUVM_MAX_SUBMIT_OPS;
 /// The most operations one step of the engine retires without running them (a stream in

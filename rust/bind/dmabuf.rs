@@ -354,16 +354,22 @@ impl<T: Send + Sync + 'static, P: Send + Sync + 'static> BufOps<T, P> {
     ) -> c_int {
         // SAFETY: as above.
         let buf = unsafe { Self::buffer(dmabuf) };
-        // SAFETY: the VMA is live and ours to fill for the call.
-        let (start, end, pgoff, prot) = unsafe {
+        // SAFETY: the VMA is live and ours to fill for the call (the mmap lock is held).
+        let (start, end, pgoff, prot, flags) = unsafe {
             let range = &(*vma).__bindgen_anon_1.__bindgen_anon_1;
+            let flags = (*vma).__bindgen_anon_2.vm_flags;
             (
                 range.vm_start,
                 range.vm_end,
                 (*vma).vm_pgoff,
                 (*vma).vm_page_prot,
+                flags,
             )
         };
+        // A private (copy-on-write) mapping of frames cannot be made in pieces: shared only.
+        if flags & bindings::VM_SHARED as kernel::ffi::c_ulong == 0 {
+            return EINVAL.to_errno();
+        }
         let page = PAGE_SIZE as c_ulong;
         // A page offset inside the buffer (the core checked it).
         let mut i = pgoff;

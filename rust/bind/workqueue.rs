@@ -58,6 +58,16 @@ impl ModuleQueue {
         Some(unsafe { Queue::from_raw(wq) })
     }
 
+    /// Waits for every item queued so far to end (nothing if the queue is not made).
+    pub(crate) fn flush(&self) {
+        let wq = self.ptr.load(Acquire);
+        if !wq.is_null() {
+            // SAFETY: made by `init`, live until `destroy`, which the caller does not race (it
+            // runs at unload, when no ioctl can be in flight).
+            unsafe { bindings::__flush_workqueue(wq) };
+        }
+    }
+
     /// Waits for every item on the queue to end, then frees it (unload).
     pub(crate) fn destroy(&self) {
         let wq = self

@@ -46,6 +46,8 @@ pub(super) fn audit(user: UserSlice) -> Result {
     }
     args.classes = uapi::ruvm_audit_class_RUVM_AUDIT_CLASSES;
     args.level = audit::level();
+    // Tables dropped before the call are gone, their releases done.
+    crate::gpu::dma::settle_releases();
     // Walk first, then read the counters: with nothing else running, they must agree.
     args.walked = if walk {
         mem::registry::walk()?
@@ -59,6 +61,7 @@ pub(super) fn audit(user: UserSlice) -> Result {
 /// `RUVM_IOCTL_STATS`.
 pub(super) fn stats(user: UserSlice) -> Result {
     let (mut args, mut writer) = args::read_write::<uapi::ruvm_stats>(user)?;
+    crate::gpu::dma::settle_releases();
     let backing = match args.backing {
         uapi::ruvm_backing_RUVM_BACKING_SYSMEM => StatsBacking::Sysmem,
         uapi::ruvm_backing_RUVM_BACKING_VIDMEM => StatsBacking::Vidmem,

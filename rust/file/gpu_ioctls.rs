@@ -213,6 +213,8 @@ pub(super) fn gpu_attach(user: UserSlice, attach: bool) -> Result {
 /// `RUVM_IOCTL_GPU_LIST`: the GPU registry, into the caller's array.
 pub(super) fn gpu_list(user: UserSlice) -> Result {
     let (mut args, mut writer) = args::read_write::<uapi::ruvm_gpu_list>(user)?;
+    // Mapped bytes counted after the releases of tables dropped before the call.
+    gpu::dma::settle_releases();
     let gpus = gpu::list()?;
     let n = gpus.len().min(usize::try_from(args.count)?);
     write_array(args.gpus, gpus.get(..n).ok_or(EINVAL)?)?;

@@ -23,6 +23,7 @@ use crate::{
         attach::{Attachment, DmaBuf},
         dma::{DmaDevice, DmaTable},
         pages::ChunkList,
+        workqueue::ModuleQueue,
     },
 };
 
@@ -114,22 +115,70 @@ impl Tracker {
 pub(crate) struct GpuTable {
     _sim: Option<SimRecords>,
     table: Table,
+    /// Taken by `Drop` for another exporter's buffer, whose release is deferred.
+    counts: Option<Counts>,
+}
+
+/// What counts a table while it maps: the audit's classes and its GPU's tracker.
+struct Counts {
     _maps: Counted,
     _bytes: Counted,
     tracked: Tracked,
 }
 
+/// The queue that releases attachments of other exporters' buffers (see `GpuTable`'s drop).
+static RELEASES: ModuleQueue = ModuleQueue::new();
+
+/// Makes the release queue (module init).
+pub(crate) fn init() -> Result {
+    RELEASES.init(c"ruvm-releases")
+}
+
+/// Waits for the releases queued so far: what reports counts of tables (the audit, the GPU
+/// list) sees every table dropped before it as gone.
+pub(crate) fn settle_releases() {
+    RELEASES.flush();
+}
+
+/// Waits for every release queued, then frees the queue (unload, once no mem is left).
+pub(crate) fn exit() {
+    RELEASES.destroy();
+}
+
+impl Drop for GpuTable {
+    /// Another exporter's buffer is unmapped and detached on the release queue, never where
+    /// the table happens to go: its exporter's calls take the buffer's reservation lock, whose
+    /// holder may be waiting for one of ruvm's fences, which the stream engine (which drops
+    /// retired operations, and the tables they held) has yet to signal. The table stays
+    /// counted (its GPU's removal waits for it) until the release is done; without memory to
+    /// queue it, it is done here.
+    fn drop(&mut self) {
+        if let Table::Buffer(a) = &mut self.table {
+            if let (Some(a), Some(c)) = (a.take(), self.counts.take()) {
+                match RELEASES.get() {
+                    Some(q) => {
+                        // On failure the closure, and the attachment with it, drops here.
+                        let _ = q.try_spawn(GFP_KERNEL, move || drop((a, c)));
+                    }
+                    None => drop((a, c)),
+                }
+            }
+        }
+    }
+}
+
 /// What a [`GpuTable`] maps: a mem's chunks, or another exporter's dma-buf, page by page.
 enum Table {
     Chunks(DmaTable<Counted>),
-    Buffer(Attachment),
+    /// `None` once its release is queued.
+    Buffer(Option<Attachment>),
 }
 
 impl Table {
     fn count(&self) -> usize {
         match self {
             Table::Chunks(t) => t.count(),
-            Table::Buffer(a) => a.count(),
+            Table::Buffer(a) => a.as_ref().map_or(0, |a| a.count()),
         }
     }
 
@@ -143,7 +192,7 @@ impl Table {
     fn addr(&self, i: usize) -> Option<u64> {
         match self {
             Table::Chunks(t) => t.addr(i),
-            Table::Buffer(a) => a.addr(i),
+            Table::Buffer(a) => a.as_ref()?.addr(i),
         }
     }
 }
@@ -207,7 +256,7 @@ impl GpuTable {
             return Err(crate::bind::errno::eopnotsupp());
         }
         let a = Attachment::new(buf, dev, limit)?;
-        Ok(Self::tracked(Table::Buffer(a), None, tracker))
+        Ok(Self::tracked(Table::Buffer(Some(a)), None, tracker))
     }
 
     /// `table`, counted by the audit and in its GPU's tracker from now on.
@@ -218,18 +267,20 @@ impl GpuTable {
         Self {
             _sim: sim,
             table,
-            _maps: Counted::new(Class::DmaMappings, n),
-            _bytes: Counted::new(Class::DmaBytes, bytes),
-            tracked: Tracked { tracker, bytes },
+            counts: Some(Counts {
+                _maps: Counted::new(Class::DmaMappings, n),
+                _bytes: Counted::new(Class::DmaBytes, bytes),
+                tracked: Tracked { tracker, bytes },
+            }),
         }
     }
 
     /// Leaves the table out of the audit's DMA classes and its GPU's mapped bytes until the
     /// token drops: vidmem storage kept for reuse is no mem's and no root's, and is counted
     /// apart (it stays mapped, and its GPU's removal still waits for it).
-    pub(crate) fn unseen(&self) -> Unseen {
-        let t = &self.tracked;
-        t.tracker.unsee(self.table.count() as u64, t.bytes)
+    pub(crate) fn unseen(&self) -> Option<Unseen> {
+        let t = &self.counts.as_ref()?.tracked;
+        Some(t.tracker.unsee(self.table.count() as u64, t.bytes))
     }
 
     /// Whether the table may be kept: false once its GPU's removal has begun.
@@ -240,7 +291,9 @@ impl GpuTable {
     /// visit is found by it, and one stored after is refused; none outlives the removal's
     /// wait, wherever it was in transit meanwhile.
     pub(crate) fn keepable(&self) -> bool {
-        !self.tracked.tracker.gone.load(Relaxed)
+        self.counts
+            .as_ref()
+            .is_some_and(|c| !c.tracked.tracker.gone.load(Relaxed))
     }
 
     /// How many chunks it maps (one DMA address each).

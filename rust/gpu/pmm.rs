@@ -128,7 +128,7 @@ struct Root {
 struct Kept {
     _kept: Counted,
     _root: Uncounted,
-    _unseen: Unseen,
+    _unseen: Option<Unseen>,
     store: RootStore,
 }
 

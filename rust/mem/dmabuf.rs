@@ -92,12 +92,12 @@ impl Mem {
     /// A new dma-buf of the mem (its whole physical size), with a close-on-exec descriptor
     /// reserved for it: `EOPNOTSUPP` for vidmem, `ENOENT` once a free of it has begun.
     pub(crate) fn export_dmabuf(&self) -> Result<Exported> {
-        let pages = self.storage.sys()?.clone();
-        let (source, resv) = {
+        let (pages, source, resv) = {
             let mut st = self.state.lock();
             if st.life != Life::Owned || st.export == Export::Withdrawn {
                 return Err(ENOENT);
             }
+            let pages = self.storage.sys()?.clone();
             let pool = st.lease.as_ref().map_or(0, |l| l.pool.id());
             let source = Source::hold(&self.core, &mut st, pool, true)?;
             drop(st);
@@ -116,7 +116,7 @@ impl Mem {
             // its drop takes its lock to let go ([`Mem`]'s drop).
             rc.exported.store(true, Relaxed);
             self.exported.store(true, Relaxed);
-            (source, resv)
+            (pages, source, resv)
         };
         // On failure the hold is dropped with the buffer (or with `source`).
         let buf = Buffer::new(source, pages, resv)?;

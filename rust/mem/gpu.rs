@@ -287,14 +287,25 @@ impl Mem {
         }
         let table = Arc::new(access.attach(buf)?, GFP_KERNEL_ACCOUNT)?;
         let mut st = self.state.lock();
-        st.mappable()?;
-        if st.gpus.iter().any(|(g, _)| *g == id) || !table.keepable() {
-            drop(st);
-            drop(table);
-            return Ok(());
-        }
-        st.gpus.push((id, table), GFP_KERNEL_ACCOUNT)?;
-        Ok(())
+        let kept = if let Err(e) = st.mappable() {
+            Err(e)
+        } else if st.gpus.iter().any(|(g, _)| *g == id) {
+            Ok(())
+        } else if !table.keepable() {
+            // The GPU's removal began meanwhile.
+            Err(ENODEV)
+        } else {
+            // Room first: the table is never dropped under the mem's lock.
+            st.gpus
+                .reserve(1, GFP_KERNEL_ACCOUNT)
+                .map_err(Error::from)
+                .map(|()| {
+                    let _ = st.gpus.push_within_capacity((id, table.clone()));
+                })
+        };
+        drop(st);
+        drop(table);
+        kept
     }
 
     /// Maps a new pool mem for every GPU of its pool's access set: with the tables the pool
@@ -534,9 +545,16 @@ impl Mem {
         src_offset: u64,
         len: u64,
     ) -> Result {
-        let copy = EngineCopy::plan(gpu, dst.clone(), dst_offset, src.clone(), src_offset, len)?;
-        // Shared as dma-bufs: their users' work first (the GPU is not held meanwhile).
-        MemCore::wait_implicit(&[(dst, true), (src, false)])?;
+        let plan = || EngineCopy::plan(gpu, dst.clone(), dst_offset, src.clone(), src_offset, len);
+        let mut copy = plan()?;
+        // Shared as dma-bufs: their users' work first, once the copy is known to be valid,
+        // with nothing of the GPU held meanwhile (its removal would wait for the tables), then
+        // planned again.
+        if dst.resv().is_some() || src.resv().is_some() {
+            drop(copy);
+            MemCore::wait_implicit(&[(dst, true), (src, false)])?;
+            copy = plan()?;
+        }
         let access = gpu.access()?;
         let mut done = 0;
         while done < copy.len() {

@@ -24,12 +24,25 @@ use kernel::{
 };
 
 use crate::{
-    bind::{fence::Fence, fence::Watch, resv::Resv},
+    bind::{fence::Fence, fence::Watch, global::global, resv::Resv},
     mem::MemCore,
     uapi,
 };
 
 use super::{engine::Engine, event::Timeline, StreamCore};
+
+global! {
+    /// Held across the exchanges of an operation that follows several objects: two such
+    /// operations of ruvm's are never interleaved, so neither waits for the other through one
+    /// object while the other waits for it through another (a cycle). Under the submission
+    /// mutex, above every reservation lock.
+    static SEVERAL: Mutex<()> = ();
+}
+
+/// Makes the lock of exchanges with several objects (module init).
+pub(crate) fn init() {
+    SEVERAL.init();
+}
 
 /// How long an implicit wait may last.
 pub(super) fn timeout() -> Delta {
@@ -103,6 +116,11 @@ impl Implicit {
     /// The exchange, once the operation is queued with fence `fence` on the stream whose
     /// context is `context` (run by `engine`).
     fn exchange(&self, fence: Result<Fence>, context: u64, engine: &Arc<Engine>) {
+        let _several = if self.follows.len() > 1 {
+            SEVERAL.lock()
+        } else {
+            None
+        };
         let made = fence.and_then(|f| {
             let mut waits = KVec::new();
             for (resv, write) in self.follows.iter() {

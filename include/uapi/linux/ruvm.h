@@ -669,7 +669,10 @@ struct ruvm_gpu_attach {
  *
  * MAP_GPU DMA-maps every chunk of a sysmem mem for the GPU's device and keeps the addresses
  * (GPU-relative) in the mem's table for that GPU; UNMAP_GPU unmaps them and drops the table.
- * Both are idempotent.
+ * Both are idempotent. For a mem of another exporter's dma-buf (RUVM_IOCTL_MEM_IMPORT_DMABUF),
+ * MAP_GPU attaches the buffer to the GPU's device and maps it (EOPNOTSUPP on a simulated GPU;
+ * EINVAL a scatter table not in whole pages; the exporter's own errors), and the unmap, once
+ * the table's last user lets go, is done on a work queue (the GPU's removal waits for it).
  *
  * @handle:   (in) the mem
  * @gpu:      (in) the GPU's id

@@ -417,6 +417,15 @@ impl Pool {
             }
         }
         drop(range);
+        // Someone still holds a page (a pin through an importer's mapping, made before the
+        // last holder let go): never lent to a later allocation, nor cached; let go. (No new
+        // pin can be taken: no mapping of them is left.)
+        if pages.held_elsewhere() {
+            drop((tables, promise));
+            self.forget(pages.len() as u64);
+            drop((charge, pages));
+            return;
+        }
         self.pend(pages, tables, charge, tags, promise);
     }
 

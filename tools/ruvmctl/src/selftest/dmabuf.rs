@@ -173,6 +173,29 @@ fn dmabuf_mmap_and_engine_share_bytes() -> TestResult {
         Errno::EINVAL,
         "mmap of the dma-buf past its end",
     )?;
+    // A private (copy-on-write) mapping is refused.
+    {
+        // SAFETY: a new mapping of the buffer, unmapped at once if made.
+        let r = unsafe {
+            nix::sys::mman::mmap(
+                None,
+                std::num::NonZeroUsize::MIN.saturating_add(4095),
+                nix::sys::mman::ProtFlags::PROT_READ,
+                nix::sys::mman::MapFlags::MAP_PRIVATE,
+                &buf,
+                0,
+            )
+        };
+        if let Ok(p) = r {
+            // SAFETY: the mapping just made.
+            let _ = unsafe { nix::sys::mman::munmap(p, 4096) };
+        }
+        expect_errno(
+            r.map(|_| ()),
+            Errno::EINVAL,
+            "a private mmap of the dma-buf",
+        )?;
+    }
     // The mapping has no pages to pin: a pin could outlive the buffer and see the chunks
     // reused by a later mem.
     check!(

@@ -79,6 +79,10 @@ pub fn cases() -> Vec<Case> {
             name: "ipc_pinned_chunks_never_reused",
             run: ipc_pinned_chunks_never_reused,
         },
+        Case {
+            name: "ipc_pinned_chunks_never_lent_on_a_stream",
+            run: ipc_pinned_chunks_never_lent_on_a_stream,
+        },
     ]
 }
 
@@ -960,6 +964,82 @@ fn ipc_pinned_chunks_never_reused() -> TestResult {
     );
     drop((map2, tx));
     d.mem_free(again).ctx("MEM_FREE")?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    Ok(())
+}
+
+/// A page of the import's mapping pinned in a pipe, then a `FREE` of the exported mem on a
+/// stream (its chunks kept for the import), then the import's free (the chunks come back to
+/// the pool's pending list, the free not observed), then an `ALLOC` of the same size on the same
+/// stream, which may reuse what that stream freed: the new mem gets other chunks, and the pipe
+/// still reads the bytes of the time of the pin.
+fn ipc_pinned_chunks_never_lent_on_a_stream() -> TestResult {
+    let d = setup()?;
+    let g = super::shared::sim_gpu(&d)?;
+    let (seed_a, seed_b) = (0x1bd2, 0x1bd3);
+    let (p, _) = d
+        .pool_create_flags(0, u64::MAX, EXPORTABLE)
+        .ctx("POOL_CREATE exportable, keeping everything")?;
+    d.pool_access(p, g, true).ctx("POOL_SET_ACCESS")?;
+    let h = d.pool_alloc(p, SIZE, 0).ctx("MEM_ALLOC")?.handle;
+    let q = d.mem_query(h).ctx("MEM_QUERY")?;
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    write_pattern(&map, 0, SIZE, seed_a);
+    drop(map);
+    let (_fd, _, other, _, m) = imported(&d, p, h)?;
+    let mq = other.mem_query(m.handle).ctx("MEM_QUERY of the import")?;
+    let imap = UserMap::of_mem(&other, &mq).ctx("mmap of the import")?;
+    let (rx, tx) = pipe().ctx("pipe")?;
+    let iov = nix::libc::iovec {
+        iov_base: imap.as_ptr().cast(),
+        iov_len: 4096,
+    };
+    // SAFETY: one iovec over the live mapping, borrowed for the call; the pipe is ours.
+    let n = unsafe { nix::libc::vmsplice(tx.as_raw_fd(), &iov, 1, 0) };
+    check!(n == 4096, "vmsplice of the import's first page gave {n}");
+    drop(imap);
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let seqno = d
+        .stream_submit(s, &[libruvm::op::free(h)])
+        .ctx("STREAM_SUBMIT FREE")?;
+    // The stream reaches the FREE (not observed: no synchronize), so that the import's free
+    // brings the chunks back to the pending list rather than with the FREE's own drop.
+    let t = std::time::Instant::now();
+    while d.stream_query(s).ctx("STREAM_QUERY")?.completed < seqno {
+        check!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "the stream did not reach its FREE"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let before = d.pool_get(p).ctx("POOL_GET")?;
+    other.mem_free(m.handle).ctx("MEM_FREE of the import")?;
+    let mut ops = [libruvm::op::alloc(p, SIZE, false)];
+    d.stream_submit_mut(s, &mut ops)
+        .ctx("STREAM_SUBMIT ALLOC")?;
+    let after = d.pool_get(p).ctx("POOL_GET")?;
+    d.stream_sync(s, 10_000).ctx("STREAM_SYNC")?;
+    let (again, _) = libruvm::op::allocated(&ops[0]);
+    println!(
+        "# pool before the import's free: used {} pending {}; after the ALLOC: used {} pending {}",
+        before.used_current, before.pending_bytes, after.used_current, after.pending_bytes
+    );
+    let q2 = d.mem_query(again).ctx("MEM_QUERY")?;
+    let map2 = UserMap::of_mem(&d, &q2).ctx("mmap")?;
+    write_pattern(&map2, 0, SIZE, seed_b);
+    let mut got = [0u8; 4096];
+    let mut rx = std::fs::File::from(rx);
+    rx.read_exact(&mut got).ctx("read the pipe")?;
+    let old = (0..4096u64)
+        .filter(|&o| got[o as usize] == pattern::byte_at(seed_a, o))
+        .count();
+    check!(
+        old == 4096,
+        "the pinned page holds {old} bytes of its own, the rest of the stream's next mem"
+    );
+    drop((map2, tx));
+    d.mem_free(again).ctx("MEM_FREE")?;
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
     d.pool_destroy(p).ctx("POOL_DESTROY")?;
     Ok(())
 }
