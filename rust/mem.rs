@@ -50,6 +50,7 @@ use crate::{
 
 mod alloc;
 pub(crate) mod bench;
+pub(crate) mod copy;
 pub(crate) mod cpu;
 mod dmabuf;
 pub(crate) mod gpu;

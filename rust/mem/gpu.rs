@@ -2,7 +2,7 @@
 
 //! A mem as GPUs see it: its per-GPU DMA address tables (uvm_mem's `map_gpu_phys`), its
 //! mappings in GPU kernel VA spaces (`map_gpu_kernel`) and in its file's user VA spaces
-//! (`map_gpu_user`), the addresses a GPU reaches it at, and copies by a GPU's copy engine.
+//! (`map_gpu_user`), and the addresses a GPU reaches it at (copies: [`super::copy`]).
 
 use kernel::{prelude::*, sync::Arc};
 
@@ -21,122 +21,8 @@ use crate::{
 use super::{
     gpu_va::{GpuMapping, KernelVa, UserVa},
     storage::Storage,
-    storage::VidPages,
     Mem, MemCore, MemState,
 };
-
-/// How a GPU's engine reaches one mem: through its DMA table, or in its own memory.
-enum EngineView<'a> {
-    Table(Arc<GpuTable>),
-    Vid(&'a VidPages),
-    /// Nothing: every address fails (`ENXIO`).
-    None,
-}
-
-impl EngineView<'_> {
-    /// The DMA address at which the engine (of the GPU `access` guards) reaches byte `offset`
-    /// (chunks of `chunk` bytes).
-    fn addr(&self, access: &GpuAccess<'_>, offset: usize, chunk: usize) -> Result<u64> {
-        match self {
-            EngineView::Table(t) => t.addr(offset),
-            EngineView::Vid(v) => access.pmm()?.engine_addr(v.phys(offset, chunk)?),
-            EngineView::None => Err(ENXIO),
-        }
-    }
-}
-
-/// A copy by a GPU's copy engine between two mems, planned when it is asked for: both ranges
-/// checked, each mem's view on the GPU taken (a sysmem mem's DMA table is held, so the mapping
-/// outlives the copy whatever the mems' owner does meanwhile, and both mems stay alive until
-/// the plan goes). Run piece by piece ([`EngineCopy::piece`]), synchronously or on a stream.
-pub(crate) struct EngineCopy {
-    dst: Arc<Mem>,
-    src: Arc<Mem>,
-    /// Each mem's DMA table on the GPU (`None` for vidmem).
-    dst_table: Option<Arc<GpuTable>>,
-    src_table: Option<Arc<GpuTable>>,
-    dst_offset: usize,
-    src_offset: usize,
-    len: usize,
-    /// The engine's largest piece.
-    max: usize,
-}
-
-impl EngineCopy {
-    /// Plans the copy of `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` by
-    /// `gpu`'s engine: `EINVAL`/`EOVERFLOW` for a range outside a mem, `ENXIO` for a sysmem mem
-    /// not mapped on the GPU, `EINVAL`/`ENODEV` for a vidmem mem of another GPU or of a GPU
-    /// unbound since, `ENODEV` if the GPU has no engine or is going.
-    pub(crate) fn plan(
-        gpu: &GpuDev,
-        dst: Arc<Mem>,
-        dst_offset: u64,
-        src: Arc<Mem>,
-        src_offset: u64,
-        len: u64,
-    ) -> Result<Self> {
-        let max = gpu.access()?.max_piece()?;
-        let (dst_offset, len) = dst.range(dst_offset, len)?;
-        let (src_offset, _) = src.range(src_offset, len as u64)?;
-        let table = |m: &Mem| -> Result<Option<Arc<GpuTable>>> {
-            match m.engine_view(gpu)? {
-                EngineView::Table(t) => Ok(Some(t)),
-                EngineView::Vid(_) | EngineView::None => Ok(None),
-            }
-        };
-        let (dst_table, src_table) = (table(&dst)?, table(&src)?);
-        if let Storage::Vid(v) = &dst.storage {
-            v.may_be_written();
-        }
-        // Both chunk sizes are checked here, so `piece` cannot fail on them.
-        dst.chunk_len()?;
-        src.chunk_len()?;
-        Ok(Self {
-            dst,
-            src,
-            dst_table,
-            src_table,
-            dst_offset,
-            src_offset,
-            len,
-            max,
-        })
-    }
-
-    /// Bytes to copy.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Moves the next piece, from byte `done` of the copy on; returns its length. A piece
-    /// stays inside one chunk of each mem (chunks are contiguous only inside). `ENODEV` once
-    /// the GPU's removal has begun.
-    pub(crate) fn piece(&self, access: &GpuAccess<'_>, done: usize) -> Result<usize> {
-        if done >= self.len {
-            return Err(EINVAL);
-        }
-        let (dc, sc) = (self.dst.chunk_len()?, self.src.chunk_len()?);
-        let (s, d) = (self.src_offset + done, self.dst_offset + done);
-        let piece = (self.len - done)
-            .min(self.max)
-            .min(sc - s % sc)
-            .min(dc - d % dc);
-        let s_addr = view(&self.src, &self.src_table).addr(access, s, sc)?;
-        let d_addr = view(&self.dst, &self.dst_table).addr(access, d, dc)?;
-        access.copy(d_addr, s_addr, piece)?;
-        Ok(piece)
-    }
-}
-
-/// The view of `mem` a plan holds: its table, or for vidmem its own memory.
-fn view<'a>(mem: &'a Mem, table: &Option<Arc<GpuTable>>) -> EngineView<'a> {
-    match (table, &mem.storage) {
-        (_, Storage::Vid(v)) => EngineView::Vid(v),
-        (Some(t), _) => EngineView::Table(t.clone()),
-        // A sysmem plan always holds a table; an empty view fails every address.
-        (None, _) => EngineView::None,
-    }
-}
 
 /// What a mem gave up on one GPU, dropped in field order: the user VA mapping, the kernel VA
 /// mapping, the VA offset (if no GPU has the mem mapped any more), then the DMA table.
@@ -515,58 +401,13 @@ impl Mem {
     }
 
     /// The mem's DMA table for GPU `id`, or `ENXIO`.
-    fn gpu_table(&self, id: u32) -> Result<Arc<GpuTable>> {
+    pub(super) fn gpu_table(&self, id: u32) -> Result<Arc<GpuTable>> {
         let st = self.state.lock();
         st.gpus
             .iter()
             .find(|(g, _)| *g == id)
             .map(|(_, t)| t.clone())
             .ok_or(ENXIO)
-    }
-
-    /// How `gpu`'s engine reaches the mem: its DMA table for the GPU (`ENXIO` without one), or,
-    /// for vidmem, the GPU's own memory (see [`VidPages::check_gpu`]).
-    fn engine_view(&self, gpu: &GpuDev) -> Result<EngineView<'_>> {
-        match &self.storage {
-            Storage::Sys(_) | Storage::Buf(_) => Ok(EngineView::Table(self.gpu_table(gpu.id)?)),
-            Storage::Vid(v) => v.check_gpu(gpu).map(|()| EngineView::Vid(v)),
-        }
-    }
-
-    /// Copies `len` bytes from `src` to `dst` with `gpu`'s copy engine, addressing both only
-    /// through their DMA tables for that GPU (or its own memory). The GPU cannot be removed
-    /// meanwhile; other users of the GPU go on between pieces; a signal stops the copy between
-    /// pieces (the call restarts, or fails with `EINTR`).
-    pub(crate) fn ce_copy(
-        gpu: &GpuDev,
-        dst: &Arc<Mem>,
-        dst_offset: u64,
-        src: &Arc<Mem>,
-        src_offset: u64,
-        len: u64,
-    ) -> Result {
-        let plan = || EngineCopy::plan(gpu, dst.clone(), dst_offset, src.clone(), src_offset, len);
-        let mut copy = plan()?;
-        // Shared as dma-bufs: their users' work first, once the copy is known to be valid,
-        // with nothing of the GPU held meanwhile (its removal would wait for the tables), then
-        // planned again.
-        if dst.resv().is_some() || src.resv().is_some() {
-            drop(copy);
-            MemCore::wait_implicit(&[(dst, true), (src, false)])?;
-            copy = plan()?;
-        }
-        let access = gpu.access()?;
-        let mut done = 0;
-        while done < copy.len() {
-            if kernel::current!().signal_pending() {
-                return Err(ERESTARTSYS);
-            }
-            done += copy.piece(&access, done)?;
-        }
-        // The plan (and any table it holds) goes before the access guard.
-        drop(copy);
-        drop(access);
-        Ok(())
     }
 
     /// The GPU address of `[offset, offset + len)`, which must lie in one chunk (`EINVAL`):

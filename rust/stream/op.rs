@@ -24,7 +24,7 @@ use crate::{
     audit::{Class, Counted},
     bind::fence::Watch,
     gpu::{dma::Pages, GpuAccess},
-    mem::{cpu::CpuFill, gpu::EngineCopy, Mem},
+    mem::{copy::EngineCopy, cpu::CpuFill, Mem},
 };
 
 use super::{engine::Engine, implicit::Implicit, Budget, Units};

@@ -15,8 +15,8 @@ use crate::{
     bind::fence::{Fence, Watch},
     gpu::{self, mmu},
     mem::{
+        copy::EngineCopy,
         cpu::{CpuFill, Fill},
-        gpu::EngineCopy,
         pool::pending::{Asker, Clock},
         Made, MemCore, StreamAlloc,
     },
