@@ -9,10 +9,10 @@
 //!   asked for, and the mappings made for importing devices.
 //! - [`BufOps`]: the `dma_buf_ops` of such buffers: map for an importing device (a scatter
 //!   table of the pages, DMA-mapped for the importer's device, through its IOMMU), `mmap`
-//!   (every page inserted at once), `vmap`, CPU access begin/end (the importers' mappings
-//!   synced), release. The table's owner is this module: each buffer holds a reference on it
-//!   until its release (`dma_buf_export` takes it), so the module cannot unload while a buffer
-//!   it exported lives.
+//!   (the pages' frames mapped at once, so nothing can pin them), `vmap`, CPU access begin/end
+//!   (the importers' mappings synced), release. The table's owner is this module: each buffer
+//!   holds a reference on it until its release (`dma_buf_export` takes it), so the module
+//!   cannot unload while a buffer it exported lives.
 //!
 //! `map_dma_buf`, `vmap` and `mmap` run with the buffer's reservation lock held (or the mmap
 //! lock): they allocate, but take no lock of ruvm's except the buffer's own leaf mutexes.

@@ -16,9 +16,10 @@
 //!
 //! A mem exported as a dma-buf (and every mem imported from one of its buffers) has a
 //! reservation object, the buffer's. Work on its bytes follows it: a stream operation that
-//! copies into or out of it, or fills it, first waits for the fences there (a write waits for
-//! all, a read for writers'), then adds its own fence once queued; a synchronous copy, fill or
-//! verify waits the same way and, done when it returns, adds none.
+//! copies into or out of it, or fills it, once queued takes the fences there it must wait for
+//! (a write, all; a read, writers') and adds its own, at once under the object's lock
+//! (`stream/implicit.rs`); a synchronous copy, fill or verify waits for them and, done when it
+//! returns, adds none.
 
 use kernel::{
     page::PAGE_SIZE,

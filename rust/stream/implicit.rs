@@ -12,7 +12,8 @@
 //! The wait lasts at most `RUVM_WAIT_MAX_MS` from when the stream reaches the operation, then
 //! fails it with `ETIMEDOUT` (the stream's error rule applies); a fence that signals an error
 //! fails it with that error. If the exchange itself fails (no memory), the operation fails
-//! with that error before its first piece, without having been seen by the buffer's users.
+//! with that error before its first piece (a fence it already added to another object then
+//! signals that error).
 
 use kernel::{
     prelude::*,

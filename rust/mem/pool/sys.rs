@@ -58,12 +58,6 @@ impl Entry {
         self.pages.len() as u64
     }
 
-    /// Whether something outside ruvm holds a page of its chunks (see
-    /// [`crate::bind::pages::ChunkList::held_elsewhere`]).
-    pub(super) fn held_elsewhere(&self) -> bool {
-        self.pages.held_elsewhere()
-    }
-
     /// Whether a freed mem still pins its chunks (it is not to be given back yet).
     pub(super) fn pinned(&self) -> bool {
         self.pages.pinned()
@@ -106,11 +100,6 @@ impl PoolState {
     /// Caches `e` as the newest entry; what could not be cached is returned, to be dropped
     /// once the lock is released.
     pub(super) fn cache(&mut self, e: Entry) -> Option<Entry> {
-        // Chunks someone still holds a page of (a pin through a user mapping made before the
-        // free) are never handed to another mem: not cached, given back.
-        if e.held_elsewhere() {
-            return Some(e);
-        }
         let bytes = e.bytes();
         let refused = self.cache.push_back(e);
         if refused.is_none() {
@@ -371,6 +360,12 @@ impl Pool {
                 return;
             }
         }
+        // Chunks someone still holds a page of (a pin through a user mapping made before the
+        // free) are never handed to another mem: not cached, given back. Read before the lock
+        // (a walk of every page); no new pin can come, no mapping of them is left. This and
+        // `give_back_tagged` are the ways into the cache (a list taken apart puts back only
+        // chunks that came from it).
+        let held = pages.held_elsewhere();
         // The tables the pool may not keep, dropped outside its lock (rare: room for them is
         // made only then).
         let mut gone = KVec::new();
@@ -378,7 +373,7 @@ impl Pool {
         st.sort_tables(&mut tables, &mut gone);
         let entry = Entry::new(pages, tables, range, charge);
         st.used = st.used.saturating_sub(bytes);
-        let refused = if st.closed {
+        let refused = if st.closed || held {
             Some(entry)
         } else {
             st.cache(entry)

@@ -106,18 +106,10 @@ fn bad(read: impl Fn(usize) -> u8, base: u64, len: u64, seed: u64) -> u64 {
 /// Whether `vmsplice` (which pins the pages of what it is given) refuses the first page of
 /// `map` (`EFAULT`).
 fn pin_refused(map: &BufMap) -> bool {
-    let Ok((rx, tx)) = nix::unistd::pipe() else {
+    let Ok((_rx, tx)) = nix::unistd::pipe() else {
         return false;
     };
-    let iov = nix::libc::iovec {
-        iov_base: map.addr.as_ptr().cast(),
-        iov_len: 4096,
-    };
-    // SAFETY: one iovec over the live mapping, borrowed for the call; the pipe is ours.
-    let r = unsafe { nix::libc::vmsplice(tx.as_raw_fd(), &iov, 1, 0) };
-    let refused = r < 0 && Errno::last() == Errno::EFAULT;
-    drop((rx, tx));
-    refused
+    super::shared::vmsplice_page(map.addr.as_ptr(), &tx) == Err(Errno::EFAULT)
 }
 
 /// A simulated GPU with a copy engine, or `None` (said).

@@ -915,6 +915,57 @@ fn ipc_ptr_attrs_of_an_imported_mem() -> TestResult {
     Ok(())
 }
 
+/// A mem of [`SIZE`] bytes of exportable pool `p` of `d` holding pattern `seed`, imported into
+/// a new file, whose mapping of its import had the first page spliced into a pipe (which holds
+/// the page) and was then unmapped.
+struct Pinned {
+    h: u64,
+    other: Ruvm,
+    m: uapi::ruvm_mem_import,
+    rx: OwnedFd,
+    tx: OwnedFd,
+    _fd: OwnedFd,
+}
+
+fn pinned_import(d: &Ruvm, p: u64, seed: u64) -> Result<Pinned, Stop> {
+    let h = d.pool_alloc(p, SIZE, 0).ctx("MEM_ALLOC")?.handle;
+    let q = d.mem_query(h).ctx("MEM_QUERY")?;
+    let map = UserMap::of_mem(d, &q).ctx("mmap")?;
+    write_pattern(&map, 0, SIZE, seed);
+    drop(map);
+    let (fd, _, other, _, m) = imported(d, p, h)?;
+    let mq = other.mem_query(m.handle).ctx("MEM_QUERY of the import")?;
+    let imap = UserMap::of_mem(&other, &mq).ctx("mmap of the import")?;
+    let (rx, tx) = pipe().ctx("pipe")?;
+    let n = super::shared::vmsplice_page(imap.as_ptr(), &tx).ctx("vmsplice")?;
+    check!(n == 4096, "vmsplice of the import's first page gave {n}");
+    drop(imap);
+    Ok(Pinned {
+        h,
+        other,
+        m,
+        rx,
+        tx,
+        _fd: fd,
+    })
+}
+
+/// The page a pipe holds (read out of it).
+fn pipe_page(rx: OwnedFd) -> Result<[u8; 4096], Stop> {
+    let mut got = [0u8; 4096];
+    std::fs::File::from(rx)
+        .read_exact(&mut got)
+        .ctx("read the pipe")?;
+    Ok(got)
+}
+
+/// How many bytes of a first page are pattern `seed`.
+fn same_bytes(page: &[u8; 4096], seed: u64) -> usize {
+    (0..4096u64)
+        .filter(|&o| page[o as usize] == pattern::byte_at(seed, o))
+        .count()
+}
+
 /// An importer that pinned a page of its import through its own mapping (`vmsplice` into a
 /// pipe, which holds the page) cannot read the exporter's later mems: once both let go, the
 /// chunks are not cached (a pool keeping everything, exact fit) but given back, so the
@@ -926,38 +977,22 @@ fn ipc_pinned_chunks_never_reused() -> TestResult {
     let (p, _) = d
         .pool_create_flags(0, u64::MAX, EXPORTABLE)
         .ctx("POOL_CREATE exportable, keeping everything")?;
-    let h = d.pool_alloc(p, SIZE, 0).ctx("MEM_ALLOC")?.handle;
-    let q = d.mem_query(h).ctx("MEM_QUERY")?;
-    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
-    write_pattern(&map, 0, SIZE, seed_a);
-    drop(map);
-    let (_fd, _, other, _, m) = imported(&d, p, h)?;
-    let mq = other.mem_query(m.handle).ctx("MEM_QUERY of the import")?;
-    let imap = UserMap::of_mem(&other, &mq).ctx("mmap of the import")?;
-    let (rx, tx) = pipe().ctx("pipe")?;
-    let iov = nix::libc::iovec {
-        iov_base: imap.as_ptr().cast(),
-        iov_len: 4096,
-    };
-    // SAFETY: one iovec over the live mapping, borrowed for the call; the pipe is ours.
-    let n = unsafe { nix::libc::vmsplice(tx.as_raw_fd(), &iov, 1, 0) };
-    check!(n == 4096, "vmsplice of the import's first page gave {n}");
-    drop(imap);
+    let Pinned {
+        h,
+        other,
+        m,
+        rx,
+        tx,
+        _fd,
+    } = pinned_import(&d, p, seed_a)?;
     other.mem_free(m.handle).ctx("MEM_FREE of the import")?;
     d.mem_free(h).ctx("MEM_FREE")?;
     let again = d.pool_alloc(p, SIZE, 0).ctx("MEM_ALLOC again")?.handle;
     let q2 = d.mem_query(again).ctx("MEM_QUERY")?;
     let map2 = UserMap::of_mem(&d, &q2).ctx("mmap")?;
     write_pattern(&map2, 0, SIZE, seed_b);
-    let mut got = [0u8; 4096];
-    let mut rx = std::fs::File::from(rx);
-    rx.read_exact(&mut got).ctx("read the pipe")?;
-    let new = (0..4096u64)
-        .filter(|&o| got[o as usize] == pattern::byte_at(seed_b, o))
-        .count();
-    let old = (0..4096u64)
-        .filter(|&o| got[o as usize] == pattern::byte_at(seed_a, o))
-        .count();
+    let got = pipe_page(rx)?;
+    let (new, old) = (same_bytes(&got, seed_b), same_bytes(&got, seed_a));
     check!(
         old == 4096,
         "the pinned page holds {new} bytes of the exporter's later mem and {old} of its own"
@@ -981,23 +1016,14 @@ fn ipc_pinned_chunks_never_lent_on_a_stream() -> TestResult {
         .pool_create_flags(0, u64::MAX, EXPORTABLE)
         .ctx("POOL_CREATE exportable, keeping everything")?;
     d.pool_access(p, g, true).ctx("POOL_SET_ACCESS")?;
-    let h = d.pool_alloc(p, SIZE, 0).ctx("MEM_ALLOC")?.handle;
-    let q = d.mem_query(h).ctx("MEM_QUERY")?;
-    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
-    write_pattern(&map, 0, SIZE, seed_a);
-    drop(map);
-    let (_fd, _, other, _, m) = imported(&d, p, h)?;
-    let mq = other.mem_query(m.handle).ctx("MEM_QUERY of the import")?;
-    let imap = UserMap::of_mem(&other, &mq).ctx("mmap of the import")?;
-    let (rx, tx) = pipe().ctx("pipe")?;
-    let iov = nix::libc::iovec {
-        iov_base: imap.as_ptr().cast(),
-        iov_len: 4096,
-    };
-    // SAFETY: one iovec over the live mapping, borrowed for the call; the pipe is ours.
-    let n = unsafe { nix::libc::vmsplice(tx.as_raw_fd(), &iov, 1, 0) };
-    check!(n == 4096, "vmsplice of the import's first page gave {n}");
-    drop(imap);
+    let Pinned {
+        h,
+        other,
+        m,
+        rx,
+        tx,
+        _fd,
+    } = pinned_import(&d, p, seed_a)?;
     let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
     let seqno = d
         .stream_submit(s, &[libruvm::op::free(h)])
@@ -1027,12 +1053,7 @@ fn ipc_pinned_chunks_never_lent_on_a_stream() -> TestResult {
     let q2 = d.mem_query(again).ctx("MEM_QUERY")?;
     let map2 = UserMap::of_mem(&d, &q2).ctx("mmap")?;
     write_pattern(&map2, 0, SIZE, seed_b);
-    let mut got = [0u8; 4096];
-    let mut rx = std::fs::File::from(rx);
-    rx.read_exact(&mut got).ctx("read the pipe")?;
-    let old = (0..4096u64)
-        .filter(|&o| got[o as usize] == pattern::byte_at(seed_a, o))
-        .count();
+    let old = same_bytes(&pipe_page(rx)?, seed_a);
     check!(
         old == 4096,
         "the pinned page holds {old} bytes of its own, the rest of the stream's next mem"

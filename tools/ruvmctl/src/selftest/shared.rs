@@ -220,3 +220,18 @@ impl Drop for BufMap {
         let _ = unsafe { nix::sys::mman::munmap(self.addr.cast(), self.len) };
     }
 }
+
+/// `vmsplice` of the 4096 bytes at `addr` (a live mapping of the caller's) into pipe end `tx`:
+/// the pipe then holds the page itself (its reference taken by `get_user_pages`). The bytes
+/// spliced, or the errno.
+pub(super) fn vmsplice_page(addr: *mut u8, tx: &std::os::fd::OwnedFd) -> Result<usize, Errno> {
+    use std::os::fd::AsRawFd;
+    let iov = nix::libc::iovec {
+        iov_base: addr.cast(),
+        iov_len: 4096,
+    };
+    // SAFETY: one iovec over the caller's live mapping, borrowed for the call; the pipe is the
+    // caller's.
+    let n = unsafe { nix::libc::vmsplice(tx.as_raw_fd(), &iov, 1, 0) };
+    usize::try_from(n).map_err(|_| Errno::last())
+}
