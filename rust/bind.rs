@@ -27,6 +27,7 @@ pub(crate) mod ratelimit;
 pub(crate) mod resv;
 pub(crate) mod shrinker;
 pub(crate) mod upin;
+pub(crate) mod uread;
 pub(crate) mod vma;
 pub(crate) mod vmap;
 pub(crate) mod workqueue;

@@ -38,7 +38,6 @@ use kernel::{
         Arc, CondVar, Mutex,
     },
     time::msecs_to_jiffies,
-    transmute::{AsBytes, FromBytes},
     uaccess::UserPtr,
 };
 
@@ -248,15 +247,9 @@ impl StreamCore {
             return Err(EINVAL);
         }
         let n = usize::try_from(count)?;
-        // Read whole, with one copy into place, before any lock is taken (a fault on it takes
-        // the mmap lock).
-        const SIZE: usize = core::mem::size_of::<uapi::ruvm_op>();
-        let zero = uapi::ruvm_op::from_bytes_copy(&[0u8; SIZE]).ok_or(EINVAL)?;
+        // Read whole, once, before any lock is taken (a fault on it takes the mmap lock).
         // Transient (freed before the call returns), bounded by the call: not charged.
-        let mut raw = KVec::from_elem(zero, n, GFP_KERNEL)?;
-        kernel::uaccess::UserSlice::new(ops, n.checked_mul(SIZE).ok_or(EINVAL)?)
-            .reader()
-            .read_slice(raw.as_mut_slice().as_bytes_mut())?;
+        let raw = crate::bind::uread::read_array::<uapi::ruvm_op>(ops, n, GFP_KERNEL)?;
         let mut events = Events::of(&raw, files)?;
         let mut known = self.submitting.lock();
         let mut batch = Batch::new();
@@ -330,7 +323,7 @@ impl StreamCore {
         for (event, seqno) in events.recorded() {
             event.record(self, seqno);
         }
-        self.engine.make_ready(self.clone());
+        self.engine.submitted(self.clone());
         Ok(first)
     }
 
@@ -451,7 +444,26 @@ impl StreamCore {
     /// section, and only then counted completed: after `STREAM_SYNC` nothing of them is left.
     fn step(&self, engine: &Engine) -> After {
         let mut retired = List::<Op>::new();
-        let after = self.step_in(engine, &mut retired);
+        let after = self.step_in(engine, &mut retired, false);
+        self.count_retired(retired);
+        after
+    }
+
+    /// What a submission does instead of the engine's step when the stream is on no list and
+    /// not being run: retires its first operations if they are marks (records, waits its
+    /// order satisfies), as the engine would, with no runner woken. `Idle` if that emptied
+    /// the queue; `Ready` if an operation with work (or more than [`RETIRE_BATCH`]) is left
+    /// for the engine. Never runs a piece of work.
+    pub(super) fn retire_marks(&self, engine: &Engine) -> After {
+        let mut retired = List::<Op>::new();
+        let after = self.step_in(engine, &mut retired, true);
+        self.count_retired(retired);
+        after
+    }
+
+    /// Drops the operations a step retired, with the lock released, then counts them
+    /// completed and signals the points they reached.
+    fn count_retired(&self, mut retired: List<Op>) {
         let mut last = None;
         let mut units = 0u64;
         while let Some(op) = retired.pop_front() {
@@ -470,10 +482,11 @@ impl StreamCore {
             st.queued = st.queued.saturating_sub(units);
             self.retired.notify_all();
         }
-        after
     }
 
-    fn step_in(&self, engine: &Engine, retired: &mut List<Op>) -> After {
+    /// A step (see [`Self::step`]); with `marks_only`, one that stops at the first
+    /// operation that is not a mark ([`Self::retire_marks`]).
+    fn step_in(&self, engine: &Engine, retired: &mut List<Op>, marks_only: bool) -> After {
         let op = {
             let mut guard = self.state.lock();
             let st = &mut *guard;
@@ -483,6 +496,14 @@ impl StreamCore {
                     return After::Ready;
                 }
                 n += 1;
+                if marks_only {
+                    let mut head = st.queue.cursor_front();
+                    match head.peek_next() {
+                        None => return After::Idle,
+                        Some(op) if !op.is_mark() => return After::Ready,
+                        Some(_) => {}
+                    }
+                }
                 let Some(op) = st.queue.pop_front() else {
                     return After::Idle;
                 };

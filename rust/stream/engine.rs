@@ -115,6 +115,25 @@ impl Engine {
         }
     }
 
+    /// After a submission to `stream`: if the stream is on no list and not being run, the
+    /// submitter retires the marks at the head of its queue itself ([`StreamCore::retire_marks`]:
+    /// a submission of records and satisfied waits to an idle stream wakes no runner); what
+    /// is left goes to the runner as [`Self::make_ready`] sends it.
+    pub(super) fn submitted(self: &Arc<Self>, stream: Arc<StreamCore>) {
+        let Ok(s) = ListArc::try_from_arc(stream) else {
+            // On a list, or being run: the runner comes to it.
+            return;
+        };
+        let left = match s.retire_marks(self) {
+            super::After::Idle => went_idle(s),
+            _ => Some(s),
+        };
+        if let Some(s) = left {
+            self.ready.lock().push_back(s);
+            self.kick();
+        }
+    }
+
     /// Moves the blocked streams that may go on to the ready list; says whether any stays
     /// blocked.
     fn unblock(&self) -> bool {
@@ -147,13 +166,8 @@ impl Engine {
                     super::After::Ready => self.ready.lock().push_back(stream),
                     super::After::Blocked => self.blocked.lock().push_back(stream),
                     super::After::Idle => {
-                        // Off every list first, then a last look: work submitted meanwhile
-                        // found it on none only after this.
-                        let stream = stream.into_arc();
-                        if stream.has_ready_work() {
-                            if let Ok(s) = ListArc::try_from_arc(stream) {
-                                self.ready.lock().push_back(s);
-                            }
+                        if let Some(s) = went_idle(stream) {
+                            self.ready.lock().push_back(s);
                         }
                     }
                 }
@@ -187,6 +201,17 @@ impl Engine {
             self.ticking.store(false, Release);
         }
     }
+}
+
+/// Takes `stream`, whose queue was found empty, off every list, then looks again: work
+/// submitted meanwhile found it on a list or being run, and is left to the caller (the stream,
+/// to be put on the ready list).
+fn went_idle(stream: ListArc<StreamCore>) -> Option<ListArc<StreamCore>> {
+    let stream = stream.into_arc();
+    if !stream.has_ready_work() {
+        return None;
+    }
+    ListArc::try_from_arc(stream).ok()
 }
 
 impl WorkItem<0> for Engine {

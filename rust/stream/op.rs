@@ -342,4 +342,10 @@ impl Op {
     pub(super) fn is_instant(&self) -> bool {
         matches!(self.work, Work::Record | Work::Nop | Work::Free { .. })
     }
+
+    /// Whether it is a mark: an instant operation whose retirement gives nothing back (a
+    /// record, or a wait the stream's order satisfied), which a submitter may retire itself.
+    pub(super) fn is_mark(&self) -> bool {
+        matches!(self.work, Work::Record | Work::Nop)
+    }
 }

@@ -22,7 +22,7 @@ use nix::{
 };
 
 use super::harness::{check, expect_errno, in_child, Case, Context, Stop, TestResult};
-use super::shared::readable;
+use super::shared::{readable, UserMapAnon};
 use libruvm::{cmd, uapi, Ruvm, UserMap};
 
 const K: u64 = 1024;
@@ -409,36 +409,6 @@ fn ptr_stack_heap_and_other_mappings_are_none() -> TestResult {
     expect(&d, base, &mem_byte(&q, base, 0), "the mem mapped meanwhile")?;
     drop(g);
     d.mem_free(q.handle).ctx("MEM_FREE")
-}
-
-/// An anonymous read-write mapping, unmapped on drop.
-struct UserMapAnon {
-    ptr: NonNull<c_void>,
-    len: usize,
-}
-
-impl UserMapAnon {
-    fn new(len: usize, flags: MapFlags) -> Result<Self, Stop> {
-        let nz = NonZeroUsize::new(len).ok_or_else(|| Stop::Fail("length 0".into()))?;
-        // SAFETY: a new anonymous mapping at an address the kernel chooses aliases nothing.
-        let ptr = unsafe {
-            mmap_anonymous(
-                None,
-                nz,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                flags,
-            )
-        }
-        .ctx("mmap")?;
-        Ok(Self { ptr, len })
-    }
-}
-
-impl Drop for UserMapAnon {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made by `new`, not used after.
-        let _ = unsafe { munmap(self.ptr, self.len) };
-    }
 }
 
 // --- pools and GPUs --------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! Steps several groups of cases share: the audit's live counts, and the seeded pattern
-//! written and checked through a mem's kernel mapping.
+//! written and checked through a mem's kernel mapping, an anonymous mapping.
 
 use libruvm::{cmd, uapi, Errno, Ruvm};
+use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
 
 use super::harness::{Context, Stop, TestResult};
 
@@ -234,4 +235,34 @@ pub(super) fn vmsplice_page(addr: *mut u8, tx: &std::os::fd::OwnedFd) -> Result<
     // caller's.
     let n = unsafe { nix::libc::vmsplice(tx.as_raw_fd(), &iov, 1, 0) };
     usize::try_from(n).map_err(|_| Errno::last())
+}
+
+/// An anonymous read-write mapping, unmapped on drop.
+pub(super) struct UserMapAnon {
+    pub(super) ptr: std::ptr::NonNull<std::ffi::c_void>,
+    len: usize,
+}
+
+impl UserMapAnon {
+    pub(super) fn new(len: usize, flags: MapFlags) -> Result<Self, Stop> {
+        let nz = std::num::NonZeroUsize::new(len).ok_or_else(|| Stop::Fail("length 0".into()))?;
+        // SAFETY: a new anonymous mapping at an address the kernel chooses aliases nothing.
+        let ptr = unsafe {
+            mmap_anonymous(
+                None,
+                nz,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                flags,
+            )
+        }
+        .ctx("mmap")?;
+        Ok(Self { ptr, len })
+    }
+}
+
+impl Drop for UserMapAnon {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made by `new`, not used after.
+        let _ = unsafe { munmap(self.ptr, self.len) };
+    }
 }

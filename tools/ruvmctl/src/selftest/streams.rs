@@ -13,6 +13,7 @@
 //!
 //! Here: order, overlap, waits, sticky errors, batches. [`going`]: the file, the process, the
 //! GPU or the stream going with work queued. [`refusals`]: every errno of the commands.
+//! [`reads`]: where a submission's array may be, and marks retired by their submission.
 
 use std::{
     os::fd::{AsFd, OwnedFd},
@@ -31,6 +32,7 @@ use libruvm::{
 };
 
 mod going;
+mod reads;
 mod refusals;
 
 pub(super) use going::{remove_gpu, BringBack};
@@ -95,6 +97,14 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "stream_submit_batch_cost",
             run: stream_submit_batch_cost,
+        },
+        Case {
+            name: "stream_ops_read_from_any_placement",
+            run: reads::stream_ops_read_from_any_placement,
+        },
+        Case {
+            name: "stream_marks_on_an_idle_stream_retire_at_submit",
+            run: reads::stream_marks_on_an_idle_stream_retire_at_submit,
         },
         Case {
             name: "stream_destroyed_idle_streams_leave_the_count",
