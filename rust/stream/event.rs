@@ -7,7 +7,7 @@
 //! stream, a synchronize) and kept with the event: recording costs no allocation (as a
 //! `drm_syncobj` timeline's points). Its status is read from its stream until then.
 
-use kernel::{new_spinlock, prelude::*, sync::Arc, sync::SpinLock};
+use kernel::{new_mutex, prelude::*, sync::Arc, sync::Mutex};
 
 use crate::bind::{anon::Exported, fence::Fence};
 
@@ -37,7 +37,7 @@ struct Point {
 #[pin_data]
 pub(crate) struct Event {
     #[pin]
-    point: SpinLock<Option<Point>>,
+    point: Mutex<Option<Point>>,
 }
 
 /// What `RUVM_IOCTL_EVENT_QUERY` reports.
@@ -51,7 +51,7 @@ pub(crate) struct EventState {
 impl Event {
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
-            point <- new_spinlock!(None),
+            point <- new_mutex!(None),
         })
     }
 

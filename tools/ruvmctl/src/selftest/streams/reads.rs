@@ -2,7 +2,7 @@
 
 //! How a submission is read and what it does before the engine sees it.
 //!
-//! The module reads a submission's array from the pages that hold it, pinned for the call and
+//! The module reads a submission's array from the pages that hold it, held for the call and
 //! read a word at a time, and with `copy_from_user` where it cannot (an array not 8-aligned,
 //! memory of no `struct page`). Each placement here (aligned, 4 bytes off, across a page
 //! boundary, the largest submission over 5 pages, a read-only mapping, a shared one, a user
