@@ -103,9 +103,9 @@ impl Lookup for FileLookup<'_> {
         self.0.mem(handle)
     }
 
-    fn events(&self, named: &mut [Option<Named>]) {
+    fn events(&self, named: &mut [Named]) {
         let inner = self.0.inner.lock();
-        for n in named.iter_mut().flatten() {
+        for n in named.iter_mut() {
             if let Some(event) = inner.streams.events.get(&n.handle()) {
                 n.found(event.clone());
             }

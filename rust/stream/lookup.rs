@@ -21,7 +21,7 @@ pub(crate) trait Lookup {
     fn mem(&self, handle: u64) -> Result<Arc<Mem>>;
     /// Finds the file's event of each of `named` (one lookup for a submission, under one
     /// lock).
-    fn events(&self, named: &mut [Option<Named>]);
+    fn events(&self, named: &mut [Named]);
     /// The VA space `flags` names (`EPERM` for the kernel's without `CAP_SYS_ADMIN`).
     fn va_space(&self, flags: u32) -> Result<u64>;
     /// The pool an ALLOC names: the file's pool `handle` (`ENOENT`), or with 0 the current
