@@ -106,19 +106,10 @@ impl Engine {
         }
     }
 
-    /// Puts `stream` on the ready list (if it is on no list and not being run) and kicks the
-    /// runner.
-    pub(super) fn make_ready(self: &Arc<Self>, stream: Arc<StreamCore>) {
-        if let Ok(s) = ListArc::try_from_arc(stream) {
-            self.ready.lock().push_back(s);
-            self.kick();
-        }
-    }
-
     /// After a submission to `stream`: if the stream is on no list and not being run, the
     /// submitter retires the marks at the head of its queue itself ([`StreamCore::retire_marks`]:
     /// a submission of records and satisfied waits to an idle stream wakes no runner); what
-    /// is left goes to the runner as [`Self::make_ready`] sends it.
+    /// is left goes on the ready list, and the runner is kicked.
     pub(super) fn submitted(self: &Arc<Self>, stream: Arc<StreamCore>) {
         let Ok(s) = ListArc::try_from_arc(stream) else {
             // On a list, or being run: the runner comes to it.
