@@ -248,8 +248,9 @@ impl StreamCore {
         }
         let n = usize::try_from(count)?;
         // Read whole, once, before any lock is taken (a fault on it takes the mmap lock).
-        // Transient (freed before the call returns), bounded by the call: not charged.
-        let raw = crate::bind::uread::read_array::<uapi::ruvm_op>(ops, n, GFP_KERNEL)?;
+        // Charged: the read may wait as long as the caller's memory makes it (userfaultfd,
+        // FUSE), with the buffer held.
+        let raw = crate::bind::uread::read_array::<uapi::ruvm_op>(ops, n, GFP_KERNEL_ACCOUNT)?;
         let mut events = Events::of(&raw, files)?;
         let mut known = self.submitting.lock();
         let mut batch = Batch::new();
@@ -319,10 +320,12 @@ impl StreamCore {
             .filter_map(|op| Some((op.implicit.as_ref()?, op.seqno)));
         implicit::publish(self, ops, &self.engine);
         batch.finish(files);
-        drop(known);
+        // Moved before the next submission to this stream can queue: of two submissions
+        // recording one event, the later's point stays (an event's point is a leaf lock).
         for (event, seqno) in events.recorded() {
             event.record(self, seqno);
         }
+        drop(known);
         self.engine.submitted(self.clone());
         Ok(first)
     }

@@ -2,17 +2,26 @@
 
 //! Reading an array of plain structures from user memory, a word at a time.
 //!
-//! C header: [`include/linux/mm.h`](srctree/include/linux/mm.h) (`get_user_pages_fast`)
+//! C header: [`include/linux/mm.h`](srctree/include/linux/mm.h) (`pin_user_pages_fast`)
 //!
 //! `copy_from_user` on an x86 CPU with FSRM is one `rep movsb`, which QEMU's TCG (the CPU of
 //! the test guests) runs a byte at a time: 4 to 8 ns a byte, the largest part of what reading
 //! a submission's operations cost there. [`read_array`] reads them instead from the pages that
-//! hold them, held for the call (`get_user_pages_fast`: a reference on each, not a pin, so a
-//! page shared copy-on-write is read where it is, not copied) and read with 8-byte loads (on
-//! hardware the two cost about the same). What it cannot take (a range not 8-aligned or longer
-//! than [`MAX_PAGES`], memory of no `struct page`, memory not there) it reads with
-//! `copy_from_user`, which fails as it always did (`EFAULT`); and an array shorter than
-//! [`MIN_LEN`], for which that is cheaper.
+//! hold them, pinned for the call (`pin_user_pages_fast`, `unpin_user_pages`) and read with
+//! 8-byte loads (on hardware the two cost about the same). What it cannot pin (a range not
+//! 8-aligned or longer than [`MAX_PAGES`], memory of no `struct page`, memory not there) it
+//! reads with `copy_from_user`, which fails as it always did (`EFAULT`); and an array shorter
+//! than [`MIN_LEN`], for which that is cheaper.
+//!
+//! Pinned, not referenced: a reference (`get_user_pages_fast`) is dropped with `put_page`,
+//! which the 7.2 bindings lack, and `release_pages` skips the huge zero page, whose references
+//! `get_user_pages` does take (a leak, found in review, on any kernel with THP's zero page: an
+//! untouched 2 MiB-aligned array). A pin of an anonymous page shared copy-on-write copies it
+//! first, as `O_DIRECT` does.
+//!
+//! The loads have no machine-check recovery, where `copy_from_user`'s faults have: an
+//! uncorrectable memory error in the caller's array, which no process can cause, is met here
+//! as anywhere in the kernel.
 
 use core::mem::{size_of, MaybeUninit};
 
@@ -25,7 +34,7 @@ use kernel::{
     uaccess::{UserPtr, UserSlice},
 };
 
-/// The pages one call takes at most (32 KiB).
+/// The pages one call pins at most (32 KiB).
 const MAX_PAGES: usize = 8;
 
 /// The word a read moves.
@@ -59,8 +68,8 @@ pub(crate) fn read_array<T: FromBytes>(ptr: UserPtr, n: usize, flags: Flags) -> 
 }
 
 /// Fills `out` with the bytes at user address `addr`, read with 8-byte loads from the pages
-/// that hold them, held meanwhile. False (`out` partly written or not at all) if the range
-/// is not 8-aligned, spans more than [`MAX_PAGES`] pages, or could not all be taken.
+/// that hold them, pinned meanwhile. False (`out` partly written or not at all) if the range
+/// is not 8-aligned, spans more than [`MAX_PAGES`] pages, or could not all be pinned.
 fn by_words(addr: usize, out: &mut [MaybeUninit<u8>]) -> bool {
     let len = out.len();
     if len == 0 || addr % WORD != 0 || len % WORD != 0 {
@@ -77,17 +86,17 @@ fn by_words(addr: usize, out: &mut [MaybeUninit<u8>]) -> bool {
     let mut pages = [core::ptr::null_mut::<bindings::page>(); MAX_PAGES];
     // CAST: at most MAX_PAGES.
     let want = npages as i32;
-    // SAFETY: asks for a reference on `npages` pages of the current process from a page-aligned
-    // address (`get_user_pages_fast` checks that the range is user memory, readable); `pages`
-    // has room for them.
-    let got = unsafe { bindings::get_user_pages_fast(first, want, 0, pages.as_mut_ptr()) };
+    // SAFETY: asks for `npages` pages of the current process from a page-aligned address
+    // (`pin_user_pages_fast` checks that the range is user memory, readable); `pages` has room
+    // for them.
+    let got = unsafe { bindings::pin_user_pages_fast(first, want, 0, pages.as_mut_ptr()) };
     let got = usize::try_from(got).unwrap_or(0).min(npages);
     if got == npages {
         let mut done = 0;
         for (i, page) in pages.iter().take(npages).enumerate() {
             let start = first + i * PAGE_SIZE;
             let (from, to) = (addr.max(start), end.min(start + PAGE_SIZE));
-            // SAFETY: the page is held until the `release_pages` below.
+            // SAFETY: the page is pinned until the `unpin_user_pages` below.
             let base = unsafe { bindings::kmap_local_page(*page) }.cast::<u8>();
             let words = (to - from) / WORD;
             // SAFETY: `from - start` is 8-aligned (as `addr` and `start` are), and the `words`
@@ -108,13 +117,8 @@ fn by_words(addr: usize, out: &mut [MaybeUninit<u8>]) -> bool {
         }
     }
     if got > 0 {
-        let held = bindings::release_pages_arg {
-            pages: pages.as_mut_ptr(),
-        };
-        // CAST: at most MAX_PAGES.
-        // SAFETY: the first `got` entries of `pages` hold a reference taken above; each is
-        // dropped once.
-        unsafe { bindings::release_pages(held, got as i32) };
+        // SAFETY: the first `got` entries of `pages` were pinned above; each is unpinned once.
+        unsafe { bindings::unpin_user_pages(pages.as_mut_ptr(), got) };
     }
     got == npages
 }

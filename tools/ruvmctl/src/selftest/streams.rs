@@ -107,6 +107,14 @@ pub fn cases() -> Vec<Case> {
             run: reads::stream_marks_on_an_idle_stream_retire_at_submit,
         },
         Case {
+            name: "stream_ops_read_leaves_no_pin",
+            run: reads::stream_ops_read_leaves_no_pin,
+        },
+        Case {
+            name: "stream_last_record_wins",
+            run: reads::stream_last_record_wins,
+        },
+        Case {
             name: "stream_destroyed_idle_streams_leave_the_count",
             run: stream_destroyed_idle_streams_leave_the_count,
         },
