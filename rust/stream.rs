@@ -248,9 +248,7 @@ impl StreamCore {
         }
         let n = usize::try_from(count)?;
         // Read whole, once, before any lock is taken (a fault on it takes the mmap lock).
-        // Charged: the read may wait as long as the caller's memory makes it (userfaultfd,
-        // FUSE), with the buffer held.
-        let raw = crate::bind::uread::read_array::<uapi::ruvm_op>(ops, n, GFP_KERNEL_ACCOUNT)?;
+        let raw = crate::bind::uread::read_array::<uapi::ruvm_op>(ops, n)?;
         let mut events = Events::of(&raw, files)?;
         let mut known = self.submitting.lock();
         let mut batch = Batch::new();

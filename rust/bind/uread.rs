@@ -26,7 +26,7 @@
 use core::mem::{size_of, MaybeUninit};
 
 use kernel::{
-    alloc::{Flags, KVec},
+    alloc::KVec,
     bindings,
     page::PAGE_SIZE,
     prelude::*,
@@ -48,62 +48,113 @@ const MIN_LEN: usize = 512;
 /// Reads `n` values of `T` at `ptr` in user memory into a new vector (`EFAULT` if the range is
 /// not readable user memory). Each byte is read once: a thread of the caller writing the array
 /// meanwhile changes at most what is read, never what was checked after.
-pub(crate) fn read_array<T: FromBytes>(ptr: UserPtr, n: usize, flags: Flags) -> Result<KVec<T>> {
+///
+/// The vector is transient: allocated after the pages are pinned, it waits on nothing and is
+/// not charged; for `copy_from_user`, which may wait as long as the caller's memory makes it
+/// (userfaultfd, FUSE) with the vector allocated, it is charged to the caller.
+pub(crate) fn read_array<T: FromBytes>(ptr: UserPtr, n: usize) -> Result<KVec<T>> {
     let len = n.checked_mul(size_of::<T>()).ok_or(EINVAL)?;
-    let mut v = KVec::<T>::with_capacity(n, flags)?;
-    let spare = v.spare_capacity_mut().get_mut(..n).ok_or(EINVAL)?;
-    // SAFETY: the `n` elements are `len` bytes of the vector's buffer, which `spare` borrows
-    // mutably; bytes need no alignment, and `MaybeUninit<u8>` holds any byte or none.
-    let bytes: &mut [MaybeUninit<u8>] =
-        unsafe { core::slice::from_raw_parts_mut(spare.as_mut_ptr().cast(), len) };
     // CAST: a user address, as `UserPtr::from_addr` took it.
-    if len < MIN_LEN || !by_words(ptr.as_const_ptr() as usize, bytes) {
-        UserSlice::new(ptr, len).reader().read_raw(bytes)?;
+    let addr = ptr.as_const_ptr() as usize;
+    if let Some(pinned) = Pinned::new(addr, len) {
+        let mut v = KVec::<T>::with_capacity(n, GFP_KERNEL)?;
+        pinned.read(spare_bytes(&mut v, n, len)?);
+        // SAFETY: `n <= capacity` (the vector was made with room for `n`); every byte of the
+        // `n` elements was written by `read`, and any bytes are a valid `T` (`FromBytes`).
+        unsafe { v.inc_len(n) };
+        return Ok(v);
     }
-    // SAFETY: `n <= capacity` (the vector was made with room for `n`); every byte of the `n`
-    // elements was written, by one path or the other, and any bytes are a valid `T`
-    // (`FromBytes`).
+    let mut v = KVec::<T>::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+    UserSlice::new(ptr, len)
+        .reader()
+        .read_raw(spare_bytes(&mut v, n, len)?)?;
+    // SAFETY: as above, every byte written by `read_raw`, which succeeded.
     unsafe { v.inc_len(n) };
     Ok(v)
 }
 
-/// Fills `out` with the bytes at user address `addr`, read with 8-byte loads from the pages
-/// that hold them, pinned meanwhile. False (`out` partly written or not at all) if the range
-/// is not 8-aligned, spans more than [`MAX_PAGES`] pages, or could not all be pinned.
-fn by_words(addr: usize, out: &mut [MaybeUninit<u8>]) -> bool {
-    let len = out.len();
-    if len == 0 || addr % WORD != 0 || len % WORD != 0 {
-        return false;
+/// The `len` bytes of the first `n` free elements of `v` (`len` is `n` elements' size).
+fn spare_bytes<T>(v: &mut KVec<T>, n: usize, len: usize) -> Result<&mut [MaybeUninit<u8>]> {
+    if n.checked_mul(size_of::<T>()) != Some(len) {
+        return Err(EINVAL);
     }
-    let Some(end) = addr.checked_add(len) else {
-        return false;
-    };
-    let first = addr - addr % PAGE_SIZE;
-    let npages = (end - first).div_ceil(PAGE_SIZE);
-    if npages > MAX_PAGES {
-        return false;
+    let spare = v.spare_capacity_mut().get_mut(..n).ok_or(EINVAL)?;
+    // SAFETY: the `n` elements are `len` bytes of the vector's buffer, which `spare` borrows
+    // mutably; bytes need no alignment, and `MaybeUninit<u8>` holds any byte or none.
+    Ok(unsafe { core::slice::from_raw_parts_mut(spare.as_mut_ptr().cast(), len) })
+}
+
+/// The pages that hold `[addr, addr + len)` of the calling process, pinned while this lives.
+///
+/// # Invariants
+///
+/// The first `npages` entries of `pages` were pinned by `pin_user_pages_fast`, in order from
+/// the page of `addr`, and hold every byte of the range; `addr` and `len` are 8-aligned.
+struct Pinned {
+    pages: [*mut bindings::page; MAX_PAGES],
+    npages: usize,
+    addr: usize,
+    len: usize,
+}
+
+impl Pinned {
+    /// Pins the range's pages: `None` if it is shorter than [`MIN_LEN`] or not 8-aligned,
+    /// spans more than [`MAX_PAGES`] pages, or could not all be pinned (then none is).
+    fn new(addr: usize, len: usize) -> Option<Self> {
+        if len < MIN_LEN || addr % WORD != 0 || len % WORD != 0 {
+            return None;
+        }
+        let end = addr.checked_add(len)?;
+        let first = addr - addr % PAGE_SIZE;
+        let npages = (end - first).div_ceil(PAGE_SIZE);
+        if npages > MAX_PAGES {
+            return None;
+        }
+        let mut pages = [core::ptr::null_mut::<bindings::page>(); MAX_PAGES];
+        // CAST: at most MAX_PAGES.
+        let want = npages as i32;
+        // SAFETY: asks for `npages` pages of the current process from a page-aligned address
+        // (`pin_user_pages_fast` checks that the range is user memory, readable); `pages` has
+        // room for them.
+        let got = unsafe { bindings::pin_user_pages_fast(first, want, 0, pages.as_mut_ptr()) };
+        let got = usize::try_from(got).unwrap_or(0).min(npages);
+        if got < npages {
+            if got > 0 {
+                // SAFETY: the first `got` entries were pinned above; each is unpinned once.
+                unsafe { bindings::unpin_user_pages(pages.as_mut_ptr(), got) };
+            }
+            return None;
+        }
+        // INVARIANT: every page of the range pinned, in order; the range 8-aligned (checked).
+        Some(Self {
+            pages,
+            npages,
+            addr,
+            len,
+        })
     }
-    let mut pages = [core::ptr::null_mut::<bindings::page>(); MAX_PAGES];
-    // CAST: at most MAX_PAGES.
-    let want = npages as i32;
-    // SAFETY: asks for `npages` pages of the current process from a page-aligned address
-    // (`pin_user_pages_fast` checks that the range is user memory, readable); `pages` has room
-    // for them.
-    let got = unsafe { bindings::pin_user_pages_fast(first, want, 0, pages.as_mut_ptr()) };
-    let got = usize::try_from(got).unwrap_or(0).min(npages);
-    if got == npages {
+
+    /// Copies the range into `out` (`len` bytes; a shorter `out` gets its length) with 8-byte
+    /// loads.
+    fn read(&self, out: &mut [MaybeUninit<u8>]) {
+        let len = self.len.min(out.len()) / WORD * WORD;
+        let first = self.addr - self.addr % PAGE_SIZE;
+        let end = self.addr + len;
         let mut done = 0;
-        for (i, page) in pages.iter().take(npages).enumerate() {
+        for (i, page) in self.pages.iter().take(self.npages).enumerate() {
             let start = first + i * PAGE_SIZE;
-            let (from, to) = (addr.max(start), end.min(start + PAGE_SIZE));
-            // SAFETY: the page is pinned until the `unpin_user_pages` below.
+            let (from, to) = (self.addr.max(start), end.min(start + PAGE_SIZE));
+            if from >= to {
+                break;
+            }
+            // SAFETY: the page is pinned while `self` lives (type invariant).
             let base = unsafe { bindings::kmap_local_page(*page) }.cast::<u8>();
             let words = (to - from) / WORD;
             // SAFETY: `from - start` is 8-aligned (as `addr` and `start` are), and the `words`
             // words from it end at `to - start`, within the page mapped at `base`.
             let src = unsafe { base.add(from - start) }.cast::<u64>();
-            // SAFETY: `done + 8 * words <= len`: the pages' ranges, in order, are the `len`
-            // bytes of `out`.
+            // SAFETY: `done + 8 * words <= len <= out.len()`: the pages' ranges, in order, are
+            // the first `len` bytes of the range.
             let dst = unsafe { out.as_mut_ptr().add(done) }.cast::<u64>();
             for k in 0..words {
                 // SAFETY: word `k` of both ranges above. A thread of the caller may write the
@@ -116,9 +167,12 @@ fn by_words(addr: usize, out: &mut [MaybeUninit<u8>]) -> bool {
             unsafe { bindings::kunmap_local(base.cast()) };
         }
     }
-    if got > 0 {
-        // SAFETY: the first `got` entries of `pages` were pinned above; each is unpinned once.
-        unsafe { bindings::unpin_user_pages(pages.as_mut_ptr(), got) };
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: the first `npages` entries of `pages` are pinned (type invariant); each is
+        // unpinned once, here.
+        unsafe { bindings::unpin_user_pages(self.pages.as_mut_ptr(), self.npages) };
     }
-    got == npages
 }
