@@ -192,7 +192,7 @@ impl FilePools {
 impl Drop for FilePools {
     fn drop(&mut self) {
         // An imported pool is its own file's to close.
-        for pool in self.pools.values().filter(|p| p.quota().id() == self.owner) {
+        for pool in self.pools.values().filter(|p| p.made_by(self.owner)) {
             pool.close();
         }
     }

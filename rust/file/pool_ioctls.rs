@@ -30,9 +30,9 @@ impl RuvmFile {
         Ok(pool)
     }
 
-    /// Whether the file made `pool` (else it imported it).
+    /// Whether the file made `pool` (else it imported it): [`Pool::made_by`].
     fn owns(&self, pool: &Pool) -> bool {
-        pool.quota().id() == self.quota.id()
+        pool.made_by(self.quota.id())
     }
 
     /// `RUVM_IOCTL_POOL_CREATE`.

@@ -339,6 +339,12 @@ impl Pool {
         &self.quota
     }
 
+    /// Whether the file of quota `id` made the pool (its own pool, where another file's is
+    /// an import): the one rule for which file may change, close or export a pool.
+    pub(crate) fn made_by(&self, id: u64) -> bool {
+        self.quota.id() == id
+    }
+
     /// The GPU of a vidmem pool.
     pub(crate) fn vid_gpu(&self) -> Option<&Arc<GpuDev>> {
         self.vid.as_ref()
