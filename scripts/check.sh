@@ -328,7 +328,7 @@ job fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 en
 job fuzz_run "fast kernel, fuzzer (root workers)" fast VM_TIMEOUT=600 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
 	CMD="ruvmctl fuzz --ops 100000 --duration 60 --unbind --kill"
 # What bounds one file: a 64 MiB quota, which a pool's cache counts in (both kernels).
-bounds=(VM_GPUS=0 VM_MODARGS="sim_gpus=1 enable_test_ioctls=1 max_file_mib=64" CMD="ruvmctl selftest --filter adv_pool_cache_counts --filter pool_attributes --filter pool_reuse --filter pool_close --filter pool_of_vidmem --filter salloc_reuse_internal_dependencies_when --filter dmabuf_kept")
+bounds=(VM_GPUS=0 VM_MODARGS="sim_gpus=1 enable_test_ioctls=1 max_file_mib=64" CMD="ruvmctl selftest --filter adv_pool_cache_counts --filter pool_attributes --filter pool_reuse --filter pool_close --filter pool_of_vidmem --filter salloc_reuse_internal_dependencies_when --filter dmabuf_kept --filter dmabuf_import_counts")
 job guest_suite "fast kernel, max_file_mib=64" fast "${bounds[@]}"
 job guest_suite "debug kernel, max_file_mib=64" debug "${bounds[@]}"
 job guest_suite "fast kernel, planted leaks" fast "${plant[@]}"

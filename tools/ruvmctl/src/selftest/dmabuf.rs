@@ -23,6 +23,8 @@ use super::vgem::{udmabuf, Vgem};
 use crate::{kmsg, pattern};
 use libruvm::{dmabuf, op, sync_file, uapi, Ruvm, UserMap};
 
+mod limits;
+
 const SIZE: u64 = 64 * 1024;
 /// Bytes of the foreign buffers (the edu engine moves under 4 KiB a transfer).
 const FOREIGN: u64 = 16 * 1024;
@@ -51,7 +53,11 @@ pub fn cases() -> Vec<Case> {
         },
         Case {
             name: "dmabuf_kept_chunks_count_in_the_file_limit",
-            run: dmabuf_kept_chunks_count_in_the_file_limit,
+            run: limits::dmabuf_kept_chunks_count_in_the_file_limit,
+        },
+        Case {
+            name: "dmabuf_import_counts_in_the_file_limit",
+            run: limits::dmabuf_import_counts_in_the_file_limit,
         },
         Case {
             name: "dmabuf_foreign_udmabuf_through_the_engine",
@@ -67,7 +73,7 @@ pub fn cases() -> Vec<Case> {
 // --- what the cases share ------------------------------------------------------------------
 
 /// The device, or a skip without dma-bufs.
-fn setup() -> Result<Ruvm, Stop> {
+pub(super) fn setup() -> Result<Ruvm, Stop> {
     let d = Ruvm::open().ctx("open")?;
     let features = d.info().ctx("INFO")?.features;
     if features & u64::from(uapi::RUVM_FEATURE_DMABUF) == 0 {
@@ -650,39 +656,5 @@ fn dmabuf_foreign_vgem_buffer_fenced_and_read_by_vgem() -> TestResult {
     d.mem_free(m.handle).ctx("MEM_FREE of the import")?;
     drop((vmap, vbuf));
     vgem.close(handle).ctx("GEM_CLOSE")?;
-    Ok(())
-}
-
-/// A mem freed while its dma-buf lives keeps counting in its file's limit (`max_file_mib`):
-/// with four quarters of the limit allocated, exported and freed (the buffers kept), a fifth
-/// allocation is `ENOSPC`; once the buffers are closed it succeeds. Run where the limit is
-/// small (`max_file_mib` at most 256).
-fn dmabuf_kept_chunks_count_in_the_file_limit() -> TestResult {
-    let d = setup()?;
-    let limit = d.info().ctx("INFO")?.max_file_bytes;
-    if limit == 0 || limit > 256 << 20 {
-        return Err(Stop::Skip("needs max_file_mib at most 256".into()));
-    }
-    let quarter = limit / 4;
-    let mut bufs = Vec::new();
-    for _ in 0..4 {
-        let h = d
-            .mem_alloc(quarter, 0, 0)
-            .ctx("MEM_ALLOC a quarter")?
-            .handle;
-        bufs.push(d.mem_export_dmabuf(h).ctx("MEM_EXPORT_DMABUF")?);
-        d.mem_free(h).ctx("MEM_FREE")?;
-    }
-    expect_errno(
-        d.mem_alloc(quarter, 0, 0).map(|_| ()),
-        Errno::ENOSPC,
-        "a fifth quarter with four freed mems' buffers alive",
-    )?;
-    drop(bufs);
-    let h = d
-        .mem_alloc(quarter, 0, 0)
-        .ctx("MEM_ALLOC once the buffers are closed")?
-        .handle;
-    d.mem_free(h).ctx("MEM_FREE")?;
     Ok(())
 }

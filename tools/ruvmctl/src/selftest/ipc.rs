@@ -521,6 +521,16 @@ fn ipc_imported_pool_cannot_allocate() -> TestResult {
         e,
         "POOL_EXPORT of a pool made without EXPORTABLE",
     )?;
+    expect_errno(
+        d.pool_export(0xdead_beef).map(drop),
+        Errno::ENOENT,
+        "POOL_EXPORT of no pool of the file",
+    )?;
+    expect_errno(
+        other.pool_export(p).map(drop),
+        Errno::ENOENT,
+        "POOL_EXPORT of another file's pool handle",
+    )?;
     let null = std::fs::File::open("/dev/null").ctx("/dev/null")?;
     expect_errno(
         other.pool_import(null.as_fd()),
