@@ -49,9 +49,12 @@ const MIN_LEN: usize = 512;
 /// not readable user memory). Each byte is read once: a thread of the caller writing the array
 /// meanwhile changes at most what is read, never what was checked after.
 ///
-/// The vector is transient: allocated after the pages are pinned, it waits on nothing and is
-/// not charged; for `copy_from_user`, which may wait as long as the caller's memory makes it
-/// (userfaultfd, FUSE) with the vector allocated, it is charged to the caller.
+/// The vector is transient and bounded by the call. Read through the pinned pages it is
+/// allocated only once they are pinned, and not charged, as the kernel's own per-call buffers
+/// are not (a poll table, a copied iovec): the caller may still hold it while the call waits
+/// (for its stream's submission lock, or writing its results back), each waiting thread at
+/// most one, about the size of its own kernel stack, which is charged. For `copy_from_user`,
+/// whose wait on the caller's memory (userfaultfd, FUSE) the caller sets, it is charged.
 pub(crate) fn read_array<T: FromBytes>(ptr: UserPtr, n: usize) -> Result<KVec<T>> {
     let len = n.checked_mul(size_of::<T>()).ok_or(EINVAL)?;
     // CAST: a user address, as `UserPtr::from_addr` took it.

@@ -529,7 +529,7 @@ fn ipc_imported_pool_cannot_allocate() -> TestResult {
     expect_errno(
         other.pool_export(p).map(drop),
         Errno::ENOENT,
-        "POOL_EXPORT of another file's pool handle",
+        "POOL_EXPORT of the handle of an import destroyed",
     )?;
     let null = std::fs::File::open("/dev/null").ctx("/dev/null")?;
     expect_errno(

@@ -8,7 +8,8 @@ use std::os::fd::AsRawFd;
 use nix::errno::Errno;
 
 use super::setup;
-use crate::selftest::harness::{expect_errno, Context, Stop, TestResult};
+use crate::selftest::harness::{check, expect_errno, Context, Stop, TestResult};
+use crate::selftest::shared::live;
 use libruvm::Ruvm;
 
 /// The file limit, if the module runs with one of at most 256 MiB (else the case skips).
@@ -52,7 +53,8 @@ pub(super) fn dmabuf_kept_chunks_count_in_the_file_limit() -> TestResult {
 }
 
 /// An imported dma-buf counts its size in the importing file's limit: a file holding three
-/// quarters of its limit cannot import a buffer of half of it (`ENOSPC`, nothing made); with
+/// quarters of its limit cannot import a buffer of half of it (`ENOSPC`, the audit's counts
+/// unchanged: nothing made); with
 /// that freed it can, and then cannot allocate past the rest.
 pub(super) fn dmabuf_import_counts_in_the_file_limit() -> TestResult {
     let d = setup()?;
@@ -68,11 +70,17 @@ pub(super) fn dmabuf_import_counts_in_the_file_limit() -> TestResult {
         .mem_alloc(limit / 4 * 3, 0, 0)
         .ctx("MEM_ALLOC of three quarters in the second file")?
         .handle;
+    let before = live(&other)?;
     expect_errno(
         other.mem_import_dmabuf(buf.as_raw_fd()).map(|_| ()),
         Errno::ENOSPC,
         "an import of half the limit into a file holding three quarters",
     )?;
+    let after = live(&other)?;
+    check!(
+        after == before,
+        "the refused import changed the audit:\n# before {before:?}\n# after  {after:?}"
+    );
     other.mem_free(most).ctx("MEM_FREE")?;
     let import = other
         .mem_import_dmabuf(buf.as_raw_fd())

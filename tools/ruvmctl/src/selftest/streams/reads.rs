@@ -252,9 +252,9 @@ pub(super) fn stream_marks_on_an_idle_stream_retire_at_submit() -> TestResult {
     drained(&d, "after the marks")
 }
 
-/// `/proc/vmstat`'s pins taken less pins dropped, with every CPU's pending counts folded in
-/// first (`vm.stat_refresh`).
-fn pins_held() -> Result<i64, Stop> {
+/// `/proc/vmstat`'s pins taken and pins dropped so far, with every CPU's pending counts
+/// folded in first (`vm.stat_refresh`).
+fn pins() -> Result<(i64, i64), Stop> {
     std::fs::write("/proc/sys/vm/stat_refresh", "1").ctx("vm.stat_refresh")?;
     let stat = std::fs::read_to_string("/proc/vmstat").ctx("/proc/vmstat")?;
     let field = |name: &str| -> Result<i64, Stop> {
@@ -262,13 +262,19 @@ fn pins_held() -> Result<i64, Stop> {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
             .ok_or_else(|| Stop::Fail(format!("/proc/vmstat has no {name}")))
     };
-    Ok(field("nr_foll_pin_acquired")? - field("nr_foll_pin_released")?)
+    Ok((
+        field("nr_foll_pin_acquired")?,
+        field("nr_foll_pin_released")?,
+    ))
 }
 
 /// A submission pins its array's pages only for the call, whatever it meets: arrays of
-/// memory never touched (the zero page, or THP's huge zero page on a kernel with it: 2 MiB
-/// aligned) and of written memory, submitted 100 times each, some refused (`EINVAL`, kind 0),
-/// some queued, leave the system's pin count where it was.
+/// memory never touched (the zero page, or THP's huge zero page on a kernel with it, such as
+/// Debian's: 2 MiB aligned), submitted 100 times and refused (`EINVAL`, kind 0); of written
+/// memory, 100 times and queued; and 100 times an array running from a written page into a
+/// `PROT_NONE` one (`EFAULT`: its first page pinned, then let go). The written arrays must
+/// have been pinned (100 pins taken at least: the word-read path ran), and every pin taken
+/// dropped.
 pub(super) fn stream_ops_read_leaves_no_pin() -> TestResult {
     let (d, g) = setup()?;
     let mem = mem_on(&d, g, MOST as u64 * PIECE, None)?;
@@ -277,7 +283,7 @@ pub(super) fn stream_ops_read_leaves_no_pin() -> TestResult {
     let base = area.ptr.as_ptr() as usize;
     // The 2 MiB-aligned middle of the mapping: a huge zero page, where the kernel maps them.
     let huge = ((base + (2 << 20) - 1) & !((2 << 20) - 1)) as *mut u8;
-    let before = pins_held()?;
+    let (taken0, dropped0) = pins()?;
     for i in 0..100 {
         let r = submit_at(&d, s, huge, MOST);
         check!(
@@ -290,6 +296,7 @@ pub(super) fn stream_ops_read_leaves_no_pin() -> TestResult {
     let ops = fills(mem, 16, 9);
     // SAFETY: the first 16 operations' bytes of the mapping, which nothing else uses now.
     unsafe { place(first, &ops) };
+    let (taken1, _) = pins()?;
     for i in 0..100 {
         submit_at(&d, s, first, 16).ctx(&format!("STREAM_SUBMIT {i} of written memory"))?;
         if i % 16 == 15 {
@@ -297,10 +304,37 @@ pub(super) fn stream_ops_read_leaves_no_pin() -> TestResult {
         }
     }
     d.stream_sync(s, WAIT_MS).ctx("STREAM_SYNC")?;
-    let after = pins_held()?;
+    let (taken2, _) = pins()?;
     check!(
-        after == before,
-        "pinned pages held: {before} before 200 submissions, {after} after"
+        taken2 - taken1 >= 100,
+        "100 submissions of a written 1152-byte array took {} pins: the pages were not read",
+        taken2 - taken1
+    );
+    // Into a PROT_NONE page: the written page pinned, the next refused, the first let go.
+    let two = UserMapAnon::new(2 * PAGE, MapFlags::MAP_PRIVATE)?;
+    // SAFETY: inside `two`: 16 operations from 5 before its second page.
+    let straddle = unsafe { two.ptr.as_ptr().cast::<u8>().add(PAGE - 5 * OP) };
+    // SAFETY: as above, writable until the mprotect.
+    unsafe { place(straddle, &ops) };
+    // SAFETY: `two`'s second page; nothing holds a reference into it.
+    let second = unsafe { two.ptr.byte_add(PAGE) };
+    // SAFETY: as above.
+    unsafe { mprotect(second, PAGE, ProtFlags::PROT_NONE) }.ctx("mprotect")?;
+    for i in 0..100 {
+        let r = submit_at(&d, s, straddle, 16);
+        check!(
+            r == Err(Errno::EFAULT),
+            "round {i}: an array into a PROT_NONE page: {r:?}, wanted EFAULT"
+        );
+    }
+    let (taken3, dropped3) = pins()?;
+    check!(
+        taken3 - dropped3 == taken0 - dropped0,
+        "pins held: {} before 300 submissions, {} after ({} taken, {} dropped)",
+        taken0 - dropped0,
+        taken3 - dropped3,
+        taken3 - taken0,
+        dropped3 - dropped0
     );
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
     d.mem_free(mem).ctx("MEM_FREE")?;
