@@ -61,7 +61,7 @@ pub(crate) fn read_array<T: FromBytes>(ptr: UserPtr, n: usize) -> Result<KVec<T>
     let addr = ptr.as_const_ptr() as usize;
     if let Some(pinned) = Pinned::new(addr, len) {
         let mut v = KVec::<T>::with_capacity(n, GFP_KERNEL)?;
-        pinned.read(spare_bytes(&mut v, n, len)?);
+        pinned.read(spare_bytes(&mut v, n)?);
         // SAFETY: `n <= capacity` (the vector was made with room for `n`); every byte of the
         // `n` elements was written by `read`, and any bytes are a valid `T` (`FromBytes`).
         unsafe { v.inc_len(n) };
@@ -70,17 +70,15 @@ pub(crate) fn read_array<T: FromBytes>(ptr: UserPtr, n: usize) -> Result<KVec<T>
     let mut v = KVec::<T>::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
     UserSlice::new(ptr, len)
         .reader()
-        .read_raw(spare_bytes(&mut v, n, len)?)?;
+        .read_raw(spare_bytes(&mut v, n)?)?;
     // SAFETY: as above, every byte written by `read_raw`, which succeeded.
     unsafe { v.inc_len(n) };
     Ok(v)
 }
 
-/// The `len` bytes of the first `n` free elements of `v` (`len` is `n` elements' size).
-fn spare_bytes<T>(v: &mut KVec<T>, n: usize, len: usize) -> Result<&mut [MaybeUninit<u8>]> {
-    if n.checked_mul(size_of::<T>()) != Some(len) {
-        return Err(EINVAL);
-    }
+/// The bytes of the first `n` free elements of `v`.
+fn spare_bytes<T>(v: &mut KVec<T>, n: usize) -> Result<&mut [MaybeUninit<u8>]> {
+    let len = n.checked_mul(size_of::<T>()).ok_or(EINVAL)?;
     let spare = v.spare_capacity_mut().get_mut(..n).ok_or(EINVAL)?;
     // SAFETY: the `n` elements are `len` bytes of the vector's buffer, which `spare` borrows
     // mutably; bytes need no alignment, and `MaybeUninit<u8>` holds any byte or none.
