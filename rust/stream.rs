@@ -274,7 +274,7 @@ impl StreamCore {
                 (self.context, seqno),
                 (&mut events, &mut units, prev.is_some()),
                 &mut batch,
-                (index, &clock, &known),
+                (index, raw.get(index + 1), &clock, &known),
             )?;
             match planned_op {
                 None => folded = (folded.0 + 1, seqno),

@@ -118,6 +118,16 @@ impl Usage {
     }
 }
 
+impl Usage {
+    /// The allocation is taken whole by another (a stream allocation that takes the mem its
+    /// submission just freed): counted as a free and an allocation, nothing else changing.
+    pub(crate) fn again(&self) {
+        let s = self.backing.stats();
+        s.frees.fetch_add(1, Relaxed);
+        s.allocs.fetch_add(1, Relaxed);
+    }
+}
+
 impl Drop for Usage {
     fn drop(&mut self) {
         let s = self.backing.stats();

@@ -168,6 +168,7 @@ impl Mem {
                     from,
                     own,
                     borrowed: borrowed.is_some(),
+                    revived: 0,
                 };
                 if lease.own.is_some() {
                     // Its own point, and a free's on a stream (see `Mem::prepare_hand_over`),

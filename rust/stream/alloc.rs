@@ -133,6 +133,9 @@ pub(super) struct Batch {
     clock: Option<Arc<dyn Clock>>,
     /// The pool the last ALLOC named, and how (its handle, or 0 for the GPU's current one).
     pool: Option<(u64, Arc<Pool>)>,
+    /// A mem of the submission's own that the FREE just planned freed, for the ALLOC right
+    /// after it to take whole ([`Self::free_whole`]).
+    whole: Option<Arc<Mem>>,
 }
 
 impl Batch {
@@ -144,6 +147,7 @@ impl Batch {
             known: KVec::new(),
             clock: None,
             pool: None,
+            whole: None,
         }
     }
 
@@ -236,6 +240,46 @@ impl Batch {
             return Ok((None, mem, promise));
         }
         Ok((Some(value), mem, promise))
+    }
+
+    /// Plans a FREE of the submission's own mem ALLOC `value` made, when the operation after it
+    /// (`next`) is an ALLOC that asks for what it frees: the same pool (as named, looked up
+    /// for `gpu`), size and flags. If the mem may be taken whole ([`Mem::revivable`]), it is
+    /// freed in the submission (later operations naming it get `ENOENT`) and kept for that
+    /// ALLOC ([`Self::take_whole`]): the FREE then has nothing to do in the stream (the mem
+    /// lives on, in the same order) and nothing to hand over. `false`, with nothing done,
+    /// if not so: the FREE is planned as any.
+    pub(super) fn free_whole(
+        &mut self,
+        files: &dyn Lookup,
+        value: u64,
+        next: Option<&uapi::ruvm_op>,
+        gpu: u32,
+    ) -> bool {
+        let Some(n) = next.filter(|n| n.kind == uapi::ruvm_op_kind_RUVM_OP_ALLOC) else {
+            return false;
+        };
+        let Ok(pool) = self.pool(files, n.src, gpu) else {
+            return false;
+        };
+        let Some(m) = self
+            .made
+            .iter_mut()
+            .find(|m| m.index as u64 == value && !m.freed)
+        else {
+            return false;
+        };
+        if !m.mem.revivable(&pool, n.length, n.flags) {
+            return false;
+        }
+        m.freed = true;
+        self.whole = Some(m.mem.clone());
+        true
+    }
+
+    /// The mem the FREE before this ALLOC kept for it ([`Self::free_whole`]), if any.
+    pub(super) fn take_whole(&mut self) -> Option<Arc<Mem>> {
+        self.whole.take()
     }
 
     /// Notes the FREE `op` of `mem` at point `tag` (`handle`: of the file's table).

@@ -180,8 +180,9 @@ impl Events {
 /// already satisfies (a point of its own timeline, or none), cost nothing then.
 ///
 /// ALLOC and FREE, and the index flags, are planned with the submission's `batch` (see
-/// [`super::alloc`]); `index` is the operation's in the submission, `clock` the stream's
-/// timeline as a pool sees it, `known` the points its earlier submissions waited for.
+/// [`super::alloc`]); `index` is the operation's in the submission, `next` the operation after
+/// it, `clock` the stream's timeline as a pool sees it, `known` the points its earlier
+/// submissions waited for.
 pub(super) fn plan(
     op: &uapi::ruvm_op,
     files: &dyn Lookup,
@@ -189,7 +190,12 @@ pub(super) fn plan(
     (context, seqno): (u64, u64),
     (events, units, prev): (&mut Events, &mut Units, bool),
     batch: &mut Batch,
-    (index, clock, known): (usize, &dyn Fn() -> Arc<dyn Clock>, &Known),
+    (index, next, clock, known): (
+        usize,
+        Option<&uapi::ruvm_op>,
+        &dyn Fn() -> Arc<dyn Clock>,
+        &Known,
+    ),
 ) -> Result<Option<ListArc<Op>>> {
     let gpu = engine.gpu();
     let wait_timeout = |ms: u32| -> Result<Delta> {
@@ -298,11 +304,18 @@ pub(super) fn plan(
             }
             let pool = batch.pool(files, op.src, gpu.id)?;
             let own = batch.tag(clock, seqno);
-            // A FREE earlier in the submission may give its chunks (the same stream: ordered),
-            // before the pool is asked.
-            let mut reusable = core::mem::replace(&mut batch.reusable, KVec::new());
+            // The FREE right before may have kept its mem for this ALLOC, whole (it checked
+            // the pool, size and flags); else a FREE earlier in the submission may give its
+            // chunks (the same stream: ordered), before the pool is asked.
             let mut inherits = None;
-            let made = {
+            let made = if let Some(mem) = batch.take_whole() {
+                mem.revive(own).map(|reused| Made {
+                    mem,
+                    wait: None,
+                    reused,
+                })
+            } else {
+                let mut reusable = core::mem::replace(&mut batch.reusable, KVec::new());
                 let knows = |c: u64, s: u64| batch.knows(known, c, s);
                 let ask = Asker {
                     context,
@@ -320,9 +333,10 @@ pub(super) fn plan(
                     own,
                     borrow: &mut borrow,
                 };
-                files.alloc(pool, op.length, op.flags & zero != 0, stream)
+                let made = files.alloc(pool, op.length, op.flags & zero != 0, stream);
+                batch.reusable = reusable;
+                made
             };
-            batch.reusable = reusable;
             let Made { mem, wait, reused } = made?;
             if let Some(i) = inherits {
                 batch.inherit(i, mem.clone());
@@ -367,6 +381,14 @@ pub(super) fn plan(
             only(op, FLAGS | DST)?;
             if op.flags & !DST_INDEX != 0 {
                 return Err(EINVAL);
+            }
+            // The ALLOC right after takes the submission's own mem whole: nothing to do in the
+            // stream.
+            if op.flags & DST_INDEX != 0 && batch.free_whole(files, op.dst, next, gpu.id) {
+                if prev {
+                    return Ok(None);
+                }
+                return Op::new(seqno, Work::Nop, 0, units).map(Some);
             }
             let tag = batch.tag(clock, seqno);
             let freed = batch.free_of(files, op.dst, op.flags & DST_INDEX != 0)?;

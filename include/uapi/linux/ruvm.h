@@ -1683,7 +1683,9 @@ enum ruvm_op_kind {
 	 * free that gave them back (the pool's reuse policies, enum ruvm_pool_reuse): the memory
 	 * may be used only by operations after the ALLOC in its stream, or after an event
 	 * recorded after it (an ALLOC takes first the chunks of a FREE earlier in its own
-	 * submission, of the same pool and size); RUVM_ALLOC_ZERO zeroes reused chunks when the stream reaches the
+	 * submission, of the same pool and size; right after a FREE by index of a mem of its
+	 * submission, of the same pool, @length and @flags, it takes that mem whole: its chunks
+	 * and mmap offset, under a new handle); RUVM_ALLOC_ZERO zeroes reused chunks when the stream reaches the
 	 * op (a stream in error retires it without running it: the chunks then hold what an
 	 * earlier mem of the file left). A vidmem pool is EOPNOTSUPP.
 	 */

@@ -36,6 +36,8 @@ use super::streams::{
 use crate::pattern;
 use libruvm::{cmd, op, sync_file::SwSyncTimeline, uapi, Ruvm, UserMap};
 
+mod whole;
+
 const FOLLOW: u32 = uapi::ruvm_pool_reuse_RUVM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES;
 const OPPORTUNISTIC: u32 = uapi::ruvm_pool_reuse_RUVM_POOL_REUSE_ALLOW_OPPORTUNISTIC;
 const INTERNAL: u32 = uapi::ruvm_pool_reuse_RUVM_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
@@ -148,6 +150,14 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "salloc_destroyed_streams_frees_are_cached_at_the_next_sync",
             run: salloc_destroyed_streams_frees_are_cached_at_the_next_sync,
+        },
+        Case {
+            name: "salloc_whole_takes_the_freed_mem",
+            run: whole::salloc_whole_takes_the_freed_mem,
+        },
+        Case {
+            name: "salloc_whole_undone_by_a_failed_submission",
+            run: whole::salloc_whole_undone_by_a_failed_submission,
         },
     ]
 }

@@ -661,11 +661,17 @@ fn build(w: &World, d: &Arc<Ruvm>, s: &StreamRec, rng: &mut Rng) -> Batch {
                 // A mem of the batch's (by its ALLOC's index; now and then an index that is no
                 // earlier ALLOC's: EINVAL) or of the file (by handle).
                 if !b.allocs.is_empty() && rng.below(3) != 0 {
-                    let (i, _) = b.allocs[rng.below(b.allocs.len() as u64) as usize];
+                    let (i, size) = b.allocs[rng.below(b.allocs.len() as u64) as usize];
                     if !b.freed_allocs.contains(&i) {
                         b.freed_allocs.push(i);
                     }
                     b.ops.push(op::free_index(i));
+                    if room && rng.one_in(3) {
+                        // An ALLOC of the same right after: it takes the freed mem whole.
+                        let a = b.ops[i];
+                        b.allocs.push((b.ops.len(), size));
+                        b.ops.push(a);
+                    }
                 } else if rng.one_in(8) {
                     b.ops
                         .push(op::free_index(b.ops.len() + rng.below(3) as usize));
