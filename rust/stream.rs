@@ -251,7 +251,7 @@ impl StreamCore {
         let raw = crate::bind::uread::read_array::<uapi::ruvm_op>(ops, n)?;
         let mut events = Events::of(&raw, files)?;
         let mut known = self.submitting.lock();
-        let mut batch = Batch::new();
+        let mut batch = Batch::new(&raw)?;
         let clock = || -> Arc<dyn crate::mem::pool::pending::Clock> { self.clone() };
         let first = {
             let st = self.state.lock();

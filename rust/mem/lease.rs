@@ -18,7 +18,7 @@ use super::{
     offsets,
     pool::{
         self,
-        pending::{Asker, Promise, Tag, Tags},
+        pending::{Asker, Clock, Promise, Tag, Tags},
     },
     quota::Charge,
     Mem, MemCore, MemState,
@@ -49,8 +49,9 @@ pub(super) struct PoolLease {
     /// is done and they are this mem's ([`Handed::give_to`]): dropped before, the lease gives
     /// nothing back (the allocation is undone).
     pub(super) borrowed: bool,
-    /// Chunks counted hits by the stream allocations that took the mem whole ([`Mem::revive`]):
-    /// undone if it is dropped unmade (its submission failed).
+    /// Chunks the stream allocations that took the mem whole ([`Mem::take_whole`]) reused, not
+    /// yet counted hits: counted when the mem is made ([`Mem::commit`]); never if it is
+    /// dropped unmade (its submission failed).
     pub(super) revived: usize,
 }
 
@@ -89,9 +90,6 @@ impl PoolLease {
 
 impl Drop for PoolLease {
     fn drop(&mut self) {
-        if !self.made && self.revived > 0 {
-            self.pool.borrowed(self.revived, true);
-        }
         if self.borrowed {
             // The chunks are still the freed mem's: only the allocation is undone.
             self.pool.borrowed(self.reused, true);
@@ -161,14 +159,24 @@ impl Mem {
         pool.promise().map(Some)
     }
 
-    /// Whether the next stream allocation of the submission that made this mem (and frees it
-    /// now, by index) may take it whole ([`Self::revive`]), asking for `size` bytes with
-    /// `flags` from `pool`: a mem of that pool with that size and those flags, that nothing
-    /// but its submission knows (never in its file's table: no handle, mapping, export or
-    /// import can have reached it), holding its own chunks (not borrowed, not handed over),
-    /// with no mapping of any kind but DMA tables of the pool's GPUs, as its allocation made
-    /// it.
-    pub(crate) fn revivable(&self, pool: &Arc<pool::Pool>, size: u64, flags: u32) -> bool {
+    /// The next stream allocation of the submission that made this mem (and frees it now, by
+    /// index), asking for `size` bytes with `flags` from `pool`, takes the mem whole, as its
+    /// own new mem: the same chunks, tables and mmap offset, under a new handle, with its
+    /// point (`own`) as the allocation's. Only a mem of that pool with that size and those
+    /// flags, that nothing but its submission knows (never in its file's table: no handle,
+    /// mapping, export or import can have reached it), holding its own chunks (not borrowed,
+    /// not handed over), with no mapping of any kind but DMA tables of exactly the pool's
+    /// access set, as an allocation now would make it; `None` for any other, left as it was.
+    ///
+    /// Counted at once as the free of the old mem and the allocation of the new by
+    /// `RUVM_IOCTL_STATS`, and as hits of its pool when the mem is made ([`Mem::commit`]), the
+    /// bytes staying counted used. How many chunks it has (reused: not zeroed).
+    pub(crate) fn take_whole(
+        &self,
+        pool: &Arc<pool::Pool>,
+        (size, flags): (u64, u32),
+        (context, seqno, clock): (u64, u64, impl FnOnce() -> Arc<dyn Clock>),
+    ) -> Option<usize> {
         if !self.leased
             || self.size != size
             || self.alloc_flags != flags
@@ -176,52 +184,52 @@ impl Mem {
             || self.exported.load(Relaxed)
             || self.user_mappings.load(Relaxed) != 0
         {
-            return false;
+            return None;
         }
-        let st = self.state.lock();
-        let Some(l) = st.lease.as_ref() else {
-            return false;
+        let count = {
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            let l = st.lease.as_mut()?;
+            let access = l.pool.access();
+            let mapped: crate::gpu::set::GpuSet = st.gpus.iter().map(|(id, _)| *id).collect();
+            let pristine = Arc::ptr_eq(&l.pool, pool)
+                && !l.borrowed
+                && mapped.bits() == access.bits()
+                && matches!(st.life, super::Life::Owned)
+                && matches!(st.export, super::share::Export::Never)
+                && st.holders == 1
+                && st.quiet == 0
+                && st.kmap.is_none()
+                && st.gpu_user.is_empty()
+                && st.user_va.is_none()
+                && st.gpu_kernel.is_empty()
+                && st.kva.is_none()
+                && st.filled_by.is_none()
+                && st.parked.is_none()
+                && st.resv.is_none()
+                && st.kept_charge.is_none();
+            let count = l.pages.as_ref()?.chunk_count();
+            if !pristine {
+                return None;
+            }
+            let revived = l.revived.checked_add(count)?;
+            // Its allocation's point: a later one of the same stream.
+            match &mut l.own {
+                Some(t) if t.clock.context() == context => t.seqno = seqno,
+                own => {
+                    *own = Some(Tag {
+                        clock: clock(),
+                        seqno,
+                    })
+                }
+            }
+            l.revived = revived;
+            count
         };
-        let access = l.pool.access();
-        Arc::ptr_eq(&l.pool, pool)
-            && l.pages.is_some()
-            && !l.borrowed
-            && matches!(st.life, super::Life::Owned)
-            && matches!(st.export, super::share::Export::Never)
-            && st.holders == 1
-            && st.quiet == 0
-            && st.kmap.is_none()
-            && st.gpu_user.is_empty()
-            && st.user_va.is_none()
-            && st.gpu_kernel.is_empty()
-            && st.kva.is_none()
-            && st.filled_by.is_none()
-            && st.parked.is_none()
-            && st.resv.is_none()
-            && st.kept_charge.is_none()
-            && st.gpus.iter().all(|(id, _)| access.contains(*id))
-    }
-
-    /// A stream allocation at point `own` takes the mem whole, as its own new mem (see
-    /// [`Self::revivable`], checked when the free before it was planned): the same chunks,
-    /// tables and mmap offset, under a new handle. Counted as the free of the old and the
-    /// allocation of the new (the pool's hits, `RUVM_IOCTL_STATS`); the bytes stay counted
-    /// used. How many chunks it has (reused: not zeroed).
-    pub(crate) fn revive(&self, own: Tag) -> Result<usize> {
-        let (pool, count) = {
-            let mut st = self.state.lock();
-            let l = st.lease.as_mut().ok_or(EINVAL)?;
-            let count = l.pages.as_ref().ok_or(EINVAL)?.chunk_count();
-            // Its allocation's point: a later one of the same stream (room for one was made).
-            l.own = Some(own);
-            l.revived = l.revived.checked_add(count).ok_or(EOVERFLOW)?;
-            (l.pool.clone(), count)
-        };
-        pool.borrowed(count, false);
         if let Some(u) = &self._usage {
             u.again();
         }
-        Ok(count)
+        Some(count)
     }
 
     /// What a stream allocation later in the submission that frees this mem may borrow

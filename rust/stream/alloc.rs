@@ -89,6 +89,8 @@ struct Made {
     mem: Arc<Mem>,
     /// Freed by a later FREE of the submission: never enters the file's table.
     freed: bool,
+    /// Taken whole by the ALLOC after that FREE ([`Batch::free_whole`]): made with that one.
+    taken: bool,
 }
 
 /// A FREE of the submission.
@@ -134,21 +136,27 @@ pub(super) struct Batch {
     /// The pool the last ALLOC named, and how (its handle, or 0 for the GPU's current one).
     pool: Option<(u64, Arc<Pool>)>,
     /// A mem of the submission's own that the FREE just planned freed, for the ALLOC right
-    /// after it to take whole ([`Self::free_whole`]).
-    whole: Option<Arc<Mem>>,
+    /// after it to take whole ([`Self::free_whole`]), and its chunk count.
+    whole: Option<(Arc<Mem>, usize)>,
 }
 
 impl Batch {
-    pub(super) fn new() -> Self {
-        Self {
-            made: KVec::new(),
+    /// The batch of a submission of `ops`, with room for what its ALLOCs make.
+    pub(super) fn new(ops: &[uapi::ruvm_op]) -> Result<Self> {
+        let allocs = ops
+            .iter()
+            .filter(|o| o.kind == uapi::ruvm_op_kind_RUVM_OP_ALLOC)
+            .count();
+        Ok(Self {
+            // Transient (dropped before the call returns), bounded by the call: not charged.
+            made: KVec::with_capacity(allocs, GFP_KERNEL)?,
             freed: KVec::new(),
             reusable: KVec::new(),
             known: KVec::new(),
             clock: None,
             pool: None,
             whole: None,
-        }
+        })
     }
 
     /// The pool an ALLOC names (see [`Lookup::pool`]), looked up once for a run of ALLOCs
@@ -216,6 +224,7 @@ impl Batch {
                 handle,
                 mem,
                 freed: false,
+                taken: false,
             },
             GFP_KERNEL,
         )?;
@@ -243,42 +252,51 @@ impl Batch {
     }
 
     /// Plans a FREE of the submission's own mem ALLOC `value` made, when the operation after it
-    /// (`next`) is an ALLOC that asks for what it frees: the same pool (as named, looked up
-    /// for `gpu`), size and flags. If the mem may be taken whole ([`Mem::revivable`]), it is
-    /// freed in the submission (later operations naming it get `ENOENT`) and kept for that
-    /// ALLOC ([`Self::take_whole`]): the FREE then has nothing to do in the stream (the mem
-    /// lives on, in the same order) and nothing to hand over. `false`, with nothing done,
-    /// if not so: the FREE is planned as any.
+    /// (`next`, at point `own`: context, seqno and timeline) is an ALLOC that asks for what it frees: the same pool (as
+    /// named, looked up for `gpu`), size and flags. If that ALLOC takes the mem whole
+    /// ([`Mem::take_whole`]), the mem is freed in the submission (later operations naming it
+    /// get `ENOENT`) and kept for it ([`Self::take_whole`]): the FREE then has nothing to do
+    /// in the stream (the mem lives on, in the same order) and nothing to hand over. `false`,
+    /// with nothing done, if not so: the FREE is planned as any.
     pub(super) fn free_whole(
         &mut self,
         files: &dyn Lookup,
         value: u64,
         next: Option<&uapi::ruvm_op>,
-        gpu: u32,
+        (gpu, own): (u32, (u64, u64, impl FnOnce() -> Arc<dyn Clock>)),
     ) -> bool {
         let Some(n) = next.filter(|n| n.kind == uapi::ruvm_op_kind_RUVM_OP_ALLOC) else {
             return false;
         };
-        let Ok(pool) = self.pool(files, n.src, gpu) else {
+        if self.pool.as_ref().is_none_or(|(h, _)| *h != n.src)
+            && self.pool(files, n.src, gpu).is_err()
+        {
+            return false;
+        }
+        let Some((_, pool)) = &self.pool else {
             return false;
         };
+        // The latest ALLOC first: what a run of pairs frees.
         let Some(m) = self
             .made
             .iter_mut()
+            .rev()
             .find(|m| m.index as u64 == value && !m.freed)
         else {
             return false;
         };
-        if !m.mem.revivable(&pool, n.length, n.flags) {
+        let Some(count) = m.mem.take_whole(pool, (n.length, n.flags), own) else {
             return false;
-        }
+        };
         m.freed = true;
-        self.whole = Some(m.mem.clone());
+        m.taken = true;
+        self.whole = Some((m.mem.clone(), count));
         true
     }
 
-    /// The mem the FREE before this ALLOC kept for it ([`Self::free_whole`]), if any.
-    pub(super) fn take_whole(&mut self) -> Option<Arc<Mem>> {
+    /// The mem the FREE before this ALLOC kept for it ([`Self::free_whole`]), and how many
+    /// chunks it has, if any.
+    pub(super) fn take_whole(&mut self) -> Option<(Arc<Mem>, usize)> {
         self.whole.take()
     }
 
@@ -360,7 +378,7 @@ impl Batch {
     /// its chunks handed to its pool, what it gave up kept by the FREE until the stream
     /// reaches it.
     pub(super) fn finish(self, files: &dyn Lookup) {
-        for m in self.made.iter() {
+        for m in self.made.iter().filter(|m| !m.taken) {
             m.mem.commit();
         }
         for f in self.freed {

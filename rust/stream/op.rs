@@ -343,9 +343,10 @@ impl Op {
         matches!(self.work, Work::Record | Work::Nop | Work::Free { .. })
     }
 
-    /// Whether it is a mark: an instant operation whose retirement gives nothing back (a
-    /// record, or a wait the stream's order satisfied), which a submitter may retire itself.
+    /// Whether it is a mark: an instant operation (a record, a wait the stream's order
+    /// satisfied, a FREE), which a submitter may retire itself. (A FREE's retirement drops
+    /// what its mem parked: with no lock held, as the runner does it.)
     pub(super) fn is_mark(&self) -> bool {
-        matches!(self.work, Work::Record | Work::Nop)
+        self.is_instant()
     }
 }

@@ -302,19 +302,20 @@ pub(super) fn plan(
             if op.length == 0 || op.flags & !zero != 0 {
                 return Err(EINVAL);
             }
-            let pool = batch.pool(files, op.src, gpu.id)?;
-            let own = batch.tag(clock, seqno);
             // The FREE right before may have kept its mem for this ALLOC, whole (it checked
-            // the pool, size and flags); else a FREE earlier in the submission may give its
-            // chunks (the same stream: ordered), before the pool is asked.
+            // the pool, size and flags, and made this ALLOC's point the mem's); else a FREE
+            // earlier in the submission may give its chunks (the same stream: ordered),
+            // before the pool is asked.
             let mut inherits = None;
-            let made = if let Some(mem) = batch.take_whole() {
-                mem.revive(own).map(|reused| Made {
+            let made = if let Some((mem, reused)) = batch.take_whole() {
+                Ok(Made {
                     mem,
                     wait: None,
                     reused,
                 })
             } else {
+                let pool = batch.pool(files, op.src, gpu.id)?;
+                let own = batch.tag(clock, seqno);
                 let mut reusable = core::mem::replace(&mut batch.reusable, KVec::new());
                 let knows = |c: u64, s: u64| batch.knows(known, c, s);
                 let ask = Asker {
@@ -384,7 +385,8 @@ pub(super) fn plan(
             }
             // The ALLOC right after takes the submission's own mem whole: nothing to do in the
             // stream.
-            if op.flags & DST_INDEX != 0 && batch.free_whole(files, op.dst, next, gpu.id) {
+            let own = (context, seqno.checked_add(1).ok_or(EOVERFLOW)?, clock);
+            if op.flags & DST_INDEX != 0 && batch.free_whole(files, op.dst, next, (gpu.id, own)) {
                 if prev {
                     return Ok(None);
                 }
