@@ -452,17 +452,11 @@ impl Mem {
     /// The caller got the mem (its handle was written back): from now on a pool mem's chunks
     /// go back to the pool as a freed mem's. Until then, dropping the mem undoes the pool's
     /// allocation.
-    /// The hits of the stream allocations that took it whole are counted now.
     pub(crate) fn commit(&self) {
         self.committed.store(true, Relaxed);
         if self.leased {
-            let hits = self.state.lock().lease.as_mut().and_then(|l| {
+            if let Some(l) = self.state.lock().lease.as_mut() {
                 l.made = true;
-                let n = core::mem::take(&mut l.revived);
-                (n > 0).then(|| (l.pool.clone(), n))
-            });
-            if let Some((pool, n)) = hits {
-                pool.borrowed(n, false);
             }
         }
         if let Storage::Vid(v) = &self.storage {

@@ -452,7 +452,7 @@ impl StreamCore {
 
     /// What a submission does instead of the engine's step when the stream is on no list and
     /// not being run: retires its first operations if they are marks (records, waits its
-    /// order satisfies), as the engine would, with no runner woken. `Idle` if that emptied
+    /// order satisfies, FREEs), as the engine would, with no runner woken. `Idle` if that emptied
     /// the queue; `Ready` if an operation with work (or more than [`RETIRE_BATCH`]) is left
     /// for the engine. Never runs a piece of work.
     pub(super) fn retire_marks(&self, engine: &Engine) -> After {

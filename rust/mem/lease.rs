@@ -49,9 +49,8 @@ pub(super) struct PoolLease {
     /// is done and they are this mem's ([`Handed::give_to`]): dropped before, the lease gives
     /// nothing back (the allocation is undone).
     pub(super) borrowed: bool,
-    /// Chunks the stream allocations that took the mem whole ([`Mem::take_whole`]) reused, not
-    /// yet counted hits: counted when the mem is made ([`Mem::commit`]); never if it is
-    /// dropped unmade (its submission failed).
+    /// Chunks the stream allocations that took the mem whole ([`Mem::take_whole`]) counted
+    /// hits: undone if it is dropped unmade (its submission failed).
     pub(super) revived: usize,
 }
 
@@ -90,6 +89,9 @@ impl PoolLease {
 
 impl Drop for PoolLease {
     fn drop(&mut self) {
+        if !self.made && self.revived > 0 {
+            self.pool.borrowed(self.revived, true);
+        }
         if self.borrowed {
             // The chunks are still the freed mem's: only the allocation is undone.
             self.pool.borrowed(self.reused, true);
@@ -168,9 +170,9 @@ impl Mem {
     /// not handed over), with no mapping of any kind but DMA tables of exactly the pool's
     /// access set, as an allocation now would make it; `None` for any other, left as it was.
     ///
-    /// Counted at once as the free of the old mem and the allocation of the new by
-    /// `RUVM_IOCTL_STATS`, and as hits of its pool when the mem is made ([`Mem::commit`]), the
-    /// bytes staying counted used. How many chunks it has (reused: not zeroed).
+    /// Counted at once as the free of the old mem and the allocation of the new (its pool's
+    /// hits, undone if the mem is dropped unmade; `RUVM_IOCTL_STATS`), the bytes staying
+    /// counted used. How many chunks it has (reused: not zeroed).
     pub(crate) fn take_whole(
         &self,
         pool: &Arc<pool::Pool>,
@@ -226,6 +228,7 @@ impl Mem {
             l.revived = revived;
             count
         };
+        pool.borrowed(count, false);
         if let Some(u) = &self._usage {
             u.again();
         }

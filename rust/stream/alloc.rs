@@ -10,7 +10,9 @@
 //! FREE takes the mem's handle out with the submission; once the operations are queued, the
 //! mem is retired (its user mappings zapped), its chunks handed to its pool's pending list
 //! tagged with the free's point, and what it gave up (CPU kernel and GPU mappings, DMA tables)
-//! kept by the FREE operation until the stream reaches it. Either way a failed submission
+//! kept by the FREE operation until the stream reaches it; but a FREE (by index) of a mem of
+//! the submission whose next operation is an ALLOC of the same leaves the mem whole to that
+//! ALLOC ([`Batch::free_whole`]), and neither queues anything. Either way a failed submission
 //! changes nothing: the mems it made are dropped unmade (their chunks back where they came
 //! from), and no handle moved.
 
@@ -252,28 +254,24 @@ impl Batch {
     }
 
     /// Plans a FREE of the submission's own mem ALLOC `value` made, when the operation after it
-    /// (`next`, at point `own`: context, seqno and timeline) is an ALLOC that asks for what it frees: the same pool (as
-    /// named, looked up for `gpu`), size and flags. If that ALLOC takes the mem whole
-    /// ([`Mem::take_whole`]), the mem is freed in the submission (later operations naming it
-    /// get `ENOENT`) and kept for it ([`Self::take_whole`]): the FREE then has nothing to do
-    /// in the stream (the mem lives on, in the same order) and nothing to hand over. `false`,
-    /// with nothing done, if not so: the FREE is planned as any.
+    /// (`next`, at point `own`: context, seqno and timeline) is an ALLOC that asks for what it
+    /// frees: the same pool (named as the last ALLOC named it), size and flags. If that ALLOC
+    /// takes the mem whole ([`Mem::take_whole`]), the mem is freed in the submission (later
+    /// operations naming it get `ENOENT`) and kept for it ([`Self::take_whole`]): the FREE
+    /// then has nothing to do in the stream (the mem lives on, in the same order) and nothing
+    /// to hand over. `false`, with nothing done, if not so: the FREE is planned as any.
     pub(super) fn free_whole(
         &mut self,
-        files: &dyn Lookup,
         value: u64,
         next: Option<&uapi::ruvm_op>,
-        (gpu, own): (u32, (u64, u64, impl FnOnce() -> Arc<dyn Clock>)),
+        own: (u64, u64, impl FnOnce() -> Arc<dyn Clock>),
     ) -> bool {
         let Some(n) = next.filter(|n| n.kind == uapi::ruvm_op_kind_RUVM_OP_ALLOC) else {
             return false;
         };
-        if self.pool.as_ref().is_none_or(|(h, _)| *h != n.src)
-            && self.pool(files, n.src, gpu).is_err()
-        {
-            return false;
-        }
-        let Some((_, pool)) = &self.pool else {
+        // The pool the last ALLOC named, if the next names it the same way: no lookup (which
+        // could make a GPU's default pool for a submission that then fails).
+        let Some((_, pool)) = self.pool.as_ref().filter(|(h, _)| *h == n.src) else {
             return false;
         };
         // The latest ALLOC first: what a run of pairs frees.

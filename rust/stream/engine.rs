@@ -108,8 +108,8 @@ impl Engine {
 
     /// After a submission to `stream`: if the stream is on no list and not being run, the
     /// submitter retires the marks at the head of its queue itself ([`StreamCore::retire_marks`]:
-    /// a submission of records and satisfied waits to an idle stream wakes no runner); what
-    /// is left goes on the ready list, and the runner is kicked.
+    /// a submission of records, satisfied waits and FREEs to an idle stream wakes no runner);
+    /// what is left goes on the ready list, and the runner is kicked.
     pub(super) fn submitted(self: &Arc<Self>, stream: Arc<StreamCore>) {
         let Ok(s) = ListArc::try_from_arc(stream) else {
             // On a list, or being run: the runner comes to it.

@@ -337,8 +337,8 @@ impl Op {
         Ok(())
     }
 
-    /// Whether it does no work on the engine (a record, a wait for nothing): retired as soon as
-    /// the stream reaches it.
+    /// Whether it does no work on the engine (a record, a wait for nothing, a FREE): retired
+    /// as soon as the stream reaches it.
     pub(super) fn is_instant(&self) -> bool {
         matches!(self.work, Work::Record | Work::Nop | Work::Free { .. })
     }

@@ -386,7 +386,7 @@ pub(super) fn plan(
             // The ALLOC right after takes the submission's own mem whole: nothing to do in the
             // stream.
             let own = (context, seqno.checked_add(1).ok_or(EOVERFLOW)?, clock);
-            if op.flags & DST_INDEX != 0 && batch.free_whole(files, op.dst, next, (gpu.id, own)) {
+            if op.flags & DST_INDEX != 0 && batch.free_whole(op.dst, next, own) {
                 if prev {
                     return Ok(None);
                 }

@@ -1752,7 +1752,8 @@ struct ruvm_op {
  * Every operation is checked before any is queued: on an error nothing is queued, no handle
  * is given or taken (the mems ALLOCs made are freed again: a handle written back names
  * nothing), and the pools hold what they held (but for their high watermarks). Returns at once; the operations run in order, after every operation
- * submitted to the stream before them. Errors: ENOENT (no such stream, mem, pool or event),
+ * submitted to the stream before them (on a stream with nothing queued, the records,
+ * satisfied waits and FREEs at the head of the submission are retired before it returns). Errors: ENOENT (no such stream, mem, pool or event),
  * EINVAL (a bad field, a range outside a mem, an fd that is not a sync_file, @count 0 or above
  * RUVM_MAX_SUBMIT_OPS, an index flag naming an op that is not an earlier ALLOC), EOVERFLOW
  * (COPY, FILL: an offset + length past 2^64, as RUVM_IOCTL_CE_COPY; ALLOC: a size past what

@@ -159,6 +159,14 @@ pub fn cases() -> Vec<Case> {
             name: "salloc_whole_undone_by_a_failed_submission",
             run: whole::salloc_whole_undone_by_a_failed_submission,
         },
+        Case {
+            name: "salloc_whole_failed_pair_makes_no_pool",
+            run: whole::salloc_whole_failed_pair_makes_no_pool,
+        },
+        Case {
+            name: "salloc_free_on_an_idle_stream_is_reached_at_submit",
+            run: whole::salloc_free_on_an_idle_stream_is_reached_at_submit,
+        },
     ]
 }
 

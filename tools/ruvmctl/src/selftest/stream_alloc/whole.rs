@@ -3,16 +3,22 @@
 //! An `ALLOC` right after a `FREE` (by index) of a mem of its own submission, asking for what
 //! it frees (the same pool, length and flags), takes the freed mem whole: the same chunks and
 //! mmap offset under a new handle, counted as a free and an allocation, undone with its
-//! submission.
+//! submission. And a FREE on an idle stream is reached before `STREAM_SUBMIT` returns.
 
 use nix::errno::Errno;
 
 use super::super::harness::{check, expect_errno, Context, Stop, TestResult};
 use super::super::shared::live;
-use super::super::streams::{drained, mem_on, user_mismatches, WAIT_MS};
-use super::{made, pool_for, settled, setup, submit, ALL, SIZE};
+use super::super::streams::{drained, mem_on, user_mismatches, STREAM_MEMS, STREAM_OPS, WAIT_MS};
+use super::{
+    alloc_on, chunks, expect_reuse, made, pool_for, settled, setup, submit, ALL, OPPORTUNISTIC,
+    SIZE,
+};
 use crate::pattern;
 use libruvm::{op, uapi, Ruvm};
+
+/// The audit's class of pools.
+const POOLS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_POOLS as usize;
 
 /// The seed of what the cases copy into the first mem.
 const SEED: u64 = 0x6d1e_02c4_b7a9_35f8;
@@ -192,6 +198,82 @@ pub(super) fn salloc_whole_undone_by_a_failed_submission() -> TestResult {
     );
     d.mem_free(out).ctx("MEM_FREE")?;
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    d.pool_destroy(p).ctx("POOL_DESTROY")?;
+    drained(&d, "at the end")?;
+    settled(&d, &before, "at the end")
+}
+
+/// A FREE by index that names no earlier ALLOC, before an ALLOC of the GPU's current pool
+/// (`src` 0) on a file that has no default pool yet: `EINVAL`, and no pool made (the FREE
+/// looks up no pool to take a mem whole).
+pub(super) fn salloc_whole_failed_pair_makes_no_pool() -> TestResult {
+    let (d, g) = setup()?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let before = live(&d)?;
+    let mut ops = vec![op::free_index(0), op::alloc(0, SIZE, false)];
+    expect_errno(
+        d.stream_submit_mut(s, &mut ops),
+        Errno::EINVAL,
+        "a FREE of index 0 (itself) before an ALLOC of the current pool",
+    )?;
+    let after = live(&d)?;
+    check!(
+        after[POOLS] == before[POOLS],
+        "the audit counts {} pools after the failed submission, {} before: a default pool was made",
+        after[POOLS],
+        before[POOLS]
+    );
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    drained(&d, "at the end")
+}
+
+/// A FREE on a stream with nothing queued is reached, retired and dropped by the submitting
+/// thread: right after `STREAM_SUBMIT`, `STREAM_QUERY` has it completed, the audit has no
+/// queued operation or mem held by one, the pool has the chunk pending (no synchronize
+/// observed it), and an ALLOC on another stream (opportunistic reuse on) gets that chunk at
+/// once.
+pub(super) fn salloc_free_on_an_idle_stream_is_reached_at_submit() -> TestResult {
+    let (d, g) = setup()?;
+    let before = live(&d)?;
+    let p = pool_for(&d, g, u64::MAX, OPPORTUNISTIC)?;
+    let a = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let b = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let m = alloc_on(&d, a, p, SIZE, "m")?;
+    let freed = chunks(&d, m, g, "m")?;
+    d.stream_sync(a, WAIT_MS).ctx("STREAM_SYNC")?;
+    let first = d
+        .stream_submit(a, &[op::free(m)])
+        .ctx("STREAM_SUBMIT of the FREE")?;
+    let q = d.stream_query(a).ctx("STREAM_QUERY")?;
+    check!(
+        q.submitted == first && q.completed == first && q.error == 0,
+        "a FREE on an idle stream, right after the submit: {q:?}, wanted seqno {first} completed"
+    );
+    let l = live(&d)?;
+    check!(
+        l[STREAM_OPS] == 0 && l[STREAM_MEMS] == 0,
+        "right after the submit the audit counts {} queued operations and {} mems they hold, wanted none",
+        l[STREAM_OPS],
+        l[STREAM_MEMS]
+    );
+    let info = d.pool_get(p).ctx("POOL_GET")?;
+    check!(
+        info.pending_bytes == SIZE && info.used_current == 0 && info.cached_chunks == 0,
+        "the pool right after the submit: {info:?}, wanted the chunk pending"
+    );
+    let m2 = alloc_on(&d, b, p, SIZE, "m2 on another stream")?;
+    let got = chunks(&d, m2, g, "m2")?;
+    expect_reuse(
+        &got,
+        &freed,
+        true,
+        "an ALLOC on another stream, opportunistic reuse on, after the free was reached at submit",
+    )?;
+    d.stream_sync(b, WAIT_MS).ctx("STREAM_SYNC")?;
+    d.mem_free(m2).ctx("MEM_FREE")?;
+    for s in [a, b] {
+        d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    }
     d.pool_destroy(p).ctx("POOL_DESTROY")?;
     drained(&d, "at the end")?;
     settled(&d, &before, "at the end")
