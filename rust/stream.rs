@@ -52,6 +52,7 @@ pub(crate) mod engine;
 pub(crate) mod event;
 mod implicit;
 pub(crate) mod lookup;
+mod named;
 pub(crate) mod op;
 pub(crate) mod plan;
 mod timeline;
@@ -62,8 +63,8 @@ use timeline::{timeline_name, PointFence, TIMES};
 use alloc::{Batch, Known};
 use engine::Engine;
 use lookup::Lookup;
+use named::Events;
 use op::{Op, Step};
-use plan::Events;
 
 /// Makes the layer's module-wide state: the engines' queue and registry, and the lock of
 /// implicit exchanges with several objects (module init).

@@ -26,9 +26,9 @@ use crate::{
 use super::{
     alloc::{Batch, Known},
     engine::Engine,
-    event::Event,
     implicit::Implicit,
-    lookup::{Lookup, Named},
+    lookup::Lookup,
+    named::Events,
     op::{Op, Work},
     Units,
 };
@@ -60,115 +60,6 @@ fn only(op: &uapi::ruvm_op, named: u32) -> Result {
         return Err(EINVAL);
     }
     Ok(())
-}
-
-/// The events a submission names (RECORD, WAIT_EVENT), each once, in the order first named,
-/// and an index to them by handle: a hash table (open addressing, at most half full) of their
-/// places, so that an operation finds its event in a step or two whatever their number, and
-/// the lookup in the file, the moves and the drops go over the events named only.
-pub(super) struct Events {
-    named: KVec<Named>,
-    /// 1 + the place in `named` of each handle's entry; 0 for an empty slot.
-    index: KVec<u16>,
-    mask: usize,
-}
-
-impl Events {
-    /// Looks up the events `ops` name in `files`, at once.
-    pub(super) fn of(ops: &[uapi::ruvm_op], files: &dyn Lookup) -> Result<Self> {
-        let names = |op: &&uapi::ruvm_op| {
-            matches!(
-                op.kind,
-                uapi::ruvm_op_kind_RUVM_OP_RECORD | uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT
-            )
-        };
-        let n = ops.iter().filter(names).count();
-        if n == 0 {
-            // Nothing to look up: no table, and the file's lock is not taken.
-            return Ok(Self {
-                named: KVec::new(),
-                index: KVec::new(),
-                mask: 0,
-            });
-        }
-        // A place fits in the index's 16 bits.
-        const _: () = assert!(super::MAX_SUBMIT <= u16::MAX as u32);
-        let size = n
-            .checked_mul(2)
-            .and_then(usize::checked_next_power_of_two)
-            .ok_or(EINVAL)?;
-        // Transient (freed before the call returns), bounded by the call: not charged.
-        let mut table = Self {
-            named: KVec::with_capacity(n, GFP_KERNEL)?,
-            index: KVec::from_elem(0, size, GFP_KERNEL)?,
-            mask: size - 1,
-        };
-        for op in ops.iter().filter(names) {
-            let (slot, found) = table.slot(op.value)?;
-            if found.is_none() {
-                // CAST: at most `n` entries, fewer than u16::MAX (above).
-                let place = (table.named.len() + 1) as u16;
-                // Room for `n` was reserved: this does not allocate.
-                table.named.push(
-                    Named {
-                        handle: op.value,
-                        event: None,
-                        recorded: 0,
-                    },
-                    GFP_KERNEL,
-                )?;
-                *table.index.get_mut(slot).ok_or(EINVAL)? = place;
-            }
-        }
-        files.events(&mut table.named);
-        Ok(table)
-    }
-
-    /// The slot of `handle` in the index, and its entry's place in `named` if it has one
-    /// (else the slot is the empty one where it goes).
-    fn slot(&self, handle: u64) -> Result<(usize, Option<usize>)> {
-        // Fibonacci hashing: the handles of a file are consecutive numbers.
-        // CAST: the top bits of the product, fewer than a usize holds.
-        let mut i = (handle.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask;
-        // At most half full: an empty slot ends every search.
-        for _ in 0..self.index.len() {
-            match usize::from(*self.index.get(i).ok_or(EINVAL)?) {
-                0 => return Ok((i, None)),
-                p => {
-                    let at = p - 1;
-                    if self.named.get(at).ok_or(EINVAL)?.handle == handle {
-                        return Ok((i, Some(at)));
-                    }
-                }
-            }
-            i = (i + 1) & self.mask;
-        }
-        Err(EINVAL)
-    }
-
-    /// The event `handle` names (`ENOENT` if the file has none), and the seqno the submission
-    /// last recorded it at.
-    fn get(&mut self, handle: u64) -> Result<(&Arc<Event>, &mut u64)> {
-        let (_, Some(at)) = self.slot(handle)? else {
-            return Err(ENOENT);
-        };
-        match self.named.get_mut(at) {
-            Some(Named {
-                event: Some(e),
-                recorded,
-                ..
-            }) => Ok((e, recorded)),
-            _ => Err(ENOENT),
-        }
-    }
-
-    /// The events the submission recorded, with the seqno of each one's last record.
-    pub(super) fn recorded(&self) -> impl Iterator<Item = (&Arc<Event>, u64)> {
-        self.named.iter().filter_map(|n| match &n.event {
-            Some(e) if n.recorded != 0 => Some((e, n.recorded)),
-            _ => None,
-        })
-    }
 }
 
 /// Reads, checks and plans one operation of a submission, at `seqno` of the stream's timeline
@@ -253,7 +144,7 @@ pub(super) fn plan(
         }
         uapi::ruvm_op_kind_RUVM_OP_RECORD => {
             only(op, VALUE)?;
-            *events.get(op.value)?.1 = seqno;
+            *events.get(index)?.1 = seqno;
             if prev {
                 return Ok(None);
             }
@@ -267,7 +158,7 @@ pub(super) fn plan(
             let fence = if op.kind == uapi::ruvm_op_kind_RUVM_OP_WAIT_FD {
                 Some(Fence::from_sync_file(op.value)?).filter(|f| f.context() != context)
             } else {
-                let (event, recorded) = events.get(op.value)?;
+                let (event, recorded) = events.get(index)?;
                 // Recorded by this submission: satisfied by the stream's order (its lock is
                 // not taken).
                 let point = if *recorded != 0 { None } else { event.point() };
