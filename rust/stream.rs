@@ -268,6 +268,10 @@ impl StreamCore {
         let mut prev: Option<Arc<Op>> = None;
         let mut folded = (0u64, 0u64);
         for ((op, seqno), index) in raw.iter().zip(first..).zip(0usize..) {
+            if prev.is_some() && plan::fold_mark(op, &mut events, index, seqno)? {
+                folded = (folded.0 + 1, seqno);
+                continue;
+            }
             let planned_op = plan::plan(
                 op,
                 files,

@@ -62,6 +62,46 @@ fn only(op: &uapi::ruvm_op, named: u32) -> Result {
     Ok(())
 }
 
+/// Checks a RECORD (operation `index` of the submission) and notes its seqno for its event.
+fn record(op: &uapi::ruvm_op, events: &mut Events, index: usize, seqno: u64) -> Result {
+    only(op, VALUE)?;
+    *events.get(index)?.1 = seqno;
+    Ok(())
+}
+
+/// Checks a wait's fields: its timeout.
+fn wait_checked(op: &uapi::ruvm_op) -> Result<Delta> {
+    only(op, VALUE | TIMEOUT)?;
+    let ms = op.timeout_ms;
+    if ms == 0 || ms > uapi::RUVM_WAIT_MAX_MS {
+        return Err(EINVAL);
+    }
+    Ok(Delta::from_millis(i64::from(ms)))
+}
+
+/// Whether operation `index` of a submission (`op`, at `seqno`), after another, is a mark
+/// that folds into the operation before it at no cost, checked as [`plan`] checks it: a
+/// RECORD (its seqno noted), or a WAIT_EVENT of an event the submission recorded before it
+/// (satisfied by the stream's order). `false`: [`plan`] it.
+pub(super) fn fold_mark(
+    op: &uapi::ruvm_op,
+    events: &mut Events,
+    index: usize,
+    seqno: u64,
+) -> Result<bool> {
+    match op.kind {
+        uapi::ruvm_op_kind_RUVM_OP_RECORD => {
+            record(op, events, index, seqno)?;
+            Ok(true)
+        }
+        uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT => {
+            wait_checked(op)?;
+            Ok(*events.get(index)?.1 != 0)
+        }
+        _ => Ok(false),
+    }
+}
+
 /// Reads, checks and plans one operation of a submission, at `seqno` of the stream's timeline
 /// `context` on `engine`'s GPU, with one of the submission's `units`. A RECORD notes its seqno
 /// in `events`; a WAIT_EVENT sees the last of those for its event (a submission is the same as
@@ -89,12 +129,6 @@ pub(super) fn plan(
     ),
 ) -> Result<Option<ListArc<Op>>> {
     let gpu = engine.gpu();
-    let wait_timeout = |ms: u32| -> Result<Delta> {
-        if ms == 0 || ms > uapi::RUVM_WAIT_MAX_MS {
-            return Err(EINVAL);
-        }
-        Ok(Delta::from_millis(i64::from(ms)))
-    };
     match op.kind {
         uapi::ruvm_op_kind_RUVM_OP_COPY => {
             only(op, FLAGS | DST | DST_OFFSET | SRC | SRC_OFFSET | LENGTH)?;
@@ -143,16 +177,14 @@ pub(super) fn plan(
             Op::synced(seqno, Work::Fill(plan), implicit, 1, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_RECORD => {
-            only(op, VALUE)?;
-            *events.get(index)?.1 = seqno;
+            record(op, events, index, seqno)?;
             if prev {
                 return Ok(None);
             }
             Op::new(seqno, Work::Record, 0, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT | uapi::ruvm_op_kind_RUVM_OP_WAIT_FD => {
-            only(op, VALUE | TIMEOUT)?;
-            let timeout = wait_timeout(op.timeout_ms)?;
+            let timeout = wait_checked(op)?;
             // A point of the stream's own timeline (recorded by this submission, or before it)
             // is satisfied by the stream's order: nothing to wait for, and no fence made.
             let fence = if op.kind == uapi::ruvm_op_kind_RUVM_OP_WAIT_FD {
