@@ -105,7 +105,8 @@ impl Events {
     }
 
     /// The event operation `at` of the submission names (`ENOENT` if the file has none), and
-    /// the seqno the submission last recorded it at.
+    /// the seqno the submission last recorded it at. (`EINVAL` for an operation that names
+    /// none: never asked, only RECORD and WAIT_EVENT ask.)
     pub(super) fn get(&mut self, at: usize) -> Result<(&Arc<Event>, &mut u64)> {
         let place = usize::from(*self.of_op.get(at).ok_or(EINVAL)?);
         match place.checked_sub(1).and_then(|p| self.named.get_mut(p)) {

@@ -192,7 +192,8 @@ pub(super) fn plan(
             } else {
                 let (event, recorded) = events.get(index)?;
                 // Recorded by this submission: satisfied by the stream's order (its lock is
-                // not taken).
+                // not taken). After another operation, `fold_mark` folds such a wait before
+                // `plan` is called: the two decide alike.
                 let point = if *recorded != 0 { None } else { event.point() };
                 match point {
                     Some((c, _)) if c == context => None,

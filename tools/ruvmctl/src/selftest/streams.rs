@@ -115,6 +115,10 @@ pub fn cases() -> Vec<Case> {
             run: reads::stream_last_record_wins,
         },
         Case {
+            name: "stream_many_events_in_one_submission",
+            run: reads::stream_many_events_in_one_submission,
+        },
+        Case {
             name: "stream_destroyed_idle_streams_leave_the_count",
             run: stream_destroyed_idle_streams_leave_the_count,
         },

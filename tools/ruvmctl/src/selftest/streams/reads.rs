@@ -396,3 +396,42 @@ pub(super) fn stream_last_record_wins() -> TestResult {
     d.event_destroy(e).ctx("EVENT_DESTROY")?;
     drained(&d, "after the records")
 }
+
+/// Events a submission of the largest size names: 120 recorded, waited for in the reverse
+/// order, and the first 16 recorded again at the end (256 operations, every one a mark): each
+/// event's point is its last record's seqno on the stream, complete once the submission
+/// returns (an idle stream). The submission's table of events dedups them and finds each
+/// operation's, whatever their handles' hash.
+pub(super) fn stream_many_events_in_one_submission() -> TestResult {
+    const EVENTS: usize = 120;
+    const AGAIN: usize = 16;
+    const _: () = assert!(2 * EVENTS + AGAIN == uapi::RUVM_MAX_SUBMIT_OPS as usize);
+    let (d, g) = setup()?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let events = (0..EVENTS)
+        .map(|_| d.event_create().ctx("EVENT_CREATE"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ops: Vec<_> = events.iter().map(|&e| op::record(e)).collect();
+    ops.extend(events.iter().rev().map(|&e| op::wait_event(e, WAIT_MS)));
+    ops.extend(events.iter().take(AGAIN).map(|&e| op::record(e)));
+    let first = d.stream_submit(s, &ops).ctx("STREAM_SUBMIT")?;
+    for (i, &e) in events.iter().enumerate() {
+        let at = if i < AGAIN { 2 * EVENTS + i } else { i };
+        let want = first + at as u64;
+        let q = d.event_query(e).ctx("EVENT_QUERY")?;
+        check!(
+            q.stream == s && q.seqno == want && q.status == 1,
+            "event {i}: {q:?}, wanted stream {s} seqno {want} (operation {at}) signalled"
+        );
+    }
+    let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+    check!(
+        q.completed == first + ops.len() as u64 - 1 && q.error == 0,
+        "the stream after the submission: {q:?}"
+    );
+    for e in events {
+        d.event_destroy(e).ctx("EVENT_DESTROY")?;
+    }
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    drained(&d, "after the events")
+}

@@ -332,6 +332,32 @@ pub(super) fn stream_bad_inputs() -> TestResult {
             )?;
         }
     }
+    // A wait for an event the submission recorded before it is satisfied by the stream's
+    // order (it folds without being planned): its fields are checked all the same.
+    let own_wait = op::wait_event(e, 1);
+    let mut own = vec![
+        (op::wait_event(e, 0), "timeout 0".to_string()),
+        (
+            op::wait_event(e, uapi::RUVM_WAIT_MAX_MS + 1),
+            "timeout RUVM_WAIT_MAX_MS + 1".to_string(),
+        ),
+    ];
+    for field in (0..10).filter(|&f| !uses(own_wait.kind, f)) {
+        let (o, name) = poke(own_wait, field);
+        own.push((o, format!("{name} set")));
+    }
+    for (o, what) in own {
+        expect(
+            d.stream_submit(s, &[op::record(e), o]),
+            Errno::EINVAL,
+            &format!("a record of e, then a wait-event on e with {what}"),
+        )?;
+        expect(
+            d.stream_submit(s, &[op::record(done), op::record(e), o]),
+            Errno::EINVAL,
+            &format!("two records, then a wait-event on the second's event with {what}"),
+        )?;
+    }
     if mmu {
         let o = uapi::ruvm_op {
             flags: uapi::ruvm_va_space_flags_RUVM_VA_USER << 1,
