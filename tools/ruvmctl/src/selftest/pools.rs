@@ -770,7 +770,9 @@ fn pool_shrinks_under_memory_pressure() -> TestResult {
     // for beside make check's other guests on a busy host, once ended in the OOM killer with
     // the whole cache given back: reclaim under TCG is slow, and MemAvailable an estimate.)
     let want = meminfo("MemAvailable")? + held / 4;
-    let status = touch_in_child(want)?;
+    let status = touch_in_child(want, || {
+        attrs(&d, p).is_ok_and(|a| a.reserved + held / 4 <= before.reserved)
+    })?;
     let after = attrs(&d, p)?;
     check!(
         matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),

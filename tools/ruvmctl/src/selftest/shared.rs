@@ -53,7 +53,9 @@ pub(super) fn meminfo(field: &str) -> Result<u64, Stop> {
 }
 
 /// Memory pressure: a child process writes every page of `bytes` of fresh anonymous memory,
-/// then exits 0 (if the OOM killer does not take it first). How it ended.
+/// then exits 0 (if the OOM killer does not take it first), or exits 0 as soon as `enough`
+/// says the reclaim the case waits for happened (checked every 4 MiB: pushing on to the end
+/// would only risk the OOM killer, which the kernel log's check fails on). How it ended.
 ///
 /// It writes 4 MiB at a time with a millisecond between, as a program fills what it allocated:
 /// kswapd then reclaims beside it. Written at once, under TCG on a debug kernel and beside
@@ -61,7 +63,10 @@ pub(super) fn meminfo(field: &str) -> Result<u64, Stop> {
 /// still giving back a list of a pool's (a list is 32 MiB; its pages are not on an LRU, so the
 /// retry logic does not count them as reclaimable) and the OOM killer took it, once in some
 /// ten make checks.
-pub(super) fn touch_in_child(bytes: u64) -> Result<nix::sys::wait::WaitStatus, Stop> {
+pub(super) fn touch_in_child(
+    bytes: u64,
+    enough: impl Fn() -> bool,
+) -> Result<nix::sys::wait::WaitStatus, Stop> {
     super::harness::in_child(|| {
         use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
         let Some(len) = usize::try_from(bytes)
@@ -86,6 +91,9 @@ pub(super) fn touch_in_child(bytes: u64) -> Result<nix::sys::wait::WaitStatus, S
             // SAFETY: inside the mapping just made.
             unsafe { base.add(off).write_volatile(1) };
             if off % (4 << 20) == 0 {
+                if enough() {
+                    return 0;
+                }
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
