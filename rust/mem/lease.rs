@@ -210,10 +210,10 @@ impl Mem {
                 && st.parked.is_none()
                 && st.resv.is_none()
                 && st.kept_charge.is_none();
-            let count = l.pages.as_ref()?.chunk_count();
             if !pristine {
                 return None;
             }
+            let count = l.pages.as_ref()?.chunk_count();
             let revived = l.revived.checked_add(count)?;
             // Its allocation's point: a later one of the same stream.
             match &mut l.own {

@@ -307,10 +307,13 @@ pub(super) fn plan(
             if op.flags & !DST_INDEX != 0 {
                 return Err(EINVAL);
             }
-            // The ALLOC right after takes the submission's own mem whole: nothing to do in the
-            // stream.
-            let own = (context, seqno.checked_add(1).ok_or(EOVERFLOW)?, clock);
-            if op.flags & DST_INDEX != 0 && batch.free_whole(op.dst, next, own) {
+            // The ALLOC right after (at the next seqno) takes the submission's own mem whole:
+            // nothing to do in the stream.
+            let whole = op.flags & DST_INDEX != 0
+                && seqno
+                    .checked_add(1)
+                    .is_some_and(|s| batch.free_whole(op.dst, next, (context, s, clock)));
+            if whole {
                 if prev {
                     return Ok(None);
                 }
