@@ -150,6 +150,12 @@ impl GpuDev {
         Ok(GpuAccess { gpu: self })
     }
 
+    /// Whether its removal has begun (access is being revoked): a long use of it (an
+    /// allocation of many vidmem chunks) stops then rather than make the removal wait.
+    pub(crate) fn going(&self) -> bool {
+        self.users.lock().revoked
+    }
+
     /// Ends access: new guards are refused, and this waits for every guard to go.
     fn revoke(&self) {
         let mut u = self.users.lock();

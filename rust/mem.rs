@@ -69,7 +69,7 @@ pub(crate) mod storage;
 pub(crate) mod tree;
 
 use lease::{give_tables, PoolLease};
-pub(crate) use lease::{Borrow, Made, StreamAlloc};
+pub(crate) use lease::{Borrow, Lent, Made, StreamAlloc};
 use policy::{Layout, PolicyError};
 use quota::Charge;
 pub(crate) use retired::Retired;
@@ -264,6 +264,9 @@ pub(crate) struct MemState {
     /// The quota charge of a mem of no pool whose [`Mem`] went while other holders keep its
     /// chunks (a dma-buf, an import): it goes with them, so the file's limit counts them.
     kept_charge: Option<Charge>,
+    /// A FREE of the mem planned in a submission lets a later ALLOC borrow its chunks: no user
+    /// mapping may be made until that submission is queued or failed ([`lease::Lent`]).
+    lending: bool,
 }
 
 impl MemState {
@@ -286,6 +289,7 @@ impl MemState {
             quiet: 0,
             resv: None,
             kept_charge: None,
+            lending: false,
         }
     }
 

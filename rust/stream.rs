@@ -14,7 +14,7 @@
 //! The first operation that fails (an MMU fault, the GPU removed, a wait that timed out or
 //! whose fence failed) puts the stream in error: its errno and seqno are kept; every later
 //! operation of the stream is retired without running, the fences of the points it covers signalled
-//! with the same errno; submitting to it fails with `EIO`.
+//! with the same errno; submitting to it fails with `EIO` (`ENODEV` first once its GPU is going).
 //!
 //! # Teardown: every fence signals
 //!
@@ -30,6 +30,7 @@ use kernel::{
     },
     new_condvar, new_mutex,
     prelude::*,
+    rbtree::RBTree,
     sync::{
         atomic::{
             ordering::{Relaxed, Release},
@@ -42,7 +43,7 @@ use kernel::{
 };
 
 use crate::{
-    bind::fence::{self, NAME_LEN},
+    bind::fence::{self, OwnFence, NAME_LEN},
     uapi,
 };
 
@@ -56,9 +57,12 @@ mod named;
 pub(crate) mod op;
 pub(crate) mod plan;
 mod timeline;
+mod turn;
+
+pub(crate) use turn::plant_slow_turn;
 
 pub(crate) use budget::{Budget, Units};
-use timeline::{timeline_name, PointFence, TIMES};
+use timeline::{timeline_name, TIMES};
 
 use alloc::{Batch, Known};
 use engine::Engine;
@@ -100,7 +104,7 @@ struct StreamState {
     running: bool,
     progress: (u64, u64),
     /// The fences made for points not reached yet, by seqno (see [`event`]).
-    points: List<PointFence>,
+    points: RBTree<u64, OwnFence>,
     /// When recent points were reached: (`completed` then, time), the last [`TIMES`], oldest
     /// first from `times_at` (for a fence made after its point was reached).
     times: [(u64, i64); TIMES],
@@ -113,19 +117,20 @@ struct StreamState {
 }
 
 impl StreamState {
-    /// `ENOENT` once destroyed or cancelled (the handle is gone), `EIO` in error, `ENODEV` once
-    /// the GPU is going (asked of `engine` if it is given).
+    /// `ENOENT` once destroyed or cancelled (the handle is gone), `ENODEV` once the GPU is
+    /// going (asked of `engine` if it is given; before the sticky error, whatever it is: the
+    /// stream can never run again, also once the GPU is bound again), `EIO` in error.
     fn may_submit(&self, engine: Option<&Engine>) -> Result {
         if self.destroyed || self.cancelled {
             return Err(ENOENT);
         }
+        if let Some(e) = engine {
+            drop(e.gpu().access()?);
+        }
         if self.error.is_some() {
             return Err(EIO);
         }
-        match engine {
-            Some(e) => e.gpu().access().map(|_| ()),
-            None => Ok(()),
-        }
+        Ok(())
     }
 }
 
@@ -138,9 +143,13 @@ pub(crate) struct StreamCore {
     engine: Arc<Engine>,
     /// Its file's budget of queued operations.
     budget: Arc<Budget>,
-    /// Held across one submission's checks and planning, so that submissions to the stream
-    /// take their seqnos one after the other (the engine never takes it); it guards the points
-    /// of other timelines the stream's submissions waited for.
+    /// Taken across one submission's checks and planning, so that submissions to the stream
+    /// take their seqnos one after the other (the engine never takes it); a caller waits for
+    /// it interruptibly ([`turn`]).
+    #[pin]
+    turns: turn::Turns,
+    /// The points of other timelines the stream's submissions waited for: taken only with the
+    /// turn (never waited for).
     #[pin]
     submitting: Mutex<Known>,
     /// The last seqno reached (as `StreamState::completed`, read without the lock: a pool's
@@ -202,6 +211,7 @@ impl StreamCore {
                 name,
                 engine,
                 budget,
+                turns <- turn::Turns::new(),
                 submitting <- new_mutex!(Known::new()),
                 reached: Atomic::new(0),
                 observed: Atomic::new(0),
@@ -217,7 +227,7 @@ impl StreamCore {
                     current: 0,
                     running: false,
                     progress: (0, 0),
-                    points: List::new(),
+                    points: RBTree::new(),
                     times: [(0, 0); TIMES],
                     times_at: 0,
                     cancelled_from: 0,
@@ -251,6 +261,7 @@ impl StreamCore {
         // Read whole, once, before any lock is taken (a fault on it takes the mmap lock).
         let raw = crate::bind::uread::read_array::<uapi::ruvm_op>(ops, n)?;
         let mut events = Events::of(&raw, files)?;
+        let turn = self.turns.take()?;
         let mut known = self.submitting.lock();
         let mut batch = Batch::new(&raw)?;
         let clock = || -> Arc<dyn crate::mem::pool::pending::Clock> { self.clone() };
@@ -329,6 +340,7 @@ impl StreamCore {
             event.record(self, seqno);
         }
         drop(known);
+        drop(turn);
         self.engine.submitted(self.clone());
         Ok(first)
     }

@@ -144,7 +144,8 @@ _Static_assert(sizeof(struct ruvm_mem_export_dmabuf) == 32 &&
 			       _IOWR(RUVM_IOCTL_MAGIC, 0x56, struct ruvm_mem_import_dmabuf) &&
 		       RUVM_FEATURE_DMABUF == (1ULL << 14),
 	       "dma-buf layouts and numbers");
-_Static_assert(RUVM_EXPORT_DATA_LEN == 64 && RUVM_POOL_EXPORTABLE == 1 &&
+_Static_assert(RUVM_EXPORT_DATA_LEN == 64 && RUVM_EXPORT_DATA_VERSION == 0x7275766d65780001ULL &&
+		       RUVM_POOL_EXPORTABLE == 1 &&
 		       RUVM_POOL_FLAG_EXPORTABLE == 1 && RUVM_POOL_FLAG_IMPORTED == 2 &&
 		       RUVM_PTR_IMPORTED == 4,
 	       "IPC pool constants");

@@ -342,8 +342,10 @@ impl<T: Send + Sync + 'static, P: Send + Sync + 'static> BufOps<T, P> {
     /// buffer's size) by frame number, each run of neighbouring frames at once: the VMA
     /// becomes `VM_PFNMAP | VM_IO | VM_DONTEXPAND | VM_DONTDUMP` (`remap_pfn_range`), so no
     /// `struct page` reference is taken through it, `get_user_pages` refuses it (no pin can
-    /// outlive the buffer and see the chunks reused), and it never grows. The VMA holds the
-    /// buffer's file, which holds the pages.
+    /// outlive the buffer and see the chunks reused), and it never grows; with no fault
+    /// handler its pages are never dropped (the kernel refuses `MADV_DONTNEED` and
+    /// `MADV_FREE` on `VM_PFNMAP` with `EINVAL`). The VMA holds the buffer's file, which holds
+    /// the pages.
     ///
     /// # Safety
     ///

@@ -60,6 +60,39 @@ pub(crate) struct ChunkFlags {
     pub(crate) fail_fast: bool,
 }
 
+/// How long an allocation of many chunks may reclaim and compact hard for them
+/// (`__GFP_RETRY_MAYFAIL`) before the rest are asked for without retrying (`__GFP_NORETRY`):
+/// memory that is free, or cheap to free, still comes; an allocation that cannot be met (its
+/// memory cgroup full, the machine out of memory) fails with `ENOMEM` in bounded time instead of
+/// reclaiming and compacting for minutes, chunk after chunk, while its caller holds what others
+/// may wait for (its stream's turn, its GPU's access).
+const PATIENCE_MS: i64 = 2000;
+
+/// When an allocation of many chunks began ([`PATIENCE_MS`]).
+pub(crate) struct Patience {
+    since: Instant<Monotonic>,
+}
+
+impl Patience {
+    pub(crate) fn new() -> Self {
+        Self {
+            since: Instant::<Monotonic>::now(),
+        }
+    }
+
+    /// The flags for the next chunk: `flags`, asking without retries once patience is spent.
+    pub(crate) fn flags(&self, flags: ChunkFlags) -> ChunkFlags {
+        if self.since.elapsed().as_millis() >= PATIENCE_MS {
+            ChunkFlags {
+                fail_fast: true,
+                ..flags
+            }
+        } else {
+            flags
+        }
+    }
+}
+
 /// How zeroed chunks get their zeros.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Zeroing {
@@ -450,6 +483,7 @@ impl<T: Send + Sync> ChunkList<T> {
         // Chunks below a block are cut from the largest block that fits what is left, while
         // the page allocator has such blocks at hand; `cap` drops below an order it had none of.
         let mut cap = order.max(BLOCK_ORDER);
+        let patience = Patience::new();
         while heads.v.len() < count {
             stop()?;
             let left = count - heads.v.len();
@@ -466,7 +500,7 @@ impl<T: Send + Sync> ChunkList<T> {
                 heads.push_block(first, block)?;
                 continue;
             }
-            let chunk = Chunk::alloc(order, flags)?;
+            let chunk = Chunk::alloc(order, patience.flags(flags))?;
             // Room was reserved for `count` chunks, and there are fewer.
             if !heads.v.push_within_capacity(chunk.page) {
                 return Err(EINVAL);

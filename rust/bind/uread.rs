@@ -49,18 +49,17 @@ const MIN_LEN: usize = 512;
 /// not readable user memory). Each byte is read once: a thread of the caller writing the array
 /// meanwhile changes at most what is read, never what was checked after.
 ///
-/// The vector is transient and bounded by the call. Read through the pinned pages it is
-/// allocated only once they are pinned, and not charged, as the kernel's own per-call buffers
-/// are not (a poll table, a copied iovec): the caller may still hold it while the call waits
-/// (for its stream's submission lock, or writing its results back), each waiting thread at
-/// most one, about the size of its own kernel stack, which is charged. For `copy_from_user`,
-/// whose wait on the caller's memory (userfaultfd, FUSE) the caller sets, it is charged.
+/// The vector is transient and bounded by the call (at most [`MAX_PAGES`] pages' worth read
+/// through the pinned pages), and charged to the caller's memory cgroup either way: the call
+/// may hold it while it waits (for its stream's turn, its write-back, or, with
+/// `copy_from_user`, the caller's own memory). Through the pinned pages it is allocated only
+/// once they are pinned.
 pub(crate) fn read_array<T: FromBytes>(ptr: UserPtr, n: usize) -> Result<KVec<T>> {
     let len = n.checked_mul(size_of::<T>()).ok_or(EINVAL)?;
     // CAST: a user address, as `UserPtr::from_addr` took it.
     let addr = ptr.as_const_ptr() as usize;
     if let Some(pinned) = Pinned::new(addr, len) {
-        let mut v = KVec::<T>::with_capacity(n, GFP_KERNEL)?;
+        let mut v = KVec::<T>::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
         pinned.read(spare_bytes(&mut v, n)?);
         // SAFETY: `n <= capacity` (the vector was made with room for `n`); every byte of the
         // `n` elements was written by `read`, and any bytes are a valid `T` (`FromBytes`).

@@ -24,6 +24,11 @@ pub(super) fn plant(user: UserSlice) -> Result {
             kernel::warn_on!(true);
             Ok(())
         }
+        uapi::ruvm_plant_RUVM_PLANT_SLOW_SUBMIT => {
+            pr_info!("the next stream submission holds its turn, as asked by a test\n");
+            crate::stream::plant_slow_turn();
+            Ok(())
+        }
         _ => Err(EINVAL),
     }
 }

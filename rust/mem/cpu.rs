@@ -237,7 +237,8 @@ impl Mem {
         let slots = vma::new_pages(vma);
         let mm: &Mm = vma.mm();
         let mut st = self.state.lock();
-        if st.life == Life::Freed {
+        // Freed, or its chunks promised to a later ALLOC of the submission freeing it.
+        if st.life == Life::Freed || st.lending {
             return Err(ENXIO);
         }
         let fill = pages.page_count() <= FILL_AT_MMAP

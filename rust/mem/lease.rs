@@ -213,7 +213,12 @@ impl Mem {
             if !pristine {
                 return None;
             }
-            let count = l.pages.as_ref()?.chunk_count();
+            let pages = l.pages.as_ref()?;
+            // No mapping can come: the mem was never in its file's table.
+            if !pool::may_pass_on(pages) {
+                return None;
+            }
+            let count = pages.chunk_count();
             let revived = l.revived.checked_add(count)?;
             // Its allocation's point: a later one of the same stream.
             match &mut l.own {
@@ -237,31 +242,41 @@ impl Mem {
 
     /// What a stream allocation later in the submission that frees this mem may borrow
     /// ([`Borrow`]): its chunks, and its DMA tables for its pool's GPUs. `None` for a mem of
-    /// no (sysmem) pool, or without memory to list the tables.
-    pub(crate) fn borrowable(&self) -> Option<Borrow> {
+    /// no (sysmem) pool, or without memory to list the tables; and for one that a user VMA
+    /// maps, or a page of which something else holds ([`pool::may_pass_on`]). From a `Some`
+    /// until the returned [`Lent`] is dropped (with its submission, queued or failed) the mem
+    /// takes no new user mapping (`mmap` is `ENXIO`, as for a freed mem's offset), so that no
+    /// reference to a page can be taken before the chunks change owner.
+    pub(crate) fn borrowable(self: &Arc<Self>) -> Option<(Borrow, Lent)> {
         if !self.leased {
             return None;
         }
-        let st = self.state.lock();
-        // Imports share the chunks: they are not another mem's to take.
-        if MemCore::imported(&st) {
+        let mut st = self.state.lock();
+        // Imports share the chunks: they are not another mem's to take. A VMA (counted under
+        // this lock by the `mmap` that made it) could pin a page until the free zaps it.
+        if MemCore::imported(&st) || self.user_mappings.load(Relaxed) != 0 || st.lending {
             return None;
         }
         let l = st.lease.as_ref()?;
         let pages = l.pages.clone()?;
+        if !pool::may_pass_on(&pages) {
+            return None;
+        }
         let access = l.pool.access();
         let mut tables = KVec::with_capacity(st.gpus.len(), GFP_KERNEL).ok()?;
         for (id, t) in st.gpus.iter().filter(|(id, _)| access.contains(*id)) {
             // Within the room reserved.
             let _ = tables.push_within_capacity((*id, t.clone()));
         }
-        Some(Borrow {
+        let borrow = Borrow {
             pool: l.pool.clone(),
             pages,
             tables,
             // Its points, and its allocation's.
             points: l.from.len() + 1,
-        })
+        };
+        st.lending = true;
+        Some((borrow, Lent(self.clone())))
     }
 
     /// Frees the mem on a stream, at point `free` (its handle gone, in a submission queued
@@ -340,6 +355,17 @@ impl Mem {
             charge: l.charge.take(),
             tags: l.tags(),
         })
+    }
+}
+
+/// A mem whose chunks a later ALLOC of its submission may borrow ([`Mem::borrowable`]): no
+/// user mapping of it is made while this lives. Dropped with the submission: a queued one
+/// freed the mem (its offset names nothing), a failed one leaves it as it was.
+pub(crate) struct Lent(Arc<Mem>);
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.0.state.lock().lending = false;
     }
 }
 

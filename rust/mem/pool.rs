@@ -69,6 +69,19 @@ pub(crate) mod vid;
 use fifo::Fifo;
 pub(crate) use sys::Taken;
 
+/// The one rule for giving a sysmem chunk list a new owner, wherever that happens: into a
+/// pool's cache ([`Pool::give_back`]) or pending list ([`Pool::give_back_tagged`]), to a later
+/// ALLOC of the submission that frees its mem ([`crate::mem::Mem::borrowable`]), or to the
+/// ALLOC that takes a freed mem whole ([`crate::mem::Mem::take_whole`]). Nothing but the list
+/// may hold a page of it ([`ChunkList::held_elsewhere`](crate::bind::pages::ChunkList)): a
+/// pipe that `vmsplice` filled from a user mapping of the old mem, an `O_DIRECT` read in
+/// flight, a long-term pin. Whoever holds such a page keeps the bytes of that time; the chunks
+/// then go back to the page allocator, never to another mem. Asked with no user mapping of
+/// the chunks left, and none able to come (a new reference needs one).
+pub(crate) fn may_pass_on(pages: &crate::gpu::dma::Pages) -> bool {
+    !pages.held_elsewhere()
+}
+
 /// The most pools one open file may hold; `POOL_CREATE` beyond it is `ENOSPC`.
 pub(crate) const MAX_FILE_POOLS: usize = crate::uapi::RUVM_MAX_FILE_POOLS as usize;
 

@@ -23,8 +23,9 @@
 //!
 //! # Export data
 //!
-//! [`DATA_LEN`] bytes: a version, the pool's handle, the mem's serial and a random key made at
-//! the mem's first export. It is not a capability by itself (the imported pool is), but data
+//! [`DATA_LEN`] bytes, laid out as the header says (`RUVM_EXPORT_DATA_VERSION`): a version,
+//! the pool's handle, the mem's serial and a random key made at the mem's first export, then
+//! zeros. It is not a capability by itself (the imported pool is), but data
 //! that names another pool, a freed mem or a wrong key is refused alike (`ENOENT`).
 
 use kernel::{
@@ -56,8 +57,8 @@ pub(crate) const DATA_LEN: usize = uapi::RUVM_EXPORT_DATA_LEN as usize;
 /// Bytes of an export key.
 const KEY_LEN: usize = 16;
 
-/// The first word of export data: "ruvm export", version 1.
-const MAGIC: u64 = 0x7275_766d_6578_0001;
+/// The first word of export data: "ruvm export", version 1 (the header's layout).
+const MAGIC: u64 = uapi::RUVM_EXPORT_DATA_VERSION;
 
 /// The files of exported pools (`RUVM_IOCTL_POOL_EXPORT`).
 static POOL_FILES: AnonFile<Pool> = AnonFile::new();

@@ -154,6 +154,17 @@ pub(super) fn stop_on_signal() -> Result {
     }
 }
 
+/// [`stop_on_signal`], and `ENODEV` once `gpu`'s removal has begun: asked before each chunk of
+/// a vidmem allocation, which holds the GPU's access guard (a removal waits for it) and gives it
+/// up at once rather than after every chunk.
+fn stop_vid(gpu: &GpuDev) -> Result {
+    stop_on_signal()?;
+    if gpu.going() {
+        return Err(ENODEV);
+    }
+    Ok(())
+}
+
 /// Allocates the storage `req` asks for, shaped by `layout` (which a sysmem fallback may
 /// shrink: the layout it settled on is returned).
 pub(super) fn alloc(req: &AllocRequest, layout: Layout) -> Result<(Layout, Storage)> {
@@ -176,7 +187,7 @@ fn alloc_vidmem(gpu: &Arc<GpuDev>, layout: &Layout) -> Result<VidPages> {
     let access = gpu.access()?;
     let pmm = access.pmm().map_err(|_| ENOMEM)?;
     for _ in 0..count {
-        stop_on_signal()?;
+        stop_vid(gpu)?;
         chunks.push(pmm.alloc(layout.chunk_size, true)?, GFP_KERNEL)?;
     }
     drop(access);
@@ -200,7 +211,7 @@ pub(super) fn from_vid_pool(
     layout: &Layout,
 ) -> Result<VidPages> {
     let count = usize::try_from(layout.chunk_count)?;
-    let (chunks, reused, charge) = pool.take_vid(count, stop_on_signal)?;
+    let (chunks, reused, charge) = pool.take_vid(count, || stop_vid(gpu))?;
     let n = chunks.len() as u64;
     Ok(VidPages {
         gpu: gpu.clone(),

@@ -28,7 +28,7 @@ use crate::{
             pending::{Clock, Promise, Tag},
             Pool,
         },
-        Borrow, Mem,
+        Borrow, Lent, Mem,
     },
     uapi,
 };
@@ -107,6 +107,8 @@ struct Freed {
     op: Arc<Op>,
     /// The FREE's point.
     tag: Tag,
+    /// Its chunks may be borrowed: the mem takes no user mapping until the submission ends.
+    _lent: Option<Lent>,
 }
 
 /// The chunks an ALLOC of `count` chunks from `pool` may borrow from a mem a FREE earlier in
@@ -150,8 +152,8 @@ impl Batch {
             .filter(|o| o.kind == uapi::ruvm_op_kind_RUVM_OP_ALLOC)
             .count();
         Ok(Self {
-            // Transient (dropped before the call returns), bounded by the call: not charged.
-            made: KVec::with_capacity(allocs, GFP_KERNEL)?,
+            // Transient (dropped before the call returns), bounded by the call; charged.
+            made: KVec::with_capacity(allocs, GFP_KERNEL_ACCOUNT)?,
             freed: KVec::new(),
             reusable: KVec::new(),
             known: KVec::new(),
@@ -307,8 +309,15 @@ impl Batch {
     ) -> Result {
         // What a later ALLOC may borrow (nothing without memory to note it: it then takes
         // memory its own way).
-        if let Some(b) = mem.borrowable() {
-            let _ = self.reusable.push((self.freed.len(), Some(b)), GFP_KERNEL);
+        let mut lent = None;
+        if let Some((b, l)) = mem.borrowable() {
+            if self
+                .reusable
+                .push((self.freed.len(), Some(b)), GFP_KERNEL)
+                .is_ok()
+            {
+                lent = Some(l);
+            }
         }
         self.freed.push(
             Freed {
@@ -318,6 +327,7 @@ impl Batch {
                 promise,
                 op,
                 tag,
+                _lent: lent,
             },
             GFP_KERNEL,
         )?;

@@ -47,13 +47,14 @@ impl Events {
             .checked_mul(2)
             .and_then(usize::checked_next_power_of_two)
             .ok_or(EINVAL)?;
-        // Transient (freed before the call returns), bounded by the call: not charged.
-        let mut named = KVec::with_capacity(n, GFP_KERNEL)?;
-        let mut of_op = KVec::from_elem(0u16, ops.len(), GFP_KERNEL)?;
+        // Transient (freed before the call returns), bounded by the call, and charged to the
+        // caller: the call may wait with it for its stream's turn.
+        let mut named = KVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+        let mut of_op = KVec::from_elem(0u16, ops.len(), GFP_KERNEL_ACCOUNT)?;
         // A hash table of the places by handle (open addressing, at most half full: an empty
         // slot ends every search), for the dedup only. Fibonacci hashing: the handles of a
         // file are consecutive numbers.
-        let mut index = KVec::from_elem(0u16, size, GFP_KERNEL)?;
+        let mut index = KVec::from_elem(0u16, size, GFP_KERNEL_ACCOUNT)?;
         let mask = size - 1;
         // The last operation's event and place: a RECORD and a WAIT_EVENT of one event often
         // come together.

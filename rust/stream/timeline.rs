@@ -4,12 +4,7 @@
 //! made for them on demand (see [`super::event`]); signalled as the stream reaches them, with
 //! the time each was reached.
 
-use kernel::{
-    list::{impl_list_arc_safe, impl_list_item, ListArc, ListLinks},
-    new_spinlock,
-    prelude::*,
-    sync::{atomic::ordering::Acquire, SpinLock},
-};
+use kernel::{prelude::*, rbtree::RBTreeNodeReservation, sync::atomic::ordering::Acquire};
 
 use crate::{
     bind::{
@@ -24,37 +19,10 @@ use super::{event, StreamCore, StreamState};
 /// How many reach times a stream keeps.
 pub(super) const TIMES: usize = 16;
 
-/// A fence made for a point of a stream's timeline not reached yet.
-#[pin_data]
-pub(super) struct PointFence {
-    seqno: u64,
-    #[pin]
-    fence: SpinLock<Option<OwnFence>>,
-    #[pin]
-    links: ListLinks,
-}
-
-impl_list_arc_safe! {
-    impl ListArcSafe<0> for PointFence { untracked; }
-}
-impl_list_item! {
-    impl ListItem<0> for PointFence { using ListLinks { self.links }; }
-}
-
 impl StreamState {
     /// The fence already made for point `seqno`, not reached yet, if there is one.
     fn pending_fence(&self, seqno: u64) -> Option<Fence> {
-        for p in self.points.iter() {
-            if p.seqno > seqno {
-                break;
-            }
-            if p.seqno == seqno {
-                if let Some(f) = p.fence.lock().as_ref() {
-                    return Some(f.share());
-                }
-            }
-        }
-        None
+        self.points.get(&seqno).map(OwnFence::share)
     }
 
     /// The result point `seqno`, reached, signals with: cancelled, failed (at or before it), or
@@ -94,20 +62,14 @@ impl StreamState {
         self.times[self.times_at] = (completed, now);
         self.times_at = (self.times_at + 1) % TIMES;
         let _signalling = fence::Signalling::begin();
-        loop {
-            let mut cursor = self.points.cursor_front();
-            match cursor.peek_next() {
-                Some(p) if p.seqno <= completed => {}
-                _ => break,
-            }
-            let Some(p) = self.points.pop_front() else {
+        while let Some(cursor) = self.points.cursor_front_mut() {
+            if *cursor.current().0 > completed {
                 break;
-            };
-            let r = self.reached(p.seqno);
-            let f = p.fence.lock().take();
-            if let Some(f) = f {
-                f.signal_at(r, now);
             }
+            // The node goes with its fence: nothing is allocated or freed under the lock but
+            // the node (a `kfree`, which signalling allows).
+            let (seqno, f) = cursor.remove_current().1.to_key_value();
+            f.signal_at(self.reached(seqno), now);
         }
     }
 }
@@ -131,36 +93,23 @@ impl event::Timeline for StreamCore {
         }
         let own = OwnFence::new(self.context, seqno, &self.name, fence::Flags::USER)?;
         let shared = own.share();
-        let node = ListArc::pin_init(
-            try_pin_init!(PointFence {
-                seqno,
-                fence <- new_spinlock!(Some(own)),
-                links <- ListLinks::new(),
-            }),
-            GFP_KERNEL_ACCOUNT,
-        )?;
+        let room = RBTreeNodeReservation::new(GFP_KERNEL_ACCOUNT)?;
         let mut st = self.state.lock();
         if seqno <= st.completed || st.cancelled {
             let (r, t) = (st.reached(seqno), st.time_of(seqno));
             drop(st);
-            let f = node.fence.lock().take();
-            if let Some(f) = f {
-                f.signal_at(r, t);
-            }
+            own.signal_at(r, t);
             return Ok(shared);
         }
         // Made meanwhile by another caller: that one (this one, never shared, goes).
         if let Some(f) = st.pending_fence(seqno) {
             drop(st);
-            drop((node, shared));
+            drop((own, shared, room));
             return Ok(f);
         }
-        // In seqno order, so that the stream signals them in order.
-        let mut cursor = st.points.cursor_front();
-        while cursor.peek_next().is_some_and(|p| p.seqno <= seqno) {
-            cursor.move_next();
-        }
-        cursor.insert(node);
+        // By seqno (a tree: found and placed in logarithmic time, however many there are), so
+        // that the stream signals them in order.
+        st.points.insert(room.into_node(seqno, own));
         Ok(shared)
     }
 

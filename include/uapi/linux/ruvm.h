@@ -1355,13 +1355,23 @@ struct ruvm_ptr_attrs {
  * processes"). A pool made with RUVM_POOL_EXPORTABLE is exported as a file descriptor, which is
  * the capability: whoever holds it can import the pool into an open file of /dev/ruvm
  * (typically another process's, after SCM_RIGHTS). An imported pool cannot allocate. A mem of
- * an exportable pool is exported as RUVM_EXPORT_DATA_LEN opaque bytes, which may travel by any
+ * an exportable pool is exported as RUVM_EXPORT_DATA_LEN bytes (layout below: pass them whole), which may travel by any
  * means; imported through the imported pool, they make a mem of the importer's file that shares
  * the exporter's chunks (mmap, GPU mappings and copies work on it as on any sysmem mem).
  */
 
 /* Bytes of a mem's export data (cudaMemPoolPtrExportData). */
 #define RUVM_EXPORT_DATA_LEN 64
+
+/*
+ * Export data, every word little-endian: bytes 0-7 RUVM_EXPORT_DATA_VERSION; 8-15 the exporting
+ * pool's handle (RUVM_IOCTL_MEM_EXPORT's @pool); 16-23 the mem's serial (module-wide, never
+ * reused while the module is loaded); 24-39 a random key made at the mem's first export; 40-63
+ * zero. Pass it whole, never build it. It is good for the module load that made it, while the mem
+ * is exported and no free of it has begun. A later layout gets a new version word; a module
+ * refuses any but its own (EINVAL).
+ */
+#define RUVM_EXPORT_DATA_VERSION 0x7275766d65780001ULL
 
 /**
  * struct ruvm_pool_export - a pool as a file descriptor (RUVM_IOCTL_POOL_EXPORT)
@@ -1447,9 +1457,11 @@ struct ruvm_mem_export {
  * imports of the mem live is said once in the kernel log, and its chunks stay, counted in its
  * pool's used bytes and its file's limit, until the last import is freed. Errors: EINVAL
  * non-zero @flags, @pad or @reserved, @pool is a pool of the file that is not exportable, or
- * @data is not export data (its version); ENOENT @pool is not a pool of the file, was
- * destroyed or its file closed, or @data names no live exported mem of @pool (forged, stale,
- * another pool's); ENOSPC the file's limit; ENOMEM.
+ * @data is not export data (bytes 0-7 not RUVM_EXPORT_DATA_VERSION, or a non-zero byte from 40
+ * on: checked before its names); ENOENT @pool is not a pool of the file, was destroyed or its
+ * file closed, or @data names no live exported mem of @pool with that key (its pool word is not
+ * @pool, no mem of @pool has its serial, never exported, a free begun, another key; forged,
+ * stale, another pool's or another load's alike); ENOSPC the file's limit; ENOMEM.
  *
  * @pool:        (in)  the exporting pool, imported (or the file's own exportable pool)
  * @flags:       (in)  must be 0
@@ -1483,7 +1495,8 @@ struct ruvm_mem_import {
  * The buffer holds the mem's chunks (charged to the exporting file until the last holder goes:
  * the mem, its imports or a buffer), and holds the module: rmmod fails with EBUSY while a
  * buffer ruvm exported lives. Freeing the mem while a buffer lives is allowed (the buffer
- * keeps the pages). Its mmap maps frames (VM_PFNMAP: its pages cannot be pinned). Errors: EINVAL
+ * keeps the pages). Its mmap maps every frame at once (VM_PFNMAP: its pages cannot be pinned,
+ * nor dropped: madvise(MADV_DONTNEED or MADV_FREE) on it is EINVAL). Errors: EINVAL
  * non-zero @flags or @reserved; ENOENT not a mem of the file, or a RUVM_OP_FREE of it was
  * submitted; EOPNOTSUPP a vidmem mem or another exporter's buffer; ENOMEM; EMFILE no
  * descriptor.
@@ -1567,7 +1580,16 @@ struct ruvm_test_sim_gpu {
 enum ruvm_plant {
 	/* Hit a WARN_ON in the module: proves the test runner fails on kernel warnings. */
 	RUVM_PLANT_WARN = 1,
+	/*
+	 * The next RUVM_IOCTL_STREAM_SUBMIT (to any stream) holds its stream's turn for
+	 * RUVM_PLANT_SLOW_SUBMIT_MS before it is planned, or until its caller gets a signal (it
+	 * then fails with EINTR, nothing submitted): a long submission for a test to wait behind.
+	 */
+	RUVM_PLANT_SLOW_SUBMIT = 2,
 };
+
+/* How long RUVM_PLANT_SLOW_SUBMIT holds a stream's turn. */
+#define RUVM_PLANT_SLOW_SUBMIT_MS 10000
 
 /**
  * struct ruvm_test_plant - deliberately misbehave (RUVM_IOCTL_TEST_PLANT)
@@ -1758,9 +1780,12 @@ struct ruvm_op {
  * RUVM_MAX_SUBMIT_OPS, an index flag naming an op that is not an earlier ALLOC), EOVERFLOW
  * (COPY, FILL: an offset + length past 2^64, as RUVM_IOCTL_CE_COPY; ALLOC: a size past what
  * a mem can be, as RUVM_IOCTL_MEM_ALLOC), ENXIO (a mem not mapped as
- * the op needs), ENODEV (the GPU is gone), EPERM (the kernel VA space without CAP_SYS_ADMIN),
- * EIO (the stream is in error: RUVM_IOCTL_STREAM_QUERY says why), EAGAIN (RUVM_MAX_STREAM_OPS
- * would be queued), EOPNOTSUPP (ALLOC from a vidmem pool), ENOSPC, ENOMEM and EINTR (ALLOC, as
+ * the op needs), ENODEV (the stream's GPU is gone or its removal has begun, also once it is
+ * bound again: said before EIO), EPERM (the kernel VA space without CAP_SYS_ADMIN),
+ * EIO (the stream is in error, its GPU present: RUVM_IOCTL_STREAM_QUERY says why), EAGAIN (RUVM_MAX_STREAM_OPS
+ * would be queued), EOPNOTSUPP (ALLOC from a vidmem pool), EINTR (a signal came while the call
+ * waited for its turn behind another submission to the same stream: submissions to a stream
+ * are planned one at a time, and the wait is interruptible), ENOSPC, ENOMEM and EINTR (ALLOC, as
  * RUVM_IOCTL_MEM_ALLOC: a signal stops a large allocation; ENOSPC also when the GPU's default
  * pool would exceed RUVM_MAX_FILE_POOLS), EFAULT (@ops unreadable, or, with an ALLOC, not writable; or this
  * structure not writable: checked before anything is queued).

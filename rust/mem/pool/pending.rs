@@ -420,7 +420,7 @@ impl Pool {
         // Someone still holds a page (a pin through an importer's mapping, made before the
         // last holder let go): never lent to a later allocation, nor cached; let go. (No new
         // pin can be taken: no mapping of them is left.)
-        if pages.held_elsewhere() {
+        if !super::may_pass_on(&pages) {
             drop((tables, promise));
             self.forget(pages.len() as u64);
             drop((charge, pages));

@@ -13,7 +13,7 @@ use kernel::{prelude::*, sync::Arc};
 
 use crate::{
     audit::{Class, Counted},
-    bind::pages::{Chunk, ChunkFlags, ChunkList},
+    bind::pages::{Chunk, ChunkFlags, ChunkList, Patience},
     gpu::dma::{GpuTable, Pages},
 };
 
@@ -251,9 +251,10 @@ impl Pool {
             }
             None => None,
         };
+        let patience = Patience::new();
         while failed.is_none() && chunks.len() < count {
             if let Err(e) = stop().and_then(|()| {
-                let c = Chunk::alloc(self.order, flags)?;
+                let c = Chunk::alloc(self.order, patience.flags(flags))?;
                 // Room was reserved: this does not allocate.
                 let _ = chunks.push(c, GFP_KERNEL);
                 Ok(())
@@ -365,7 +366,7 @@ impl Pool {
         // (a walk of every page); no new pin can come, no mapping of them is left. This and
         // `give_back_tagged` are the ways into the cache (a list taken apart puts back only
         // chunks that came from it).
-        let held = pages.held_elsewhere();
+        let held = !super::may_pass_on(&pages);
         // The tables the pool may not keep, dropped outside its lock (rare: room for them is
         // made only then).
         let mut gone = KVec::new();

@@ -818,6 +818,8 @@ pub enum Leak {
 pub enum Plant {
     /// Hit a WARN_ON in the module.
     Warn,
+    /// The next stream submission holds its stream's turn for 10 s (or until a signal).
+    SlowSubmit,
 }
 
 #[cfg(test)]

@@ -47,6 +47,7 @@ pub fn plant(d: &Ruvm, what: Plant) -> Result<Done> {
     let mut a = arg(|a: &mut uapi::ruvm_test_plant| {
         a.what = match what {
             Plant::Warn => uapi::ruvm_plant_RUVM_PLANT_WARN,
+            Plant::SlowSubmit => uapi::ruvm_plant_RUVM_PLANT_SLOW_SUBMIT,
         };
     });
     call(d, cmd::TEST_PLANT, &mut a)?;

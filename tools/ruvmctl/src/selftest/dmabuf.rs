@@ -24,6 +24,7 @@ use crate::{kmsg, pattern};
 use libruvm::{dmabuf, op, sync_file, uapi, Ruvm, UserMap};
 
 mod limits;
+mod mapping;
 
 const SIZE: u64 = 64 * 1024;
 /// Bytes of the foreign buffers (the edu engine moves under 4 KiB a transfer).
@@ -46,6 +47,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "dmabuf_vgem_fence_holds_the_next_copy",
             run: dmabuf_vgem_fence_holds_the_next_copy,
+        },
+        Case {
+            name: "dmabuf_mmap_pages_cannot_be_dropped",
+            run: mapping::dmabuf_mmap_pages_cannot_be_dropped,
         },
         Case {
             name: "dmabuf_refusals",

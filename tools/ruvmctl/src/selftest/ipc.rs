@@ -29,6 +29,8 @@ use nix::{
     unistd::pipe,
 };
 
+mod data;
+
 use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::live;
 use crate::{kmsg, pattern};
@@ -47,6 +49,10 @@ const ORDER_BROKEN: &str = "freed by its exporter while";
 
 pub fn cases() -> Vec<Case> {
     vec![
+        Case {
+            name: "ipc_export_data_layout",
+            run: data::ipc_export_data_layout,
+        },
         Case {
             name: "ipc_two_processes_share_a_pool_mem",
             run: ipc_two_processes_share_a_pool_mem,

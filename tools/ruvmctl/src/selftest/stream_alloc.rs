@@ -36,6 +36,7 @@ use super::streams::{
 use crate::pattern;
 use libruvm::{cmd, op, sync_file::SwSyncTimeline, uapi, Ruvm, UserMap};
 
+mod held;
 mod whole;
 
 const FOLLOW: u32 = uapi::ruvm_pool_reuse_RUVM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES;
@@ -166,6 +167,14 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "salloc_free_on_an_idle_stream_is_reached_at_submit",
             run: whole::salloc_free_on_an_idle_stream_is_reached_at_submit,
+        },
+        Case {
+            name: "salloc_borrow_never_passes_on_a_held_page",
+            run: held::salloc_borrow_never_passes_on_a_held_page,
+        },
+        Case {
+            name: "salloc_whole_never_passes_on_a_held_page",
+            run: held::salloc_whole_never_passes_on_a_held_page,
         },
     ]
 }

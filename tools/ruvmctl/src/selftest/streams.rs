@@ -34,6 +34,7 @@ use libruvm::{
 mod going;
 mod reads;
 mod refusals;
+mod submitting;
 
 pub(super) use going::{remove_gpu, BringBack};
 
@@ -85,6 +86,18 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "stream_gpu_removal_mid_stream",
             run: going::stream_gpu_removal_mid_stream,
+        },
+        Case {
+            name: "stream_submit_after_gpu_removal_is_enodev",
+            run: submitting::stream_submit_after_gpu_removal_is_enodev,
+        },
+        Case {
+            name: "stream_killed_waiter_dies_at_once",
+            run: submitting::stream_killed_waiter_dies_at_once,
+        },
+        Case {
+            name: "stream_failing_alloc_is_bounded",
+            run: submitting::stream_failing_alloc_is_bounded,
         },
         Case {
             name: "stream_destroy_lets_work_finish",
