@@ -118,17 +118,20 @@ struct StreamState {
 
 impl StreamState {
     /// `ENOENT` once destroyed or cancelled (the handle is gone), `ENODEV` once the GPU is
-    /// going (asked of `engine` if it is given; before the sticky error, whatever it is: the
-    /// stream can never run again, also once the GPU is bound again), `EIO` in error.
-    fn may_submit(&self, engine: Option<&Engine>) -> Result {
+    /// going (before the sticky error, whatever it is: the stream can never run again, also
+    /// once the GPU is bound again), `EIO` in error. With `first` (a submission's first check)
+    /// a GPU going is `ENODEV` in any case; at its queueing, only for a stream in error (a
+    /// submission that passed its first check before the removal began is queued, and fails
+    /// as the work queued before it does).
+    fn may_submit(&self, engine: &Engine, first: bool) -> Result {
         if self.destroyed || self.cancelled {
             return Err(ENOENT);
         }
-        if let Some(e) = engine {
-            drop(e.gpu().access()?);
+        if first {
+            drop(engine.gpu().access()?);
         }
         if self.error.is_some() {
-            return Err(EIO);
+            return Err(if engine.gpu().going() { ENODEV } else { EIO });
         }
         Ok(())
     }
@@ -267,7 +270,7 @@ impl StreamCore {
         let clock = || -> Arc<dyn crate::mem::pool::pending::Clock> { self.clone() };
         let first = {
             let st = self.state.lock();
-            st.may_submit(Some(&self.engine))?;
+            st.may_submit(&self.engine, true)?;
             st.submitted + 1
         };
         let mut units = self.budget.take(u64::from(count))?;
@@ -311,12 +314,13 @@ impl StreamCore {
             p.fold(folded, &mut units)?;
         }
         // The ALLOCs' handles reach the caller before anything is queued.
+        turn.planted_wait()?;
         batch.write_back(ops)?;
         let mut queue = || -> Result {
             let mut st = self.state.lock();
             // Destroyed, cancelled or in error meanwhile (a GPU whose removal began since fails
             // the operations at their first step, as it fails those queued before).
-            st.may_submit(None)?;
+            st.may_submit(&self.engine, false)?;
             st.queue.push_all_back(&mut planned);
             st.queued += u64::from(count);
             st.submitted += u64::from(count);

@@ -56,40 +56,46 @@ pub(crate) struct ChunkFlags {
     /// Zero the pages (the module's [`Zeroing`]).
     pub(crate) zero: bool,
     /// Fail fast rather than reclaim and compact hard (`__GFP_NORETRY` instead of
-    /// `__GFP_RETRY_MAYFAIL`): for a high-order attempt that has a smaller fallback.
+    /// `__GFP_RETRY_MAYFAIL`): for a high-order attempt that has a smaller fallback, and for
+    /// the first try at each chunk of a list ([`Patience`]).
     pub(crate) fail_fast: bool,
 }
 
-/// How long an allocation of many chunks may reclaim and compact hard for them
-/// (`__GFP_RETRY_MAYFAIL`) before the rest are asked for without retrying (`__GFP_NORETRY`):
-/// memory that is free, or cheap to free, still comes; an allocation that cannot be met (its
-/// memory cgroup full, the machine out of memory) fails with `ENOMEM` in bounded time instead of
-/// reclaiming and compacting for minutes, chunk after chunk, while its caller holds what others
-/// may wait for (its stream's turn, its GPU's access).
+/// How long an allocation of many chunks may spend reclaiming and compacting hard for them
+/// (`__GFP_RETRY_MAYFAIL`) in all. Each chunk is first asked for without retries
+/// (`__GFP_NORETRY`: memory that is free, or cheap to free, comes at once); only a chunk that
+/// did not come so is asked for again with retries, and that time is counted. Once it passes
+/// this, a chunk that does not come without retries fails the allocation (`ENOMEM`): one that
+/// cannot be met (its memory cgroup full, the machine out of memory) fails in bounded time
+/// instead of reclaiming and compacting for minutes, chunk after chunk, while its caller holds
+/// what others may wait for (its stream's turn, its GPU's access).
 const PATIENCE_MS: i64 = 2000;
 
-/// When an allocation of many chunks began ([`PATIENCE_MS`]).
+/// The time an allocation of many chunks spent asking with retries ([`PATIENCE_MS`]).
 pub(crate) struct Patience {
-    since: Instant<Monotonic>,
+    spent_ms: i64,
 }
 
 impl Patience {
     pub(crate) fn new() -> Self {
-        Self {
-            since: Instant::<Monotonic>::now(),
-        }
+        Self { spent_ms: 0 }
     }
 
-    /// The flags for the next chunk: `flags`, asking without retries once patience is spent.
-    pub(crate) fn flags(&self, flags: ChunkFlags) -> ChunkFlags {
-        if self.since.elapsed().as_millis() >= PATIENCE_MS {
-            ChunkFlags {
-                fail_fast: true,
-                ..flags
-            }
-        } else {
-            flags
+    /// Allocates one chunk of `2^order` pages with `flags` (see [`Chunk::alloc`]), without
+    /// retries first, then with them while patience lasts (`flags.fail_fast`: never).
+    pub(crate) fn chunk(&mut self, order: u32, flags: ChunkFlags) -> Result<Chunk> {
+        let quick = ChunkFlags {
+            fail_fast: true,
+            ..flags
+        };
+        let first = Chunk::alloc(order, quick);
+        if first.is_ok() || flags.fail_fast || self.spent_ms >= PATIENCE_MS {
+            return first;
         }
+        let start = Instant::<Monotonic>::now();
+        let again = Chunk::alloc(order, flags);
+        self.spent_ms = self.spent_ms.saturating_add(start.elapsed().as_millis());
+        again
     }
 }
 
@@ -483,7 +489,7 @@ impl<T: Send + Sync> ChunkList<T> {
         // Chunks below a block are cut from the largest block that fits what is left, while
         // the page allocator has such blocks at hand; `cap` drops below an order it had none of.
         let mut cap = order.max(BLOCK_ORDER);
-        let patience = Patience::new();
+        let mut patience = Patience::new();
         while heads.v.len() < count {
             stop()?;
             let left = count - heads.v.len();
@@ -500,7 +506,7 @@ impl<T: Send + Sync> ChunkList<T> {
                 heads.push_block(first, block)?;
                 continue;
             }
-            let chunk = Chunk::alloc(order, patience.flags(flags))?;
+            let chunk = patience.chunk(order, flags)?;
             // Room was reserved for `count` chunks, and there are fewer.
             if !heads.v.push_within_capacity(chunk.page) {
                 return Err(EINVAL);

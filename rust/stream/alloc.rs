@@ -142,6 +142,8 @@ pub(super) struct Batch {
     /// A mem of the submission's own that the FREE just planned freed, for the ALLOC right
     /// after it to take whole ([`Self::free_whole`]), and its chunk count.
     whole: Option<(Arc<Mem>, usize)>,
+    /// The ALLOCs of the submission not planned yet: a FREE with none after it lends nothing.
+    allocs_left: usize,
 }
 
 impl Batch {
@@ -160,6 +162,7 @@ impl Batch {
             clock: None,
             pool: None,
             whole: None,
+            allocs_left: allocs,
         })
     }
 
@@ -222,6 +225,7 @@ impl Batch {
 
     /// Notes the mem ALLOC `index` made, under `handle`.
     pub(super) fn made(&mut self, index: usize, handle: u64, mem: Arc<Mem>) -> Result {
+        self.allocs_left = self.allocs_left.saturating_sub(1);
         self.made.push(
             Made {
                 index,
@@ -308,9 +312,9 @@ impl Batch {
         tag: Tag,
     ) -> Result {
         // What a later ALLOC may borrow (nothing without memory to note it: it then takes
-        // memory its own way).
+        // memory its own way); with no ALLOC after it, nothing is lent (and no mapping refused).
         let mut lent = None;
-        if let Some((b, l)) = mem.borrowable() {
+        if let Some((b, l)) = (self.allocs_left > 0).then(|| mem.borrowable()).flatten() {
             if self
                 .reusable
                 .push((self.freed.len(), Some(b)), GFP_KERNEL)

@@ -22,8 +22,9 @@ use crate::uapi;
 static SLOW: Atomic<bool> = Atomic::new(false);
 
 /// Test-only (`RUVM_PLANT_SLOW_SUBMIT`): the next submission to any stream holds its stream's
-/// turn for `RUVM_PLANT_SLOW_SUBMIT_MS` before it is planned (or until its caller gets a
-/// signal: it then fails with nothing submitted), so that a test can wait behind it.
+/// turn for `RUVM_PLANT_SLOW_SUBMIT_MS` once it is planned, before it is queued (or until its
+/// caller gets a signal: it then fails with nothing submitted), so that a test can wait
+/// behind it, or change the world (remove the GPU) between its checks and its queueing.
 pub(crate) fn plant_slow_turn() {
     SLOW.store(true, Relaxed);
 }
@@ -63,12 +64,7 @@ impl Turns {
             }
         }
         *busy = true;
-        drop(busy);
-        let turn = Turn(self);
-        if SLOW.xchg(false, Relaxed) {
-            self.linger(uapi::RUVM_PLANT_SLOW_SUBMIT_MS)?;
-        }
-        Ok(turn)
+        Ok(Turn(self))
     }
 
     /// Holds the turn (taken) for `ms` milliseconds, or until a signal (`ERESTARTSYS`). Nothing
@@ -83,6 +79,18 @@ impl Turns {
                 CondVarTimeoutResult::Woken { jiffies } => left = jiffies,
             }
         }
+    }
+}
+
+impl Turn<'_> {
+    /// Test-only: if a test planted it ([`plant_slow_turn`]), holds the turn (the submission
+    /// planned, nothing queued yet) for `RUVM_PLANT_SLOW_SUBMIT_MS`, or until a signal
+    /// (`ERESTARTSYS`: the submission then fails, nothing queued).
+    pub(super) fn planted_wait(&self) -> Result {
+        if SLOW.xchg(false, Relaxed) {
+            self.0.linger(uapi::RUVM_PLANT_SLOW_SUBMIT_MS)?;
+        }
+        Ok(())
     }
 }
 

@@ -1582,8 +1582,9 @@ enum ruvm_plant {
 	RUVM_PLANT_WARN = 1,
 	/*
 	 * The next RUVM_IOCTL_STREAM_SUBMIT (to any stream) holds its stream's turn for
-	 * RUVM_PLANT_SLOW_SUBMIT_MS before it is planned, or until its caller gets a signal (it
-	 * then fails with EINTR, nothing submitted): a long submission for a test to wait behind.
+	 * RUVM_PLANT_SLOW_SUBMIT_MS once it is planned, before it is queued, or until its caller
+	 * gets a signal (it then fails with EINTR, or restarts, nothing submitted): a long
+	 * submission for a test to wait behind.
 	 */
 	RUVM_PLANT_SLOW_SUBMIT = 2,
 };

@@ -251,10 +251,10 @@ impl Pool {
             }
             None => None,
         };
-        let patience = Patience::new();
+        let mut patience = Patience::new();
         while failed.is_none() && chunks.len() < count {
             if let Err(e) = stop().and_then(|()| {
-                let c = Chunk::alloc(self.order, patience.flags(flags))?;
+                let c = patience.chunk(self.order, flags)?;
                 // Room was reserved: this does not allocate.
                 let _ = chunks.push(c, GFP_KERNEL);
                 Ok(())

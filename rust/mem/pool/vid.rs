@@ -65,7 +65,8 @@ impl Pool {
     /// Takes `count` vidmem chunks for a mem of the pool's GPU: cached ones first (zeroed
     /// again: vidmem is always zeroed), then new ones from the PMM (zeroed as they are handed
     /// out), charged to the file's quota first (`ENOSPC`); a request beyond the GPU's vidmem is
-    /// `ENOMEM` before anything is allocated. `stop` is asked before each new chunk. `ENODEV`
+    /// `ENOMEM` before anything is allocated. `stop` is asked before each chunk is zeroed or
+    /// allocated (a signal, the GPU's removal beginning). `ENODEV`
     /// once the GPU went. On failure the pool is as it was. Returns the chunks, how many came
     /// from the cache, and their charge.
     pub(crate) fn take_vid(
@@ -106,6 +107,8 @@ impl Pool {
             let access = gpu.access()?;
             let pmm = access.pmm().map_err(|_| ENXIO)?;
             for c in out.iter().take(reused) {
+                // A removal waits for this guard: stopped (`ENODEV`), as before a new chunk.
+                stop()?;
                 let (pages, at) = pmm.storage_of(c.phys())?;
                 let len = usize::try_from(chunk)?;
                 let zeroed = pages.bytes().zero(at, len);

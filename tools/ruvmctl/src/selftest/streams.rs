@@ -92,6 +92,10 @@ pub fn cases() -> Vec<Case> {
             run: submitting::stream_submit_after_gpu_removal_is_enodev,
         },
         Case {
+            name: "stream_enodev_at_queueing_once_the_gpu_is_going",
+            run: submitting::stream_enodev_at_queueing_once_the_gpu_is_going,
+        },
+        Case {
             name: "stream_killed_waiter_dies_at_once",
             run: submitting::stream_killed_waiter_dies_at_once,
         },

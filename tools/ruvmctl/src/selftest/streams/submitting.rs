@@ -30,13 +30,16 @@ use libruvm::{op, uapi, Ruvm};
 const DEATH_BOUND: Duration = Duration::from_secs(1);
 
 /// A child of this process (sharing its open file) that submits `ops` to stream `s` and exits
-/// 0 if the submission was queued, 1 if not.
+/// 0 if the submission was queued, else with its errno.
 fn submitter(d: &Ruvm, s: u64, ops: &[uapi::ruvm_op]) -> Result<Pid, Stop> {
     // SAFETY: the selftest runner is single-threaded when cases run; the child makes one
     // ioctl and exits without returning.
     match unsafe { fork() }.ctx("fork")? {
         ForkResult::Child => {
-            let code = i32::from(d.stream_submit(s, ops).is_err());
+            let code = match d.stream_submit(s, ops) {
+                Ok(_) => 0,
+                Err(e) => e as i32,
+            };
             // SAFETY: `_exit` ends the child at once (no destructors of the parent's state).
             unsafe { nix::libc::_exit(code) }
         }
@@ -226,6 +229,49 @@ pub(super) fn stream_failing_alloc_is_bounded() -> TestResult {
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
     drop(group);
     drained(&d, "at the end")
+}
+
+/// A submission whose checks passed before its GPU's removal began, queued after the removal
+/// failed the stream's work (it is in error `ENODEV`), is refused with `ENODEV`, not `EIO`
+/// (`RUVM_PLANT_SLOW_SUBMIT` holds it between its checks and its queueing), nothing queued.
+pub(super) fn stream_enodev_at_queueing_once_the_gpu_is_going() -> TestResult {
+    let (d, g) = setup()?;
+    if d.info().ctx("INFO")?.test_ioctls == 0 {
+        return Err(Stop::Skip("needs enable_test_ioctls=1".into()));
+    }
+    let Some(tl) = sw_sync_or_none()? else {
+        return Err(Stop::Skip("no sw_sync".into()));
+    };
+    let fence = tl.create_fence(1, "never").ctx("CREATE_FENCE")?;
+    let e = d.event_create().ctx("EVENT_CREATE")?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let first = d
+        .stream_submit(s, &[op::wait_fd(fence.as_fd(), WAIT_MS)])
+        .ctx("STREAM_SUBMIT of the held wait")?;
+    engine_on(&d, s, first, "the held wait")?;
+    d.test_plant(uapi::ruvm_plant_RUVM_PLANT_SLOW_SUBMIT)
+        .ctx("TEST_PLANT slow submit")?;
+    let holder = submitter(&d, s, &[op::record(e)])?;
+    std::thread::sleep(Duration::from_millis(500));
+    let back = BringBack(&d, g);
+    remove_gpu(g)?;
+    let st = waitpid(holder, None).ctx("waitpid")?;
+    check!(
+        st == WaitStatus::Exited(holder, Errno::ENODEV as i32),
+        "the submission held across the removal ended {st:?}, wanted ENODEV ({})",
+        Errno::ENODEV as i32
+    );
+    let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+    check!(
+        q.submitted == first && q.error == Errno::ENODEV as u32,
+        "the stream after the removal: {q:?}, wanted only the wait submitted, in error ENODEV"
+    );
+    d.test_sim_gpu(g, true).ctx("TEST_SIM_GPU add")?;
+    drop(back);
+    tl.inc(1).ctx("SW_SYNC_IOC_INC")?;
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    d.event_destroy(e).ctx("EVENT_DESTROY")?;
+    drained(&d, "after the removal")
 }
 
 /// After its GPU's removal every stream of it refuses submissions with `ENODEV`, before its
