@@ -32,6 +32,7 @@ use libruvm::{
 };
 
 mod going;
+mod points;
 mod reads;
 mod refusals;
 mod submitting;
@@ -94,6 +95,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "stream_enodev_at_queueing_once_the_gpu_is_going",
             run: submitting::stream_enodev_at_queueing_once_the_gpu_is_going,
+        },
+        Case {
+            name: "stream_point_fences_made_out_of_order",
+            run: points::stream_point_fences_made_out_of_order,
         },
         Case {
             name: "stream_killed_waiter_dies_at_once",
