@@ -58,10 +58,18 @@ prerequisite() {
 
 # --- build what the tests need ------------------------------------------------------------------
 prerequisite "deps: packages and bindgen" "$here/deps.sh"
+# The stock kernel's trixie chroot is mostly downloads and unpacking: made beside the kernel
+# builds (which keep the cores busy), not after them. Its step below waits for it (a lock).
+"$here/stock.sh" chroot > "$logs/stock-chroot.log" 2>&1 &
 prerequisite "build: fast kernel" "$here/kernel.sh" build fast
 prerequisite "build: debug kernel" "$here/kernel.sh" build debug
-prerequisite "build: ruvmctl (static)" bash -c "cd '$top/tools/ruvmctl' && cargo build --release --locked"
+# Built in the cache's target directory, where the host checks' cargo test builds the same
+# dependencies for the same target and profile (compiled once, and not again in a fresh clone),
+# then put where the guests take it from.
 RUVMCTL=$top/tools/ruvmctl/target/x86_64-unknown-linux-gnu/release/ruvmctl
+prerequisite "build: ruvmctl (static)" bash -c "cd '$top/tools/ruvmctl' &&
+	CARGO_TARGET_DIR='$RUVM_CACHE/cargo/ruvmctl' cargo build --release --locked &&
+	install -D '$RUVM_CACHE/cargo/ruvmctl/x86_64-unknown-linux-gnu/release/ruvmctl' '$RUVMCTL'"
 file "$RUVMCTL" | grep -q 'static' || { failed "ruvmctl is not statically linked"; finish; }
 
 # --- host ---------------------------------------------------------------------------------------
@@ -75,18 +83,8 @@ module_clean() {
 }
 step "host: module builds clippy-clean for the fast kernel" module_clean fast || finish
 step "host: module builds clippy-clean for the debug kernel" module_clean debug || finish
-# Debian's stock kernel: its Rust build files regenerated with its own toolchain in a trixie
-# chroot (checked against its .config and Module.symvers), then ruvm.ko built there with
-# rustc 1.85.1 and gcc-14, clippy 1.85 clean: the minimum supported Rust version.
-stock_ok=0
-step "build: Debian's stock kernel's Rust build files (trixie chroot, crate hashes checked)" \
-	"$here/stock.sh" prepare &&
-	step "host: module builds clippy-clean for Debian's stock kernel (rustc 1.85.1, gcc-14)" \
-		module_clean stock && stock_ok=1
-[ $stock_ok = 1 ] && step "host: ruvmctl and libruvm build clippy-clean with rustc 1.85 (the MSRV)" \
-	"$here/stock.sh" run bash -c 'for c in ruvmctl libruvm; do
-		(cd /ruvm/tools/$c && CARGO_TARGET_DIR=/cargo-target/msrv cargo clippy --release --locked \
-			--all-targets -- -D warnings) || exit 1; done'
+# Debian's stock kernel's builds (its Rust build files, the module, the MSRV lints) are steps of
+# the jobs below, beside the guest runs, rather than before them: nothing else waits for them.
 
 step "host: uapi header is valid C with the documented layout (selftests build)" \
 	"$here/selftests.sh" "$top/build/selftests/ruvm_abi_test" || finish
@@ -123,8 +121,46 @@ host_checks() {
 			failed "host: cargo test, $crate (exit $rc, ${n_bad:-?} failed)" "$log"
 		fi
 	done
-	step "host: libruvm's example builds" bash -c "cd '$top/tools/libruvm' && cargo build --release --locked --examples"
+	step "host: libruvm's example builds" bash -c "cd '$top/tools/libruvm' &&
+		CARGO_TARGET_DIR='$RUVM_CACHE/cargo/libruvm' cargo build --release --locked --examples"
+	# In the trixie chroot (made at the start): rustc 1.85, the minimum supported version.
+	step "host: ruvmctl and libruvm build clippy-clean with rustc 1.85 (the MSRV)" \
+		"$here/stock.sh" run bash -c 'for c in ruvmctl libruvm; do
+			(cd /ruvm/tools/$c && CARGO_TARGET_DIR=/cargo-target/msrv cargo clippy --release --locked \
+				--all-targets -- -D warnings) || exit 1; done'
 }
+# --- the guests' time limits, derived from this machine ------------------------------------------
+# A guest run fails for time only at a limit this run derives, never at a figure tuned on another
+# machine: a probe guest (the fast kernel: boot, load ruvm, run `true`, unload, audit) is timed
+# here now against REF_GUEST_MS, the same probe on an idle 2-core machine of the project's kind;
+# their ratio (at least 1) is this machine's slowness. Every run's limits are its figures on that
+# machine times the slowness times CHECK_JOBS (the guests that share the cores at once):
+# - the quiet limit (QUIET_S): a guest that prints nothing that long is stuck, and the runner
+#   says in which case (each case says when it begins, a long one how far it is);
+# - the hard limit (each job's own reference figure, about twice its longest time seen there).
+REF_GUEST_MS=4000
+QUIET_S=300
+probe_ms() {
+	local t0 t1
+	t0=$(date +%s%N)
+	env CMD=true "$here/vm.sh" fast > "$logs/speed-probe.log" 2>&1 || return 1
+	t1=$(date +%s%N)
+	echo $(((t1 - t0) / 1000000))
+}
+if ! guest_ms=$(probe_ms); then
+	failed "the speed probe guest failed" "$logs/speed-probe.log"
+	finish
+fi
+# Thousandths: the slowness, at least 1.
+slowness=$((guest_ms * 1000 / REF_GUEST_MS))
+[ "$slowness" -ge 1000 ] || slowness=1000
+# limit SECONDS: a reference figure scaled to this machine and this run's concurrency.
+limit() { echo $((($1 * slowness * CHECK_JOBS + 999) / 1000)); }
+export VM_QUIET_LIMIT
+VM_QUIET_LIMIT=$(limit "$QUIET_S")
+echo "# guest speed: the probe took $guest_ms ms ($REF_GUEST_MS ms on the reference machine);" \
+	"limits x$((slowness / 1000)).$((slowness % 1000 / 100)) x$CHECK_JOBS jobs: quiet $VM_QUIET_LIMIT s"
+
 # --- guest runs, several at once ----------------------------------------------------------------
 # Every guest run below is a job. A guest keeps about one host core busy at most (one vCPU runs
 # the test, the other mostly idles; the fast kernel's guests wait on timers much of the time), so
@@ -202,6 +238,10 @@ runner_checks() {
 	# A busy loop: under a skip-idle clock (VM_ICOUNT) a sleeping guest is not stuck.
 	runner_check "runner: a hung guest fails the run" 124 "did not finish" VM_TIMEOUT=20 \
 		CMD='while :; do :; done'
+	# A guest that goes silent is stopped at the quiet limit, naming the case it was in.
+	runner_check "runner: a silent guest is stopped, the case it was in named" 124 \
+		"printed nothing for 20 s, in case planted_silent_case" VM_QUIET_LIMIT=20 \
+		CMD='echo "# running planted_silent_case"; sleep 100000'
 	runner_check "runner: a failed insmod fails the run" 125 "insmod" VM_MODARGS=max_alloc_mib=banana CMD=true
 }
 
@@ -212,7 +252,10 @@ guest_suite() {
 	local name=$1 flavour=$2 out rc t=$SECONDS
 	shift 2
 	out=$(logname "guest-$name")
-	env VM_MEM=768M SELFTESTS="$top/build/selftests/ruvm_abi_test $top/selftests/module_lifecycle.sh $top/selftests/run_all.sh" \
+	# The hard limit by flavour (a job may give its own): the quiet limit finds a stuck case.
+	local hard=600
+	[ "$flavour" = fast ] || hard=1200
+	env VM_MEM=768M VM_TIMEOUT="$(limit $hard)" SELFTESTS="$top/build/selftests/ruvm_abi_test $top/selftests/module_lifecycle.sh $top/selftests/run_all.sh" \
 		"$@" "$here/vm.sh" "$flavour" > "$out" 2>&1
 	rc=$?
 	local p f s
@@ -232,9 +275,14 @@ guest_suite() {
 	esac
 }
 
-# Debian's unmodified stock kernel with the ruvm.ko its own toolchain built.
+# Debian's unmodified stock kernel with the ruvm.ko its own toolchain built: its Rust build files
+# regenerated with its own toolchain in a trixie chroot (checked against its .config and
+# Module.symvers), then ruvm.ko built there with rustc 1.85.1 and gcc-14, clippy 1.85 clean.
 stock_suite() {
-	if [ $stock_ok != 1 ]; then
+	if ! step "build: Debian's stock kernel's Rust build files (trixie chroot, crate hashes checked)" \
+		"$here/stock.sh" prepare ||
+		! step "host: module builds clippy-clean for Debian's stock kernel (rustc 1.85.1, gcc-14)" \
+			module_clean stock; then
 		failed "guest (Debian's stock kernel): not run, its module did not build"
 		return
 	fi
@@ -292,7 +340,7 @@ job stock_suite
 # GPU of each kind: a second of the same kind fails the same sites again.
 # Its loads (177 allocation sites failed in turn) take 15 minutes on the debug kernel beside the
 # other runs (893 s on 2026-11-25, the streams' workqueue made at load): a 30-minute bound.
-job guest_suite "debug kernel, module load fault sweep" debug VM_TIMEOUT=1800 VM_GPUS=1 VM_MODARGS="sim_gpus=1" \
+job guest_suite "debug kernel, module load fault sweep" debug VM_TIMEOUT="$(limit 1800)" VM_GPUS=1 VM_MODARGS="sim_gpus=1" \
 	CMD="RUVM_FAULT_SWEEP_LOAD=1 ruvmctl selftest --filter fault_sweep_module_load"
 # 16 MiB of vidmem per GPU (not 64): the PMM's every-chunk checks cost a quarter as much under
 # KASAN, and every vidmem case still fills, splits and merges root chunks.
@@ -312,7 +360,7 @@ job guest_suite "debug kernel, simulated GPUs" debug "${sim[@]}" VM_MODARGS="sim
 # 9.0 s in a make check and 17.4 s in a 300 s run beside three other guests and builds, all of
 # it unmapping and page-table work, none of it a wait; the bound still catches a removal that
 # waits before the hung-task report (30 s) would.
-job fuzz_run "debug kernel, fuzzer" debug VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
+job fuzz_run "debug kernel, fuzzer" debug VM_TIMEOUT=$((60 + $(limit 600))) VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
 	CMD="ruvmctl fuzz --ops 100000 --duration 60 --unbind --removal-bound 25 --kill --max-size 256K --memcg 384M --unprivileged"
 job guest_suite "debug kernel, planted leaks" debug "${plant[@]}"
 job guest_suite "fast kernel" fast CMD=/selftests/run_all.sh
@@ -322,10 +370,10 @@ job guest_suite "debug kernel, host GPU" debug VM_MODARGS="host_gpus=0000:00:03.
 job guest_suite "fast kernel, host GPU" fast "${host[@]}"
 job runner_checks
 job step "guest (fast kernel): make bench runs (tiny configuration)" bench_check
-job fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=900 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
+job fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=$((240 + $(limit 300))) VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
 	CMD="ruvmctl fuzz --ops 100000 --duration 240 --unbind --kill --memcg 384M --unprivileged"
 # The fuzzer with root workers (privileged commands answer, no cgroup), shorter.
-job fuzz_run "fast kernel, fuzzer (root workers)" fast VM_TIMEOUT=600 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
+job fuzz_run "fast kernel, fuzzer (root workers)" fast VM_TIMEOUT=$((60 + $(limit 300))) VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
 	CMD="ruvmctl fuzz --ops 100000 --duration 60 --unbind --kill"
 # What bounds one file: a 64 MiB quota, which a pool's cache counts in (both kernels).
 bounds=(VM_GPUS=0 VM_MODARGS="sim_gpus=1 enable_test_ioctls=1 max_file_mib=64" CMD="ruvmctl selftest --filter adv_pool_cache_counts --filter pool_attributes --filter pool_reuse --filter pool_close --filter pool_of_vidmem --filter salloc_reuse_internal_dependencies_when --filter dmabuf_kept --filter dmabuf_import_counts")

@@ -13,7 +13,8 @@
 #   3   the kernel reported a problem (BUG/WARN/Oops/KASAN/lockdep/kmemleak/DMA-API error),
 #       unloading ruvm failed, or ruvm's audit of the unload found a leak, whatever the
 #       command returned
-#   124 the guest did not finish within VM_TIMEOUT seconds
+#   124 the guest did not finish within VM_TIMEOUT seconds, or printed nothing for
+#       VM_QUIET_LIMIT seconds (the selftest case it was in is said)
 #   125 the guest died before reporting (panic, QEMU failure) or insmod failed
 #
 # Settings (environment): KERNEL_IMAGE, RUVM_KO, RUVMCTL (required); SELFTESTS (files for
@@ -22,7 +23,8 @@
 # the console live); VM_EXPECT_KMSG (extended regex of kernel lines a test expects: such lines
 # are reported but do not count as errors; see Documentation/testing.rst); VM_ICOUNT (QEMU
 # -icount options, e.g. shift=auto,sleep=off; empty: none); VM_BOOT_WAIT (240: seconds for /init
-# to say it booted before the guest is booted once more).
+# to say it booted before the guest is booted once more); VM_QUIET_LIMIT (0: off; else the
+# seconds the guest may print nothing before it is stopped as stuck).
 set -euo pipefail
 
 die() { echo "vm: $*" >&2; exit 125; }
@@ -39,12 +41,15 @@ VM_MODARGS=${VM_MODARGS:-}
 VM_VERBOSE=${VM_VERBOSE:-0}
 VM_EXPECT_KMSG=${VM_EXPECT_KMSG:-}
 VM_ICOUNT=${VM_ICOUNT:-}
+VM_QUIET_LIMIT=${VM_QUIET_LIMIT:-0}
+quiet=0
 
 for f in "$KERNEL_IMAGE" "$RUVM_KO" "$RUVMCTL" /bin/busybox; do
 	[ -f "$f" ] || die "missing $f"
 done
 [[ "$VM_GPUS" =~ ^[0-9]+$ ]] && [ "$VM_GPUS" -le 32 ] || die "VM_GPUS must be 0..32"
 [[ "$VM_TIMEOUT" =~ ^[0-9]+$ ]] || die "VM_TIMEOUT must be a number of seconds"
+[[ "$VM_QUIET_LIMIT" =~ ^[0-9]+$ ]] || die "VM_QUIET_LIMIT must be a number of seconds"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ruvm-vm.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -195,6 +200,26 @@ else
 			tr -d '\r' < "$log" | grep -aE 'Kernel panic|BUG:|Oops|RIP:|KASAN' | head -n 6 | sed 's/^/vm:   /' >&2
 			continue
 		fi
+		# The command must keep printing: a guest silent for VM_QUIET_LIMIT seconds is stuck
+		# (its cases say when each begins, the long ones how far they are), whatever its
+		# total time.
+		if [ "$VM_QUIET_LIMIT" -gt 0 ]; then
+			size=-1 still=0
+			while kill -0 "$qpid" 2> /dev/null; do
+				sleep 2
+				now=$(stat -c %s "$log")
+				if [ "$now" != "$size" ]; then
+					size=$now still=0
+				else
+					still=$((still + 2))
+				fi
+				if [ $still -ge "$VM_QUIET_LIMIT" ]; then
+					quiet=1
+					kill "$qpid" 2> /dev/null
+					break
+				fi
+			done
+		fi
 		wait "$qpid"
 		qrc=$?
 		break
@@ -222,9 +247,21 @@ patterns+='possible recursive locking|inconsistent lock state|DEBUG_LOCKS_WARN_O
 patterns+='suspected memory leak|INFO: task .* blocked for more than|detected stalls|'
 patterns+='Out of memory|oom-kill)'
 
+# The case the guest was in when it was stopped (the selftests say when each begins).
+running() {
+	local c
+	c=$(grep -a '^# running ' "$work/log" | tail -n 1 | sed 's/^# running //')
+	echo "${c:-(no selftest case had begun)}"
+}
+
 if ! grep -aq "RUVM-END-$nonce rc=" "$work/log"; then
+	if [ "$quiet" = 1 ]; then
+		echo "vm: FAIL: the guest printed nothing for $VM_QUIET_LIMIT s, in case $(running); console tail:" >&2
+		tail -n 30 "$work/log" >&2
+		exit 124
+	fi
 	if [ "$qrc" -eq 124 ] || [ "$qrc" -eq 137 ]; then
-		echo "vm: FAIL: the guest did not finish within $VM_TIMEOUT s; console tail:" >&2
+		echo "vm: FAIL: the guest did not finish within $VM_TIMEOUT s, in case $(running); console tail:" >&2
 		tail -n 30 "$work/log" >&2
 		exit 124
 	fi

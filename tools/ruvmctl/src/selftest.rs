@@ -96,6 +96,8 @@ pub fn run(filters: &[String], plant_failure: bool) -> std::io::Result<i32> {
     // Assertion messages go to KTAP diagnostics, not to a panic backtrace.
     panic::set_hook(Box::new(|_| {}));
     for case in &list {
+        // Said before it runs: a guest run stopped for its time names the case it was in.
+        k.diag(&format!("running {}", case.name))?;
         let started = std::time::Instant::now();
         let outcome = match panic::catch_unwind(AssertUnwindSafe(case.run)) {
             Ok(Ok(())) => Outcome::Pass,

@@ -674,6 +674,10 @@ fn fault_sweep_module_load() -> TestResult {
     );
     let mut failed = 0u32;
     for n in 1..=5000u32 {
+        // Progress for the runner's watch of a silent guest: one line every 8 loads.
+        if n % 8 == 0 {
+            println!("# fault sweep: load {n}, {failed} failed so far");
+        }
         let (r, reached) = inj.with_nth(n, || dev::load_module(&params))?;
         let loaded = fs::metadata("/sys/module/ruvm").is_ok();
         match r {
