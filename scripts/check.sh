@@ -277,7 +277,8 @@ guest_suite() {
 
 # Debian's unmodified stock kernel with the ruvm.ko its own toolchain built: its Rust build files
 # regenerated with its own toolchain in a trixie chroot (checked against its .config and
-# Module.symvers), then ruvm.ko built there with rustc 1.85.1 and gcc-14, clippy 1.85 clean.
+# Module.symvers), then ruvm.ko built there with rustc 1.85.1 and gcc-14, clippy 1.85 clean (the
+# same source, toolchain and flags as the DKMS package's build, which dkms_test checks beside).
 stock_suite() {
 	if ! step "build: Debian's stock kernel's Rust build files (trixie chroot, crate hashes checked)" \
 		"$here/stock.sh" prepare ||
@@ -286,17 +287,17 @@ stock_suite() {
 		failed "guest (Debian's stock kernel): not run, its module did not build"
 		return
 	fi
-	# make deb's package in a throwaway trixie chroot: dependencies, a DKMS signing key, install
-	# (DKMS builds for the stock kernel), purge, nothing left. The module it built and signed is
-	# the one a host gets, so the guest runs it (the same source, toolchain and flags as
-	# build/stock's, which is used only if the package failed).
-	local ko=$top/build/stock/rust/ruvm.ko name="Debian's stock kernel"
-	if step "DKMS: make deb's package installs, builds and signs ruvm.ko for the stock kernel, purges clean" \
-		"$here/deb-test.sh"; then
-		ko=$top/build/deb/ruvm.ko name="Debian's stock kernel, the DKMS-built module"
-	fi
 	# edu GPUs and simulated GPUs in one run: every suite, the C ABI test, the reload.
-	guest_suite "$name" stock RUVM_KO="$ko" VM_MODARGS="sim_gpus=2" CMD=/selftests/run_all.sh
+	guest_suite "Debian's stock kernel" stock RUVM_KO="$top/build/stock/rust/ruvm.ko" \
+		VM_MODARGS="sim_gpus=2" CMD=/selftests/run_all.sh
+}
+
+# make deb's package in a throwaway trixie chroot: dependencies, a DKMS signing key, install
+# (DKMS builds and signs ruvm.ko for the stock kernel), purge, nothing left. A job of its own
+# beside the stock kernel's suite: the longest of the host steps.
+dkms_test() {
+	step "DKMS: make deb's package installs, builds and signs ruvm.ko for the stock kernel, purges clean" \
+		"$here/deb-test.sh"
 }
 
 # The fuzzer: one counted result, its summary line shown. A new seed each run, printed.
@@ -333,15 +334,20 @@ host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --
 sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
 	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_ --filter adv_ --filter stream_ --filter salloc_ --filter ptr_ --filter ipc_ --filter dmabuf_")
 
+# The longest first: the DKMS package test (its first run regenerates the stock kernel's Rust
+# build files), the host checks, the stock kernel's builds and suite.
+job dkms_test
 job host_checks
-# The stock kernel's package test and suite (the longest job: DKMS builds in a chroot).
 job stock_suite
 # Every failable allocation of a module load failing in turn (debug kernel: kmemleak), with one
-# GPU of each kind: a second of the same kind fails the same sites again.
-# Its loads (177 allocation sites failed in turn) take 15 minutes on the debug kernel beside the
-# other runs (893 s on 2026-11-25, the streams' workqueue made at load): a 30-minute bound.
-job guest_suite "debug kernel, module load fault sweep" debug VM_TIMEOUT="$(limit 1800)" VM_GPUS=1 VM_MODARGS="sim_gpus=1" \
-	CMD="RUVM_FAULT_SWEEP_LOAD=1 ruvmctl selftest --filter fault_sweep_module_load"
+# GPU of each kind: a second of the same kind fails the same sites again. The longest single
+# run (949 s on 2026-11-28 beside a whole make check: 608 loads, 182 of them failed), so two
+# guests share it, each failing every other site.
+for shard in 0 1; do
+	job guest_suite "debug kernel, module load fault sweep ($shard/2)" debug VM_TIMEOUT="$(limit 1200)" \
+		VM_GPUS=1 VM_MODARGS="sim_gpus=1" \
+		CMD="RUVM_FAULT_SWEEP_LOAD=1 RUVM_FAULT_SWEEP_SHARD=$shard/2 ruvmctl selftest --filter fault_sweep_module_load"
+done
 # 16 MiB of vidmem per GPU (not 64): the PMM's every-chunk checks cost a quarter as much under
 # KASAN, and every vidmem case still fills, splits and merges root chunks.
 job guest_suite "debug kernel" debug VM_MODARGS="vidmem_mib=16" CMD=/selftests/run_all.sh

@@ -9,6 +9,7 @@
 #                                  package lacks, from linux-source + the headers' .config
 #                                  (scripts/kbuild-rust.sh); prints the directory whose kdir/
 #                                  is the headers completed with them (a KDIR for ruvm)
+#   scripts/stock.sh prepared      that directory if prepare made it already, else exit 1
 #   scripts/stock.sh module [ARGS] build/stock/rust/ruvm.ko for that kernel (ARGS to make)
 #   scripts/stock.sh vmlinuz       print the path of Debian's unmodified vmlinuz
 #   scripts/stock.sh run CMD...    run CMD inside the chroot (the project at /ruvm)
@@ -161,6 +162,15 @@ prepare() {
 	echo "$kb"
 }
 
+# The kernel's Rust build files if `prepare` made them already (prints the directory), else
+# exit 1: never makes them (a caller that may run beside `prepare` only reuses them).
+prepared() {
+	local kb
+	kb=$(kbuild_dir)
+	[ -f "$kb/.ruvm-done" ] || return 1
+	echo "$kb"
+}
+
 # Extra arguments go to make (CLIPPY=1: clippy 1.85 too).
 module() {
 	prepare >/dev/null
@@ -191,6 +201,7 @@ vmlinuz() {
 case "${1:-}" in
 chroot) make_chroot ;;
 prepare) prepare ;;
+prepared) prepared ;;
 module) shift; module "$@" ;;
 vmlinuz) vmlinuz ;;
 run) shift; in_chroot "$@" ;;

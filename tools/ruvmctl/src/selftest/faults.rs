@@ -656,6 +656,24 @@ fn current_params() -> Result<String, Stop> {
 /// must unwind completely (kmemleak, which the runner scans at the end, and the audit of the
 /// final unload see to that). Needs the module file (`/ruvm/ruvm.ko` in the guest) and no other
 /// open file of `/dev/ruvm`.
+/// Which of the sweep's loads this run makes (`RUVM_FAULT_SWEEP_SHARD=K/N`: the `n`th site is
+/// failed for every `n` with `n - 1 = K mod N`, so that N guests share the sweep; unset: 0/1,
+/// every site).
+fn sweep_shard() -> Result<(u32, u32), Stop> {
+    let Ok(v) = std::env::var("RUVM_FAULT_SWEEP_SHARD") else {
+        return Ok((0, 1));
+    };
+    let parsed = v
+        .split_once('/')
+        .and_then(|(k, n)| Some((k.parse::<u32>().ok()?, n.parse::<u32>().ok()?)))
+        .filter(|&(k, n)| n > 0 && n <= 64 && k < n);
+    parsed.ok_or_else(|| {
+        Stop::Fail(format!(
+            "RUVM_FAULT_SWEEP_SHARD={v}: wanted K/N with K < N <= 64"
+        ))
+    })
+}
+
 fn fault_sweep_module_load() -> TestResult {
     if std::env::var_os("RUVM_FAULT_SWEEP_LOAD").is_none() {
         return Err(Stop::Skip(
@@ -667,13 +685,14 @@ fn fault_sweep_module_load() -> TestResult {
     if fs::metadata(std::env::var("RUVM_KO").unwrap_or_else(|_| "/ruvm/ruvm.ko".into())).is_err() {
         return Err(Stop::Skip("no ruvm.ko to load".into()));
     }
+    let (shard, shards) = sweep_shard()?;
     let st = dev::unload_with_verdict().map_err(Stop::Fail)?;
     check!(
         st.state & u64::from(uapi::ruvm_unload_state_bits_RUVM_UNLOAD_LEAKED) == 0,
         "the module leaked before the sweep began"
     );
     let mut failed = 0u32;
-    for n in 1..=5000u32 {
+    for n in (1 + shard..=5000u32).step_by(shards as usize) {
         // Progress for the runner's watch of a silent guest: one line every 8 loads.
         if n % 8 == 0 {
             println!("# fault sweep: load {n}, {failed} failed so far");
@@ -684,7 +703,9 @@ fn fault_sweep_module_load() -> TestResult {
             Ok(()) => {
                 check!(loaded, "load {n} succeeded but the module is not there");
                 if !reached {
-                    println!("# fault sweep, sites failed one at a time: module load: {failed}");
+                    println!(
+                        "# fault sweep, sites failed one at a time: module load: {failed} (shard {shard}/{shards})"
+                    );
                     return Ok(());
                 }
                 // The failure was absorbed: unload and go on.
