@@ -132,13 +132,14 @@ host_checks() {
 # --- the guests' time limits, derived from this machine ------------------------------------------
 # A guest run fails for time only at a limit this run derives, never at a figure tuned on another
 # machine: a probe guest (the fast kernel: boot, load ruvm, run `true`, unload, audit) is timed
-# here now against REF_GUEST_MS, the same probe on an idle 2-core machine of the project's kind;
+# here now against REF_GUEST_MS, the same probe on an idle 2-core machine of the project's kind
+# (2.30 and 2.31 s, 2026-11-28);
 # their ratio (at least 1) is this machine's slowness. Every run's limits are its figures on that
 # machine times the slowness times CHECK_JOBS (the guests that share the cores at once):
 # - the quiet limit (QUIET_S): a guest that prints nothing that long is stuck, and the runner
 #   says in which case (each case says when it begins, a long one how far it is);
 # - the hard limit (each job's own reference figure, about twice its longest time seen there).
-REF_GUEST_MS=4000
+REF_GUEST_MS=2300
 QUIET_S=300
 probe_ms() {
 	local t0 t1
@@ -147,10 +148,12 @@ probe_ms() {
 	t1=$(date +%s%N)
 	echo $(((t1 - t0) / 1000000))
 }
-if ! guest_ms=$(probe_ms); then
+# Twice, the faster counting: the first also reads the kernel, QEMU and the files from disk.
+if ! guest_ms=$(probe_ms) || ! again_ms=$(probe_ms); then
 	failed "the speed probe guest failed" "$logs/speed-probe.log"
 	finish
 fi
+[ "$again_ms" -ge "$guest_ms" ] || guest_ms=$again_ms
 # Thousandths: the slowness, at least 1.
 slowness=$((guest_ms * 1000 / REF_GUEST_MS))
 [ "$slowness" -ge 1000 ] || slowness=1000
