@@ -123,11 +123,13 @@ host_checks() {
 	done
 	step "host: libruvm's example builds" bash -c "cd '$top/tools/libruvm' &&
 		CARGO_TARGET_DIR='$RUVM_CACHE/cargo/libruvm' cargo build --release --locked --examples"
-	# In the trixie chroot (made at the start): rustc 1.85, the minimum supported version.
+	# In the trixie chroot (made at the start): rustc 1.85, the minimum supported version. Cargo's
+	# home (the crates it downloads) is in the cache, not in the chroot, which the DKMS test
+	# beside it snapshots.
 	step "host: ruvmctl and libruvm build clippy-clean with rustc 1.85 (the MSRV)" \
 		"$here/stock.sh" run bash -c 'for c in ruvmctl libruvm; do
-			(cd /ruvm/tools/$c && CARGO_TARGET_DIR=/cargo-target/msrv cargo clippy --release --locked \
-				--all-targets -- -D warnings) || exit 1; done'
+			(cd /ruvm/tools/$c && CARGO_HOME=/cargo-target/home CARGO_TARGET_DIR=/cargo-target/msrv \
+				cargo clippy --release --locked --all-targets -- -D warnings) || exit 1; done'
 }
 # --- the guests' time limits, derived from this machine ------------------------------------------
 # A guest run fails for time only at a limit this run derives, never at a figure tuned on another

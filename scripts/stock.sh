@@ -63,7 +63,9 @@ make_chroot() {
 		"deb ${mirror%/debian}/debian-security $RUVM_STOCK_SUITE-security main" \
 		"deb $mirror $RUVM_STOCK_SUITE-backports main" >&2 ||
 		die "mmdebstrap of $RUVM_STOCK_SUITE failed"
-	mkdir -p "$dir/ruvm" "$dir/src" "$dir/kbuild"
+	# The mount points of in_chroot, made with the chroot: a command in the chroot writes
+	# nothing into it (the DKMS package test snapshots its files beside such commands).
+	mkdir -p "$dir/ruvm" "$dir/src" "$dir/kbuild" "$dir/cargo-target"
 	touch "$dir/.ruvm-done"
 	echo "stock: chroot made in $((SECONDS - t0)) s" >&2
 	echo "$dir"

@@ -766,12 +766,13 @@ fn pool_shrinks_under_memory_pressure() -> TestResult {
         before.reserved == held && before.used == 0,
         "the pool does not hold what was freed: {before:?}"
     );
-    // More than is available without the cache: a quarter of it must come back. (A half, asked
-    // for beside make check's other guests on a busy host, once ended in the OOM killer with
-    // the whole cache given back: reclaim under TCG is slow, and MemAvailable an estimate.)
-    let want = meminfo("MemAvailable")? + held / 4;
+    // More than is available without the cache: an eighth of it must come back. (A half, and
+    // then a quarter, asked for beside make check's other guests on a busy host, each once
+    // ended in the OOM killer with the whole cache given back: reclaim under TCG is slow, and
+    // MemAvailable an estimate.)
+    let want = meminfo("MemAvailable")? + held / 8;
     let status = touch_in_child(want, || {
-        attrs(&d, p).is_ok_and(|a| a.reserved + held / 4 <= before.reserved)
+        attrs(&d, p).is_ok_and(|a| a.reserved + held / 8 <= before.reserved)
     })?;
     let after = attrs(&d, p)?;
     check!(
@@ -782,7 +783,7 @@ fn pool_shrinks_under_memory_pressure() -> TestResult {
         after.reserved >> 20
     );
     check!(
-        after.reserved + held / 4 <= before.reserved && after.used == 0,
+        after.reserved + held / 8 <= before.reserved && after.used == 0,
         "the shrinker gave back too little: {} MiB reserved before, {} MiB after",
         before.reserved >> 20,
         after.reserved >> 20
