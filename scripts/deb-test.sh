@@ -38,7 +38,8 @@ regen_key=$({ cat "$top/dkms/dkms-build.sh" "$here/kbuild-rust.sh" "$0"; basenam
 regen=$RUVM_CACHE/stock/deb-regenerated-$regen_key
 seeded=0
 if [ -f "$regen/when" ] && kb=$("$here/stock.sh" prepared); then
-	cp -al "$kb/kdir" "$work/seed-kdir" 2>/dev/null || cp -a "$kb/kdir" "$work/seed-kdir"
+	cp -al "$kb/kdir" "$work/seed-kdir" 2>/dev/null ||
+		{ rm -rf "$work/seed-kdir" && cp -a "$kb/kdir" "$work/seed-kdir"; }
 	seeded=1
 fi
 

@@ -87,7 +87,8 @@ impl Turn<'_> {
     /// planned, nothing queued yet) for `RUVM_PLANT_SLOW_SUBMIT_MS`, or until a signal
     /// (`ERESTARTSYS`: the submission then fails, nothing queued).
     pub(super) fn planted_wait(&self) -> Result {
-        if SLOW.xchg(false, Relaxed) {
+        // Read first: no locked write to a shared line on every submission.
+        if SLOW.load(Relaxed) && SLOW.xchg(false, Relaxed) {
             self.0.linger(uapi::RUVM_PLANT_SLOW_SUBMIT_MS)?;
         }
         Ok(())
