@@ -174,7 +174,7 @@ fn copy_race(d: &Ruvm, g: u32) -> TestResult {
     let first = new_src().ctx("source")?;
     let stop = AtomicBool::new(false);
     let src = AtomicU64::new(first);
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(10);
     on_cpu(1);
     let (copies, wrong) = std::thread::scope(|s| {
         let churn = s.spawn(|| {

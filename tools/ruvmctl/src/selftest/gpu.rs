@@ -624,8 +624,12 @@ fn samples(chunk: u64, chunks: u64, len: u64) -> Vec<(u64, u64)> {
 fn gpu_ce_copy_moves_bytes_both_ways() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
     let gpus = engine_gpus(&d)?;
-    for &g in &gpus {
-        for (size, ps) in [(12 << 10, 0u64), (192 << 10, 64 << 10), (4 << 20, 2 << 20)] {
+    const SIZES: [(u64, u64); 3] = [(12 << 10, 0), (192 << 10, 64 << 10), (4 << 20, 2 << 20)];
+    for (i, &g) in gpus.iter().enumerate() {
+        // Every size on the first GPU; one (several chunks, the engine's limit crossed) on the
+        // others, whose engines and tables are the same code: an edu transfer costs 100 ms.
+        let sizes = if i == 0 { &SIZES[..] } else { &SIZES[1..2] };
+        for &(size, ps) in sizes {
             let seed = size + u64::from(g);
             let src = d.mem_alloc(size, ps, 0).ctx("alloc src")?;
             let dst = d

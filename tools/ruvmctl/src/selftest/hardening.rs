@@ -49,7 +49,7 @@ const M: u64 = 1024 * K;
 /// simulated engine's records of a remapped table were erased by the old table's late drop (its
 /// last reference held by the address read): 7 to 13 remaps, then EFAULT on every copy.
 fn hard_sim_remap_racing_addr_reads_keeps_the_table() -> TestResult {
-    const ROUNDS: usize = 300;
+    const ROUNDS: usize = 150;
     let d = Ruvm::open().ctx("open")?;
     let gpus = d.gpus().ctx("GPU_LIST")?;
     let Some(g) = gpus.iter().find(|g| sim(g)).map(|g| g.id) else {

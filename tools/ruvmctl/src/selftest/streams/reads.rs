@@ -344,7 +344,7 @@ pub(super) fn stream_ops_read_leaves_no_pin() -> TestResult {
 /// Threads, more than the guest's CPUs, and the RECORDs each submits in
 /// [`stream_last_record_wins`].
 const THREADS: usize = 8;
-const RECORDS: usize = 1000;
+const RECORDS: usize = 300;
 
 /// Of the submissions to one stream, the last to queue a RECORD of an event is where the event
 /// stays: [`THREADS`] threads each recording the same event [`RECORDS`] times, one RECORD a
