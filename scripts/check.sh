@@ -63,36 +63,16 @@ prerequisite "deps: packages and bindgen" "$here/deps.sh"
 "$here/stock.sh" chroot > "$logs/stock-chroot.log" 2>&1 &
 prerequisite "build: fast kernel" "$here/kernel.sh" build fast
 prerequisite "build: debug kernel" "$here/kernel.sh" build debug
-# A step run in the background beside others: begun by early_step, counted by its end_step
-# (in the order the ends are written, whatever order the steps finish in).
-early_step() {
-	local name=$1 log
-	shift
-	log=$(logname "$name")
-	(
-		t=$SECONDS
-		"$@" > "$log" 2>&1
-		echo "$? $((SECONDS - t))" > "$log.rc"
-	) &
-}
-end_step() {
-	local name=$1 log rc secs
-	log=$(logname "$name")
-	while [ ! -e "$log.rc" ]; do sleep 0.2; done
-	read -r rc secs < "$log.rc"
-	if [ "$rc" -eq 0 ]; then
-		passed "$name ($secs s)"
-	else
-		failed "$name ($secs s; log: $log)" "$log"
-		return 1
-	fi
-}
-
-# ruvmctl and the module for both kernels at once (about half a minute each, mostly on one
-# core). ruvmctl is built in the cache's target directory, where the host checks' cargo test
-# builds the same dependencies for the same target and profile (compiled once, and not again
-# in a fresh clone), then put where the guests take it from.
+# Built in the cache's target directory, where the host checks' cargo test builds the same
+# dependencies for the same target and profile (compiled once, and not again in a fresh clone),
+# then put where the guests take it from.
 RUVMCTL=$top/tools/ruvmctl/target/x86_64-unknown-linux-gnu/release/ruvmctl
+prerequisite "build: ruvmctl (static)" bash -c "cd '$top/tools/ruvmctl' &&
+	CARGO_TARGET_DIR='$RUVM_CACHE/cargo/ruvmctl' cargo build --release --locked &&
+	install -D '$RUVM_CACHE/cargo/ruvmctl/x86_64-unknown-linux-gnu/release/ruvmctl' '$RUVMCTL'"
+file "$RUVMCTL" | grep -q 'static' || { failed "ruvmctl is not statically linked"; finish; }
+
+# --- host ---------------------------------------------------------------------------------------
 # Module builds count as tests: they must be free of rustc and clippy warnings.
 module_clean() {
 	"$here/module.sh" "$1" CLIPPY=1 > "$logs/module-$1.out" 2>&1
@@ -101,19 +81,8 @@ module_clean() {
 	[ $rc -eq 0 ] || return 1
 	! grep -E '^(warning|error)' "$logs/module-$1.out"
 }
-early_step "build: ruvmctl (static)" bash -c "cd '$top/tools/ruvmctl' &&
-	CARGO_TARGET_DIR='$RUVM_CACHE/cargo/ruvmctl' cargo build --release --locked &&
-	install -D '$RUVM_CACHE/cargo/ruvmctl/x86_64-unknown-linux-gnu/release/ruvmctl' '$RUVMCTL'"
-early_step "host: module builds clippy-clean for the fast kernel" module_clean fast
-early_step "host: module builds clippy-clean for the debug kernel" module_clean debug
-built=0
-end_step "build: ruvmctl (static)" || built=1
-end_step "host: module builds clippy-clean for the fast kernel" || built=1
-end_step "host: module builds clippy-clean for the debug kernel" || built=1
-[ $built -eq 0 ] || finish
-file "$RUVMCTL" | grep -q 'static' || { failed "ruvmctl is not statically linked"; finish; }
-
-# --- host ---------------------------------------------------------------------------------------
+step "host: module builds clippy-clean for the fast kernel" module_clean fast || finish
+step "host: module builds clippy-clean for the debug kernel" module_clean debug || finish
 # Debian's stock kernel's builds (its Rust build files, the module, the MSRV lints) are steps of
 # the jobs below, beside the guest runs, rather than before them: nothing else waits for them.
 
