@@ -20,10 +20,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! [`alloc`] is a stream-ordered caching allocator over segments the kernel maps once.
+//!
 //! A mem belongs to the open file that allocated it and is freed when the file is closed.
 
 #![deny(missing_docs)]
 
+pub mod alloc;
 pub mod cmd;
 mod dev;
 pub mod dmabuf;

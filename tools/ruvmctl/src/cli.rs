@@ -86,6 +86,60 @@ pub enum GpuAction {
     },
 }
 
+/// `ruvmctl allocator ...`.
+#[derive(Subcommand)]
+pub enum AllocatorAction {
+    /// Replay an allocation trace (a file in the text form `allocator trace` prints, or a
+    /// generated --class) one call at a time through the allocator, and print its time per
+    /// alloc + free pair, hits, footprint and give-back.
+    Replay {
+        /// The trace file (events: alloc ID SIZE STREAM, use ID STREAM, free ID STREAM,
+        /// record EVENT STREAM, wait EVENT STREAM, sync STREAM, trim BYTES).
+        #[arg(required_unless_present = "class", conflicts_with = "class")]
+        file: Option<std::path::PathBuf>,
+        /// A generated trace of this shape instead of a file.
+        #[arg(long, value_enum)]
+        class: Option<crate::trace::Class>,
+        /// Iterations of the generated trace.
+        #[arg(long, default_value_t = 50)]
+        iterations: u32,
+        /// The generator's seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The GPU whose streams run the trace's work (default: a GPU with a copy engine,
+        /// simulated first).
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// Idle bytes kept at a synchronize (`max`: none given back there).
+        #[arg(long, default_value = "max", value_parser = parse_threshold)]
+        threshold: u64,
+        /// Do not take another stream's frees once known complete.
+        #[arg(long)]
+        no_opportunistic: bool,
+        /// Do not follow event dependencies to another stream's frees.
+        #[arg(long)]
+        no_event_dependencies: bool,
+        /// Do not insert waits to take another stream's frees.
+        #[arg(long)]
+        no_internal_dependencies: bool,
+        /// Also replay the trace through fresh mems (MEM_ALLOC + MEM_MAP_GPU ... MEM_FREE)
+        /// and print the ratio.
+        #[arg(long)]
+        baseline: bool,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Print a generated trace in the text form `allocator replay` reads.
+    Trace {
+        #[arg(long, value_enum)]
+        class: crate::trace::Class,
+        #[arg(long, default_value_t = 50)]
+        iterations: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
 /// A size, or `max` for ~0 (a threshold that never gives memory back).
 fn parse_threshold(s: &str) -> Result<u64, String> {
     if s == "max" {
@@ -394,6 +448,12 @@ pub enum EventAction {
 
 #[derive(Subcommand)]
 pub enum Cmd {
+    /// libruvm's user-space stream-ordered allocator: blocks carved from segments the kernel
+    /// maps once; replay allocation traces through it.
+    Allocator {
+        #[command(subcommand)]
+        action: AllocatorAction,
+    },
     /// Mems as dma-bufs: export one for another process or device, import one of ruvm's.
     Dmabuf {
         #[command(subcommand)]

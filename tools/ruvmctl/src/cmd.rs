@@ -6,6 +6,7 @@
 use anyhow::{Context as _, Result};
 use libruvm::{Cmd, IoctlArg, Ruvm};
 
+pub mod allocator;
 pub mod audit;
 pub mod dmabuf;
 pub mod gpu;

@@ -26,9 +26,12 @@ mod ktap;
 mod output;
 mod pattern;
 mod selftest;
+mod trace;
 mod units;
 
-use cli::{Cli, Cmd, DmabufAction, EventAction, GpuAction, PoolAction, StreamAction};
+use cli::{
+    AllocatorAction, Cli, Cmd, DmabufAction, EventAction, GpuAction, PoolAction, StreamAction,
+};
 use output::{emit, Done};
 
 /// Runs one command.
@@ -37,6 +40,54 @@ fn run(cli: Cli) -> Result<()> {
     let d = || cmd::open(fd);
     match cli.cmd {
         Cmd::Info(j) => emit(&cmd::info::info(&d()?)?, j.json),
+        Cmd::Allocator { action } => match action {
+            AllocatorAction::Replay {
+                file,
+                class,
+                iterations,
+                seed,
+                gpu,
+                threshold,
+                no_opportunistic,
+                no_event_dependencies,
+                no_internal_dependencies,
+                baseline,
+                json,
+            } => {
+                let (name, trace) = match (class, file) {
+                    (Some(c), _) => (
+                        format!("{c:?} x {iterations} (seed {seed})"),
+                        trace::generate(c, iterations, seed),
+                    ),
+                    (None, Some(f)) => {
+                        let text = std::fs::read_to_string(&f)
+                            .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+                        (f.display().to_string(), trace::Trace::parse(&text)?)
+                    }
+                    (None, None) => bail!("a trace file or --class"),
+                };
+                let rules = cmd::allocator::Rules {
+                    threshold,
+                    reuse: libruvm::alloc::Reuse {
+                        follow_event_dependencies: !no_event_dependencies,
+                        allow_opportunistic: !no_opportunistic,
+                        allow_internal_dependencies: !no_internal_dependencies,
+                    },
+                };
+                emit(
+                    &cmd::allocator::replay(&d()?, name, &trace, gpu, rules, baseline)?,
+                    json.json,
+                )
+            }
+            AllocatorAction::Trace {
+                class,
+                iterations,
+                seed,
+            } => {
+                print!("{}", trace::generate(class, iterations, seed).dump());
+                Ok(())
+            }
+        },
         Cmd::Alloc {
             size,
             page_size,

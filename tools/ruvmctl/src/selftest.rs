@@ -28,6 +28,7 @@ mod ptr;
 mod shared;
 mod stream_alloc;
 mod streams;
+mod ualloc;
 mod vgem;
 mod vidmem;
 
@@ -44,6 +45,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(pools::cases());
     v.extend(streams::cases());
     v.extend(stream_alloc::cases());
+    v.extend(ualloc::cases());
     v.extend(ptr::cases());
     v.extend(ipc::cases());
     v.extend(dmabuf::cases());

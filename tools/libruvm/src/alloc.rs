@@ -1,0 +1,677 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A stream-ordered caching allocator in user space, the way CUDA's user-mode driver and the
+//! caching allocators programs use (PyTorch's, CuPy's) work: the kernel is asked for large
+//! *segments* (mems of this file, zeroed, mapped into the process and the kernel once and
+//! DMA-mapped once for the allocator's GPUs), and blocks of any size are carved out of them here, with no system
+//! call on a hit.
+//!
+//! - **Sizes.** A request is rounded up to [`ROUND`] bytes. Requests up to [`SMALL_MAX`] come
+//!   from 2 MiB segments of their own class, larger ones from segments of their rounded size
+//!   (whole 2 MiB units), so small blocks never fragment large segments.
+//! - **Fit.** Best fit (the shortest free block that fits), split when the rest is worth
+//!   keeping ([`ROUND`] bytes for small blocks, 1 MiB for large ones); a freed block merges
+//!   with free neighbours of the same owner. The last few frees wait in a small cache before
+//!   they are merged: a request on the same stream that one of them fits takes it without
+//!   touching the free-block index (the common case of a program asking again for what it
+//!   just gave back).
+//! - **Stream order.** A block freed on a stream ([`Allocator::free`]) is the stream's own
+//!   until the free's point (the stream's last submission through [`Allocator::submit`]) is
+//!   known complete: that stream reuses it at once (its later work is ordered after the free);
+//!   another stream takes it only under CUDA's three reuse rules ([`Reuse`]): when the free is
+//!   known complete (`allow_opportunistic`: the completed point is read with
+//!   `RUVM_IOCTL_STREAM_QUERY` on a miss, once per stream), when the taker waited, through
+//!   [`Allocator::wait_event`], on an event [`Allocator::record_event`] recorded on the freeing
+//!   stream at or after the free (`follow_event_dependencies`), or by making the taker wait for
+//!   the free's point (`allow_internal_dependencies`: a `RECORD` on the freeing stream, a
+//!   `WAIT_EVENT` on the taker). A stream's frees become everyone's once it is synchronized.
+//! - **Giving back.** [`Allocator::synchronize`] gives whole idle segments back to the kernel
+//!   while more than the release threshold is reserved (CUDA's default threshold, 0, keeps
+//!   nothing idle); [`Allocator::trim`] gives back down to a figure.
+//!
+//! The kernel stays the authority for every byte: each segment is a mem of the file, counted,
+//! charged and audited as any other, and everything goes back when the allocator is dropped or
+//! the file closed. Work that uses a block must be submitted through [`Allocator::submit`]
+//! (that is how the allocator knows a stream's points), and a block's CPU bytes may be touched
+//! only once the work on it is known complete, as with CUDA's stream-ordered memory. A reused
+//! block holds what its last user of this allocator left there (a new segment reads zero).
+
+mod fit;
+mod segment;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Mutex, MutexGuard};
+
+use nix::errno::Errno;
+
+use crate::{op, uapi, Ruvm};
+use fit::{Blocks, Found, Owner, Use};
+use segment::Segment;
+
+/// Every request is rounded up to a multiple of this (bytes); blocks start at such multiples.
+pub const ROUND: u64 = 512;
+/// The largest request served from the small blocks' 2 MiB segments.
+pub const SMALL_MAX: u64 = 1 << 20;
+/// A small blocks' segment, and the unit large segments are made in.
+pub const SEGMENT_UNIT: u64 = 2 << 20;
+/// The largest request (1 TiB): beyond it, `ENOMEM` without asking the kernel.
+pub const MAX_REQUEST: u64 = 1 << 40;
+/// The rest of a large block worth splitting off.
+const LARGE_SPLIT: u64 = 1 << 20;
+/// The bound of the waits the allocator submits, and of its synchronizations.
+const WAIT_MS: u32 = uapi::RUVM_WAIT_MAX_MS;
+
+/// Which of CUDA's reuse rules let a stream take a block another stream freed
+/// (`cudaMemPoolReuse*`); all on by default, as in CUDA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reuse {
+    /// The taker waited on an event recorded on the freeing stream after the free.
+    pub follow_event_dependencies: bool,
+    /// The free is known complete.
+    pub allow_opportunistic: bool,
+    /// The taker is made to wait for the free's point.
+    pub allow_internal_dependencies: bool,
+}
+
+impl Default for Reuse {
+    fn default() -> Self {
+        Self {
+            follow_event_dependencies: true,
+            allow_opportunistic: true,
+            allow_internal_dependencies: true,
+        }
+    }
+}
+
+/// How an allocator is made.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    /// The GPUs every segment is DMA-mapped for (`RUVM_IOCTL_MEM_MAP_GPU`), once.
+    pub gpus: Vec<u32>,
+    /// Bytes of idle segments kept at a synchronize (CUDA's release threshold; 0 keeps none,
+    /// `u64::MAX` never gives back there).
+    pub release_threshold: u64,
+    /// The cross-stream reuse rules.
+    pub reuse: Reuse,
+}
+
+/// A block: `len` bytes at `offset` in mem `mem` (a segment), at `as_ptr()` in the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    mem: u64,
+    offset: u64,
+    len: u64,
+    addr: usize,
+    seg: u32,
+    large: bool,
+}
+
+impl Block {
+    /// The segment's mem handle: what stream operations name.
+    pub fn mem(&self) -> u64 {
+        self.mem
+    }
+    /// The block's offset in its mem.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    /// Its usable length: the request rounded up (or the whole free block when the rest was
+    /// too short to split off).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// Never true: a block has at least [`ROUND`] bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Its first byte in the process (a shared mapping of the segment).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+}
+
+/// What the allocator holds and did, as caching allocators report it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Bytes of the segments held now.
+    pub reserved: u64,
+    /// The most `reserved` has been (the footprint's high watermark).
+    pub reserved_peak: u64,
+    /// Bytes of the blocks in use now (rounded up).
+    pub allocated: u64,
+    /// The most `allocated` has been.
+    pub allocated_peak: u64,
+    /// Bytes asked for by the blocks in use now.
+    pub requested: u64,
+    /// The most `requested` has been (the peak of live bytes).
+    pub requested_peak: u64,
+    /// Segments held now.
+    pub segments: u64,
+    /// Allocations served from held segments.
+    pub hits: u64,
+    /// Allocations that needed a new segment.
+    pub misses: u64,
+    /// Of the hits, blocks another stream freed.
+    pub cross_stream: u64,
+    /// Waits inserted to take them (`allow_internal_dependencies`).
+    pub waits_inserted: u64,
+    /// Segments given back to the kernel.
+    pub released: u64,
+    /// Free bytes in the held segments.
+    pub free: u64,
+    /// The longest free block.
+    pub largest_free: u64,
+}
+
+impl Stats {
+    /// The share of the free bytes outside the longest free block (0: none; near 1: the free
+    /// memory is in many small pieces).
+    pub fn fragmentation(&self) -> f64 {
+        if self.free == 0 {
+            0.0
+        } else {
+            1.0 - self.largest_free as f64 / self.free as f64
+        }
+    }
+}
+
+/// What the allocator knows of one stream.
+#[derive(Default)]
+struct StreamPoints {
+    /// The seqno of its last operation submitted through the allocator.
+    submitted: u64,
+    /// The seqno its work is known complete up to.
+    completed: u64,
+    /// For each other stream, the point of it this stream is known to be ordered after.
+    after: FastMap<u64, u64>,
+}
+
+struct Inner {
+    small: Blocks,
+    large: Blocks,
+    /// The segments, by id (a slot freed when its segment goes is used again).
+    segs: Vec<Option<Segment>>,
+    streams: FastMap<u64, StreamPoints>,
+    /// Blocks freed lately, newest last, not yet given back to `small`/`large` (still used
+    /// there, marked cached): a request on the same stream that one fits takes it in a few
+    /// instructions. Given back when more than [`RECENT`] wait, at a synchronize of their
+    /// stream, and before a new segment is made.
+    recent: Vec<Recent>,
+    /// The event the allocator records and waits on for internal dependencies, made at the
+    /// first; and, per event of the caller's recorded through the allocator, its point.
+    event: Option<u64>,
+    events: FastMap<u64, (u64, u64)>,
+    stats: Stats,
+}
+
+/// A block freed lately: by which stream, at which point of it.
+#[derive(Clone, Copy)]
+struct Recent {
+    stream: u64,
+    point: u64,
+    block: Block,
+}
+
+/// Recent frees kept before the oldest is given back.
+const RECENT: usize = 16;
+
+/// A map keyed by handles: a multiply-xor hash (the keys are not chosen by an adversary of
+/// this process, and SipHash would be most of a hit's time).
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHash>>;
+
+#[derive(Default)]
+struct FastHash(u64);
+
+impl Hasher for FastHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+/// The allocator: see the module's documentation. One per open file of the device; usable
+/// from any thread.
+pub struct Allocator<'d> {
+    dev: &'d Ruvm,
+    cfg: Config,
+    inner: Mutex<Inner>,
+}
+
+impl<'d> Allocator<'d> {
+    /// An allocator over `dev` that holds nothing yet.
+    pub fn new(dev: &'d Ruvm, cfg: Config) -> Self {
+        Self {
+            dev,
+            cfg,
+            inner: Mutex::new(Inner {
+                small: Blocks::default(),
+                large: Blocks::default(),
+                segs: Vec::new(),
+                streams: FastMap::default(),
+                recent: Vec::with_capacity(RECENT + 1),
+                event: None,
+                events: FastMap::default(),
+                stats: Stats::default(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while the lock was held left the bookkeeping as it was: carry on.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A block of at least `len` bytes for work on `stream` (a stream handle of the device).
+    /// `EINVAL` for 0 bytes, `ENOMEM` beyond [`MAX_REQUEST`]; a new segment's errors
+    /// (`ENOMEM` at the file's quota or the memory cgroup's limit) otherwise.
+    pub fn alloc(&self, len: u64, stream: u64) -> Result<Block, Errno> {
+        if len == 0 {
+            return Err(Errno::EINVAL);
+        }
+        if len > MAX_REQUEST {
+            return Err(Errno::ENOMEM);
+        }
+        let want = len.next_multiple_of(ROUND);
+        let large = want > SMALL_MAX;
+        let min_split = if large { LARGE_SPLIT } else { ROUND };
+        let mut g = self.lock();
+        let inner = &mut *g;
+        // A recent free of this stream that fits as a take would have left it.
+        let fits = |r: &Recent| {
+            r.stream == stream
+                && r.block.large == large
+                && r.block.len >= want
+                && r.block.len - want < min_split
+        };
+        if let Some(i) = inner.recent.iter().rposition(fits) {
+            let r = inner.recent.swap_remove(i);
+            let b = r.block;
+            let used = Use {
+                asked: len,
+                cached: false,
+            };
+            if inner.blocks(large).set_use(b.seg, b.offset, used) {
+                inner.stats.hits += 1;
+                inner.count_alloc(b.len, len);
+                return Ok(b);
+            }
+        }
+        let found = match self.find(inner, large, want, stream)? {
+            Some(f) => Some(f),
+            None if !inner.recent.is_empty() => {
+                // Before asking the kernel: everything freed lately goes back, merged.
+                self.settle_recent(inner, None);
+                self.find(inner, large, want, stream)?
+            }
+            None => None,
+        };
+        let found = match found {
+            Some(f) => {
+                inner.stats.hits += 1;
+                f
+            }
+            None => {
+                let seg_len = if large {
+                    want.next_multiple_of(SEGMENT_UNIT)
+                } else {
+                    SEGMENT_UNIT
+                };
+                let seg = Segment::new(self.dev, seg_len, &self.cfg.gpus)?;
+                let id = match inner.segs.iter().position(Option::is_none) {
+                    Some(i) => i,
+                    None => {
+                        inner.segs.push(None);
+                        inner.segs.len() - 1
+                    }
+                };
+                let id32 = u32::try_from(id).map_err(|_| Errno::ENOMEM)?;
+                inner.segs[id] = Some(seg);
+                inner.blocks(large).add_segment(id32, seg_len);
+                let s = &mut inner.stats;
+                s.reserved += seg_len;
+                s.reserved_peak = s.reserved_peak.max(s.reserved);
+                s.segments += 1;
+                s.misses += 1;
+                inner
+                    .blocks(large)
+                    .best_fit(Owner::Ready, want)
+                    .ok_or(Errno::ENOMEM)?
+            }
+        };
+        let used = Use {
+            asked: len,
+            cached: false,
+        };
+        let got = inner.blocks(large).take(found, want, min_split, used);
+        let seg = inner
+            .segs
+            .get(found.seg as usize)
+            .and_then(Option::as_ref)
+            .ok_or(Errno::EINVAL)?;
+        let block = Block {
+            mem: seg.handle,
+            offset: found.offset,
+            len: got,
+            addr: seg.addr(found.offset),
+            seg: found.seg,
+            large,
+        };
+        inner.count_alloc(got, len);
+        Ok(block)
+    }
+
+    /// A free block `stream` may take: its own, one ready for anyone, or another stream's
+    /// under the reuse rules, in order of cost (no system call, then one query a stream, then
+    /// an inserted wait).
+    fn find(
+        &self,
+        inner: &mut Inner,
+        large: bool,
+        want: u64,
+        stream: u64,
+    ) -> Result<Option<Found>, Errno> {
+        let me = Owner::Stream(stream);
+        if let Some(f) = inner.blocks(large).best_fit(me, want) {
+            return Ok(Some(f));
+        }
+        if let Some(f) = inner.blocks(large).best_fit(Owner::Ready, want) {
+            return Ok(Some(f));
+        }
+        let others = inner.blocks(large).stream_owners(me);
+        if others.is_empty() {
+            return Ok(None);
+        }
+        let reuse = self.cfg.reuse;
+        if reuse.follow_event_dependencies {
+            for &s in &others {
+                let after = inner.points(stream).after.get(&s).copied().unwrap_or(0);
+                if let Some(f) = inner.blocks(large).best_fit(Owner::Stream(s), want) {
+                    if f.point <= after {
+                        inner.stats.cross_stream += 1;
+                        return Ok(Some(f));
+                    }
+                }
+            }
+        }
+        if reuse.allow_opportunistic {
+            for &s in &others {
+                let q = self.dev.stream_query(s)?;
+                let p = inner.points(s);
+                p.completed = p.completed.max(q.completed);
+                let done = p.completed;
+                inner.small.promote(s, done);
+                inner.large.promote(s, done);
+            }
+            if let Some(f) = inner.blocks(large).best_fit(Owner::Ready, want) {
+                inner.stats.cross_stream += 1;
+                return Ok(Some(f));
+            }
+        }
+        if reuse.allow_internal_dependencies {
+            let best = others
+                .iter()
+                .filter_map(|&s| inner.blocks(large).best_fit(Owner::Stream(s), want))
+                .min_by_key(|f| f.len);
+            if let Some(f) = best {
+                let Owner::Stream(s) = f.owner else {
+                    return Ok(Some(f));
+                };
+                self.order_after(inner, stream, s)?;
+                inner.stats.cross_stream += 1;
+                inner.stats.waits_inserted += 1;
+                return Ok(Some(f));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Makes `stream` wait for everything submitted to `other` so far: a `RECORD` of the
+    /// allocator's event on `other`, a `WAIT_EVENT` on `stream`.
+    fn order_after(&self, inner: &mut Inner, stream: u64, other: u64) -> Result<(), Errno> {
+        let e = match inner.event {
+            Some(e) => e,
+            None => {
+                let e = self.dev.event_create()?;
+                inner.event = Some(e);
+                e
+            }
+        };
+        let at = self.dev.stream_submit(other, &[op::record(e)])?;
+        let p = inner.points(other);
+        p.submitted = p.submitted.max(at);
+        let w = self
+            .dev
+            .stream_submit(stream, &[op::wait_event(e, WAIT_MS)])?;
+        let p = inner.points(stream);
+        p.submitted = p.submitted.max(w);
+        let known = p.after.entry(other).or_insert(0);
+        *known = (*known).max(at);
+        Ok(())
+    }
+
+    /// Gives `block` back, ordered on `stream`: reusable by that stream at once, by others as
+    /// [`Reuse`] allows once everything submitted to `stream` so far is complete. `EINVAL` for
+    /// a block this allocator does not have in use (freed twice, or another's).
+    pub fn free(&self, block: Block, stream: u64) -> Result<(), Errno> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let seg = inner
+            .segs
+            .get(block.seg as usize)
+            .and_then(Option::as_ref)
+            .map(|s| s.handle);
+        let used = inner.blocks(block.large).used(block.seg, block.offset);
+        let asked = match used {
+            Some((len, u)) if seg == Some(block.mem) && len == block.len && !u.cached => u.asked,
+            _ => return Err(Errno::EINVAL),
+        };
+        let cached = Use {
+            asked: 0,
+            cached: true,
+        };
+        inner
+            .blocks(block.large)
+            .set_use(block.seg, block.offset, cached);
+        let point = inner.points(stream).submitted;
+        inner.recent.push(Recent {
+            stream,
+            point,
+            block,
+        });
+        if inner.recent.len() > RECENT {
+            let oldest = inner.recent.remove(0);
+            inner.settle(oldest);
+        }
+        let s = &mut inner.stats;
+        s.allocated -= block.len;
+        s.requested -= asked;
+        Ok(())
+    }
+
+    /// Gives the recent frees (of `stream`, or all) back to the blocks, merged.
+    fn settle_recent(&self, inner: &mut Inner, stream: Option<u64>) {
+        let (theirs, keep): (Vec<Recent>, Vec<Recent>) = inner
+            .recent
+            .drain(..)
+            .partition(|r| stream.is_none_or(|s| s == r.stream));
+        inner.recent = keep;
+        for r in theirs {
+            inner.settle(r);
+        }
+    }
+
+    /// Submits `ops` to `stream` (`RUVM_IOCTL_STREAM_SUBMIT`), noting the stream's last point:
+    /// work on the allocator's blocks must be submitted here. Returns the first op's seqno.
+    pub fn submit(&self, stream: u64, ops: &[uapi::ruvm_op]) -> Result<u64, Errno> {
+        let first = self.dev.stream_submit(stream, ops)?;
+        let last = first + ops.len().saturating_sub(1) as u64;
+        let mut g = self.lock();
+        let p = g.points(stream);
+        p.submitted = p.submitted.max(last);
+        Ok(first)
+    }
+
+    /// Records `event` on `stream` (a `RECORD` through [`Allocator::submit`]), noting its point
+    /// for [`Allocator::wait_event`].
+    pub fn record_event(&self, stream: u64, event: u64) -> Result<(), Errno> {
+        let at = self.submit(stream, &[op::record(event)])?;
+        self.lock().events.insert(event, (stream, at));
+        Ok(())
+    }
+
+    /// Makes `stream` wait for `event` (a `WAIT_EVENT`); when the event was recorded through
+    /// [`Allocator::record_event`], `stream` may then take the blocks the recording stream
+    /// freed before that record (`follow_event_dependencies`).
+    pub fn wait_event(&self, stream: u64, event: u64) -> Result<(), Errno> {
+        self.submit(stream, &[op::wait_event(event, WAIT_MS)])?;
+        let mut g = self.lock();
+        if let Some(&(other, at)) = g.events.get(&event) {
+            if other != stream {
+                let known = g.points(stream).after.entry(other).or_insert(0);
+                *known = (*known).max(at);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for `stream`'s work (`RUVM_IOCTL_STREAM_SYNC`); its frees become everyone's, and
+    /// idle segments go back to the kernel while more than the release threshold is held.
+    pub fn synchronize(&self, stream: u64) -> Result<(), Errno> {
+        let upto = self.lock().points(stream).submitted;
+        self.dev.stream_sync(stream, WAIT_MS)?;
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let p = inner.points(stream);
+        p.completed = p.completed.max(upto);
+        self.settle_recent(inner, Some(stream));
+        inner.small.promote(stream, upto);
+        inner.large.promote(stream, upto);
+        let keep = self.cfg.release_threshold;
+        self.give_back(inner, keep)?;
+        Ok(())
+    }
+
+    /// Gives idle segments back until at most `keep` bytes are reserved (`cudaMemPoolTrimTo`);
+    /// returns the bytes given back. Only frees known complete count as idle.
+    pub fn trim(&self, keep: u64) -> Result<u64, Errno> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        self.settle_recent(inner, None);
+        self.give_back(inner, keep)
+    }
+
+    /// Gives idle segments back, the largest first, while more than `keep` is reserved.
+    fn give_back(&self, inner: &mut Inner, keep: u64) -> Result<u64, Errno> {
+        let mut given = 0;
+        if inner.stats.reserved <= keep {
+            return Ok(0);
+        }
+        let mut idle: Vec<(bool, u32, u64)> = Vec::new();
+        for large in [false, true] {
+            idle.extend(
+                inner
+                    .blocks(large)
+                    .idle_segments()
+                    .into_iter()
+                    .map(|(s, l)| (large, s, l)),
+            );
+        }
+        idle.sort_by_key(|&(_, s, l)| (std::cmp::Reverse(l), s));
+        for (large, id, len) in idle {
+            if inner.stats.reserved <= keep {
+                break;
+            }
+            if !inner.blocks(large).remove_segment(id) {
+                continue;
+            }
+            if let Some(seg) = inner.segs.get_mut(id as usize).and_then(Option::take) {
+                seg.release(self.dev)?;
+            }
+            inner.stats.reserved -= len;
+            inner.stats.segments -= 1;
+            inner.stats.released += 1;
+            given += len;
+        }
+        Ok(given)
+    }
+
+    /// The statistics now.
+    pub fn stats(&self) -> Stats {
+        let g = self.lock();
+        let (fs, fl) = g.small.free_bytes();
+        let (ls, ll) = g.large.free_bytes();
+        let cached: u64 = g.recent.iter().map(|r| r.block.len).sum();
+        let longest = g.recent.iter().map(|r| r.block.len).max().unwrap_or(0);
+        Stats {
+            free: fs + ls + cached,
+            largest_free: fl.max(ll).max(longest),
+            ..g.stats
+        }
+    }
+
+    /// Forgets the peaks: they restart from what is held now.
+    pub fn reset_peaks(&self) {
+        let mut g = self.lock();
+        let s = &mut g.stats;
+        s.reserved_peak = s.reserved;
+        s.allocated_peak = s.allocated;
+        s.requested_peak = s.requested;
+    }
+}
+
+impl Inner {
+    fn blocks(&mut self, large: bool) -> &mut Blocks {
+        if large {
+            &mut self.large
+        } else {
+            &mut self.small
+        }
+    }
+
+    fn points(&mut self, stream: u64) -> &mut StreamPoints {
+        self.streams.entry(stream).or_default()
+    }
+
+    fn count_alloc(&mut self, got: u64, asked: u64) {
+        let s = &mut self.stats;
+        s.allocated += got;
+        s.allocated_peak = s.allocated_peak.max(s.allocated);
+        s.requested += asked;
+        s.requested_peak = s.requested_peak.max(s.requested);
+    }
+
+    /// Gives a recent free back to the blocks: ready if its stream is known complete up to
+    /// its point, else its stream's.
+    fn settle(&mut self, r: Recent) {
+        let done = self.points(r.stream).completed;
+        let (owner, point) = if r.point <= done {
+            (Owner::Ready, 0)
+        } else {
+            (Owner::Stream(r.stream), r.point)
+        };
+        let b = r.block;
+        self.blocks(b.large).give(b.seg, b.offset, owner, point);
+    }
+}
+
+impl Drop for Allocator<'_> {
+    /// Every segment goes back to the kernel (blocks still in use included), and the
+    /// allocator's event.
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+        for seg in inner.segs.drain(..).flatten() {
+            let _ = seg.release(self.dev);
+        }
+        if let Some(e) = inner.event.take() {
+            let _ = self.dev.event_destroy(e);
+        }
+    }
+}

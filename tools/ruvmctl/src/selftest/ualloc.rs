@@ -1,0 +1,375 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! libruvm's user-space stream-ordered allocator (`libruvm::alloc`) against the real device:
+//! bytes the engine writes into its blocks are read through their CPU addresses and the other
+//! way; blocks never overlap; a block freed on one stream and still read there is never handed
+//! to another stream unordered with that read (each of CUDA's reuse rules); idle segments go
+//! back to the kernel at a synchronize, and the kernel's audit sees every segment go.
+
+use nix::errno::Errno;
+
+use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::shared::live;
+use super::streams::{setup, sim_gpus, sw_sync, M};
+use crate::pattern;
+use libruvm::alloc::{Allocator, Block, Config, Reuse};
+use libruvm::op;
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "ualloc_blocks_hold_engine_and_cpu_bytes",
+            run: ualloc_blocks_hold_engine_and_cpu_bytes,
+        },
+        Case {
+            name: "ualloc_cross_stream_reuse_follows_the_rules",
+            run: ualloc_cross_stream_reuse_follows_the_rules,
+        },
+        Case {
+            name: "ualloc_gives_back_at_synchronize_and_trim",
+            run: ualloc_gives_back_at_synchronize_and_trim,
+        },
+        Case {
+            name: "ualloc_bad_inputs",
+            run: ualloc_bad_inputs,
+        },
+    ]
+}
+
+/// The bound of the cases' waits.
+const WAIT_MS: u32 = 20_000;
+
+/// Sizes from 1 byte to 2 MiB, about log-uniform, in a fixed order.
+fn sizes(n: usize, seed: u64) -> Vec<u64> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let shift = x % 21;
+            (1u64 << shift) + x % (1 << shift)
+        })
+        .collect()
+}
+
+/// No two blocks share a byte.
+fn disjoint(blocks: &[Block]) -> TestResult {
+    let mut v: Vec<(u64, u64, u64)> = blocks
+        .iter()
+        .map(|b| (b.mem(), b.offset(), b.len()))
+        .collect();
+    v.sort_unstable();
+    for w in v.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        check!(
+            a.0 != b.0 || a.1 + a.2 <= b.1,
+            "blocks overlap: mem {} [{:#x}, +{:#x}) and [{:#x}, +{:#x})",
+            a.0,
+            a.1,
+            a.2,
+            b.1,
+            b.2
+        );
+    }
+    Ok(())
+}
+
+/// The bytes at a block's CPU address that differ from the pattern of `seed` (the pattern of
+/// the block's offsets in its mem, as the engine's FILL writes it).
+fn cpu_mismatches(b: &Block, len: u64, seed: u64) -> u64 {
+    (0..len)
+        .filter(|&i| {
+            // SAFETY: `i` is inside the block, whose mapping lives as long as its allocator;
+            // the engine's work on it is complete (the stream was synchronized).
+            let got = unsafe { b.as_ptr().add(i as usize).read_volatile() };
+            got != pattern::byte_at(seed, b.offset() + i)
+        })
+        .count() as u64
+}
+
+/// 32 blocks of 1 byte to 2 MiB on one stream: disjoint; the engine fills each (FILL through
+/// the segment's mem), the CPU reads the pattern at the block's address; then the CPU writes
+/// blocks reused after frees, the engine copies each into another block, the CPU reads the
+/// copies. Every block is in a segment the kernel counts, and every segment goes at the end.
+fn ualloc_blocks_hold_engine_and_cpu_bytes() -> TestResult {
+    let (d, g) = setup()?;
+    let before = live(&d)?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    {
+        let a = Allocator::new(
+            &d,
+            Config {
+                gpus: vec![g],
+                ..Default::default()
+            },
+        );
+        let lens = sizes(32, 0x5eed);
+        let mut blocks = Vec::new();
+        for &l in &lens {
+            blocks.push(a.alloc(l, s).ctx(&format!("alloc {l}"))?);
+        }
+        disjoint(&blocks)?;
+        for (i, (b, &l)) in blocks.iter().zip(&lens).enumerate() {
+            check!(b.len() >= l, "block {i}: {} bytes for {l}", b.len());
+            a.submit(
+                s,
+                &[op::fill_pattern(b.mem(), b.offset(), l, 100 + i as u64)],
+            )
+            .ctx("submit FILL")?;
+        }
+        a.synchronize(s).ctx("synchronize")?;
+        for (i, (b, &l)) in blocks.iter().zip(&lens).enumerate() {
+            let bad = cpu_mismatches(b, l, 100 + i as u64);
+            check!(
+                bad == 0,
+                "block {i} ({l} bytes): {bad} bytes are not the engine's"
+            );
+        }
+        // Every other block freed and asked for again at the same size: a hit on this stream.
+        let misses = a.stats().misses;
+        for i in (0..blocks.len()).step_by(2) {
+            a.free(blocks[i], s).ctx("free")?;
+            blocks[i] = a.alloc(lens[i], s).ctx("alloc again")?;
+        }
+        check!(
+            a.stats().misses == misses,
+            "reallocations after frees needed new segments"
+        );
+        disjoint(&blocks)?;
+        // The CPU writes the even blocks, the engine copies each into the odd one after it.
+        for i in (0..blocks.len() - 1).step_by(2) {
+            let (src, dst) = (blocks[i], blocks[i + 1]);
+            let l = lens[i].min(lens[i + 1]);
+            for o in 0..l {
+                // SAFETY: inside the block; no work of the stream touches it now.
+                unsafe {
+                    src.as_ptr()
+                        .add(o as usize)
+                        .write_volatile(pattern::byte_at(7 + i as u64, dst.offset() + o))
+                };
+            }
+            a.submit(
+                s,
+                &[op::copy(
+                    dst.mem(),
+                    dst.offset(),
+                    src.mem(),
+                    src.offset(),
+                    l,
+                )],
+            )
+            .ctx("submit COPY")?;
+        }
+        a.synchronize(s).ctx("synchronize")?;
+        for i in (0..blocks.len() - 1).step_by(2) {
+            let l = lens[i].min(lens[i + 1]);
+            let bad = cpu_mismatches(&blocks[i + 1], l, 7 + i as u64);
+            check!(
+                bad == 0,
+                "copy {i}: {bad} bytes differ from what the CPU wrote"
+            );
+        }
+        let st = a.stats();
+        check!(
+            st.allocated_peak <= st.reserved_peak && st.requested <= st.allocated,
+            "statistics disagree: {st:?}"
+        );
+    }
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    d.sync_every_stream(WAIT_MS).ctx("sync")?;
+    check!(live(&d)? == before, "the allocator's segments outlived it");
+    Ok(())
+}
+
+/// Block X, filled with a pattern, is copied on stream A behind a held fence, then freed on A;
+/// stream B asks for the same size. Opportunistic reuse alone must not hand X to B while A's
+/// copy waits; internal dependencies hand it over with a wait, and B's write into X lands after
+/// A's copy read it; an event recorded on A after the free and waited on by B hands X over with
+/// no inserted wait; once A is synchronized, X is anyone's.
+fn ualloc_cross_stream_reuse_follows_the_rules() -> TestResult {
+    let (d, _) = setup()?;
+    // The streams on two GPUs: one GPU's engine runs its streams' work one at a time, which
+    // would order B's write after A's copy whatever the allocator did.
+    let gpus = sim_gpus(&d)?;
+    let [ga, gb] = [gpus.first(), gpus.get(1)].map(|g| g.map(|g| g.id));
+    let (Some(ga), Some(gb)) = (ga, gb) else {
+        return Err(Stop::Skip("needs two simulated GPUs (sim_gpus=2)".into()));
+    };
+    let tl = sw_sync()?;
+    let before = live(&d)?;
+    for rule in ["opportunistic", "internal", "event"] {
+        let reuse = Reuse {
+            follow_event_dependencies: rule == "event",
+            allow_opportunistic: true,
+            allow_internal_dependencies: rule == "internal",
+        };
+        let sa = d.stream_create(ga).ctx("STREAM_CREATE")?.handle;
+        let sb = d.stream_create(gb).ctx("STREAM_CREATE")?.handle;
+        {
+            let a = Allocator::new(
+                &d,
+                Config {
+                    gpus: vec![ga, gb],
+                    reuse,
+                    // Nothing given back at a synchronize: the reuse after one is checked.
+                    release_threshold: u64::MAX,
+                },
+            );
+            // Large blocks, each a segment of its own: no free rest of a segment to take.
+            let len = 2 * M;
+            let x = a.alloc(len, sa).ctx("alloc X")?;
+            let dst = a.alloc(len, sa).ctx("alloc dst")?;
+            a.submit(sa, &[op::fill_pattern(x.mem(), x.offset(), len, 41)])
+                .ctx("FILL X")?;
+            a.synchronize(sa).ctx("sync A")?;
+            let fence = tl.create_fence(1, "hold").ctx("CREATE_FENCE")?;
+            use std::os::fd::AsFd;
+            a.submit(
+                sa,
+                &[
+                    op::wait_fd(fence.as_fd(), WAIT_MS),
+                    op::copy(dst.mem(), dst.offset(), x.mem(), x.offset(), len),
+                ],
+            )
+            .ctx("A: wait, copy X")?;
+            a.free(x, sa).ctx("free X on A")?;
+            let ev = d.event_create().ctx("EVENT_CREATE")?;
+            if rule == "event" {
+                a.record_event(sa, ev).ctx("record on A")?;
+                a.wait_event(sb, ev).ctx("B waits")?;
+            }
+            let y = a.alloc(len, sb).ctx("B allocates")?;
+            let same = (y.mem(), y.offset()) == (x.mem(), x.offset());
+            let st = a.stats();
+            match rule {
+                "opportunistic" => check!(
+                    !same,
+                    "B got X while A's copy of it was still queued (opportunistic reuse alone)"
+                ),
+                "internal" => check!(
+                    same && st.waits_inserted == 1,
+                    "internal dependencies: X {}handed over, {} waits inserted",
+                    if same { "" } else { "not " },
+                    st.waits_inserted
+                ),
+                _ => check!(
+                    same && st.waits_inserted == 0,
+                    "event dependencies: X {}handed over, {} waits inserted",
+                    if same { "" } else { "not " },
+                    st.waits_inserted
+                ),
+            }
+            // B overwrites what it got; A's copy must still read the pattern.
+            a.submit(sb, &[op::fill_byte(y.mem(), y.offset(), len, 0xee)])
+                .ctx("B writes")?;
+            tl.inc(1).ctx("release A")?;
+            a.synchronize(sa).ctx("sync A")?;
+            a.synchronize(sb).ctx("sync B")?;
+            let bad = cpu_mismatches(&dst, len, 41);
+            check!(
+                bad == 0,
+                "{rule}: A's copy read {bad} bytes that are not X's (B's writes reached it)"
+            );
+            // After both synchronized, X (or B's block) is anyone's: a third stream takes it
+            // without a new segment.
+            a.free(y, sb).ctx("free on B")?;
+            a.synchronize(sb).ctx("sync B")?;
+            let misses = a.stats().misses;
+            let z = a.alloc(len, sa).ctx("alloc after the syncs")?;
+            check!(
+                a.stats().misses == misses,
+                "{rule}: a synchronized free was not reused"
+            );
+            a.free(z, sa).ctx("free")?;
+            a.free(dst, sa).ctx("free")?;
+            d.event_destroy(ev).ctx("EVENT_DESTROY")?;
+        }
+        d.stream_destroy(sa).ctx("STREAM_DESTROY")?;
+        d.stream_destroy(sb).ctx("STREAM_DESTROY")?;
+    }
+    d.sync_every_stream(WAIT_MS).ctx("sync")?;
+    check!(
+        live(&d)? == before,
+        "segments or streams outlived the cases"
+    );
+    Ok(())
+}
+
+/// With the release threshold 0, a synchronize after every block is freed leaves no segment
+/// (the kernel's audit agrees); with it at the maximum, the segments stay until a trim.
+fn ualloc_gives_back_at_synchronize_and_trim() -> TestResult {
+    let (d, g) = setup()?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let before = live(&d)?;
+    for threshold in [0, u64::MAX] {
+        let a = Allocator::new(
+            &d,
+            Config {
+                gpus: vec![g],
+                release_threshold: threshold,
+                ..Default::default()
+            },
+        );
+        let blocks = sizes(40, threshold ^ 3)
+            .into_iter()
+            .map(|l| a.alloc(l, s))
+            .collect::<Result<Vec<_>, _>>()
+            .ctx("alloc")?;
+        let held = live(&d)?;
+        check!(held != before, "40 blocks and no new mem in the kernel");
+        for b in blocks {
+            a.free(b, s).ctx("free")?;
+        }
+        a.synchronize(s).ctx("synchronize")?;
+        let st = a.stats();
+        if threshold == 0 {
+            check!(
+                st.reserved == 0 && st.segments == 0 && live(&d)? == before,
+                "threshold 0: {} bytes in {} segments kept after a synchronize",
+                st.reserved,
+                st.segments
+            );
+        } else {
+            check!(
+                st.reserved > 0 && live(&d)? == held,
+                "threshold max: the segments went at a synchronize"
+            );
+            let given = a.trim(0).ctx("trim")?;
+            check!(
+                given == st.reserved && a.stats().reserved == 0 && live(&d)? == before,
+                "trim(0) gave back {given} of {} bytes",
+                st.reserved
+            );
+        }
+    }
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    Ok(())
+}
+
+/// 0 bytes, more than the largest request, a block freed twice, a block of another allocator.
+fn ualloc_bad_inputs() -> TestResult {
+    let (d, g) = setup()?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let a = Allocator::new(&d, Config::default());
+    let b = Allocator::new(&d, Config::default());
+    expect_errno(a.alloc(0, s), Errno::EINVAL, "alloc of 0 bytes")?;
+    expect_errno(
+        a.alloc(libruvm::alloc::MAX_REQUEST + 1, s),
+        Errno::ENOMEM,
+        "alloc beyond the largest request",
+    )?;
+    let x = a.alloc(M, s).ctx("alloc")?;
+    let y = b.alloc(M, s).ctx("alloc")?;
+    expect_errno(
+        b.free(x, s),
+        Errno::EINVAL,
+        "free of another allocator's block",
+    )?;
+    a.free(x, s).ctx("free")?;
+    expect_errno(a.free(x, s), Errno::EINVAL, "a block freed twice")?;
+    b.free(y, s).ctx("free")?;
+    drop((a, b));
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    Ok(())
+}
