@@ -7,7 +7,7 @@
 //! whether every case could run.
 //!
 //! The cases are in [`cases`] (the stream cases in [`streams`], stream-ordered allocation in
-//! [`stream_alloc`], IPC pools in [`ipc`]); the goals and the table in
+//! [`stream_alloc`], IPC pools in [`ipc`], libruvm's allocator on traces in [`ualloc`]); the goals and the table in
 //! [`report`]; the size-scaling SVG in [`svg`] (drawn on the host from the JSON the guest
 //! prints).
 
@@ -23,6 +23,7 @@ pub mod report;
 pub mod stream_alloc;
 pub mod streams;
 pub mod svg;
+pub mod ualloc;
 
 /// How much to run.
 #[derive(Clone, Copy, Debug)]
@@ -34,7 +35,7 @@ pub struct Spec {
 }
 
 /// The groups of cases, in the order they run.
-pub const GROUPS: [&str; 12] = [
+pub const GROUPS: [&str; 13] = [
     "g1",
     "g2",
     "g3",
@@ -47,6 +48,7 @@ pub const GROUPS: [&str; 12] = [
     "streams",
     "stream_alloc",
     "ipc",
+    "ualloc",
 ];
 
 /// One case: ruvm's way and the baseline's, sample by sample (nanoseconds, or bytes for the
@@ -163,7 +165,12 @@ pub fn command(spec: &Spec, groups: &[String], json: bool) -> Result<()> {
         max_size: spec.max_size,
         cases: Vec::new(),
     };
-    let more: [cases::CaseGroup; 3] = [streams::streams, stream_alloc::stream_alloc, ipc::ipc];
+    let more: [cases::CaseGroup; 4] = [
+        streams::streams,
+        stream_alloc::stream_alloc,
+        ipc::ipc,
+        ualloc::ualloc,
+    ];
     cases::run_all(&d, spec, groups, &more, &mut |c: Case| {
         eprintln!(
             "bench: {:<28} ruvm {:>12.0} {}  base {:>12.0}  ratio {:.3}",

@@ -844,7 +844,7 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
         /// Run only this group of cases (g1, g2, g3, g4, g5, copy, mem, va, pool, streams,
-        /// stream_alloc; repeat for several).
+        /// stream_alloc, ipc, ualloc; repeat for several).
         #[arg(long)]
         only: Vec<String>,
     },

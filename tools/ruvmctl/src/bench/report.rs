@@ -285,6 +285,21 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
         r.measure = "per hit / fresh".into();
         rows.push(r);
     }
+    // libruvm's allocator on traces: a pair at most 0.05 of fresh mems', and at most 1.1x the
+    // peak of live bytes reserved, on every class.
+    for c in with_prefix("ualloc.") {
+        let mut r = ratio_row(
+            "Allocator",
+            c,
+            Target::AtMost(if c.unit == "B" { 1.1 } else { 0.05 }),
+        );
+        r.measure = if c.unit == "B" {
+            "reserved high / live peak".into()
+        } else {
+            "per pair / fresh".into()
+        };
+        rows.push(r);
+    }
     // IPC pools, against a bare ioctl: for information (CUDA on an H100 in the note).
     for c in with_prefix("ipc.") {
         let mut r = ratio_row("Sharing", c, Target::Info);
