@@ -30,4 +30,5 @@ pub(crate) mod upin;
 pub(crate) mod uread;
 pub(crate) mod vma;
 pub(crate) mod vmap;
+pub(crate) mod words;
 pub(crate) mod workqueue;

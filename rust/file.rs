@@ -290,6 +290,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_STREAM_DESTROY => me.stream_destroy(user)?,
             uapi::RUVM_IOCTL_STREAM_SUBMIT => me.stream_submit(file, user, arg)?,
             uapi::RUVM_IOCTL_STREAM_QUERY => me.stream_query(user)?,
+            uapi::RUVM_IOCTL_STREAM_STATUS => me.stream_status(user)?,
             uapi::RUVM_IOCTL_STREAM_SYNC => me.stream_sync(user)?,
             uapi::RUVM_IOCTL_EVENT_CREATE => me.event_create(user)?,
             uapi::RUVM_IOCTL_EVENT_DESTROY => me.event_destroy(user)?,
@@ -317,6 +318,9 @@ impl MiscDevice for RuvmFile {
 
     fn mmap(me: Pin<&RuvmFile>, _file: &File, vma: &VmaNew) -> Result {
         let offset = vma::offset(vma).ok_or(EINVAL)?;
+        if offset == uapi::RUVM_STATUS_MMAP_OFFSET {
+            return me.status_page()?.map(vma);
+        }
         let mem = {
             let inner = me.inner.lock();
             let handle = inner.offsets.get(&offset).copied();

@@ -56,6 +56,7 @@ pub(crate) mod lookup;
 mod named;
 pub(crate) mod op;
 pub(crate) mod plan;
+pub(crate) mod status;
 mod timeline;
 mod turn;
 
@@ -114,6 +115,8 @@ struct StreamState {
     /// The last seqno of the operations retired (under the lock; `completed` follows once they
     /// are dropped).
     retired_to: u64,
+    /// Its slot of the file's status page, once asked for: `completed` is published there.
+    slot: Option<status::Slot>,
 }
 
 impl StreamState {
@@ -235,6 +238,7 @@ impl StreamCore {
                     times_at: 0,
                     cancelled_from: 0,
                     retired_to: 0,
+                    slot: None,
                 }),
                 retired <- new_condvar!(),
                 links <- ListLinks::new(),
@@ -356,6 +360,36 @@ impl StreamCore {
         }
     }
 
+    /// Notes the completed point `st` reached, under its lock: for a pool's opportunistic
+    /// reuse (`reached`) and in the stream's slot of the status page, if it has one.
+    fn reached_now(&self, st: &StreamState) {
+        self.reached.store(st.completed, Release);
+        if let Some(slot) = &st.slot {
+            slot.publish(st.completed);
+        }
+    }
+
+    /// Its slot of the file's status page `page` (given at the first call: `ENOSPC` if none
+    /// is free), and its completed point.
+    /// `ENOENT` once destroyed (a destroy racing the call gave its slot back already).
+    pub(crate) fn status_slot(&self, page: &Arc<status::Status>) -> Result<(u32, u64)> {
+        let mut st = self.state.lock();
+        if st.destroyed || st.cancelled {
+            return Err(ENOENT);
+        }
+        let completed = st.completed;
+        let index = match &st.slot {
+            Some(slot) => slot.index(),
+            None => {
+                let slot = page.take(self.handle, completed)?;
+                let index = slot.index();
+                st.slot = Some(slot);
+                index
+            }
+        };
+        Ok((index, completed))
+    }
+
     /// Its counters now.
     pub(crate) fn info(&self) -> StreamInfo {
         let st = self.state.lock();
@@ -397,9 +431,15 @@ impl StreamCore {
         Ok(())
     }
 
-    /// Its handle is gone: nothing more is submitted; queued work goes on.
+    /// Its handle is gone: nothing more is submitted; queued work goes on. Its slot of the
+    /// status page is given back (nothing can name the stream any more).
     pub(crate) fn destroy(&self) {
-        self.state.lock().destroyed = true;
+        let slot = {
+            let mut st = self.state.lock();
+            st.destroyed = true;
+            st.slot.take()
+        };
+        drop(slot);
         self.gone.store(true, Release);
     }
 
@@ -433,7 +473,7 @@ impl StreamCore {
                 st.submitted
             };
             st.reach(upto);
-            self.reached.store(st.completed, Release);
+            self.reached_now(&st);
             st.queued = 0;
             self.retired.notify_all();
         }
@@ -500,7 +540,7 @@ impl StreamCore {
             let to = if st.cancelled { st.submitted } else { seqno };
             // The points' fences first: whoever sees them completed sees them signalled.
             st.reach(to);
-            self.reached.store(st.completed, Release);
+            self.reached_now(&st);
             st.queued = st.queued.saturating_sub(units);
             self.retired.notify_all();
         }

@@ -85,6 +85,7 @@ plain_old_data!(
     ruvm_op,
     ruvm_stream_submit,
     ruvm_stream_query,
+    ruvm_stream_status,
     ruvm_stream_sync,
     ruvm_event,
 );

@@ -64,6 +64,14 @@ _Static_assert(((RUVM_OP_DST_INDEX | RUVM_OP_SRC_INDEX) &
 _Static_assert((RUVM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES | RUVM_POOL_REUSE_ALLOW_OPPORTUNISTIC |
 		RUVM_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES) == 7, "pool reuse bits");
 _Static_assert((RUVM_FEATURES_ALL & RUVM_FEATURE_STREAM_ALLOC) != 0, "stream alloc feature");
+_Static_assert(sizeof(struct ruvm_stream_status) == 48, "struct ruvm_stream_status size");
+_Static_assert(offsetof(struct ruvm_stream_status, slot) == 12, "status slot");
+_Static_assert(offsetof(struct ruvm_stream_status, completed) == 24, "status completed");
+_Static_assert(sizeof(struct ruvm_status_slot) == 16, "struct ruvm_status_slot size");
+_Static_assert(RUVM_STATUS_SLOTS * sizeof(struct ruvm_status_slot) <= 4096,
+	       "the status page's slots fit a 4 KiB page");
+_Static_assert(RUVM_STATUS_MMAP_OFFSET % (1 << 20) == 0 && RUVM_STATUS_MMAP_OFFSET < (1ULL << 63),
+	       "status page offset aligned, a valid loff_t");
 _Static_assert(RUVM_AUDIT_POOL_PENDING == RUVM_AUDIT_CLASSES - 1, "pool_pending class");
 _Static_assert(sizeof(struct ruvm_pool_set) == 40, "struct ruvm_pool_set size");
 _Static_assert(sizeof(struct ruvm_pool_trim) == 48, "struct ruvm_pool_trim size");

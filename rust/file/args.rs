@@ -142,6 +142,7 @@ spec! {
     ruvm_stream_handle { flags: 0, zero: [pad, reserved] }
     ruvm_stream_submit { flags: 0, zero: [reserved] }
     ruvm_stream_query { flags: 0, zero: [reserved] }
+    ruvm_stream_status { flags: 0, zero: [reserved] }
     ruvm_stream_sync { flags: uapi::ruvm_sync_flags_RUVM_SYNC_EVERY_STREAM, zero: [reserved] }
     ruvm_event { flags: 0, zero: [reserved] }
 }

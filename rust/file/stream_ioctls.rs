@@ -23,6 +23,7 @@ use crate::{
     stream::{
         event::Event,
         lookup::{Lookup, Named},
+        status::Status,
         Budget, StreamCore,
     },
     uapi,
@@ -46,6 +47,8 @@ pub(super) struct FileStreams {
     /// How many `events` holds (an RB-tree does not count its nodes).
     n_events: usize,
     next: u64,
+    /// The status page, once asked for (`RUVM_IOCTL_STREAM_STATUS` or its `mmap`).
+    status: Option<Arc<Status>>,
 }
 
 impl FileStreams {
@@ -57,6 +60,7 @@ impl FileStreams {
             events: RBTree::new(),
             n_events: 0,
             next: 1,
+            status: None,
         })
     }
 
@@ -329,6 +333,27 @@ impl RuvmFile {
             &FileLookup(self, file),
         )?;
         // The work is queued: unless the caller unmapped the structure meanwhile, this works.
+        writer.write(&args)
+    }
+
+    /// The file's status page, made at the first call (charged to the caller).
+    pub(super) fn status_page(&self) -> Result<Arc<Status>> {
+        if let Some(s) = &self.inner.lock().streams.status {
+            return Ok(s.clone());
+        }
+        // Made with no lock held; a racing call's page may win, and this one is dropped.
+        let made = Status::new()?;
+        let mut inner = self.inner.lock();
+        Ok(inner.streams.status.get_or_insert(made).clone())
+    }
+
+    /// `RUVM_IOCTL_STREAM_STATUS`: the stream's slot of the status page.
+    pub(super) fn stream_status(&self, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_stream_status>(user)?;
+        let stream = self.stream(args.handle)?;
+        let page = self.status_page()?;
+        (args.slot, args.completed) = stream.status_slot(&page)?;
+        args.offset = uapi::RUVM_STATUS_MMAP_OFFSET;
         writer.write(&args)
     }
 

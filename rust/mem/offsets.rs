@@ -22,7 +22,10 @@ use kernel::{
     sync::{Arc, SpinLock},
 };
 
-use crate::bind::{global::global, maple::RangeAlloc};
+use crate::{
+    bind::{global::global, maple::RangeAlloc},
+    uapi,
+};
 
 /// Bytes per slot: the largest chunk, so that a mem of one chunk of any size fits one.
 const SLOT: u64 = super::policy::CHUNK_MAX;
@@ -131,7 +134,8 @@ impl MmapRange {
             // CAST: both fit a `usize` on the 64-bit kernels ruvm builds for.
             let (first, last) = (
                 (SLOTS_END / page) as usize,
-                (i64::MAX as u64 / page) as usize,
+                // Below the status page's offset, which no mem's range reaches.
+                (uapi::RUVM_STATUS_MMAP_OFFSET / page - 1) as usize,
             );
             At::Pages(space.ranges.alloc(pages, first, last)?)
         };

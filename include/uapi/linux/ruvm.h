@@ -115,12 +115,17 @@ struct ruvm_info {
  * sync on the buffers' reservation objects.
  */
 #define RUVM_FEATURE_DMABUF (1ULL << 14)
+/*
+ * The stream status page: each stream's completed point published in a read-only page of the
+ * file (RUVM_IOCTL_STREAM_STATUS, mmap at RUVM_STATUS_MMAP_OFFSET).
+ */
+#define RUVM_FEATURE_STATUS_PAGE (1ULL << 15)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
 	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS |                   \
 	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC | RUVM_FEATURE_PTR_ATTRS |           \
-	 RUVM_FEATURE_IPC_POOLS | RUVM_FEATURE_DMABUF)
+	 RUVM_FEATURE_IPC_POOLS | RUVM_FEATURE_DMABUF | RUVM_FEATURE_STATUS_PAGE)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -1841,6 +1846,56 @@ struct ruvm_stream_query {
 	__u64 reserved[2];
 };
 
+/*
+ * The stream status page (Documentation/ruvm.rst, "The stream status page"): one page of the
+ * file, mapped read-only with mmap(NULL, page size, PROT_READ, MAP_SHARED, fd,
+ * RUVM_STATUS_MMAP_OFFSET), an array of RUVM_STATUS_SLOTS struct ruvm_status_slot. A stream
+ * given a slot by RUVM_IOCTL_STREAM_STATUS publishes its completed point there, so a process
+ * learns how far a stream is without a system call.
+ */
+#define RUVM_STATUS_MMAP_OFFSET 0x7ffffffffff00000ULL
+#define RUVM_STATUS_SLOTS 256
+
+/**
+ * struct ruvm_status_slot - one stream's entry of the status page
+ *
+ * @handle:    the stream's handle while the slot is its (from its RUVM_IOCTL_STREAM_STATUS
+ *             until RUVM_IOCTL_STREAM_DESTROY or the file's close), else 0. Written after @completed when the slot is given, and set to 0
+ *             before the slot is given again: a reader that sees the same handle before and
+ *             after reading @completed read that stream's point.
+ * @completed: the seqno its work is complete up to, as RUVM_IOCTL_STREAM_QUERY's @completed
+ *             (every operation up to it retired and its fences signalled); it only grows.
+ */
+struct ruvm_status_slot {
+	__u64 handle;
+	__u64 completed;
+};
+
+/**
+ * struct ruvm_stream_status - give a stream a slot of the status page
+ * (RUVM_IOCTL_STREAM_STATUS)
+ *
+ * The file's status page is made at the first call (or the first mmap of it). ENOENT for a
+ * handle that is not a stream of the file (or a destroyed one), ENOSPC when every slot is
+ * taken (it cannot be: a file has at most RUVM_MAX_FILE_STREAMS streams), ENOMEM when the page
+ * cannot be had.
+ *
+ * @handle:    (in)  the stream
+ * @flags:     (in)  must be 0
+ * @slot:      (out) its slot (the same on every call for the stream)
+ * @offset:    (out) RUVM_STATUS_MMAP_OFFSET: where to mmap the page
+ * @completed: (out) its completed point now (what the slot says)
+ * @reserved:  (in)  must be 0
+ */
+struct ruvm_stream_status {
+	__u64 handle;
+	__u32 flags;
+	__u32 slot;
+	__u64 offset;
+	__u64 completed;
+	__u64 reserved[2];
+};
+
 /* ruvm_stream_sync.flags */
 enum ruvm_sync_flags {
 	/* Every stream of the file (cudaDeviceSynchronize): @handle must be 0. */
@@ -1956,6 +2011,7 @@ enum {
 	RUVM_IOCTL_EVENT_QUERY = _IOWR(RUVM_IOCTL_MAGIC, 0x47, struct ruvm_event),
 	RUVM_IOCTL_EVENT_SYNC = _IOWR(RUVM_IOCTL_MAGIC, 0x48, struct ruvm_event),
 	RUVM_IOCTL_EVENT_EXPORT = _IOWR(RUVM_IOCTL_MAGIC, 0x49, struct ruvm_event),
+	RUVM_IOCTL_STREAM_STATUS = _IOWR(RUVM_IOCTL_MAGIC, 0x4a, struct ruvm_stream_status),
 	RUVM_IOCTL_AUDIT = _IOWR(RUVM_IOCTL_MAGIC, 0x10, struct ruvm_audit),
 	RUVM_IOCTL_STATS = _IOWR(RUVM_IOCTL_MAGIC, 0x11, struct ruvm_stats),
 	RUVM_IOCTL_REGISTER_UNLOAD_STATE =

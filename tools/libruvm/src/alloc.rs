@@ -3,8 +3,8 @@
 //! A stream-ordered caching allocator in user space, the way CUDA's user-mode driver and the
 //! caching allocators programs use (PyTorch's, CuPy's) work: the kernel is asked for large
 //! *segments* (mems of this file, zeroed, mapped into the process and the kernel once and
-//! DMA-mapped once for the allocator's GPUs), and blocks of any size are carved out of them here, with no system
-//! call on a hit.
+//! DMA-mapped once for the allocator's GPUs), and blocks of any size are carved out of them
+//! here. A hit on a block of the same stream or one ready for anyone makes no system call.
 //!
 //! - **Sizes.** A request is rounded up to [`ROUND`] bytes. Requests up to [`SMALL_MAX`] come
 //!   from 2 MiB segments of their own class, larger ones from segments of their rounded size
@@ -17,24 +17,31 @@
 //!   just gave back).
 //! - **Stream order.** A block freed on a stream ([`Allocator::free`]) is the stream's own
 //!   until the free's point (the stream's last submission through [`Allocator::submit`]) is
-//!   known complete: that stream reuses it at once (its later work is ordered after the free);
-//!   another stream takes it only under CUDA's three reuse rules ([`Reuse`]): when the free is
-//!   known complete (`allow_opportunistic`: the completed point is read with
-//!   `RUVM_IOCTL_STREAM_QUERY` on a miss, once per stream), when the taker waited, through
-//!   [`Allocator::wait_event`], on an event [`Allocator::record_event`] recorded on the freeing
-//!   stream at or after the free (`follow_event_dependencies`), or by making the taker wait for
-//!   the free's point (`allow_internal_dependencies`: a `RECORD` on the freeing stream, a
-//!   `WAIT_EVENT` on the taker). A stream's frees become everyone's once it is synchronized.
+//!   known complete: that stream reuses it at once (its later work is ordered after the free).
+//!   Another stream takes it only under CUDA's three reuse rules ([`Reuse`]), in this order:
+//!   when the taker waited, through [`Allocator::wait_event`], on an event whose last record
+//!   went through [`Allocator::submit`] on the freeing stream after the free
+//!   (`follow_event_dependencies`); when the free is known complete (`allow_opportunistic`:
+//!   the freeing stream's completed point read from the file's stream status page, with no
+//!   system call once the stream has a slot, or `RUVM_IOCTL_STREAM_QUERY` on a module
+//!   without one); and, only when no memory can be had otherwise (the kernel or
+//!   [`Config::reserve_limit`] refused a segment, after the idle ones were given back), by
+//!   making the taker wait for the free's point (`allow_internal_dependencies`: a `RECORD` on
+//!   the freeing stream, a `WAIT_EVENT` on the taker). A stream's frees become everyone's
+//!   once it is synchronized through the allocator.
 //! - **Giving back.** [`Allocator::synchronize`] gives whole idle segments back to the kernel
 //!   while more than the release threshold is reserved (CUDA's default threshold, 0, keeps
 //!   nothing idle); [`Allocator::trim`] gives back down to a figure.
 //!
 //! The kernel stays the authority for every byte: each segment is a mem of the file, counted,
 //! charged and audited as any other, and everything goes back when the allocator is dropped or
-//! the file closed. Work that uses a block must be submitted through [`Allocator::submit`]
-//! (that is how the allocator knows a stream's points), and a block's CPU bytes may be touched
-//! only once the work on it is known complete, as with CUDA's stream-ordered memory. A reused
-//! block holds what its last user of this allocator left there (a new segment reads zero).
+//! the file closed. Work that uses a block, and the records of events waited for through the
+//! allocator, must be submitted through [`Allocator::submit`] (that is how the allocator knows
+//! each stream's points); [`Allocator::synchronize`] waits for what was submitted so. A block's
+//! CPU bytes may be touched only once the work on it is known complete, as with CUDA's
+//! stream-ordered memory. A reused block holds what its last user of this allocator left
+//! there (a new segment reads zero). A stream is synchronized through the allocator before it
+//! is destroyed: a destroyed stream's frees that were not are never reused.
 
 mod fit;
 mod segment;
@@ -45,7 +52,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use nix::errno::Errno;
 
-use crate::{op, uapi, Ruvm};
+use crate::{op, uapi, Ruvm, StatusPage};
 use fit::{Blocks, Found, Owner, Use};
 use segment::Segment;
 
@@ -94,6 +101,10 @@ pub struct Config {
     pub release_threshold: u64,
     /// The cross-stream reuse rules.
     pub reuse: Reuse,
+    /// The most bytes of segments held at once (PyTorch's per-process memory fraction): a
+    /// segment beyond it is `ENOMEM` without asking the kernel. `None`: the kernel's bounds
+    /// only (the file's quota, the memory cgroup).
+    pub reserve_limit: Option<u64>,
 }
 
 /// A block: `len` bytes at `offset` in mem `mem` (a segment), at `as_ptr()` in the process.
@@ -105,6 +116,7 @@ pub struct Block {
     addr: usize,
     seg: u32,
     large: bool,
+    generation: u32,
 }
 
 impl Block {
@@ -185,6 +197,9 @@ struct StreamPoints {
     completed: u64,
     /// For each other stream, the point of it this stream is known to be ordered after.
     after: FastMap<u64, u64>,
+    /// Its slot of the status page (`None`: not asked for yet; `Some(None)`: the module
+    /// gave none, so `STREAM_QUERY` it is).
+    slot: Option<Option<u32>>,
 }
 
 struct Inner {
@@ -203,6 +218,10 @@ struct Inner {
     event: Option<u64>,
     events: FastMap<u64, (u64, u64)>,
     stats: Stats,
+    /// The file's stream status page, once mapped (`Some(None)`: it could not be).
+    status: Option<Option<StatusPage>>,
+    /// The next allocation's generation.
+    generation: u32,
 }
 
 /// A block freed lately: by which stream, at which point of it.
@@ -260,6 +279,8 @@ impl<'d> Allocator<'d> {
                 event: None,
                 events: FastMap::default(),
                 stats: Stats::default(),
+                status: None,
+                generation: 0,
             }),
         }
     }
@@ -271,7 +292,8 @@ impl<'d> Allocator<'d> {
 
     /// A block of at least `len` bytes for work on `stream` (a stream handle of the device).
     /// `EINVAL` for 0 bytes, `ENOMEM` beyond [`MAX_REQUEST`]; a new segment's errors
-    /// (`ENOMEM` at the file's quota or the memory cgroup's limit) otherwise.
+    /// (`ENOMEM` at the file's quota or the memory cgroup's limit) otherwise, once idle
+    /// segments were given back and no other stream's free could be taken.
     pub fn alloc(&self, len: u64, stream: u64) -> Result<Block, Errno> {
         if len == 0 {
             return Err(Errno::EINVAL);
@@ -284,6 +306,12 @@ impl<'d> Allocator<'d> {
         let min_split = if large { LARGE_SPLIT } else { ROUND };
         let mut g = self.lock();
         let inner = &mut *g;
+        let generation = inner.next_generation();
+        let used = Use {
+            asked: len,
+            cached: false,
+            generation,
+        };
         // A recent free of this stream that fits as a take would have left it.
         let fits = |r: &Recent| {
             r.stream == stream
@@ -292,11 +320,10 @@ impl<'d> Allocator<'d> {
                 && r.block.len - want < min_split
         };
         if let Some(i) = inner.recent.iter().rposition(fits) {
-            let r = inner.recent.swap_remove(i);
-            let b = r.block;
-            let used = Use {
-                asked: len,
-                cached: false,
+            let r = inner.recent.remove(i);
+            let b = Block {
+                generation,
+                ..r.block
             };
             if inner.blocks(large).set_use(b.seg, b.offset, used) {
                 inner.stats.hits += 1;
@@ -304,51 +331,38 @@ impl<'d> Allocator<'d> {
                 return Ok(b);
             }
         }
-        let found = match self.find(inner, large, want, stream)? {
-            Some(f) => Some(f),
-            None if !inner.recent.is_empty() => {
-                // Before asking the kernel: everything freed lately goes back, merged.
-                self.settle_recent(inner, None);
-                self.find(inner, large, want, stream)?
-            }
-            None => None,
-        };
+        let mut found = self.find(inner, large, want, stream);
+        if found.is_none() && !inner.recent.is_empty() {
+            // Before asking the kernel: everything freed lately goes back, merged.
+            self.settle_recent(inner, None);
+            found = self.find(inner, large, want, stream);
+        }
         let found = match found {
             Some(f) => {
                 inner.stats.hits += 1;
                 f
             }
-            None => {
-                let seg_len = if large {
-                    want.next_multiple_of(SEGMENT_UNIT)
-                } else {
-                    SEGMENT_UNIT
-                };
-                let seg = Segment::new(self.dev, seg_len, &self.cfg.gpus)?;
-                let id = match inner.segs.iter().position(Option::is_none) {
-                    Some(i) => i,
-                    None => {
-                        inner.segs.push(None);
-                        inner.segs.len() - 1
+            None => match self.new_segment(inner, large, want) {
+                Ok(f) => f,
+                Err(e) if e == Errno::ENOMEM || e == Errno::ENOSPC => {
+                    // The kernel says no: the idle segments go back and it is asked again;
+                    // then another stream's free is taken behind a wait for it (as a pool's
+                    // internal dependencies: only when the memory cannot be had otherwise).
+                    self.settle_recent(inner, None);
+                    let _ = self.give_back(inner, 0);
+                    match self.new_segment(inner, large, want) {
+                        Ok(f) => f,
+                        Err(again) => match self.take_behind_wait(inner, large, want, stream) {
+                            Some(f) => {
+                                inner.stats.hits += 1;
+                                f
+                            }
+                            None => return Err(again),
+                        },
                     }
-                };
-                let id32 = u32::try_from(id).map_err(|_| Errno::ENOMEM)?;
-                inner.segs[id] = Some(seg);
-                inner.blocks(large).add_segment(id32, seg_len);
-                let s = &mut inner.stats;
-                s.reserved += seg_len;
-                s.reserved_peak = s.reserved_peak.max(s.reserved);
-                s.segments += 1;
-                s.misses += 1;
-                inner
-                    .blocks(large)
-                    .best_fit(Owner::Ready, want)
-                    .ok_or(Errno::ENOMEM)?
-            }
-        };
-        let used = Use {
-            asked: len,
-            cached: false,
+                }
+                Err(e) => return Err(e),
+            },
         };
         let got = inner.blocks(large).take(found, want, min_split, used);
         let seg = inner
@@ -363,31 +377,61 @@ impl<'d> Allocator<'d> {
             addr: seg.addr(found.offset),
             seg: found.seg,
             large,
+            generation,
         };
         inner.count_alloc(got, len);
         Ok(block)
     }
 
-    /// A free block `stream` may take: its own, one ready for anyone, or another stream's
-    /// under the reuse rules, in order of cost (no system call, then one query a stream, then
-    /// an inserted wait).
-    fn find(
-        &self,
-        inner: &mut Inner,
-        large: bool,
-        want: u64,
-        stream: u64,
-    ) -> Result<Option<Found>, Errno> {
+    /// A new segment for a request of `want` bytes: its one free block.
+    fn new_segment(&self, inner: &mut Inner, large: bool, want: u64) -> Result<Found, Errno> {
+        let seg_len = if large {
+            want.next_multiple_of(SEGMENT_UNIT)
+        } else {
+            SEGMENT_UNIT
+        };
+        let id = match inner.segs.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => inner.segs.len(),
+        };
+        let id32 = u32::try_from(id).map_err(|_| Errno::ENOMEM)?;
+        let limit = self.cfg.reserve_limit.unwrap_or(u64::MAX);
+        if inner.stats.reserved.saturating_add(seg_len) > limit {
+            return Err(Errno::ENOMEM);
+        }
+        let seg = Segment::new(self.dev, seg_len, &self.cfg.gpus)?;
+        if id == inner.segs.len() {
+            inner.segs.push(Some(seg));
+        } else {
+            inner.segs[id] = Some(seg);
+        }
+        inner.blocks(large).add_segment(id32, seg_len);
+        let s = &mut inner.stats;
+        s.reserved += seg_len;
+        s.reserved_peak = s.reserved_peak.max(s.reserved);
+        s.segments += 1;
+        s.misses += 1;
+        inner
+            .blocks(large)
+            .best_fit(Owner::Ready, want)
+            .ok_or(Errno::ENOMEM)
+    }
+
+    /// A free block `stream` may take with no wait: its own, one ready for anyone, or another
+    /// stream's under the event and opportunistic rules (the freeing streams' completed points
+    /// read from the status page, or with `STREAM_QUERY` where there is none). A rule whose
+    /// system call fails does not apply.
+    fn find(&self, inner: &mut Inner, large: bool, want: u64, stream: u64) -> Option<Found> {
         let me = Owner::Stream(stream);
         if let Some(f) = inner.blocks(large).best_fit(me, want) {
-            return Ok(Some(f));
+            return Some(f);
         }
         if let Some(f) = inner.blocks(large).best_fit(Owner::Ready, want) {
-            return Ok(Some(f));
+            return Some(f);
         }
         let others = inner.blocks(large).stream_owners(me);
         if others.is_empty() {
-            return Ok(None);
+            return None;
         }
         let reuse = self.cfg.reuse;
         if reuse.follow_event_dependencies {
@@ -396,41 +440,84 @@ impl<'d> Allocator<'d> {
                 if let Some(f) = inner.blocks(large).best_fit(Owner::Stream(s), want) {
                     if f.point <= after {
                         inner.stats.cross_stream += 1;
-                        return Ok(Some(f));
+                        return Some(f);
                     }
                 }
             }
         }
         if reuse.allow_opportunistic {
             for &s in &others {
-                let q = self.dev.stream_query(s)?;
-                let p = inner.points(s);
-                p.completed = p.completed.max(q.completed);
-                let done = p.completed;
-                inner.small.promote(s, done);
-                inner.large.promote(s, done);
+                if let Some(done) = self.completed(inner, s) {
+                    inner.small.promote(s, done);
+                    inner.large.promote(s, done);
+                }
             }
             if let Some(f) = inner.blocks(large).best_fit(Owner::Ready, want) {
                 inner.stats.cross_stream += 1;
-                return Ok(Some(f));
+                return Some(f);
             }
         }
-        if reuse.allow_internal_dependencies {
-            let best = others
-                .iter()
-                .filter_map(|&s| inner.blocks(large).best_fit(Owner::Stream(s), want))
-                .min_by_key(|f| f.len);
-            if let Some(f) = best {
-                let Owner::Stream(s) = f.owner else {
-                    return Ok(Some(f));
+        None
+    }
+
+    /// Another stream's free taken behind a wait for its point (`allow_internal_dependencies`):
+    /// a `RECORD` of the allocator's event on the freeing stream, a `WAIT_EVENT` on `stream`.
+    /// `None` if the rule is off, no such free fits, or a call fails.
+    fn take_behind_wait(
+        &self,
+        inner: &mut Inner,
+        large: bool,
+        want: u64,
+        stream: u64,
+    ) -> Option<Found> {
+        if !self.cfg.reuse.allow_internal_dependencies {
+            return None;
+        }
+        let others = inner.blocks(large).stream_owners(Owner::Stream(stream));
+        let f = others
+            .iter()
+            .filter_map(|&s| inner.blocks(large).best_fit(Owner::Stream(s), want))
+            .min_by_key(|f| f.len)?;
+        let Owner::Stream(s) = f.owner else {
+            return Some(f);
+        };
+        self.order_after(inner, stream, s).ok()?;
+        inner.stats.cross_stream += 1;
+        inner.stats.waits_inserted += 1;
+        Some(f)
+    }
+
+    /// How far stream `s` is known complete, asked now: from the status page (no system call
+    /// once the stream has a slot), else `STREAM_QUERY`. `None` if neither answers (a destroyed
+    /// stream).
+    fn completed(&self, inner: &mut Inner, s: u64) -> Option<u64> {
+        if inner.status.is_none() {
+            inner.status = Some(StatusPage::map(self.dev).ok());
+        }
+        let has_page = matches!(inner.status, Some(Some(_)));
+        let slot = match inner.points(s).slot {
+            Some(slot) => slot,
+            None => {
+                let slot = if has_page {
+                    self.dev.stream_status(s).ok().map(|st| st.slot)
+                } else {
+                    None
                 };
-                self.order_after(inner, stream, s)?;
-                inner.stats.cross_stream += 1;
-                inner.stats.waits_inserted += 1;
-                return Ok(Some(f));
+                inner.points(s).slot = Some(slot);
+                slot
             }
-        }
-        Ok(None)
+        };
+        let read = match (slot, &inner.status) {
+            (Some(slot), Some(Some(page))) => page.completed(slot, s),
+            _ => None,
+        };
+        let now = match read {
+            Some(c) => c,
+            None => self.dev.stream_query(s).ok()?.completed,
+        };
+        let p = inner.points(s);
+        p.completed = p.completed.max(now);
+        Some(p.completed)
     }
 
     /// Makes `stream` wait for everything submitted to `other` so far: a `RECORD` of the
@@ -459,7 +546,8 @@ impl<'d> Allocator<'d> {
 
     /// Gives `block` back, ordered on `stream`: reusable by that stream at once, by others as
     /// [`Reuse`] allows once everything submitted to `stream` so far is complete. `EINVAL` for
-    /// a block this allocator does not have in use (freed twice, or another's).
+    /// a block this allocator does not have in use (freed twice, an earlier allocation of the
+    /// same place, or another allocator's).
     pub fn free(&self, block: Block, stream: u64) -> Result<(), Errno> {
         let mut g = self.lock();
         let inner = &mut *g;
@@ -470,12 +558,20 @@ impl<'d> Allocator<'d> {
             .map(|s| s.handle);
         let used = inner.blocks(block.large).used(block.seg, block.offset);
         let asked = match used {
-            Some((len, u)) if seg == Some(block.mem) && len == block.len && !u.cached => u.asked,
+            Some((len, u))
+                if seg == Some(block.mem)
+                    && len == block.len
+                    && !u.cached
+                    && u.generation == block.generation =>
+            {
+                u.asked
+            }
             _ => return Err(Errno::EINVAL),
         };
         let cached = Use {
             asked: 0,
             cached: true,
+            generation: block.generation,
         };
         inner
             .blocks(block.large)
@@ -508,55 +604,101 @@ impl<'d> Allocator<'d> {
         }
     }
 
-    /// Submits `ops` to `stream` (`RUVM_IOCTL_STREAM_SUBMIT`), noting the stream's last point:
-    /// work on the allocator's blocks must be submitted here. Returns the first op's seqno.
+    /// Submits `ops` to `stream` (`RUVM_IOCTL_STREAM_SUBMIT`), noting the stream's last point
+    /// and the point of every `RECORD` among them: work on the allocator's blocks, and the
+    /// records of events [`Allocator::wait_event`] waits for, must be submitted here. Returns
+    /// the first op's seqno. (The allocator's lock is held through the call, so its view of
+    /// each stream and event follows the order the kernel saw.)
     pub fn submit(&self, stream: u64, ops: &[uapi::ruvm_op]) -> Result<u64, Errno> {
+        let mut g = self.lock();
         let first = self.dev.stream_submit(stream, ops)?;
         let last = first + ops.len().saturating_sub(1) as u64;
-        let mut g = self.lock();
         let p = g.points(stream);
         p.submitted = p.submitted.max(last);
+        for (i, o) in ops.iter().enumerate() {
+            if o.kind == uapi::ruvm_op_kind_RUVM_OP_RECORD {
+                g.events.insert(o.value, (stream, first + i as u64));
+            }
+        }
         Ok(first)
     }
 
-    /// Records `event` on `stream` (a `RECORD` through [`Allocator::submit`]), noting its point
-    /// for [`Allocator::wait_event`].
+    /// Records `event` on `stream` (a `RECORD` through [`Allocator::submit`]).
     pub fn record_event(&self, stream: u64, event: u64) -> Result<(), Errno> {
-        let at = self.submit(stream, &[op::record(event)])?;
-        self.lock().events.insert(event, (stream, at));
-        Ok(())
+        self.submit(stream, &[op::record(event)]).map(|_| ())
     }
 
-    /// Makes `stream` wait for `event` (a `WAIT_EVENT`); when the event was recorded through
-    /// [`Allocator::record_event`], `stream` may then take the blocks the recording stream
-    /// freed before that record (`follow_event_dependencies`).
+    /// Makes `stream` wait for `event` (a `WAIT_EVENT`); when the event's last record went
+    /// through [`Allocator::submit`], `stream` may then take the blocks the recording stream
+    /// freed before that record (`follow_event_dependencies`). An event recorded with the
+    /// device directly must not be waited for here.
     pub fn wait_event(&self, stream: u64, event: u64) -> Result<(), Errno> {
-        self.submit(stream, &[op::wait_event(event, WAIT_MS)])?;
         let mut g = self.lock();
-        if let Some(&(other, at)) = g.events.get(&event) {
+        // Where the event is now: what the kernel's WAIT_EVENT below waits for.
+        let at = g.events.get(&event).copied();
+        let w = self
+            .dev
+            .stream_submit(stream, &[op::wait_event(event, WAIT_MS)])?;
+        let p = g.points(stream);
+        p.submitted = p.submitted.max(w);
+        if let Some((other, seqno)) = at {
             if other != stream {
-                let known = g.points(stream).after.entry(other).or_insert(0);
-                *known = (*known).max(at);
+                let known = p.after.entry(other).or_insert(0);
+                *known = (*known).max(seqno);
             }
         }
         Ok(())
     }
 
-    /// Waits for `stream`'s work (`RUVM_IOCTL_STREAM_SYNC`); its frees become everyone's, and
-    /// idle segments go back to the kernel while more than the release threshold is held.
+    /// Waits for the work submitted to `stream` through the allocator (no system call when
+    /// the status page says it is done, else `RUVM_IOCTL_STREAM_SYNC`); its frees become
+    /// everyone's, and idle segments go back to the kernel while more than the release
+    /// threshold is held. `EIO` (the stream in error: everything waited for retired) settles
+    /// the same and is returned.
     pub fn synchronize(&self, stream: u64) -> Result<(), Errno> {
-        let upto = self.lock().points(stream).submitted;
-        self.dev.stream_sync(stream, WAIT_MS)?;
-        let mut g = self.lock();
-        let inner = &mut *g;
+        let upto = {
+            let mut g = self.lock();
+            let inner = &mut *g;
+            let upto = inner.points(stream).submitted;
+            if self.completed_without_call(inner, stream) >= upto {
+                return self.settle_stream(inner, stream, upto).map(|_| ());
+            }
+            upto
+        };
+        let r = self.dev.stream_sync(stream, WAIT_MS);
+        if r.is_ok() || r == Err(Errno::EIO) {
+            let mut g = self.lock();
+            self.settle_stream(&mut g, stream, upto)?;
+        }
+        r
+    }
+
+    /// What the status page says of `stream` (0 if it has no slot yet or no page).
+    fn completed_without_call(&self, inner: &mut Inner, stream: u64) -> u64 {
+        let slot = inner.points(stream).slot.flatten();
+        let read = match (slot, &inner.status) {
+            (Some(slot), Some(Some(page))) => page.completed(slot, stream),
+            _ => None,
+        };
+        let p = inner.points(stream);
+        if let Some(c) = read {
+            p.completed = p.completed.max(c);
+        }
+        p.completed
+    }
+
+    /// `stream` is complete up to `upto`: its frees become ready, then the give-back.
+    fn settle_stream(&self, inner: &mut Inner, stream: u64, upto: u64) -> Result<u64, Errno> {
         let p = inner.points(stream);
         p.completed = p.completed.max(upto);
+        if p.slot.is_none() {
+            // Learn the stream's slot now, for the synchronizes to come.
+            let _ = self.completed(inner, stream);
+        }
         self.settle_recent(inner, Some(stream));
         inner.small.promote(stream, upto);
         inner.large.promote(stream, upto);
-        let keep = self.cfg.release_threshold;
-        self.give_back(inner, keep)?;
-        Ok(())
+        self.give_back(inner, self.cfg.release_threshold)
     }
 
     /// Gives idle segments back until at most `keep` bytes are reserved (`cudaMemPoolTrimTo`);
@@ -568,7 +710,9 @@ impl<'d> Allocator<'d> {
         self.give_back(inner, keep)
     }
 
-    /// Gives idle segments back, the largest first, while more than `keep` is reserved.
+    /// Gives idle segments back, the largest first, while more than `keep` is reserved. A
+    /// segment whose release fails (its mem freed by hand) is gone from the allocator all the
+    /// same; the first such error is returned after the rest are given back.
     fn give_back(&self, inner: &mut Inner, keep: u64) -> Result<u64, Errno> {
         let mut given = 0;
         if inner.stats.reserved <= keep {
@@ -585,6 +729,7 @@ impl<'d> Allocator<'d> {
             );
         }
         idle.sort_by_key(|&(_, s, l)| (std::cmp::Reverse(l), s));
+        let mut failed = None;
         for (large, id, len) in idle {
             if inner.stats.reserved <= keep {
                 break;
@@ -593,14 +738,19 @@ impl<'d> Allocator<'d> {
                 continue;
             }
             if let Some(seg) = inner.segs.get_mut(id as usize).and_then(Option::take) {
-                seg.release(self.dev)?;
+                if let Err(e) = seg.release(self.dev) {
+                    failed.get_or_insert(e);
+                }
             }
             inner.stats.reserved -= len;
             inner.stats.segments -= 1;
             inner.stats.released += 1;
             given += len;
         }
-        Ok(given)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(given),
+        }
     }
 
     /// The statistics now.
@@ -638,6 +788,11 @@ impl Inner {
 
     fn points(&mut self, stream: u64) -> &mut StreamPoints {
         self.streams.entry(stream).or_default()
+    }
+
+    fn next_generation(&mut self) -> u32 {
+        self.generation = self.generation.wrapping_add(1);
+        self.generation
     }
 
     fn count_alloc(&mut self, got: u64, asked: u64) {

@@ -124,6 +124,8 @@ commands! {
     STREAM_SUBMIT: ruvm_stream_submit = RUVM_IOCTL_STREAM_SUBMIT;
     /// A stream's progress and error.
     STREAM_QUERY: ruvm_stream_query = RUVM_IOCTL_STREAM_QUERY;
+    /// A stream's slot of the file's status page.
+    STREAM_STATUS: ruvm_stream_status = RUVM_IOCTL_STREAM_STATUS;
     /// Wait until a stream's (or every stream's) work is done.
     STREAM_SYNC: ruvm_stream_sync = RUVM_IOCTL_STREAM_SYNC;
     /// Make an event.

@@ -99,6 +99,7 @@ ioctl_args!(
     uapi::ruvm_stream_handle,
     uapi::ruvm_stream_submit,
     uapi::ruvm_stream_query,
+    uapi::ruvm_stream_status,
     uapi::ruvm_stream_sync,
     uapi::ruvm_event,
 );

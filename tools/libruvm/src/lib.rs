@@ -32,6 +32,7 @@ mod dev;
 pub mod dmabuf;
 pub mod names;
 pub mod op;
+mod status;
 mod stream;
 pub mod sync_file;
 pub mod uapi;
@@ -42,6 +43,7 @@ pub use dev::{
     UnloadState, UserMap,
 };
 pub use nix::errno::Errno;
+pub use status::StatusPage;
 
 /// The version of the ABI and of the project this library was built from (the top-level
 /// `VERSION` file).

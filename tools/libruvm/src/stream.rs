@@ -15,6 +15,17 @@ use nix::errno::Errno;
 use crate::{cmd, op, uapi, Ruvm};
 
 impl Ruvm {
+    /// `RUVM_IOCTL_STREAM_STATUS`: the stream's slot of the file's status page (given at the
+    /// first call), with its completed point now. Read the slot through [`crate::StatusPage`].
+    pub fn stream_status(&self, stream: u64) -> Result<uapi::ruvm_stream_status, Errno> {
+        let mut a = uapi::ruvm_stream_status {
+            handle: stream,
+            ..Default::default()
+        };
+        self.call(cmd::STREAM_STATUS, &mut a)?;
+        Ok(a)
+    }
+
     /// `RUVM_IOCTL_STREAM_CREATE` on `gpu`: the stream's handle and fence context.
     pub fn stream_create(&self, gpu: u32) -> Result<uapi::ruvm_stream_create, Errno> {
         let mut a = uapi::ruvm_stream_create {
@@ -200,6 +211,7 @@ mod tests {
             crate::cmd::EVENT_QUERY.nr,
             crate::cmd::EVENT_SYNC.nr,
             crate::cmd::EVENT_EXPORT.nr,
+            crate::cmd::STREAM_STATUS.nr,
         ]
         .into_iter()
         .enumerate()

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! alloc ID SIZE STREAM    block ID of SIZE bytes for work on stream STREAM (0, 1, ...)
-//! use ID STREAM           work on the block on STREAM (the engine copies 4 KiB into it)
+//! use ID STREAM           work on the block on STREAM (the engine copies min(4 KiB, its size) into it)
 //! free ID STREAM          block ID given back, ordered on STREAM
 //! record EVENT STREAM     event EVENT (0, 1, ...) recorded on STREAM
 //! wait EVENT STREAM       STREAM waits for EVENT

@@ -35,6 +35,9 @@ struct Blk {
 pub(crate) struct Use {
     pub asked: u64,
     pub cached: bool,
+    /// Which allocation of the block this is: a block handed out again gets a new one, so a
+    /// stale copy of an earlier one is told apart.
+    pub generation: u32,
 }
 
 /// A free block found for a request.

@@ -385,6 +385,7 @@ pub fn replay(
         gpus: Vec::new(),
         release_threshold: rules.threshold,
         reuse: rules.reuse,
+        reserve_limit: None,
     };
     let (t, s) = replay_ualloc(d, gpu, trace, cfg)?;
     let fresh = if baseline {

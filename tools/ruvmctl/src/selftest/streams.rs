@@ -35,6 +35,7 @@ mod going;
 mod points;
 mod reads;
 mod refusals;
+mod status;
 mod submitting;
 
 pub(super) use going::{remove_gpu, BringBack};
@@ -95,6 +96,14 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "stream_enodev_at_queueing_once_the_gpu_is_going",
             run: submitting::stream_enodev_at_queueing_once_the_gpu_is_going,
+        },
+        Case {
+            name: "stream_status_page_follows_completion",
+            run: status::stream_status_page_follows_completion,
+        },
+        Case {
+            name: "stream_status_page_refusals",
+            run: status::stream_status_page_refusals,
         },
         Case {
             name: "stream_point_fences_made_out_of_order",

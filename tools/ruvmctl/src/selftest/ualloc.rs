@@ -10,6 +10,8 @@ use nix::errno::Errno;
 
 use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::live;
+use std::os::fd::AsFd;
+
 use super::streams::{setup, sim_gpus, sw_sync, M};
 use crate::pattern;
 use libruvm::alloc::{Allocator, Block, Config, Reuse};
@@ -182,11 +184,24 @@ fn ualloc_blocks_hold_engine_and_cpu_bytes() -> TestResult {
     Ok(())
 }
 
-/// Block X, filled with a pattern, is copied on stream A behind a held fence, then freed on A;
-/// stream B asks for the same size. Opportunistic reuse alone must not hand X to B while A's
-/// copy waits; internal dependencies hand it over with a wait, and B's write into X lands after
-/// A's copy read it; an event recorded on A after the free and waited on by B hands X over with
-/// no inserted wait; once A is synchronized, X is anyone's.
+/// How stream B comes to ask for X's size in [`ualloc_cross_stream_reuse_follows_the_rules`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Rule {
+    /// Opportunistic reuse only: A is held, so B must get other memory.
+    Opportunistic,
+    /// An event recorded on A after the free, waited on by B: X, no wait inserted.
+    Event,
+    /// The same event recorded before the free: not X.
+    EventBefore,
+    /// Internal dependencies, no memory left to reserve: X behind an inserted wait.
+    Internal,
+}
+
+/// Block X, filled with a pattern, is copied on stream A (GPU 0) behind a held fence, then
+/// freed on A; stream B (GPU 1) asks for the same size. Per [`Rule`]: whether B gets X, with
+/// how many inserted waits, and, when it does, B's write into X is held until A's copy read
+/// X (B's stream is checked held while A is, and the copy holds X's bytes, not B's); once
+/// both are synchronized, X is ready for a third stream with no rule.
 fn ualloc_cross_stream_reuse_follows_the_rules() -> TestResult {
     let (d, _) = setup()?;
     // The streams on two GPUs: one GPU's engine runs its streams' work one at a time, which
@@ -198,14 +213,23 @@ fn ualloc_cross_stream_reuse_follows_the_rules() -> TestResult {
     };
     let tl = sw_sync()?;
     let before = live(&d)?;
-    for rule in ["opportunistic", "internal", "event"] {
+    let rules = [
+        Rule::Opportunistic,
+        Rule::Event,
+        Rule::EventBefore,
+        Rule::Internal,
+    ];
+    for (k, rule) in (1u32..).zip(rules) {
         let reuse = Reuse {
-            follow_event_dependencies: rule == "event",
+            follow_event_dependencies: matches!(rule, Rule::Event | Rule::EventBefore),
             allow_opportunistic: true,
-            allow_internal_dependencies: rule == "internal",
+            allow_internal_dependencies: rule == Rule::Internal,
         };
         let sa = d.stream_create(ga).ctx("STREAM_CREATE")?.handle;
         let sb = d.stream_create(gb).ctx("STREAM_CREATE")?.handle;
+        let sc = d.stream_create(gb).ctx("STREAM_CREATE")?.handle;
+        // Large blocks, each a segment of its own: no free rest of a segment to take.
+        let len = 2 * M;
         {
             let a = Allocator::new(
                 &d,
@@ -214,17 +238,21 @@ fn ualloc_cross_stream_reuse_follows_the_rules() -> TestResult {
                     reuse,
                     // Nothing given back at a synchronize: the reuse after one is checked.
                     release_threshold: u64::MAX,
+                    // With internal dependencies, X and the copy's destination are all there is.
+                    reserve_limit: (rule == Rule::Internal).then_some(2 * len),
                 },
             );
-            // Large blocks, each a segment of its own: no free rest of a segment to take.
-            let len = 2 * M;
             let x = a.alloc(len, sa).ctx("alloc X")?;
             let dst = a.alloc(len, sa).ctx("alloc dst")?;
             a.submit(sa, &[op::fill_pattern(x.mem(), x.offset(), len, 41)])
                 .ctx("FILL X")?;
             a.synchronize(sa).ctx("sync A")?;
-            let fence = tl.create_fence(1, "hold").ctx("CREATE_FENCE")?;
-            use std::os::fd::AsFd;
+            let ev = d.event_create().ctx("EVENT_CREATE")?;
+            if rule == Rule::EventBefore {
+                a.record_event(sa, ev).ctx("record on A, before the free")?;
+            }
+            // The timeline reaches k when this round releases A.
+            let fence = tl.create_fence(k, "hold").ctx("CREATE_FENCE")?;
             a.submit(
                 sa,
                 &[
@@ -234,59 +262,62 @@ fn ualloc_cross_stream_reuse_follows_the_rules() -> TestResult {
             )
             .ctx("A: wait, copy X")?;
             a.free(x, sa).ctx("free X on A")?;
-            let ev = d.event_create().ctx("EVENT_CREATE")?;
-            if rule == "event" {
+            if rule == Rule::Event {
                 a.record_event(sa, ev).ctx("record on A")?;
+            }
+            if matches!(rule, Rule::Event | Rule::EventBefore) {
                 a.wait_event(sb, ev).ctx("B waits")?;
             }
             let y = a.alloc(len, sb).ctx("B allocates")?;
             let same = (y.mem(), y.offset()) == (x.mem(), x.offset());
-            let st = a.stats();
-            match rule {
-                "opportunistic" => check!(
-                    !same,
-                    "B got X while A's copy of it was still queued (opportunistic reuse alone)"
-                ),
-                "internal" => check!(
-                    same && st.waits_inserted == 1,
-                    "internal dependencies: X {}handed over, {} waits inserted",
-                    if same { "" } else { "not " },
-                    st.waits_inserted
-                ),
-                _ => check!(
-                    same && st.waits_inserted == 0,
-                    "event dependencies: X {}handed over, {} waits inserted",
-                    if same { "" } else { "not " },
-                    st.waits_inserted
-                ),
-            }
+            let waits = a.stats().waits_inserted;
+            let (want_same, want_waits) = match rule {
+                Rule::Opportunistic | Rule::EventBefore => (false, 0),
+                Rule::Event => (true, 0),
+                Rule::Internal => (true, 1),
+            };
+            check!(
+                same == want_same && waits == want_waits,
+                "{rule:?}: X {}handed to B while A's copy of it was queued, {waits} waits inserted",
+                if same { "" } else { "not " }
+            );
             // B overwrites what it got; A's copy must still read the pattern.
             a.submit(sb, &[op::fill_byte(y.mem(), y.offset(), len, 0xee)])
                 .ctx("B writes")?;
+            if same {
+                // B is ordered after A's copy: held while A is.
+                expect_errno(
+                    d.stream_sync(sb, 200),
+                    Errno::ETIMEDOUT,
+                    "B's write waiting for A's copy",
+                )?;
+            }
             tl.inc(1).ctx("release A")?;
             a.synchronize(sa).ctx("sync A")?;
             a.synchronize(sb).ctx("sync B")?;
             let bad = cpu_mismatches(&dst, len, 41);
             check!(
                 bad == 0,
-                "{rule}: A's copy read {bad} bytes that are not X's (B's writes reached it)"
+                "{rule:?}: A's copy read {bad} bytes that are not X's (B's writes reached it)"
             );
-            // After both synchronized, X (or B's block) is anyone's: a third stream takes it
-            // without a new segment.
+            // Both synchronized: B's block is ready for anyone; a third stream takes it with
+            // no rule (neither a new segment nor a cross-stream take).
             a.free(y, sb).ctx("free on B")?;
             a.synchronize(sb).ctx("sync B")?;
-            let misses = a.stats().misses;
-            let z = a.alloc(len, sa).ctx("alloc after the syncs")?;
+            let st = a.stats();
+            let z = a.alloc(len, sc).ctx("alloc after the syncs")?;
+            let now = a.stats();
             check!(
-                a.stats().misses == misses,
-                "{rule}: a synchronized free was not reused"
+                now.misses == st.misses && now.cross_stream == st.cross_stream,
+                "{rule:?}: a synchronized free was not ready for another stream"
             );
-            a.free(z, sa).ctx("free")?;
+            a.free(z, sc).ctx("free")?;
             a.free(dst, sa).ctx("free")?;
             d.event_destroy(ev).ctx("EVENT_DESTROY")?;
         }
-        d.stream_destroy(sa).ctx("STREAM_DESTROY")?;
-        d.stream_destroy(sb).ctx("STREAM_DESTROY")?;
+        for s in [sa, sb, sc] {
+            d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+        }
     }
     d.sync_every_stream(WAIT_MS).ctx("sync")?;
     check!(
@@ -318,6 +349,15 @@ fn ualloc_gives_back_at_synchronize_and_trim() -> TestResult {
             .ctx("alloc")?;
         let held = live(&d)?;
         check!(held != before, "40 blocks and no new mem in the kernel");
+        // Work on each, then each freed behind it: every free is the stream's until the
+        // synchronize.
+        for b in &blocks {
+            a.submit(
+                s,
+                &[op::fill_byte(b.mem(), b.offset(), b.len().min(4096), 7)],
+            )
+            .ctx("submit FILL")?;
+        }
         for b in blocks {
             a.free(b, s).ctx("free")?;
         }

@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A file's stream status page: where its streams publish how far they are, for user space to
+//! read without a system call (`RUVM_IOCTL_STREAM_STATUS`, `mmap` at
+//! `RUVM_STATUS_MMAP_OFFSET`, read-only).
+//!
+//! One page a file, made at the first ask and charged to the asker's memory cgroup:
+//! `RUVM_STATUS_SLOTS` slots of (`handle`, `completed`), two words each. A stream given a slot
+//! holds it ([`Slot`]) until it is destroyed (or dropped, at the file's close); its
+//! `completed` is stored whenever the stream's completed point moves (where
+//! `StreamCore::reached` is). A slot is given with `completed` stored first and the
+//! handle second, and taken back with the handle cleared first. Each user mapping holds the
+//! page (a VMA owner), so a process that still maps it after the close reads a page that is
+//! still there.
+
+use kernel::{
+    mm::virt::VmaNew,
+    new_spinlock,
+    page::PAGE_SIZE,
+    prelude::*,
+    sync::{Arc, SpinLock},
+};
+
+use crate::{
+    bind::{
+        vma::{self, VmaOwner, VmaPages},
+        words::Words,
+    },
+    uapi,
+};
+
+/// Slots in the page.
+const SLOTS: usize = uapi::RUVM_STATUS_SLOTS as usize;
+const _: () = assert!(2 * SLOTS <= Words::COUNT);
+// Every live stream of a file can have a slot: destroyed ones give theirs back.
+const _: () = assert!(uapi::RUVM_MAX_FILE_STREAMS as usize <= SLOTS);
+const _: () = assert!(core::mem::size_of::<uapi::ruvm_status_slot>() == 16);
+
+/// The page and which slots are taken.
+#[pin_data]
+pub(crate) struct Status {
+    words: Words,
+    #[pin]
+    taken: SpinLock<[u64; SLOTS.div_ceil(64)]>,
+}
+
+static VM_OPS: vma::Ops<Status> = vma::Ops::new();
+
+impl Status {
+    /// A file's page, all slots free (`ENOMEM` without a page).
+    pub(crate) fn new() -> Result<Arc<Self>> {
+        let words = Words::new()?;
+        Arc::pin_init(
+            pin_init!(Status {
+                words,
+                taken <- new_spinlock!([0; SLOTS.div_ceil(64)]),
+            }),
+            GFP_KERNEL_ACCOUNT,
+        )
+    }
+
+    /// A free slot for stream `handle`, whose completed point is `completed` (`ENOSPC` if
+    /// every slot is taken).
+    pub(crate) fn take(self: &Arc<Self>, handle: u64, completed: u64) -> Result<Slot> {
+        let index = {
+            let mut taken = self.taken.lock();
+            let index = (0..SLOTS)
+                .find(|&i| taken[i / 64] & (1 << (i % 64)) == 0)
+                .ok_or(ENOSPC)?;
+            taken[index / 64] |= 1 << (index % 64);
+            index
+        };
+        self.words.store(2 * index + 1, completed);
+        self.words.store(2 * index, handle);
+        Ok(Slot {
+            status: self.clone(),
+            index,
+        })
+    }
+
+    /// Maps the page into a new VMA: one page, shared, never writable or executable (`EPERM`
+    /// for `PROT_WRITE`/`PROT_EXEC`; `mprotect` cannot add them later), not copied by `fork`.
+    pub(crate) fn map(self: &Arc<Self>, vma: &VmaNew) -> Result {
+        let len = vma.end().checked_sub(vma.start()).ok_or(EINVAL)?;
+        if len != PAGE_SIZE {
+            return Err(EINVAL);
+        }
+        if vma.writable() || vma.executable() {
+            return Err(EPERM);
+        }
+        vma.try_clear_maywrite()?;
+        vma.try_clear_mayexec()?;
+        vma.set_dontcopy();
+        vma.set_dontexpand();
+        vma::new_pages(vma).insert(0, &self.words.page())?;
+        vma::install(vma, self.clone(), &VM_OPS);
+        Ok(())
+    }
+}
+
+impl VmaOwner for Status {
+    fn vma_opened(&self) {}
+
+    fn vma_closed(&self) {}
+
+    /// The page again after a zap (the VMA is one page).
+    fn fault(&self, index: usize, vma: &VmaPages<'_>) -> Result {
+        if index != 0 {
+            return Err(EFAULT);
+        }
+        vma.insert(0, &self.words.page())
+    }
+}
+
+/// A stream's slot of its file's page.
+pub(crate) struct Slot {
+    status: Arc<Status>,
+    index: usize,
+}
+
+impl Slot {
+    /// The slot's number.
+    pub(crate) fn index(&self) -> u32 {
+        // CAST: below `SLOTS` (256).
+        self.index as u32
+    }
+
+    /// Publishes the stream's completed point.
+    pub(crate) fn publish(&self, completed: u64) {
+        self.status.words.store(2 * self.index + 1, completed);
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.status.words.store(2 * self.index, 0);
+        let mut taken = self.status.taken.lock();
+        taken[self.index / 64] &= !(1 << (self.index % 64));
+    }
+}
