@@ -365,7 +365,7 @@ impl StreamCore {
     fn reached_now(&self, st: &StreamState) {
         self.reached.store(st.completed, Release);
         if let Some(slot) = &st.slot {
-            slot.publish(st.completed);
+            slot.publish(st.completed, st.error);
         }
     }
 
@@ -381,7 +381,7 @@ impl StreamCore {
         let index = match &st.slot {
             Some(slot) => slot.index(),
             None => {
-                let slot = page.take(self.handle, completed)?;
+                let slot = page.take(self.handle, completed, st.error)?;
                 let index = slot.index();
                 st.slot = Some(slot);
                 index

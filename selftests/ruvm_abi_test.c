@@ -67,7 +67,7 @@ _Static_assert((RUVM_FEATURES_ALL & RUVM_FEATURE_STREAM_ALLOC) != 0, "stream all
 _Static_assert(sizeof(struct ruvm_stream_status) == 48, "struct ruvm_stream_status size");
 _Static_assert(offsetof(struct ruvm_stream_status, slot) == 12, "status slot");
 _Static_assert(offsetof(struct ruvm_stream_status, completed) == 24, "status completed");
-_Static_assert(sizeof(struct ruvm_status_slot) == 16, "struct ruvm_status_slot size");
+_Static_assert(sizeof(struct ruvm_status_slot) == 32, "struct ruvm_status_slot size");
 _Static_assert(RUVM_STATUS_SLOTS * sizeof(struct ruvm_status_slot) <= 4096,
 	       "the status page's slots fit a 4 KiB page");
 _Static_assert(RUVM_STATUS_MMAP_OFFSET % (1 << 20) == 0 && RUVM_STATUS_MMAP_OFFSET < (1ULL << 63),

@@ -5,11 +5,13 @@
 //! `RUVM_STATUS_MMAP_OFFSET`, read-only).
 //!
 //! One page a file, made at the first ask and charged to the asker's memory cgroup:
-//! `RUVM_STATUS_SLOTS` slots of (`handle`, `completed`), two words each. A stream given a slot
+//! `RUVM_STATUS_SLOTS` slots of (`handle`, `completed`, `error`, `failed_seqno`), four words
+//! each. A stream given a slot
 //! holds it ([`Slot`]) until it is destroyed (or dropped, at the file's close); its
 //! `completed` is stored whenever the stream's completed point moves (where
-//! `StreamCore::reached` is). A slot is given with `completed` stored first and the
-//! handle second, and taken back with the handle cleared first. Each user mapping holds the
+//! `StreamCore::reached` is), the stream's sticky error before it. A slot is given with its
+//! other words stored first and the handle last, and taken back with the handle cleared
+//! first. Each user mapping holds the
 //! page (a VMA owner), so a process that still maps it after the close reads a page that is
 //! still there.
 
@@ -31,10 +33,12 @@ use crate::{
 
 /// Slots in the page.
 const SLOTS: usize = uapi::RUVM_STATUS_SLOTS as usize;
-const _: () = assert!(2 * SLOTS <= Words::COUNT);
+/// Words a slot: handle, completed, error, failed seqno.
+const WORDS: usize = 4;
+const _: () = assert!(WORDS * SLOTS <= Words::COUNT);
 // Every live stream of a file can have a slot: destroyed ones give theirs back.
 const _: () = assert!(uapi::RUVM_MAX_FILE_STREAMS as usize <= SLOTS);
-const _: () = assert!(core::mem::size_of::<uapi::ruvm_status_slot>() == 16);
+const _: () = assert!(core::mem::size_of::<uapi::ruvm_status_slot>() == 8 * WORDS);
 
 /// The page and which slots are taken.
 #[pin_data]
@@ -59,9 +63,14 @@ impl Status {
         )
     }
 
-    /// A free slot for stream `handle`, whose completed point is `completed` (`ENOSPC` if
-    /// every slot is taken).
-    pub(crate) fn take(self: &Arc<Self>, handle: u64, completed: u64) -> Result<Slot> {
+    /// A free slot for stream `handle`, whose completed point is `completed` and sticky error
+    /// `error` (`ENOSPC` if every slot is taken).
+    pub(crate) fn take(
+        self: &Arc<Self>,
+        handle: u64,
+        completed: u64,
+        error: Option<(Error, u64)>,
+    ) -> Result<Slot> {
         let index = {
             let mut taken = self.taken.lock();
             let index = (0..SLOTS)
@@ -70,12 +79,13 @@ impl Status {
             taken[index / 64] |= 1 << (index % 64);
             index
         };
-        self.words.store(2 * index + 1, completed);
-        self.words.store(2 * index, handle);
-        Ok(Slot {
+        let slot = Slot {
             status: self.clone(),
             index,
-        })
+        };
+        slot.publish(completed, error);
+        self.words.store(WORDS * index, handle);
+        Ok(slot)
     }
 
     /// Maps the page into a new VMA: one page, shared, never writable or executable (`EPERM`
@@ -125,15 +135,25 @@ impl Slot {
         self.index as u32
     }
 
-    /// Publishes the stream's completed point.
-    pub(crate) fn publish(&self, completed: u64) {
-        self.status.words.store(2 * self.index + 1, completed);
+    /// Publishes the stream's completed point, its sticky error first (if it has one).
+    pub(crate) fn publish(&self, completed: u64, error: Option<(Error, u64)>) {
+        let at = WORDS * self.index;
+        if let Some((e, seqno)) = error {
+            // CAST: an errno, positive and small.
+            self.status.words.store(at + 3, seqno);
+            self.status.words.store(at + 2, (-e.to_errno()) as u64);
+        }
+        self.status.words.store(at + 1, completed);
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.status.words.store(2 * self.index, 0);
+        let at = WORDS * self.index;
+        self.status.words.store(at, 0);
+        for w in 1..WORDS {
+            self.status.words.store(at + w, 0);
+        }
         let mut taken = self.status.taken.lock();
         taken[self.index / 64] &= !(1 << (self.index % 64));
     }

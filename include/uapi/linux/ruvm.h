@@ -1854,7 +1854,7 @@ struct ruvm_stream_query {
  * learns how far a stream is without a system call.
  */
 #define RUVM_STATUS_MMAP_OFFSET 0x7ffffffffff00000ULL
-#define RUVM_STATUS_SLOTS 256
+#define RUVM_STATUS_SLOTS 128
 
 /**
  * struct ruvm_status_slot - one stream's entry of the status page
@@ -1864,11 +1864,17 @@ struct ruvm_stream_query {
  *             before the slot is given again: a reader that sees the same handle before and
  *             after reading @completed read that stream's point.
  * @completed: the seqno its work is complete up to, as RUVM_IOCTL_STREAM_QUERY's @completed
- *             (every operation up to it retired and its fences signalled); it only grows.
+ *             (every operation up to it retired, run or not, and its fences signalled); it
+ *             only grows.
+ * @error:     0, or the errno that put the stream in error (STREAM_QUERY's @error), written
+ *             before the @completed that covers @failed_seqno
+ * @failed_seqno: with @error, the seqno of the operation that failed
  */
 struct ruvm_status_slot {
 	__u64 handle;
 	__u64 completed;
+	__u64 error;
+	__u64 failed_seqno;
 };
 
 /**

@@ -660,8 +660,11 @@ impl<'d> Allocator<'d> {
             let mut g = self.lock();
             let inner = &mut *g;
             let upto = inner.points(stream).submitted;
-            if self.completed_without_call(inner, stream) >= upto {
-                return self.settle_stream(inner, stream, upto).map(|_| ());
+            let (done, failed) = self.completed_without_call(inner, stream);
+            if done >= upto {
+                self.settle_stream(inner, stream, upto)?;
+                // In error, as STREAM_SYNC would say.
+                return if failed { Err(Errno::EIO) } else { Ok(()) };
             }
             upto
         };
@@ -673,18 +676,19 @@ impl<'d> Allocator<'d> {
         r
     }
 
-    /// What the status page says of `stream` (0 if it has no slot yet or no page).
-    fn completed_without_call(&self, inner: &mut Inner, stream: u64) -> u64 {
+    /// What the status page says of `stream`: how far it is known complete (what was known
+    /// before if it has no slot yet or there is no page), and whether it is in error.
+    fn completed_without_call(&self, inner: &mut Inner, stream: u64) -> (u64, bool) {
         let slot = inner.points(stream).slot.flatten();
         let read = match (slot, &inner.status) {
-            (Some(slot), Some(Some(page))) => page.completed(slot, stream),
+            (Some(slot), Some(Some(page))) => page.read(slot, stream),
             _ => None,
         };
         let p = inner.points(stream);
-        if let Some(c) = read {
-            p.completed = p.completed.max(c);
+        if let Some(r) = read {
+            p.completed = p.completed.max(r.completed);
         }
-        p.completed
+        (p.completed, read.is_some_and(|r| r.error != 0))
     }
 
     /// `stream` is complete up to `upto`: its frees become ready, then the give-back.

@@ -50,15 +50,38 @@ impl StatusPage {
         Some(w.load(Ordering::Acquire))
     }
 
-    /// The completed point slot `slot` publishes for stream `stream`: `None` if the slot is
-    /// not that stream's (any more), or past the page.
-    pub fn completed(&self, slot: u32, stream: u64) -> Option<u64> {
-        let i = 2 * usize::try_from(slot).ok()?;
+    /// What slot `slot` publishes for stream `stream`: `None` if the slot is not that
+    /// stream's (any more), or past the page.
+    pub fn read(&self, slot: u32, stream: u64) -> Option<SlotState> {
+        let i = 4 * usize::try_from(slot).ok()?;
         if self.word(i)? != stream {
             return None;
         }
+        // The point first: the error that a point covers was stored before it.
         let completed = self.word(i + 1)?;
-        // The same handle after the read: the point read was that stream's.
-        (self.word(i)? == stream).then_some(completed)
+        let error = self.word(i + 2)?;
+        let failed_seqno = self.word(i + 3)?;
+        // The same handle after the reads: what was read was that stream's.
+        (self.word(i)? == stream).then_some(SlotState {
+            completed,
+            error: i32::try_from(error).unwrap_or(i32::MAX),
+            failed_seqno,
+        })
     }
+
+    /// The completed point slot `slot` publishes for stream `stream` (see [`StatusPage::read`]).
+    pub fn completed(&self, slot: u32, stream: u64) -> Option<u64> {
+        self.read(slot, stream).map(|s| s.completed)
+    }
+}
+
+/// One stream's entry of the status page, as read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotState {
+    /// The seqno its work is complete up to (run or not).
+    pub completed: u64,
+    /// 0, or the errno that put it in error.
+    pub error: i32,
+    /// With `error`: the seqno of the operation that failed.
+    pub failed_seqno: u64,
 }

@@ -5,8 +5,9 @@
 //! batches of 1 to 32 random operations submitted (copies between the worker's mems, fills,
 //! records, waits for events and for sync_files of ruvm and of sw_sync, copies through user
 //! VAs, stream-ordered allocations from the worker's pools or the GPU's current pool and frees
-//! of its mems, by handle or by the index of an ALLOC of the batch), queries and syncs, mems
-//! freed under queued work, files closed with work queued.
+//! of its mems, by handle or by the index of an ALLOC of the batch), queries and syncs, slots
+//! of the status page, mems freed under queued work, files closed with work queued, and
+//! libruvm's allocator's traffic ([`ualloc`]).
 //!
 //! Oracles, beyond each errno being one the documentation gives for the command:
 //! - a destroyed stream's or event's handle answers `ENOENT` from then on (handles are per file
@@ -25,16 +26,18 @@ use std::{
     sync::{Arc, Mutex, Weak},
 };
 
-use libruvm::{op, sync_file, uapi, Errno, Ruvm};
+use libruvm::{op, sync_file, uapi, Errno, Ruvm, StatusPage};
 
 use super::{fences, oracle, Rng, World};
 
 mod busy;
 mod malformed;
+mod ualloc;
 
 use busy::{busy_work, close_busy, free_under_work};
 pub(super) use busy::{load, load_file};
 use malformed::malformed;
+use ualloc::ualloc;
 
 use Errno::*;
 
@@ -56,6 +59,8 @@ const ALLOC_SIZES: [u64; 6] = [4096, 8192, 65536, 1 << 20, 12345, 0];
 const SYNC: &[Errno] = &[EIO, ETIMEDOUT, EINTR, ENOENT, ENOMEM];
 /// What `STREAM_SYNC` with `RUVM_SYNC_EVERY_STREAM` may answer.
 const SYNC_ALL: &[Errno] = &[EIO, ETIMEDOUT, EINTR];
+/// What `STREAM_STATUS` may answer.
+const STATUS: &[Errno] = &[ENOENT, ENOSPC];
 /// What `EVENT_CREATE` may answer.
 const EVENT_CREATE: &[Errno] = &[ENOSPC];
 /// What `EVENT_EXPORT` may answer.
@@ -480,7 +485,8 @@ fn status_ok(status: i32) -> bool {
 
 /// One random stream or event operation on `file` (or on the stream's own file).
 pub(super) fn one(w: &World, file: &Arc<Ruvm>, rng: &mut Rng) {
-    match rng.below(16) {
+    match rng.below(17) {
+        16 => ualloc(w, file, rng),
         0 | 1 => {
             let g = w.stream_gpu(rng);
             w.create_stream(file, g);
@@ -848,9 +854,36 @@ fn submit(w: &World, rng: &mut Rng) {
     }
 }
 
-/// A stream's query, one stream's sync, or every stream's of the file.
+/// A stream's query, one stream's sync, every stream's of the file, or a stream's slot of
+/// the status page (read through a mapping of the page: its point never goes back, and never
+/// passes what was submitted).
 fn stream_wait(w: &World, file: &Arc<Ruvm>, rng: &mut Rng) {
-    match rng.below(4) {
+    match rng.below(5) {
+        3 => {
+            let Some((d, s)) = w.stream(rng) else { return };
+            let Some(st) = w.check("STREAM_STATUS", d.stream_status(s.handle), STATUS) else {
+                return;
+            };
+            if st.offset != uapi::RUVM_STATUS_MMAP_OFFSET {
+                w.problem(format!(
+                    "STREAM_STATUS of stream {}: offset {:#x}",
+                    s.handle, st.offset
+                ));
+            }
+            let Some(page) = w.check("mmap of the status page", StatusPage::map(&d), &[]) else {
+                return;
+            };
+            let (Some(seen), Ok(q)) = (page.completed(st.slot, s.handle), d.stream_query(s.handle))
+            else {
+                return;
+            };
+            if seen < st.completed || seen > q.submitted {
+                w.problem(format!(
+                    "status page slot {} of stream {}: {seen}, after STREAM_STATUS said {} and with {} submitted",
+                    st.slot, s.handle, st.completed, q.submitted
+                ));
+            }
+        }
         0 => {
             let Some((d, s)) = w.stream(rng) else { return };
             if let Some(q) = w.check("STREAM_QUERY", d.stream_query(s.handle), BY_HANDLE) {

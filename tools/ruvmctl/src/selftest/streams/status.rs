@@ -17,7 +17,7 @@ use libruvm::{cmd, op, uapi, Ruvm, StatusPage, UserMap};
 /// A held stream's slot shows what it completed, not what was submitted; once the hold goes,
 /// the slot follows to the last point, equal to `STREAM_QUERY`'s; the slot stays the stream's
 /// on every call, a second stream gets another; a destroyed stream's slot is cleared once its
-/// work is gone.
+/// work is gone; a stream in error shows its errno and failed seqno.
 pub(super) fn stream_status_page_follows_completion() -> TestResult {
     let (d, g) = setup()?;
     let tl = sw_sync()?;
@@ -91,7 +91,38 @@ pub(super) fn stream_status_page_follows_completion() -> TestResult {
         "a destroyed idle stream still holds slot {} after 5 s",
         st.slot
     );
-    d.stream_destroy(s2).ctx("STREAM_DESTROY")?;
+    // A stream in error: its slot says the errno and the seqno, as STREAM_QUERY does (an MMU
+    // fault: a COPY_VA from a user VA nothing maps).
+    let s3 = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let st3 = d.stream_status(s3).ctx("STREAM_STATUS")?;
+    let nowhere = 0x10_0000_0000 + (64 << 20);
+    let first = d
+        .stream_submit(
+            s3,
+            &[
+                op::record(e),
+                op::copy_va(nowhere + 4096, nowhere, 4096, true),
+                op::record(e),
+            ],
+        )
+        .ctx("STREAM_SUBMIT")?;
+    expect_errno(
+        d.stream_sync(s3, WAIT_MS),
+        Errno::EIO,
+        "STREAM_SYNC of a faulted stream",
+    )?;
+    let q = d.stream_query(s3).ctx("STREAM_QUERY")?;
+    let seen = page.read(st3.slot, s3);
+    check!(
+        q.error == Errno::EFAULT as u32
+            && seen.is_some_and(|r| r.error == Errno::EFAULT as i32
+                && r.failed_seqno == first + 1
+                && r.completed == q.completed),
+        "a faulted stream: its slot says {seen:?}, STREAM_QUERY {q:?}"
+    );
+    for h in [s2, s3] {
+        d.stream_destroy(h).ctx("STREAM_DESTROY")?;
+    }
     d.event_destroy(e).ctx("EVENT_DESTROY")?;
     Ok(())
 }
