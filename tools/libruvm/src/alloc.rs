@@ -11,10 +11,11 @@
 //!   (whole 2 MiB units), so small blocks never fragment large segments.
 //! - **Fit.** Best fit (the shortest free block that fits), split when the rest is worth
 //!   keeping ([`ROUND`] bytes for small blocks, 1 MiB for large ones); a freed block merges
-//!   with free neighbours of the same owner. The last few frees wait in a small cache before
-//!   they are merged: a request on the same stream that one of them fits takes it without
-//!   touching the free-block index (the common case of a program asking again for what it
-//!   just gave back).
+//!   with free neighbours of the same owner. A free first goes to a bin of its stream and
+//!   exact length (a synchronize moves the stream's completed bins to the ready ones): a
+//!   request of that length on that stream, or any request of it once ready, takes one
+//!   without touching the free-block index (programs ask again and again for the sizes they
+//!   just gave back). The bins are given back, merged, before the free blocks are searched.
 //! - **Stream order.** A block freed on a stream ([`Allocator::free`]) is the stream's own
 //!   until the free's point (the stream's last submission through [`Allocator::submit`]) is
 //!   known complete: that stream reuses it at once (its later work is ordered after the free).
@@ -208,11 +209,14 @@ struct Inner {
     /// The segments, by id (a slot freed when its segment goes is used again).
     segs: Vec<Option<Segment>>,
     streams: FastMap<u64, StreamPoints>,
-    /// Blocks freed lately, newest last, not yet given back to `small`/`large` (still used
-    /// there, marked cached): a request on the same stream that one fits takes it in a few
-    /// instructions. Given back when more than [`RECENT`] wait, at a synchronize of their
-    /// stream, and before a new segment is made.
-    recent: Vec<Recent>,
+    /// Freed blocks not yet given back to `small`/`large` (still used there, marked cached),
+    /// binned by owner and exact length: a request of that length by the owner (or anyone,
+    /// for a ready bin) takes one in a few instructions. A synchronize moves its stream's
+    /// completed bins to the ready ones; everything is given back, merged, before the free
+    /// blocks are searched, before a new segment is made, and at a trim.
+    bins: FastMap<(Owner, bool, u64), Vec<Recent>>,
+    /// How many blocks the bins hold.
+    binned: usize,
     /// The event the allocator records and waits on for internal dependencies, made at the
     /// first; and, per event of the caller's recorded through the allocator, its point.
     event: Option<u64>,
@@ -231,9 +235,6 @@ struct Recent {
     point: u64,
     block: Block,
 }
-
-/// Recent frees kept before the oldest is given back.
-const RECENT: usize = 16;
 
 /// A map keyed by handles: a multiply-xor hash (the keys are not chosen by an adversary of
 /// this process, and SipHash would be most of a hit's time).
@@ -275,7 +276,8 @@ impl<'d> Allocator<'d> {
                 large: Blocks::default(),
                 segs: Vec::new(),
                 streams: FastMap::default(),
-                recent: Vec::with_capacity(RECENT + 1),
+                bins: FastMap::default(),
+                binned: 0,
                 event: None,
                 events: FastMap::default(),
                 stats: Stats::default(),
@@ -312,31 +314,23 @@ impl<'d> Allocator<'d> {
             cached: false,
             generation,
         };
-        // A recent free of this stream that fits as a take would have left it.
-        let fits = |r: &Recent| {
-            r.stream == stream
-                && r.block.large == large
-                && r.block.len >= want
-                && r.block.len - want < min_split
-        };
-        if let Some(i) = inner.recent.iter().rposition(fits) {
-            let r = inner.recent.remove(i);
-            let b = Block {
-                generation,
-                ..r.block
-            };
-            if inner.blocks(large).set_use(b.seg, b.offset, used) {
-                inner.stats.hits += 1;
-                inner.count_alloc(b.len, len);
-                return Ok(b);
+        // A binned free of exactly this length: this stream's, or one ready for anyone.
+        for owner in [Owner::Stream(stream), Owner::Ready] {
+            if let Some(r) = inner.unbin(owner, large, want) {
+                let b = Block {
+                    generation,
+                    ..r.block
+                };
+                if inner.blocks(large).set_use(b.seg, b.offset, used) {
+                    inner.stats.hits += 1;
+                    inner.count_alloc(b.len, len);
+                    return Ok(b);
+                }
             }
         }
-        let mut found = self.find(inner, large, want, stream);
-        if found.is_none() && !inner.recent.is_empty() {
-            // Before asking the kernel: everything freed lately goes back, merged.
-            self.settle_recent(inner, None);
-            found = self.find(inner, large, want, stream);
-        }
+        // The bins given back first: the free blocks, merged, are what is searched.
+        self.settle_bins(inner, None);
+        let found = self.find(inner, large, want, stream);
         let found = match found {
             Some(f) => {
                 inner.stats.hits += 1;
@@ -348,7 +342,6 @@ impl<'d> Allocator<'d> {
                     // The kernel says no: the idle segments go back and it is asked again;
                     // then another stream's free is taken behind a wait for it (as a pool's
                     // internal dependencies: only when the memory cannot be had otherwise).
-                    self.settle_recent(inner, None);
                     let _ = self.give_back(inner, 0);
                     match self.new_segment(inner, large, want) {
                         Ok(f) => f,
@@ -576,31 +569,42 @@ impl<'d> Allocator<'d> {
         inner
             .blocks(block.large)
             .set_use(block.seg, block.offset, cached);
-        let point = inner.points(stream).submitted;
-        inner.recent.push(Recent {
-            stream,
-            point,
-            block,
-        });
-        if inner.recent.len() > RECENT {
-            let oldest = inner.recent.remove(0);
-            inner.settle(oldest);
-        }
+        let p = inner.points(stream);
+        let (owner, point) = if p.submitted <= p.completed {
+            (Owner::Ready, 0)
+        } else {
+            (Owner::Stream(stream), p.submitted)
+        };
+        inner.bin(
+            owner,
+            Recent {
+                stream,
+                point,
+                block,
+            },
+        );
         let s = &mut inner.stats;
         s.allocated -= block.len;
         s.requested -= asked;
         Ok(())
     }
 
-    /// Gives the recent frees (of `stream`, or all) back to the blocks, merged.
-    fn settle_recent(&self, inner: &mut Inner, stream: Option<u64>) {
-        let (theirs, keep): (Vec<Recent>, Vec<Recent>) = inner
-            .recent
-            .drain(..)
-            .partition(|r| stream.is_none_or(|s| s == r.stream));
-        inner.recent = keep;
-        for r in theirs {
-            inner.settle(r);
+    /// Gives the binned frees (of `stream`'s bins, or all) back to the blocks, merged.
+    fn settle_bins(&self, inner: &mut Inner, stream: Option<u64>) {
+        if inner.binned == 0 {
+            return;
+        }
+        let keys: Vec<(Owner, bool, u64)> = inner
+            .bins
+            .keys()
+            .filter(|k| stream.is_none_or(|s| k.0 == Owner::Stream(s)))
+            .copied()
+            .collect();
+        for k in keys {
+            for r in inner.bins.remove(&k).unwrap_or_default() {
+                inner.binned -= 1;
+                inner.settle(r);
+            }
         }
     }
 
@@ -699,9 +703,13 @@ impl<'d> Allocator<'d> {
             // Learn the stream's slot now, for the synchronizes to come.
             let _ = self.completed(inner, stream);
         }
-        self.settle_recent(inner, Some(stream));
+        inner.ready_bins(stream, upto);
         inner.small.promote(stream, upto);
         inner.large.promote(stream, upto);
+        if inner.stats.reserved > self.cfg.release_threshold {
+            // Idle segments can be seen only with every free given back.
+            self.settle_bins(inner, None);
+        }
         self.give_back(inner, self.cfg.release_threshold)
     }
 
@@ -710,7 +718,7 @@ impl<'d> Allocator<'d> {
     pub fn trim(&self, keep: u64) -> Result<u64, Errno> {
         let mut g = self.lock();
         let inner = &mut *g;
-        self.settle_recent(inner, None);
+        self.settle_bins(inner, None);
         self.give_back(inner, keep)
     }
 
@@ -762,8 +770,8 @@ impl<'d> Allocator<'d> {
         let g = self.lock();
         let (fs, fl) = g.small.free_bytes();
         let (ls, ll) = g.large.free_bytes();
-        let cached: u64 = g.recent.iter().map(|r| r.block.len).sum();
-        let longest = g.recent.iter().map(|r| r.block.len).max().unwrap_or(0);
+        let binned = g.bins.values().flatten().map(|r| r.block.len);
+        let (cached, longest) = binned.fold((0, 0), |(sum, max), l| (sum + l, max.max(l)));
         Stats {
             free: fs + ls + cached,
             largest_free: fl.max(ll).max(longest),
@@ -807,7 +815,41 @@ impl Inner {
         s.requested_peak = s.requested_peak.max(s.requested);
     }
 
-    /// Gives a recent free back to the blocks: ready if its stream is known complete up to
+    /// Bins a free under `owner`.
+    fn bin(&mut self, owner: Owner, r: Recent) {
+        let key = (owner, r.block.large, r.block.len);
+        self.bins.entry(key).or_default().push(r);
+        self.binned += 1;
+    }
+
+    /// A binned free of `owner` of exactly `len` bytes, taken out.
+    fn unbin(&mut self, owner: Owner, large: bool, len: u64) -> Option<Recent> {
+        let r = self.bins.get_mut(&(owner, large, len))?.pop()?;
+        self.binned -= 1;
+        Some(r)
+    }
+
+    /// Moves `stream`'s binned frees made at or before `upto` to the ready bins.
+    fn ready_bins(&mut self, stream: u64, upto: u64) {
+        let keys: Vec<(Owner, bool, u64)> = self
+            .bins
+            .keys()
+            .filter(|k| k.0 == Owner::Stream(stream))
+            .copied()
+            .collect();
+        for k in keys {
+            let Some(v) = self.bins.get_mut(&k) else {
+                continue;
+            };
+            let (done, pending): (Vec<Recent>, Vec<Recent>) =
+                v.drain(..).partition(|r| r.point <= upto);
+            *v = pending;
+            let ready = self.bins.entry((Owner::Ready, k.1, k.2)).or_default();
+            ready.extend(done.into_iter().map(|r| Recent { point: 0, ..r }));
+        }
+    }
+
+    /// Gives a binned free back to the blocks: ready if its stream is known complete up to
     /// its point, else its stream's.
     fn settle(&mut self, r: Recent) {
         let done = self.points(r.stream).completed;
