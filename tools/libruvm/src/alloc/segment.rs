@@ -10,6 +10,9 @@ use nix::sys::mman::{MapFlags, ProtFlags};
 
 use crate::{uapi, Ruvm, UserMap};
 
+/// The chunk size a segment asks for.
+const CHUNK: u64 = 2 << 20;
+
 pub(crate) struct Segment {
     pub handle: u64,
     map: UserMap,
@@ -20,10 +23,15 @@ pub(crate) struct Segment {
 unsafe impl Send for Segment {}
 
 impl Segment {
-    /// Allocates, maps and DMA-maps a segment of `len` bytes (a multiple of the page size);
+    /// Allocates, maps and DMA-maps a segment of `len` bytes (a multiple of 2 MiB);
     /// on failure nothing is left.
     pub fn new(dev: &Ruvm, len: u64, gpus: &[u32]) -> Result<Self, Errno> {
-        let a = dev.mem_alloc(len, 0, uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO)?;
+        // 2 MiB chunks (a segment is a whole number of them), smaller ones where the kernel
+        // has none: one DMA entry for 2 MiB instead of 512, at making, at each GPU's
+        // mapping and at its removal.
+        let flags =
+            uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO | uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
+        let a = dev.mem_alloc(len, CHUNK, flags)?;
         let made = (|| {
             let size = usize::try_from(len).map_err(|_| Errno::ENOMEM)?;
             let map = UserMap::new(

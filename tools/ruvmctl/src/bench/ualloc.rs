@@ -21,7 +21,8 @@ use super::{pairs, Case};
 use crate::cmd::allocator::{replay_fresh, replay_ualloc};
 use crate::trace::{generate, Class};
 
-/// Timed iterations of each trace (after its warm-up).
+/// Timed iterations of each trace (after its warm-up); a tiny run (`--max-size` below 64 MiB,
+/// as `make check` runs it) takes a quarter.
 const ITERATIONS: u32 = 20;
 
 /// The classes, by id: the time cases' and the footprints'.
@@ -55,7 +56,12 @@ pub(super) fn ualloc(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
             "the trace's peak of live bytes",
             "B",
         );
-        let t = generate(class, ITERATIONS, 1);
+        let iterations = if c.spec.max_size < 64 << 20 {
+            ITERATIONS / 4
+        } else {
+            ITERATIONS
+        };
+        let t = generate(class, iterations, 1);
         let mut peaks = Vec::new();
         (time.ruvm, time.base) = pairs(
             c.spec.reps,

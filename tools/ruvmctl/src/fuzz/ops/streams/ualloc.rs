@@ -53,7 +53,8 @@ pub(super) fn ualloc(w: &World, file: &Arc<Ruvm>, rng: &mut Rng) {
         let s = streams[rng.below(streams.len() as u64) as usize].handle;
         match rng.below(6) {
             0..=2 => {
-                let len = rng.pick(&LENS);
+                // At most the run's largest mem (--max-size: small on the debug kernel).
+                let len = rng.pick(&LENS).min(w.max_size);
                 // ENODEV: a segment's GPU mapping, the GPU being removed.
                 let Some(b) = w.check("allocator alloc", a.alloc(len, s), &[Errno::ENODEV]) else {
                     continue;
