@@ -9,7 +9,7 @@ RUVMCTL := $(TOP)/tools/ruvmctl/target/x86_64-unknown-linux-gnu/release/ruvmctl
 SELFTEST_BINS := $(TOP)/build/selftests/ruvm_abi_test
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 
-.PHONY: all help deps kernel stock deb module ruvmctl selftests vm demo check fuzz bench clean FORCE
+.PHONY: all help deps kernel stock deb module ruvmctl libruvm selftests vm demo check fuzz bench clean FORCE
 
 all: module ruvmctl
 
@@ -24,6 +24,7 @@ help:
 	@echo "make deb           the DKMS package build/deb/ruvm-dkms_<version>_all.deb"
 	@echo "make kernel        build both test kernels into \$$RUVM_CACHE (~/.cache/ruvm)"
 	@echo "make ruvmctl       build the static ruvmctl"
+	@echo "make libruvm       libruvm's C API (libruvm.a, libruvm.so, libruvm.h) and its example"
 	@echo "make deps          install the Debian packages and bindgen the build needs"
 
 deps:
@@ -55,6 +56,18 @@ deb:
 ruvmctl: deps
 	@cd $(TOP)/tools/ruvmctl && cargo build --release --quiet
 
+# libruvm's C API: libruvm.a and libruvm.so in build/lib (link with -lruvm), its header in
+# tools/libruvm/capi/include, and the example program linked statically (it runs in the guest).
+CAPI := $(TOP)/tools/libruvm/capi
+CAPI_TARGET ?= $(or $(CARGO_TARGET_DIR),$(CAPI)/target)
+libruvm: deps
+	@cd $(CAPI) && CARGO_TARGET_DIR=$(CAPI_TARGET) cargo build --release --quiet --locked
+	@mkdir -p $(TOP)/build/lib $(TOP)/build/examples
+	@cp $(CAPI_TARGET)/release/libruvm.a $(CAPI_TARGET)/release/libruvm.so $(TOP)/build/lib/
+	gcc -static -O2 -std=gnu11 -Wall -Wextra -Werror -I$(TOP)/include/uapi -I$(CAPI)/include \
+		-o $(TOP)/build/examples/alloc_example $(CAPI)/examples/alloc_example.c \
+		-L$(TOP)/build/lib -l:libruvm.a -lpthread -ldl -lm
+
 selftests: $(SELFTEST_BINS)
 
 $(TOP)/build/selftests/ruvm_abi_test: $(TOP)/selftests/ruvm_abi_test.c $(TOP)/include/uapi/linux/ruvm.h FORCE
@@ -83,6 +96,6 @@ check:
 	@$(TOP)/scripts/check.sh
 
 clean:
-	rm -rf $(TOP)/build $(TOP)/tools/ruvmctl/target
+	rm -rf $(TOP)/build $(TOP)/tools/ruvmctl/target $(CAPI)/target
 
 FORCE:

@@ -127,9 +127,23 @@ host_checks() {
 	# home (the crates it downloads) is in the cache, not in the chroot, which the DKMS test
 	# beside it snapshots.
 	step "host: ruvmctl and libruvm build clippy-clean with rustc 1.85 (the MSRV)" \
-		"$here/stock.sh" run bash -c 'for c in ruvmctl libruvm; do
+		"$here/stock.sh" run bash -c 'for c in ruvmctl libruvm libruvm/capi; do
 			(cd /ruvm/tools/$c && CARGO_HOME=/cargo-target/home CARGO_TARGET_DIR=/cargo-target/msrv \
 				cargo clippy --release --locked --all-targets -- -D warnings) || exit 1; done'
+}
+
+# libruvm's C API (tools/libruvm/capi): formatting and lints, the library and its example (a C
+# program linked statically against libruvm.a), then the example in a guest with a simulated
+# GPU. Its cargo target is in the cache, as the other crates' are.
+c_api() {
+	local target=$RUVM_CACHE/cargo/capi
+	step "host: libruvm's C API is rustfmt- and clippy-clean" bash -c "cd '$top/tools/libruvm/capi' &&
+		cargo fmt --check && CARGO_TARGET_DIR='$target' cargo clippy --release --locked -- -D warnings" || return 0
+	step "host: libruvm's C API builds; its C example links statically" \
+		make -C "$top" --no-print-directory CAPI_TARGET="$target" libruvm || return 0
+	step "guest (fast kernel): libruvm's C example allocates, fills, reads back, gives back" \
+		env VM_GPUS=0 VM_MODARGS=sim_gpus=1 VM_EXTRA="$top/build/examples/alloc_example" \
+		CMD=/extra/alloc_example "$here/vm.sh" fast
 }
 # --- the guests' time limits, derived from this machine ------------------------------------------
 # A guest run fails for time only at a limit this run derives, never at a figure tuned on another
@@ -339,8 +353,15 @@ host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --
 sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
 	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_ --filter adv_ --filter stream_ --filter salloc_ --filter ualloc_ --filter ptr_ --filter ipc_ --filter dmabuf_")
 
-# The longest first: the DKMS package test (its first run regenerates the stock kernel's Rust
-# build files), the host checks, the stock kernel's builds and suite.
+# The longest first. The debug kernel's suite: one guest with both kinds of GPU (two edu, two
+# simulated) and the test ioctls, as the stock kernel's run (the fast kernel runs each kind on
+# its own); every case runs once, on the GPUs it picks. 16 MiB of vidmem per GPU (not 64): the PMM's every-chunk
+# checks cost a quarter as much under KASAN, and every vidmem case still fills, splits and
+# merges root chunks.
+job guest_suite "debug kernel (edu and simulated GPUs)" debug \
+	VM_MODARGS="sim_gpus=2 enable_test_ioctls=1 vidmem_mib=16" CMD=/selftests/run_all.sh
+# Then the DKMS package test (its first run regenerates the stock kernel's Rust build files),
+# the host checks, the stock kernel's builds and suite.
 job dkms_test
 job host_checks
 job stock_suite
@@ -353,12 +374,6 @@ for shard in 0 1; do
 		VM_GPUS=1 VM_MODARGS="sim_gpus=1" \
 		CMD="RUVM_FAULT_SWEEP_LOAD=1 RUVM_FAULT_SWEEP_SHARD=$shard/2 ruvmctl selftest --filter fault_sweep_module_load"
 done
-# 16 MiB of vidmem per GPU (not 64): the PMM's every-chunk checks cost a quarter as much under
-# KASAN, and every vidmem case still fills, splits and merges root chunks.
-job guest_suite "debug kernel" debug VM_MODARGS="vidmem_mib=16" CMD=/selftests/run_all.sh
-# On the debug kernel with 16 MiB of vidmem per GPU, as its main run (exhausting 64 MiB twice
-# there takes 40 s and finds nothing 16 MiB does not).
-job guest_suite "debug kernel, simulated GPUs" debug "${sim[@]}" VM_MODARGS="sim_gpus=2 enable_test_ioctls=1 vidmem_mib=16"
 # 100,000 operations on the fast kernel; then the debug kernel's checkers (KASAN, lockdep,
 # kmemleak, DMA-API debug) under a bounded run: about 200 operations a second there alone, 45 to
 # 70 beside the other runs (3,000 to 4,000 in its 60 seconds).
@@ -380,6 +395,7 @@ job guest_suite "debug kernel, host GPU" debug VM_MODARGS="host_gpus=0000:00:03.
 	CMD="ruvmctl selftest --filter gpu_host --filter gpu_list --filter gpu_dma --filter vidmem_chunk --filter vidmem_mappings"
 job guest_suite "fast kernel, host GPU" fast "${host[@]}"
 job runner_checks
+job c_api
 job step "guest (fast kernel): make bench runs (tiny configuration)" bench_check
 job fuzz_run "fast kernel, fuzzer" fast VM_TIMEOUT=$((240 + $(limit 300))) VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
 	CMD="ruvmctl fuzz --ops 100000 --duration 240 --unbind --kill --memcg 384M --unprivileged"

@@ -142,9 +142,61 @@ impl Block {
     pub fn as_ptr(&self) -> *mut u8 {
         self.addr as *mut u8
     }
+
+    /// The block as plain data, for a C caller to hold and give back ([`Block::from_raw`]).
+    pub fn to_raw(&self) -> RawBlock {
+        RawBlock {
+            mem: self.mem,
+            offset: self.offset,
+            len: self.len,
+            ptr: self.addr as u64,
+            segment: self.seg,
+            generation: self.generation,
+            large: u32::from(self.large),
+            pad: 0,
+        }
+    }
+
+    /// A block from its plain data. Nothing is trusted: [`Allocator::free`] refuses (`EINVAL`)
+    /// one that is not a block the allocator has in use, field for field.
+    pub fn from_raw(r: &RawBlock) -> Self {
+        Self {
+            mem: r.mem,
+            offset: r.offset,
+            len: r.len,
+            addr: r.ptr as usize,
+            seg: r.segment,
+            large: r.large != 0,
+            generation: r.generation,
+        }
+    }
 }
 
-/// What the allocator holds and did, as caching allocators report it.
+/// A [`Block`] as C sees it (`struct ruvm_block` of libruvm's C header).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawBlock {
+    /// The segment's mem handle.
+    pub mem: u64,
+    /// The block's offset in it.
+    pub offset: u64,
+    /// Its usable length.
+    pub len: u64,
+    /// Its first byte in the process.
+    pub ptr: u64,
+    /// The allocator's own: which segment, which allocation, which size class.
+    pub segment: u32,
+    /// See `segment`.
+    pub generation: u32,
+    /// See `segment`.
+    pub large: u32,
+    /// 0.
+    pub pad: u32,
+}
+
+/// What the allocator holds and did, as caching allocators report it (`struct
+/// ruvm_allocator_stats` of the C API, field for field).
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Bytes of the segments held now.

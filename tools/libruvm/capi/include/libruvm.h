@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * libruvm's C API: the user-space stream-ordered allocator of ruvm (Documentation/ruvm.rst,
+ * "ruvmctl and libruvm"). Link with -lruvm (libruvm.a or libruvm.so, built by `make libruvm`);
+ * include <linux/ruvm.h> (include/uapi) for the device's own structures and ioctls.
+ *
+ * Blocks of any size are carved out of segments, mems of the allocator's file that the kernel
+ * maps once into the process (and its own address space) and DMA-maps once for the GPUs given
+ * at creation; a hit makes no system call. A block freed on a stream is that stream's at once
+ * and another stream's only under CUDA's reuse rules (RUVM_POOL_REUSE_*). Work on blocks, and
+ * the records of events waited on through the allocator, are submitted with
+ * ruvm_allocator_submit (that is how it knows each stream's points); a block's bytes may be
+ * touched by the CPU once the work on it is complete.
+ *
+ * Every function returns 0 or a negative errno. An allocator may be used from any thread.
+ */
+#ifndef LIBRUVM_H
+#define LIBRUVM_H
+
+#include <stdint.h>
+#include <linux/ruvm.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ruvm_allocator;
+
+/**
+ * struct ruvm_allocator_config - how an allocator is made (NULL: the defaults)
+ * @gpus:              the GPUs every segment is DMA-mapped for (RUVM_IOCTL_MEM_MAP_GPU)
+ * @gpu_count:         how many (at most 64)
+ * @reuse:             RUVM_POOL_REUSE_* bits: the cross-stream reuse rules (default none)
+ * @release_threshold: idle bytes kept at a synchronize (UINT64_MAX: none given back there;
+ *                     default 0, as CUDA's)
+ * @reserve_limit:     the most bytes of segments held at once, 0 for none of the allocator's
+ *                     own (the kernel's bounds hold always)
+ */
+struct ruvm_allocator_config {
+	const uint32_t *gpus;
+	uint32_t gpu_count;
+	uint32_t reuse;
+	uint64_t release_threshold;
+	uint64_t reserve_limit;
+};
+
+/**
+ * struct ruvm_block - a block: @len bytes at @offset in mem @mem, at @ptr in the process
+ *
+ * The last four fields are the allocator's own: give the block back unchanged.
+ */
+struct ruvm_block {
+	uint64_t mem;
+	uint64_t offset;
+	uint64_t len;
+	uint64_t ptr;
+	uint32_t segment;
+	uint32_t generation;
+	uint32_t large;
+	uint32_t pad;
+};
+
+/* struct ruvm_allocator_stats - reserved/allocated/requested now and at most, segments held,
+ * hits, misses (a new segment), blocks taken from another stream's frees and waits inserted for
+ * them, segments given back, free bytes in held segments and the longest free block. */
+struct ruvm_allocator_stats {
+	uint64_t reserved, reserved_peak;
+	uint64_t allocated, allocated_peak;
+	uint64_t requested, requested_peak;
+	uint64_t segments;
+	uint64_t hits, misses;
+	uint64_t cross_stream, waits_inserted;
+	uint64_t released;
+	uint64_t free, largest_free;
+};
+
+/* An allocator on open file @fd of /dev/ruvm (duplicated: the caller may close its own).
+ * -EINVAL for a bad config, -EBADF for a bad descriptor. */
+int ruvm_allocator_create(int fd, const struct ruvm_allocator_config *cfg,
+			  struct ruvm_allocator **out);
+/* Gives every segment back (blocks still in use included) and frees the allocator. */
+void ruvm_allocator_destroy(struct ruvm_allocator *a);
+
+/* A block of at least @len bytes for work on @stream (a stream handle of the file): -EINVAL
+ * for 0, -ENOMEM beyond 1 TiB or when no memory can be had, the kernel's errnos for a new
+ * segment (-ENODEV: a GPU going). */
+int ruvm_alloc(struct ruvm_allocator *a, uint64_t len, uint64_t stream, struct ruvm_block *out);
+/* Gives @b back, ordered on @stream; -EINVAL for a block not in use (freed twice, stale,
+ * another allocator's). */
+int ruvm_free(struct ruvm_allocator *a, const struct ruvm_block *b, uint64_t stream);
+
+/* RUVM_IOCTL_STREAM_SUBMIT of @count operations, noted by the allocator; *@first (if not
+ * NULL) gets the first one's seqno. */
+int ruvm_allocator_submit(struct ruvm_allocator *a, uint64_t stream, const struct ruvm_op *ops,
+			  uint32_t count, uint64_t *first);
+/* A RECORD of @event on @stream, and a WAIT_EVENT of it on @stream (the waiter may then take
+ * the blocks the recording stream freed before the record). */
+int ruvm_allocator_record_event(struct ruvm_allocator *a, uint64_t stream, uint64_t event);
+int ruvm_allocator_wait_event(struct ruvm_allocator *a, uint64_t stream, uint64_t event);
+/* Waits for what was submitted to @stream through the allocator (-EIO: the stream is in
+ * error); its frees become anyone's, idle segments go back above the release threshold. */
+int ruvm_allocator_synchronize(struct ruvm_allocator *a, uint64_t stream);
+/* Gives idle segments back until at most @keep bytes are held; *@given (if not NULL) gets
+ * the bytes given back. */
+int ruvm_allocator_trim(struct ruvm_allocator *a, uint64_t keep, uint64_t *given);
+int ruvm_allocator_stats(struct ruvm_allocator *a, struct ruvm_allocator_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LIBRUVM_H */
