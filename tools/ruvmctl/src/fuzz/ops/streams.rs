@@ -486,7 +486,7 @@ fn status_ok(status: i32) -> bool {
 /// One random stream or event operation on `file` (or on the stream's own file).
 pub(super) fn one(w: &World, file: &Arc<Ruvm>, rng: &mut Rng) {
     match rng.below(17) {
-        16 => ualloc(w, file, rng),
+        16 => ualloc(w, rng),
         0 | 1 => {
             let g = w.stream_gpu(rng);
             w.create_stream(file, g);

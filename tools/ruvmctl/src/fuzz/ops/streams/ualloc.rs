@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The fuzzer's traffic through libruvm's user-space allocator (`libruvm::alloc`): an
-//! allocator over the worker's file with random rules, threshold and reserve limit; up to 48
+//! allocator over a file of its own (one or two streams on a random GPU) with random rules,
+//! threshold and reserve limit; up to 48
 //! random calls (blocks of 1 byte to 3 MiB on one or two streams, each filled with its own
 //! byte by the engine, freed on the stream that filled it, as a program must; synchronizes;
 //! trims); then, once both streams
@@ -9,34 +10,42 @@
 //! its own fill's (blocks never share bytes, and no free let another block's fill land in a
 //! live one); dropped at the end, its segments given back.
 
-use std::sync::Arc;
-
 use libruvm::{
     alloc::{Allocator, Block, Config, Reuse},
     op, Errno, Ruvm,
 };
 
-use super::{Rng, StreamRec, World, SUBMIT, SYNC};
+use super::{Rng, World, CREATE, SUBMIT, SYNC};
 
 /// The lengths asked for.
 const LENS: [u64; 8] = [1, 511, 4096, 5000, 65536, 1 << 20, (1 << 20) + 1, 3 << 20];
 /// Bytes read back at each end of a block.
 const CHECKED: u64 = 4096;
 
-pub(super) fn ualloc(w: &World, file: &Arc<Ruvm>, rng: &mut Rng) {
-    let Some(s1) = w.stream_on(file, None, rng) else {
+pub(super) fn ualloc(w: &World, rng: &mut Rng) {
+    // A file of its own, which no other thread of the worker names: the others' operations
+    // take handles of any of the worker's files, and would rightly write into, or free, the
+    // segments of a file they share (a program's own threads can).
+    let Some(own) = w.check(
+        "open",
+        Ruvm::open().map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0))),
+        &[Errno::EMFILE, Errno::ENFILE],
+    ) else {
         return;
     };
-    let s2 = if rng.one_in(2) {
-        w.stream_on(file, Some(s1.gpu), rng)
-    } else {
-        None
-    };
-    let streams: Vec<StreamRec> = [Some(s1.clone()), s2].into_iter().flatten().collect();
+    let gpu = w.stream_gpu(rng);
+    let mut streams = Vec::new();
+    for _ in 0..1 + rng.below(2) {
+        match w.check("STREAM_CREATE", own.stream_create(gpu), CREATE) {
+            Some(s) => streams.push(s.handle),
+            None => return,
+        }
+    }
+    let file = &own;
     let a = Allocator::new(
         file,
         Config {
-            gpus: vec![s1.gpu],
+            gpus: vec![gpu],
             release_threshold: rng.pick(&[0, 1 << 20, u64::MAX]),
             reuse: Reuse {
                 follow_event_dependencies: rng.one_in(2),
@@ -50,7 +59,7 @@ pub(super) fn ualloc(w: &World, file: &Arc<Ruvm>, rng: &mut Rng) {
     // the stream it was filled on.
     let mut live: Vec<(Block, u64, Option<u8>, u64)> = Vec::new();
     for _ in 0..=rng.below(48) {
-        let s = streams[rng.below(streams.len() as u64) as usize].handle;
+        let s = streams[rng.below(streams.len() as u64) as usize];
         match rng.below(6) {
             0..=2 => {
                 // At most the run's largest mem (--max-size: small on the debug kernel).
@@ -80,7 +89,7 @@ pub(super) fn ualloc(w: &World, file: &Arc<Ruvm>, rng: &mut Rng) {
             }
         }
     }
-    let synced = streams.iter().all(|s| a.synchronize(s.handle).is_ok());
+    let synced = streams.iter().all(|&s| a.synchronize(s).is_ok());
     let mut spans: Vec<(u64, u64, u64)> = live
         .iter()
         .map(|(b, ..)| (b.mem(), b.offset(), b.len()))
@@ -93,7 +102,7 @@ pub(super) fn ualloc(w: &World, file: &Arc<Ruvm>, rng: &mut Rng) {
         w.problem(format!("allocator: live blocks overlap: {spans:?}"));
     }
     if synced {
-        for (b, len, byte, _) in &live {
+        for (b, len, byte, on) in &live {
             let Some(byte) = byte else { continue };
             let ends = [0..CHECKED.min(*len), len.saturating_sub(CHECKED)..*len];
             let wrong = ends.into_iter().flatten().find(|&i| {
@@ -102,10 +111,27 @@ pub(super) fn ualloc(w: &World, file: &Arc<Ruvm>, rng: &mut Rng) {
                 unsafe { b.as_ptr().add(i as usize).read_volatile() != *byte }
             });
             if let Some(i) = wrong {
+                // What the kernel's own mapping holds there, and the stream's state: a fill that
+                // did not run, or a user mapping that does not show the mem's pages.
+                let kernel = file
+                    .mem_fill(
+                        true,
+                        libruvm::uapi::ruvm_mem_fill {
+                            handle: b.mem(),
+                            offset: b.offset(),
+                            length: CHECKED.min(*len),
+                            seed: u64::from(*byte),
+                            kind: libruvm::uapi::ruvm_fill_kind_RUVM_FILL_BYTE,
+                            ..Default::default()
+                        },
+                    )
+                    .map(|v| v.mismatches);
+                let q = file.stream_query(*on);
                 w.problem(format!(
-                    "allocator: byte {i} of a block of {len} (mem {}, offset {:#x}) is not its fill {byte:#x}",
+                    "allocator: byte {i} of a block of {len} (mem {}, offset {:#x}) is not its fill {byte:#x}; the kernel's mapping: {kernel:?} mismatches; stream {on}: {q:?}; {:?}",
                     b.mem(),
-                    b.offset()
+                    b.offset(),
+                    a.stats()
                 ));
             }
         }
