@@ -287,8 +287,14 @@ impl RuvmFile {
                 .try_create_and_insert(handle, stream, GFP_KERNEL_ACCOUNT)?;
         }
         if let Err(e) = writer.write(&args) {
-            // The caller cannot learn the handle: the stream goes again.
-            let _gone = self.inner.lock().streams.streams.remove(&handle);
+            // The caller cannot learn the handle: the stream goes again. Another thread may
+            // have named it meanwhile (handles are predictable): its work is cancelled and its
+            // status slot given back, so nothing of it outlives the file's reach.
+            let gone = self.inner.lock().streams.streams.remove(&handle);
+            if let Some(s) = gone {
+                s.destroy();
+                s.cancel();
+            }
             return Err(e);
         }
         Ok(())

@@ -6,14 +6,12 @@
 //!
 //! One page a file, made at the first ask and charged to the asker's memory cgroup:
 //! `RUVM_STATUS_SLOTS` slots of (`handle`, `completed`, `error`, `failed_seqno`), four words
-//! each. A stream given a slot
-//! holds it ([`Slot`]) until it is destroyed (or dropped, at the file's close); its
-//! `completed` is stored whenever the stream's completed point moves (where
+//! each. A stream given a slot holds it ([`Slot`]) until it is destroyed (or dropped, at the
+//! file's close); its `completed` is stored whenever the stream's completed point moves (where
 //! `StreamCore::reached` is), the stream's sticky error before it. A slot is given with its
 //! other words stored first and the handle last, and taken back with the handle cleared
-//! first. Each user mapping holds the
-//! page (a VMA owner), so a process that still maps it after the close reads a page that is
-//! still there.
+//! first. The file, each slot and each user mapping (a VMA owner) hold the page: it goes with
+//! the last of them.
 
 use kernel::{
     mm::virt::VmaNew,
@@ -88,8 +86,9 @@ impl Status {
         Ok(slot)
     }
 
-    /// Maps the page into a new VMA: one page, shared, never writable or executable (`EPERM`
-    /// for `PROT_WRITE`/`PROT_EXEC`; `mprotect` cannot add them later), not copied by `fork`.
+    /// Maps the page into a new VMA: one page, never writable or executable (`EPERM` for
+    /// `PROT_WRITE`/`PROT_EXEC`; `mprotect` cannot add them later), not copied by `fork` (as a
+    /// mem's mapping; `MADV_DOFORK` can undo that, harmlessly: the child shares the page).
     pub(crate) fn map(self: &Arc<Self>, vma: &VmaNew) -> Result {
         let len = vma.end().checked_sub(vma.start()).ok_or(EINVAL)?;
         if len != PAGE_SIZE {
@@ -131,7 +130,7 @@ pub(crate) struct Slot {
 impl Slot {
     /// The slot's number.
     pub(crate) fn index(&self) -> u32 {
-        // CAST: below `SLOTS` (256).
+        // CAST: below `SLOTS` (128).
         self.index as u32
     }
 

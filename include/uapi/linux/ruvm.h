@@ -1860,9 +1860,11 @@ struct ruvm_stream_query {
  * struct ruvm_status_slot - one stream's entry of the status page
  *
  * @handle:    the stream's handle while the slot is its (from its RUVM_IOCTL_STREAM_STATUS
- *             until RUVM_IOCTL_STREAM_DESTROY or the file's close), else 0. Written after @completed when the slot is given, and set to 0
- *             before the slot is given again: a reader that sees the same handle before and
- *             after reading @completed read that stream's point.
+ *             until RUVM_IOCTL_STREAM_DESTROY or the file's close), else 0. Written after the
+ *             other words when the slot is given, and set to 0 first when it is taken back:
+ *             a reader that loads, each an acquire load, @handle, @completed, @error,
+ *             @failed_seqno and @handle again, and sees the stream's handle both times, read
+ *             that stream's words.
  * @completed: the seqno its work is complete up to, as RUVM_IOCTL_STREAM_QUERY's @completed
  *             (every operation up to it retired, run or not, and its fences signalled); it
  *             only grows.
@@ -1881,7 +1883,9 @@ struct ruvm_status_slot {
  * struct ruvm_stream_status - give a stream a slot of the status page
  * (RUVM_IOCTL_STREAM_STATUS)
  *
- * The file's status page is made at the first call (or the first mmap of it). ENOENT for a
+ * The file's status page is made at the first call (or the first mmap of it: EINVAL for any
+ * length but one page, EPERM for PROT_WRITE or PROT_EXEC, ENOMEM). EINVAL for flags or
+ * reserved bits, ENOENT for a
  * handle that is not a stream of the file (or a destroyed one), ENOSPC when every slot is
  * taken (it cannot be: a file has at most RUVM_MAX_FILE_STREAMS streams), ENOMEM when the page
  * cannot be had.

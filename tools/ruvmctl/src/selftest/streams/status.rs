@@ -129,7 +129,8 @@ pub(super) fn stream_status_page_follows_completion() -> TestResult {
 
 /// The page is read-only (`EPERM` for a writable mapping, `EACCES` for `mprotect` to write),
 /// one page exactly (`EINVAL` otherwise); `STREAM_STATUS` refuses an unknown stream (`ENOENT`),
-/// flags and reserved bits (`EINVAL`); another file's page shows none of this file's streams.
+/// flags and reserved bits (`EINVAL`); another file's page shows none of this file's streams;
+/// a `STREAM_CREATE` that cannot write its answer leaves no stream.
 pub(super) fn stream_status_page_refusals() -> TestResult {
     let (d, g) = setup()?;
     let page = page_size();
@@ -195,6 +196,43 @@ pub(super) fn stream_status_page_refusals() -> TestResult {
         st.slot
     );
     drop(ro);
+    // A STREAM_CREATE whose answer cannot be written (EFAULT) leaves no stream behind under
+    // the handle it would have had (the next one: handles count up).
+    let args = uapi::ruvm_stream_create {
+        gpu: g,
+        ..Default::default()
+    };
+    let len = std::num::NonZeroUsize::new(page)
+        .ok_or_else(|| crate::selftest::harness::Stop::Fail("page size 0".into()))?;
+    // SAFETY: a new private anonymous page, used only here and unmapped below.
+    let p = unsafe {
+        nix::sys::mman::mmap_anonymous(
+            None,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_PRIVATE,
+        )
+    }
+    .ctx("mmap")?;
+    // SAFETY: the page is ours and writable; the structure fits it.
+    unsafe { p.cast::<uapi::ruvm_stream_create>().as_ptr().write(args) };
+    // SAFETY: the page is ours; from now the kernel can read it and its write faults.
+    unsafe { nix::sys::mman::mprotect(p, page, ProtFlags::PROT_READ) }.ctx("mprotect")?;
+    // SAFETY: the argument is a readable `ruvm_stream_create` in a page no one else uses.
+    let r = unsafe { d.ioctl_ptr(uapi::RUVM_IOCTL_STREAM_CREATE, p.as_ptr().cast()) };
+    // SAFETY: the mapping made above, unused from here.
+    let _ = unsafe { nix::sys::mman::munmap(p, page) };
+    expect_errno(r, Errno::EFAULT, "STREAM_CREATE with a read-only argument")?;
+    expect_errno(
+        d.stream_status(s + 1),
+        Errno::ENOENT,
+        "STREAM_STATUS of the stream a failed STREAM_CREATE made",
+    )?;
+    expect_errno(
+        d.stream_destroy(s + 1),
+        Errno::ENOENT,
+        "STREAM_DESTROY of the stream a failed STREAM_CREATE made",
+    )?;
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
     Ok(())
 }
