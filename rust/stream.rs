@@ -360,36 +360,6 @@ impl StreamCore {
         }
     }
 
-    /// Notes the completed point `st` reached, under its lock: for a pool's opportunistic
-    /// reuse (`reached`) and in the stream's slot of the status page, if it has one.
-    fn reached_now(&self, st: &StreamState) {
-        self.reached.store(st.completed, Release);
-        if let Some(slot) = &st.slot {
-            slot.publish(st.completed, st.error);
-        }
-    }
-
-    /// Its slot of the file's status page `page` (given at the first call: `ENOSPC` if none
-    /// is free), and its completed point.
-    /// `ENOENT` once destroyed (a destroy racing the call gave its slot back already).
-    pub(crate) fn status_slot(&self, page: &Arc<status::Status>) -> Result<(u32, u64)> {
-        let mut st = self.state.lock();
-        if st.destroyed || st.cancelled {
-            return Err(ENOENT);
-        }
-        let completed = st.completed;
-        let index = match &st.slot {
-            Some(slot) => slot.index(),
-            None => {
-                let slot = page.take(self.handle, completed, st.error)?;
-                let index = slot.index();
-                st.slot = Some(slot);
-                index
-            }
-        };
-        Ok((index, completed))
-    }
-
     /// Its counters now.
     pub(crate) fn info(&self) -> StreamInfo {
         let st = self.state.lock();
