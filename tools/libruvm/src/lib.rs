@@ -43,7 +43,7 @@ pub use dev::{
     UnloadState, UserMap,
 };
 pub use nix::errno::Errno;
-pub use status::{SlotState, StatusPage};
+pub use status::{page_size, SlotState, StatusPage};
 
 /// The version of the ABI and of the project this library was built from (the top-level
 /// `VERSION` file).

@@ -23,11 +23,7 @@ impl StatusPage {
     /// Maps `dev`'s status page (`mmap` at `RUVM_STATUS_MMAP_OFFSET`, `PROT_READ`).
     pub fn map(dev: &Ruvm) -> Result<Self, Errno> {
         use nix::sys::mman::{MapFlags, ProtFlags};
-        let len = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-            .ok()
-            .flatten()
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or(Errno::EINVAL)?;
+        let len = page_size().ok_or(Errno::EINVAL)?;
         let map = UserMap::new(
             dev,
             uapi::RUVM_STATUS_MMAP_OFFSET,
@@ -84,4 +80,12 @@ pub struct SlotState {
     pub error: i32,
     /// With `error`: the seqno of the operation that failed.
     pub failed_seqno: u64,
+}
+
+/// The system's page size (the status page's length), `None` if it cannot be read.
+pub fn page_size() -> Option<usize> {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|n| usize::try_from(n).ok())
 }

@@ -108,10 +108,7 @@ pub unsafe extern "C" fn ruvm_allocator_create(
     if out.is_null() || fd < 0 {
         return errno(Errno::EINVAL);
     }
-    let mut config = Config {
-        release_threshold: 0,
-        ..Config::default()
-    };
+    let mut config = Config::default();
     // SAFETY: by the caller's contract.
     if let Some(c) = unsafe { cfg.as_ref() } {
         if c.gpu_count > 64 || (c.gpu_count > 0 && c.gpus.is_null()) {

@@ -133,7 +133,7 @@ pub(super) fn stream_status_page_follows_completion() -> TestResult {
 /// a `STREAM_CREATE` that cannot write its answer leaves no stream.
 pub(super) fn stream_status_page_refusals() -> TestResult {
     let (d, g) = setup()?;
-    let page = page_size();
+    let page = libruvm::page_size().unwrap_or(4096);
     let map = |prot, len| {
         UserMap::new(
             &d,
@@ -235,12 +235,4 @@ pub(super) fn stream_status_page_refusals() -> TestResult {
     )?;
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
     Ok(())
-}
-
-fn page_size() -> usize {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .and_then(|n| usize::try_from(n).ok())
-        .unwrap_or(4096)
 }
