@@ -24,7 +24,8 @@
 # are reported but do not count as errors; see Documentation/testing.rst); VM_ICOUNT (QEMU
 # -icount options, e.g. shift=auto,sleep=off; empty: none); VM_BOOT_WAIT (240: seconds for /init
 # to say it booted before the guest is booted once more); VM_QUIET_LIMIT (0: off; else the
-# seconds the guest may print nothing before it is stopped as stuck).
+# seconds the guest may print nothing before it is stopped as stuck); VM_APPEND (more kernel
+# parameters).
 set -euo pipefail
 
 die() { echo "vm: $*" >&2; exit 125; }
@@ -42,6 +43,7 @@ VM_VERBOSE=${VM_VERBOSE:-0}
 VM_EXPECT_KMSG=${VM_EXPECT_KMSG:-}
 VM_ICOUNT=${VM_ICOUNT:-}
 VM_QUIET_LIMIT=${VM_QUIET_LIMIT:-0}
+VM_APPEND=${VM_APPEND:-}
 quiet=0
 
 for f in "$KERNEL_IMAGE" "$RUVM_KO" "$RUVMCTL" /bin/busybox; do
@@ -147,6 +149,7 @@ chmod +x "$root/init"
 # check, as virtual machines commonly do; the timer works.
 append="console=ttyS0 panic=-1 oops=panic intel_iommu=on iommu.strict=1 printk.devkmsg=on"
 append="$append no_timer_check"
+[ -z "$VM_APPEND" ] || append="$append $VM_APPEND"
 [ $interactive = 1 ] || append="$append quiet"
 # la57=off: with 5-level paging, Linux 7.2 reads "is LA57 on" from the boot CPU's feature bits,
 # which identify_cpu() clears and reads again with interrupts on; a timer interrupt in that
