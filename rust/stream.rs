@@ -51,6 +51,7 @@ pub(crate) mod alloc;
 mod budget;
 pub(crate) mod engine;
 pub(crate) mod event;
+mod few;
 mod implicit;
 pub(crate) mod lookup;
 mod named;
@@ -138,6 +139,14 @@ impl StreamState {
         }
         Ok(())
     }
+}
+
+/// The operation of the marks that lead a submission: the first at `seqno`, `folded` the count
+/// of them and the seqno of the last.
+fn marks_op(seqno: u64, folded: (u64, u64), units: &mut Units) -> Result<ListArc<Op>> {
+    let op = Op::new(seqno, op::Work::Nop, 0, units)?;
+    op.fold((folded.0.saturating_sub(1), folded.1), units)?;
+    Ok(op)
 }
 
 /// A stream.
@@ -281,42 +290,61 @@ impl StreamCore {
         let mut planned = List::<Op>::new();
         // The operations whose fences go into dma-bufs' reservation objects once queued.
         let mut published: KVec<Arc<Op>> = KVec::new();
-        // The operation before, and the operations folded into it since (counted into it at
-        // once, when the next is planned or the submission ends).
+        // The operation before, and the marks folded into it since (counted into it at once,
+        // when the next is planned or the submission ends).
         let mut prev: Option<Arc<Op>> = None;
         let mut folded = (0u64, 0u64);
+        // The seqno of the submission's first mark while no operation came before it: the
+        // marks that lead it get an operation of their own only when one that is not a mark
+        // follows (they are reached before it), or when the stream is busy.
+        let mut lead: Option<u64> = None;
         for ((op, seqno), index) in raw.iter().zip(first..).zip(0usize..) {
-            if prev.is_some() && plan::fold_mark(op, &mut events, index, seqno)? {
+            let new = if plan::fold_mark(op, &mut events, index, seqno)? {
+                None
+            } else {
+                plan::plan(
+                    op,
+                    files,
+                    &self.engine,
+                    (self.context, seqno),
+                    (&mut events, &mut units),
+                    &mut batch,
+                    (index, raw.get(index + 1), &clock, &known),
+                )?
+            };
+            let Some(new) = new else {
+                if prev.is_none() && lead.is_none() {
+                    lead = Some(seqno);
+                }
                 folded = (folded.0 + 1, seqno);
                 continue;
+            };
+            match (prev.as_deref(), lead.take()) {
+                (Some(p), _) => p.fold(folded, &mut units)?,
+                (None, Some(l)) => planned.push_back(marks_op(l, folded, &mut units)?),
+                (None, None) => {}
             }
-            let planned_op = plan::plan(
-                op,
-                files,
-                &self.engine,
-                (self.context, seqno),
-                (&mut events, &mut units, prev.is_some()),
-                &mut batch,
-                (index, raw.get(index + 1), &clock, &known),
-            )?;
-            match planned_op {
-                None => folded = (folded.0 + 1, seqno),
-                Some(new) => {
-                    if let Some(p) = prev.as_deref() {
-                        p.fold(folded, &mut units)?;
-                    }
-                    folded = (0, 0);
-                    prev = Some(new.clone_arc());
-                    if new.implicit.is_some() {
-                        published.push(new.clone_arc(), GFP_KERNEL)?;
-                    }
-                    planned.push_back(new);
-                }
+            folded = (0, 0);
+            prev = Some(new.clone_arc());
+            if new.implicit.is_some() {
+                published.push(new.clone_arc(), GFP_KERNEL)?;
             }
+            planned.push_back(new);
         }
         if let Some(p) = prev.take() {
             p.fold(folded, &mut units)?;
         }
+        // Marks only: reached at once on an idle stream (nothing to queue, no runner), else
+        // queued as one operation behind the work before them. The turn is held, so an idle
+        // stream stays idle (only submissions queue) until they are queued.
+        let at_once = match lead {
+            Some(l) if !self.idle() => {
+                planned.push_back(marks_op(l, folded, &mut units)?);
+                false
+            }
+            Some(_) => true,
+            None => false,
+        };
         // The ALLOCs' handles reach the caller before anything is queued.
         turn.planted_wait()?;
         batch.write_back(ops)?;
@@ -325,9 +353,13 @@ impl StreamCore {
             // Destroyed, cancelled or in error meanwhile (a GPU whose removal began since fails
             // the operations at their first step, as it fails those queued before).
             st.may_submit(&self.engine, false)?;
+            st.submitted += u64::from(count);
+            if at_once {
+                self.marks_reached(&mut st, first);
+                return Ok(());
+            }
             st.queue.push_all_back(&mut planned);
             st.queued += u64::from(count);
-            st.submitted += u64::from(count);
             Ok(())
         };
         if batch.touches_nothing() {
@@ -349,8 +381,27 @@ impl StreamCore {
         }
         drop(known);
         drop(turn);
-        self.engine.submitted(self.clone());
+        if !at_once {
+            self.engine.submitted(self.clone());
+        }
         Ok(first)
+    }
+
+    /// Whether nothing is queued or running on it.
+    fn idle(&self) -> bool {
+        let st = self.state.lock();
+        st.queue.is_empty() && !st.running
+    }
+
+    /// A submission of marks only (from seqno `first` to `st.submitted`) to an idle stream,
+    /// reached as it is queued: as the submitter would retire them ([`Self::retire_marks`]),
+    /// failed with the GPU's error if it is being removed.
+    fn marks_reached(&self, st: &mut StreamState, first: u64) {
+        if let Err(e) = self.engine.gpu().access() {
+            st.error = Some((e, first));
+        }
+        st.retired_to = st.submitted;
+        self.reached_locked(st, st.submitted);
     }
 
     /// Notes that a synchronize observed the stream up to `seqno` (under its lock).
@@ -505,15 +556,21 @@ impl StreamCore {
         }
         if let Some(seqno) = last {
             let mut st = self.state.lock();
-            // Cancelled meanwhile: every point left signals now (`ECANCELED` past what was
-            // retired before the cancel), the operation the engine ran being dropped.
-            let to = if st.cancelled { st.submitted } else { seqno };
-            // The points' fences first: whoever sees them completed sees them signalled.
-            st.reach(to);
-            self.reached_now(&st);
             st.queued = st.queued.saturating_sub(units);
-            self.retired.notify_all();
+            self.reached_locked(&mut st, seqno);
         }
+    }
+
+    /// Its work up to `seqno` is retired: its points signalled, its status page told, its
+    /// synchronizers woken.
+    fn reached_locked(&self, st: &mut StreamState, seqno: u64) {
+        // Cancelled meanwhile: every point left signals now (`ECANCELED` past what was
+        // retired before the cancel), the operation the engine ran being dropped.
+        let to = if st.cancelled { st.submitted } else { seqno };
+        // The points' fences first: whoever sees them completed sees them signalled.
+        st.reach(to);
+        self.reached_now(st);
+        self.retired.notify_all();
     }
 
     /// A step (see [`Self::step`]); with `marks_only`, one that stops at the first

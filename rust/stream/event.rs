@@ -80,14 +80,6 @@ impl Event {
         drop(old);
     }
 
-    /// Its point: its timeline's context and seqno (`None` if never recorded).
-    pub(crate) fn point(&self) -> Option<(u64, u64)> {
-        self.point
-            .lock()
-            .as_ref()
-            .map(|p| (p.timeline.context(), p.seqno))
-    }
-
     /// Its point's fence, made if none was yet (`None` if never recorded).
     pub(crate) fn fence(&self) -> Result<Option<Fence>> {
         Ok(self.point_fence()?.map(|(_, _, f)| f))
@@ -113,6 +105,30 @@ impl Event {
             }
         }
         Ok(Some((context, seqno, fence)))
+    }
+
+    /// What a wait of a stream on timeline `context` must wait for: nothing (`None`) if the
+    /// event was never recorded or was recorded on that timeline (the stream's order satisfies
+    /// it); else its point (context and seqno) and, unless that point was reached without
+    /// error, the point's fence (made if none was yet). A point reached needs no fence: a
+    /// cross-stream wait on work already done makes nothing.
+    pub(crate) fn wait_target(&self, context: u64) -> Result<Option<(u64, u64, Option<Fence>)>> {
+        let Some(p) = self.point.lock().clone() else {
+            return Ok(None);
+        };
+        let (c, seqno) = (p.timeline.context(), p.seqno);
+        if c == context {
+            return Ok(None);
+        }
+        // Read with the event's lock released: the stream's state lock is not taken under it.
+        if p.fence.is_none() && p.timeline.point_status(seqno) == 1 {
+            return Ok(Some((c, seqno, None)));
+        }
+        // Moved meanwhile: onto that timeline too, perhaps.
+        Ok(self
+            .point_fence()?
+            .filter(|&(c, _, _)| c != context)
+            .map(|(c, s, f)| (c, s, Some(f))))
     }
 
     pub(crate) fn state(&self) -> EventState {

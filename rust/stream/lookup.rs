@@ -52,6 +52,7 @@ pub(crate) trait Lookup {
 /// An event a submission names: its handle, the file's event of that handle (`None`: the
 /// file has none), and the seqno the submission last recorded it at (0: none). Events are moved
 /// only once the whole submission is queued.
+#[derive(Default)]
 pub(crate) struct Named {
     pub(super) handle: u64,
     pub(super) event: Option<Arc<Event>>,

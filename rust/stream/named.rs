@@ -9,6 +9,7 @@ use crate::uapi;
 
 use super::{
     event::Event,
+    few::Few,
     lookup::{Lookup, Named},
 };
 
@@ -16,11 +17,17 @@ use super::{
 /// and each operation's place among them: the lookup in the file, the moves and the drops go
 /// over the events named only, and an operation finds its event in one step.
 pub(super) struct Events {
-    named: KVec<Named>,
+    named: Few<Named, IN_PLACE>,
     /// For each operation of the submission, 1 + the place in `named` of the event it names;
     /// 0 for one that names none.
-    of_op: KVec<u16>,
+    of_op: Few<u16, IN_PLACE>,
 }
+
+/// Events named, and operations, that a submission's tables hold without allocating.
+const IN_PLACE: usize = 4;
+
+/// Up to this many events named, duplicates are found by a look along them, not a hash table.
+const LINEAR: usize = 8;
 
 /// Whether `op` names an event.
 fn names(op: &uapi::ruvm_op) -> bool {
@@ -37,8 +44,8 @@ impl Events {
         if n == 0 {
             // Nothing to look up: no table, and the file's lock is not taken.
             return Ok(Self {
-                named: KVec::new(),
-                of_op: KVec::new(),
+                named: Few::with_capacity(0, GFP_KERNEL)?,
+                of_op: Few::with_capacity(0, GFP_KERNEL)?,
             });
         }
         // A place fits in 16 bits.
@@ -49,12 +56,17 @@ impl Events {
             .ok_or(EINVAL)?;
         // Transient (freed before the call returns), bounded by the call, and charged to the
         // caller: the call may wait with it for its stream's turn.
-        let mut named = KVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
-        let mut of_op = KVec::from_elem(0u16, ops.len(), GFP_KERNEL_ACCOUNT)?;
+        let mut named = Few::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+        let mut of_op = Few::from_elem(0u16, ops.len(), GFP_KERNEL_ACCOUNT)?;
         // A hash table of the places by handle (open addressing, at most half full: an empty
-        // slot ends every search), for the dedup only. Fibonacci hashing: the handles of a
-        // file are consecutive numbers.
-        let mut index = KVec::from_elem(0u16, size, GFP_KERNEL_ACCOUNT)?;
+        // slot ends every search), for the dedup only, when more than a few events are named
+        // (else a look along `named` is cheaper than allocating it). Fibonacci hashing: the
+        // handles of a file are consecutive numbers.
+        let mut index = if n > LINEAR {
+            KVec::from_elem(0u16, size, GFP_KERNEL_ACCOUNT)?
+        } else {
+            KVec::new()
+        };
         let mask = size - 1;
         // The last operation's event and place: a RECORD and a WAIT_EVENT of one event often
         // come together.
@@ -64,39 +76,53 @@ impl Events {
                 *place = last.1;
                 continue;
             }
-            // CAST: the top bits of the product, fewer than a usize holds.
-            let mut i = (op.value.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & mask;
-            let mut probes = 0;
-            *place = loop {
-                let slot = index.get_mut(i).ok_or(EINVAL)?;
-                match *slot {
-                    0 => {
-                        // CAST: at most `n` entries, fewer than u16::MAX (above).
-                        let p = (named.len() + 1) as u16;
-                        // Room for `n` was reserved: this does not allocate.
-                        named.push(
-                            Named {
-                                handle: op.value,
-                                event: None,
-                                recorded: 0,
-                            },
-                            GFP_KERNEL,
-                        )?;
-                        *slot = p;
-                        break p;
-                    }
-                    p => {
-                        let entry: &Named = named.get(usize::from(p) - 1).ok_or(EINVAL)?;
-                        if entry.handle == op.value {
-                            break p;
+            // CAST: at most `n` entries, fewer than u16::MAX (above).
+            let next = (named.len() + 1) as u16;
+            let found = if index.is_empty() {
+                // CAST: as `next`.
+                named
+                    .iter()
+                    .position(|e: &Named| e.handle == op.value)
+                    .map(|i| (i + 1) as u16)
+            } else {
+                // CAST: the top bits of the product, fewer than a usize holds.
+                let mut i = (op.value.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & mask;
+                let mut probes = 0;
+                loop {
+                    let slot = index.get_mut(i).ok_or(EINVAL)?;
+                    match *slot {
+                        0 => {
+                            *slot = next;
+                            break None;
+                        }
+                        p => {
+                            let entry: &Named = named.get(usize::from(p) - 1).ok_or(EINVAL)?;
+                            if entry.handle == op.value {
+                                break Some(p);
+                            }
                         }
                     }
+                    probes += 1;
+                    if probes == size {
+                        return Err(EINVAL);
+                    }
+                    i = (i + 1) & mask;
                 }
-                probes += 1;
-                if probes == size {
-                    return Err(EINVAL);
+            };
+            *place = match found {
+                Some(p) => p,
+                None => {
+                    // Room for `n` was reserved: this does not allocate.
+                    named.push(
+                        Named {
+                            handle: op.value,
+                            event: None,
+                            recorded: 0,
+                        },
+                        GFP_KERNEL,
+                    )?;
+                    next
                 }
-                i = (i + 1) & mask;
             };
             last = (op.value, *place);
         }

@@ -39,14 +39,13 @@ pub(super) enum Work {
         len: u64,
     },
     Fill(CpuFill),
-    /// Records an event (the first operation of a submission: later records fold).
-    Record,
     /// Waits for a fence, at most `timeout` from when the stream reaches it.
     Wait {
         watch: Pin<KBox<Watch<Engine>>>,
         timeout: Delta,
     },
-    /// Nothing (a wait for an event never recorded, an ALLOC with nothing to do in order).
+    /// Nothing of its own: the marks that lead a submission (records, waits already met,
+    /// ALLOCs with nothing to do in order) on a busy stream.
     Nop,
     /// An ALLOC's work in its stream: the wait for a pending free's point it took
     /// (`ALLOW_INTERNAL_DEPENDENCIES`), then zeroing the reused chunks (`RUVM_ALLOC_ZERO`).
@@ -195,7 +194,7 @@ impl Op {
         }
         let done = self.done.load(Relaxed);
         let moved = match &self.work {
-            Work::Nop | Work::Record | Work::Free { .. } => return Ok(Step::Done),
+            Work::Nop | Work::Free { .. } => return Ok(Step::Done),
             Work::Wait { watch, timeout } => return self.wait_step(watch, timeout, engine),
             Work::Alloc {
                 wait,
@@ -340,7 +339,7 @@ impl Op {
     /// Whether it does no work on the engine (a record, a wait for nothing, a FREE): retired
     /// as soon as the stream reaches it.
     pub(super) fn is_instant(&self) -> bool {
-        matches!(self.work, Work::Record | Work::Nop | Work::Free { .. })
+        matches!(self.work, Work::Nop | Work::Free { .. })
     }
 
     /// Whether it is a mark: an instant operation (a record, a wait the stream's order

@@ -106,9 +106,11 @@ pub(super) fn fold_mark(
 /// `context` on `engine`'s GPU, with one of the submission's `units`. A RECORD notes its seqno
 /// in `events`; a WAIT_EVENT sees the last of those for its event (a submission is the same as
 /// its operations one by one).
-/// Returns the new operation, or `None` if it is to be folded into the submission's previous
-/// one (`prev`: there is one; see [`Op::fold`]): a record, and a wait that the stream's order
-/// already satisfies (a point of its own timeline, or none), cost nothing then.
+/// Returns the new operation, or `None` for a mark, which costs nothing of its own: folded into
+/// the submission's previous operation (see [`Op::fold`]), or leading it (see
+/// [`super::StreamCore::submit`]): a record, a wait that the stream's order already satisfies
+/// (a point of its own timeline, a point reached, or none), an ALLOC the pool met at once with
+/// nothing to zero, a FREE whose mem the next ALLOC takes whole.
 ///
 /// ALLOC and FREE, and the index flags, are planned with the submission's `batch` (see
 /// [`super::alloc`]); `index` is the operation's in the submission, `next` the operation after
@@ -119,7 +121,7 @@ pub(super) fn plan(
     files: &dyn Lookup,
     engine: &Arc<Engine>,
     (context, seqno): (u64, u64),
-    (events, units, prev): (&mut Events, &mut Units, bool),
+    (events, units): (&mut Events, &mut Units),
     batch: &mut Batch,
     (index, next, clock, known): (
         usize,
@@ -178,10 +180,7 @@ pub(super) fn plan(
         }
         uapi::ruvm_op_kind_RUVM_OP_RECORD => {
             record(op, events, index, seqno)?;
-            if prev {
-                return Ok(None);
-            }
-            Op::new(seqno, Work::Record, 0, units).map(Some)
+            Ok(None)
         }
         uapi::ruvm_op_kind_RUVM_OP_WAIT_EVENT | uapi::ruvm_op_kind_RUVM_OP_WAIT_FD => {
             let timeout = wait_checked(op)?;
@@ -194,28 +193,25 @@ pub(super) fn plan(
                 // Recorded by this submission: satisfied by the stream's order (its lock is
                 // not taken). After another operation, `fold_mark` folds such a wait before
                 // `plan` is called: the two decide alike.
-                let point = if *recorded != 0 { None } else { event.point() };
-                match point {
-                    Some((c, _)) if c == context => None,
-                    // The point and its fence, read at once (the event may move meanwhile).
-                    Some(_) => match event.point_fence()? {
-                        Some((c, _, _)) if c == context => None,
-                        Some((c, s, f)) => {
-                            // The stream's later ALLOCs follow this dependency (CUDA's
-                            // FOLLOW_EVENT_DEPENDENCIES).
-                            batch.note_wait(c, s)?;
-                            Some(f)
-                        }
-                        None => None,
-                    },
+                // Else the event's point and, unless it was reached, its fence, read at once
+                // (the event may move meanwhile).
+                let target = if *recorded != 0 {
+                    None
+                } else {
+                    event.wait_target(context)?
+                };
+                match target {
+                    Some((c, s, fence)) => {
+                        // The stream's later ALLOCs follow this dependency (CUDA's
+                        // FOLLOW_EVENT_DEPENDENCIES), reached or not.
+                        batch.note_wait(c, s)?;
+                        fence
+                    }
                     None => None,
                 }
             };
             let Some(fence) = fence else {
-                if prev {
-                    return Ok(None);
-                }
-                return Op::new(seqno, Work::Nop, 0, units).map(Some);
+                return Ok(None);
             };
             let watch = KBox::pin_init(Watch::new(fence, engine.clone()), GFP_KERNEL_ACCOUNT)?;
             Op::new(seqno, Work::Wait { watch, timeout }, 0, units).map(Some)
@@ -289,10 +285,7 @@ pub(super) fn plan(
             let handle = crate::mem::Handle::new().0;
             batch.made(index, handle, mem)?;
             if wait.is_none() && zero.is_none() {
-                if prev {
-                    return Ok(None);
-                }
-                return Op::new(seqno, Work::Nop, 0, units).map(Some);
+                return Ok(None);
             }
             let work = Work::Alloc {
                 wait,
@@ -314,10 +307,7 @@ pub(super) fn plan(
                     .checked_add(1)
                     .is_some_and(|s| batch.free_whole(op.dst, next, (context, s, clock)));
             if whole {
-                if prev {
-                    return Ok(None);
-                }
-                return Op::new(seqno, Work::Nop, 0, units).map(Some);
+                return Ok(None);
             }
             let tag = batch.tag(clock, seqno);
             let freed = batch.free_of(files, op.dst, op.flags & DST_INDEX != 0)?;

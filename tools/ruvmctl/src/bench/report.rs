@@ -249,11 +249,16 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
             rows.push(r);
         }
     }
-    // Streams: a queued (RECORD + WAIT_EVENT) pair at most half a bare ioctl; an async copy at
-    // least 0.9x a synchronous one's throughput (the inverse of the time ratio, as for the
-    // copies); two GPUs' streams together in at most 3/4 of the time of one after the other.
+    // Streams: a queued (RECORD + WAIT_EVENT) pair at most half a bare ioctl, in batches on
+    // one stream or across two; a one-operation submit at most 2x a bare ioctl, a cross-stream
+    // pair of them at most 2x; an async copy at least 0.9x a synchronous one's throughput (the
+    // inverse of the time ratio, as for the copies); two GPUs' streams together in at most 3/4
+    // of the time of one after the other.
     for (id, limit, measure, target) in [
         ("stream.submit", 0.5, "per pair / per ioctl", None),
+        ("stream.submit_one", 2.0, "per call / per ioctl", None),
+        ("stream.cross_one", 2.0, "per pair / per ioctl", None),
+        ("stream.cross_batch", 0.5, "per pair / per ioctl", None),
         (
             "stream.copy_async",
             1.0 / 0.9,

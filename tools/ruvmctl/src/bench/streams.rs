@@ -5,6 +5,12 @@
 //!
 //! - `stream.submit`: one `STREAM_SUBMIT` of 64 (`RECORD` + `WAIT_EVENT`) pairs, per pair,
 //!   against one bare ioctl (`STREAM_QUERY` of the same stream).
+//! - `stream.submit_one`: a `STREAM_SUBMIT` of one `RECORD`, as a program that queues one
+//!   operation at a time calls it, against one bare ioctl.
+//! - `stream.cross_one`: an event recorded on stream A and waited for on stream B, each its own
+//!   one-operation `STREAM_SUBMIT` (two calls a pair), per pair against one bare ioctl.
+//! - `stream.cross_batch`: the same across streams in batches: 64 `RECORD`s on A in one
+//!   `STREAM_SUBMIT`, then the 64 `WAIT_EVENT`s on B in one, per pair against one bare ioctl.
 //! - `stream.copy_async`: a 64 MiB `COPY` queued and waited for (`STREAM_SUBMIT` +
 //!   `STREAM_SYNC`) on a simulated GPU, against `CE_COPY` of the same bytes.
 //! - `stream.two_gpus`: 64 MiB copies on two simulated GPUs' streams at once (both submitted,
@@ -26,12 +32,15 @@ const WAIT_MS: u32 = uapi::RUVM_WAIT_MAX_MS;
 const PAIRS: usize = 64;
 /// Submits per sample of `stream.submit`, the stream synced after each sample.
 const SUBMITS: usize = 16;
-/// Bare ioctls per sample of `stream.submit`'s baseline.
+/// Bare ioctls per sample of the baselines.
 const IOCTLS: u64 = 256;
+/// One-operation submits per sample of `stream.submit_one`.
+const ONE_OP_SUBMITS: usize = 128;
 
 // One submit carries the pairs; a sample's submits fit in a stream's queue.
 const _: () = assert!(2 * PAIRS <= uapi::RUVM_MAX_SUBMIT_OPS as usize);
 const _: () = assert!(SUBMITS * 2 * PAIRS <= uapi::RUVM_MAX_STREAM_OPS as usize);
+const _: () = assert!(ONE_OP_SUBMITS <= uapi::RUVM_MAX_STREAM_OPS as usize);
 
 /// The present simulated GPUs with a copy engine.
 fn sim_engines(d: &Ruvm) -> Result<Vec<u32>> {
@@ -51,6 +60,9 @@ pub(super) fn streams(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
         return Ok(());
     }
     submit(c, out)?;
+    submit_one(c, out)?;
+    cross(c, false, out)?;
+    cross(c, true, out)?;
     let size = c.spec.max_size.min(64 * M);
     copy_async(c, size, out)?;
     two_gpus(c, size, out)
@@ -86,12 +98,108 @@ fn submit(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
             c.d.stream_sync(s, WAIT_MS).context("STREAM_SYNC")?;
             Ok(t / (SUBMITS * PAIRS) as f64)
         },
+        &mut || bare_ioctl(c, s),
+    )?;
+    out(case);
+    Ok(())
+}
+
+/// The baseline of the stream cases: one bare ioctl (`STREAM_QUERY` of `s`), in ns.
+fn bare_ioctl(c: &Ctx, s: u64) -> Result<f64> {
+    per_op(IOCTLS, &mut || {
+        c.d.stream_query(s).context("STREAM_QUERY")?;
+        Ok(())
+    })
+}
+
+/// `stream.submit_one`: one `RECORD` a `STREAM_SUBMIT`, against one bare ioctl. A sample is
+/// [`ONE_OP_SUBMITS`] submits in a row; the stream is synced, untimed, after each sample.
+fn submit_one(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
+    let mut held = Held::new(c.d);
+    let s = held.stream(c.sim)?;
+    let record = [op::record(held.event()?)];
+    let mut case = c.case(
+        "stream.submit_one".into(),
+        "STREAM_SUBMIT of one RECORD, per call",
+        "one bare ioctl (STREAM_QUERY of the same stream)",
+        "ns",
+    );
+    (case.ruvm, case.base) = pairs(
+        c.spec.reps,
         &mut || {
-            per_op(IOCTLS, &mut || {
-                c.d.stream_query(s).context("STREAM_QUERY")?;
+            let t = time(&mut || {
+                for _ in 0..ONE_OP_SUBMITS {
+                    c.d.stream_submit(s, &record).context("STREAM_SUBMIT")?;
+                }
                 Ok(())
-            })
+            })?;
+            c.d.stream_sync(s, WAIT_MS).context("STREAM_SYNC")?;
+            Ok(t / ONE_OP_SUBMITS as f64)
         },
+        &mut || bare_ioctl(c, s),
+    )?;
+    out(case);
+    Ok(())
+}
+
+/// `stream.cross_one` (`batched` false) and `stream.cross_batch`: events recorded on stream A
+/// and waited for on stream B of the same GPU, per pair against one bare ioctl. One at a time,
+/// each pair is two one-operation submits (A's `RECORD`, then B's `WAIT_EVENT`); batched, a
+/// sample's [`PAIRS`] records go to A in one submit and their waits to B in the next. Both
+/// streams are synced, untimed, after each sample.
+fn cross(c: &Ctx, batched: bool, out: &mut dyn FnMut(Case)) -> Result<()> {
+    let mut held = Held::new(c.d);
+    let a = held.stream(c.sim)?;
+    let b = held.stream(c.sim)?;
+    let mut records = Vec::with_capacity(PAIRS);
+    let mut waits = Vec::with_capacity(PAIRS);
+    for _ in 0..PAIRS {
+        let e = held.event()?;
+        records.push(op::record(e));
+        waits.push(op::wait_event(e, WAIT_MS));
+    }
+    let (id, what) = if batched {
+        (
+            "stream.cross_batch",
+            format!("{PAIRS} RECORDs on stream A in one STREAM_SUBMIT, their WAIT_EVENTs on B in one; per pair"),
+        )
+    } else {
+        (
+            "stream.cross_one",
+            "RECORD on stream A and WAIT_EVENT on B, each its own STREAM_SUBMIT; per pair".into(),
+        )
+    };
+    let mut case = c.case(
+        id.into(),
+        &what,
+        "one bare ioctl (STREAM_QUERY of stream A)",
+        "ns",
+    );
+    (case.ruvm, case.base) = pairs(
+        c.spec.reps,
+        &mut || {
+            let t = time(&mut || {
+                if batched {
+                    c.d.stream_submit(a, &records)
+                        .context("STREAM_SUBMIT of the records")?;
+                    c.d.stream_submit(b, &waits)
+                        .context("STREAM_SUBMIT of the waits")?;
+                    return Ok(());
+                }
+                for (r, w) in records.iter().zip(&waits) {
+                    c.d.stream_submit(a, std::slice::from_ref(r))
+                        .context("STREAM_SUBMIT of a record")?;
+                    c.d.stream_submit(b, std::slice::from_ref(w))
+                        .context("STREAM_SUBMIT of a wait")?;
+                }
+                Ok(())
+            })?;
+            for s in [a, b] {
+                c.d.stream_sync(s, WAIT_MS).context("STREAM_SYNC")?;
+            }
+            Ok(t / PAIRS as f64)
+        },
+        &mut || bare_ioctl(c, a),
     )?;
     out(case);
     Ok(())

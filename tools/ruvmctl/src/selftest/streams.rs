@@ -110,6 +110,10 @@ pub fn cases() -> Vec<Case> {
             run: points::stream_point_fences_made_out_of_order,
         },
         Case {
+            name: "stream_marks_reached_in_order",
+            run: points::stream_marks_reached_in_order,
+        },
+        Case {
             name: "stream_killed_waiter_dies_at_once",
             run: submitting::stream_killed_waiter_dies_at_once,
         },

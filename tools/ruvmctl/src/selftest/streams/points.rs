@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The fences of a stream's points not reached yet, made on demand (an event's export, a
-//! wait): kept by seqno however they are asked for, one a point, signalled in seqno order.
+//! wait): kept by seqno however they are asked for, one a point, signalled in seqno order. And
+//! the marks (records, waits already met) that cost no operation of their own: reached no
+//! earlier and no later than the stream's order says.
 
 use std::os::fd::AsFd;
 
@@ -77,5 +79,103 @@ pub(super) fn stream_point_fences_made_out_of_order() -> TestResult {
         d.event_destroy(e).ctx("EVENT_DESTROY")?;
     }
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    drained(&d, "at the end")
+}
+
+/// Marks a submission leads with, or is made of: on an idle stream a submission of marks only
+/// is reached by the time the call returns, and so is a wait of another stream for a point
+/// already reached (no fence, no runner); on a busy stream the same marks wait for the work
+/// before them; and marks that lead a submission are reached before what follows them, not
+/// with it (a wait held after them does not hold them: two streams waiting for each other's
+/// later points go on).
+pub(super) fn stream_marks_reached_in_order() -> TestResult {
+    let (d, g) = setup()?;
+    let Some(tl) = sw_sync_or_none()? else {
+        return Err(Stop::Skip("no sw_sync".into()));
+    };
+    let gate = tl.create_fence(1, "gate").ctx("CREATE_FENCE")?;
+    let mut ev = Vec::new();
+    for _ in 0..5 {
+        ev.push(d.event_create().ctx("EVENT_CREATE")?);
+    }
+    let status = |e: u64| -> Result<i32, Stop> { Ok(d.event_query(e).ctx("EVENT_QUERY")?.status) };
+    let (idle, waiter, busy, other) = (
+        d.stream_create(g).ctx("STREAM_CREATE")?.handle,
+        d.stream_create(g).ctx("STREAM_CREATE")?.handle,
+        d.stream_create(g).ctx("STREAM_CREATE")?.handle,
+        d.stream_create(g).ctx("STREAM_CREATE")?.handle,
+    );
+    // Marks only, an idle stream: reached as the call returns.
+    let at = d
+        .stream_submit(idle, &[op::record(ev[0])])
+        .ctx("STREAM_SUBMIT")?;
+    let q = d.stream_query(idle).ctx("STREAM_QUERY")?;
+    check!(
+        q.completed == at && status(ev[0])? == 1,
+        "a record on an idle stream: {q:?}, event status {}, wanted seqno {at} reached at once",
+        status(ev[0])?
+    );
+    // Another stream's wait for that point, already reached: met as the call returns.
+    let at = d
+        .stream_submit(waiter, &[op::wait_event(ev[0], WAIT_MS)])
+        .ctx("STREAM_SUBMIT")?;
+    let q = d.stream_query(waiter).ctx("STREAM_QUERY")?;
+    check!(
+        q.completed == at,
+        "a wait for a point already reached: {q:?}, wanted seqno {at} reached at once"
+    );
+    // A busy stream: the same marks wait for the gate.
+    let held = d
+        .stream_submit(busy, &[op::wait_fd(gate.as_fd(), WAIT_MS)])
+        .ctx("STREAM_SUBMIT")?;
+    engine_on(&d, busy, held, "the gate")?;
+    d.stream_submit(busy, &[op::record(ev[1])])
+        .ctx("STREAM_SUBMIT")?;
+    // Leading marks before a wait the gate holds: reached before it.
+    let after = d
+        .stream_submit(
+            other,
+            &[
+                op::record(ev[2]),
+                op::wait_event(ev[1], WAIT_MS),
+                op::record(ev[3]),
+            ],
+        )
+        .ctx("STREAM_SUBMIT")?;
+    engine_on(
+        &d,
+        other,
+        after + 1,
+        "the wait for the busy stream's record",
+    )?;
+    for (e, want, what) in [
+        (ev[1], 0, "a record behind the gate"),
+        (
+            ev[2],
+            1,
+            "a record that leads a submission, before a held wait",
+        ),
+        (ev[3], 0, "a record after a held wait"),
+    ] {
+        let got = status(e)?;
+        check!(got == want, "{what}: status {got}, wanted {want}");
+    }
+    // The busy stream waits for the other's leading record: nothing waits for itself.
+    d.stream_submit(busy, &[op::wait_event(ev[2], WAIT_MS), op::record(ev[4])])
+        .ctx("STREAM_SUBMIT")?;
+    tl.inc(1).ctx("SW_SYNC_IOC_INC")?;
+    for s in [idle, waiter, busy, other] {
+        d.stream_sync(s, WAIT_MS).ctx("STREAM_SYNC")?;
+    }
+    for (i, &e) in ev.iter().enumerate() {
+        let got = status(e)?;
+        check!(got == 1, "event {i} once every stream synced: status {got}");
+    }
+    for e in ev {
+        d.event_destroy(e).ctx("EVENT_DESTROY")?;
+    }
+    for s in [idle, waiter, busy, other] {
+        d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    }
     drained(&d, "at the end")
 }
