@@ -387,10 +387,12 @@ impl StreamCore {
         Ok(first)
     }
 
-    /// Whether nothing is queued or running on it.
+    /// Whether nothing is queued, running or being retired on it: every operation submitted
+    /// is counted completed (an operation the engine retired is counted only once it is
+    /// dropped: its points must not be reached before that).
     fn idle(&self) -> bool {
         let st = self.state.lock();
-        st.queue.is_empty() && !st.running
+        st.queue.is_empty() && !st.running && st.completed == st.submitted
     }
 
     /// A submission of marks only (from seqno `first` to `st.submitted`) to an idle stream,
