@@ -490,7 +490,12 @@ impl StreamCore {
         drop(taken);
         {
             let mut st = self.state.lock();
-            let upto = if st.running {
+            // Operations retired but not yet dropped (a step's, or a submitter's retired
+            // marks) are reached by whoever drops them (to `submitted`: the stream is
+            // cancelled), not before; the one the engine runs, when it is dropped.
+            let upto = if st.retired_to > st.completed {
+                st.completed
+            } else if st.running {
                 st.current - 1
             } else {
                 st.submitted

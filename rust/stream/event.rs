@@ -110,8 +110,9 @@ impl Event {
     /// What a wait of a stream on timeline `context` must wait for: nothing (`None`) if the
     /// event was never recorded or was recorded on that timeline (the stream's order satisfies
     /// it); else its point (context and seqno) and, unless that point was reached without
-    /// error, the point's fence (made if none was yet). A point reached needs no fence: a
-    /// cross-stream wait on work already done makes nothing.
+    /// error, the point's fence (made if none was yet). A point reached needs no fence (its
+    /// fence, if one was made, signalled): a cross-stream wait on work already done makes
+    /// nothing.
     pub(crate) fn wait_target(&self, context: u64) -> Result<Option<(u64, u64, Option<Fence>)>> {
         let Some(p) = self.point.lock().clone() else {
             return Ok(None);
@@ -121,7 +122,11 @@ impl Event {
             return Ok(None);
         }
         // Read with the event's lock released: the stream's state lock is not taken under it.
-        if p.fence.is_none() && p.timeline.point_status(seqno) == 1 {
+        let reached = match &p.fence {
+            Some(f) => f.status() == 1,
+            None => p.timeline.point_status(seqno) == 1,
+        };
+        if reached {
             return Ok(Some((c, seqno, None)));
         }
         // Moved meanwhile: onto that timeline too, perhaps.

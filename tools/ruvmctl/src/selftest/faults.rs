@@ -405,6 +405,27 @@ fn fault_sweep_ioctls() -> TestResult {
                     }))
                 }),
             });
+            // The status page: a new file's first STREAM_STATUS makes its page, every
+            // STREAM_STATUS a stream's slot (the file, its stream and page go with the undo).
+            if d.info().ctx("INFO")?.features & u64::from(uapi::RUVM_FEATURE_STATUS_PAGE) != 0 {
+                scenarios.push(Scenario {
+                    name: format!("stream status page of a new file, a stream on GPU {id}"),
+                    op: Box::new(move || {
+                        let fd = nix::fcntl::open(
+                            libruvm::path().as_path(),
+                            nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+                            nix::sys::stat::Mode::empty(),
+                        )?;
+                        let f = Ruvm::from_owned_fd(fd).map_err(|_| Errno::EBADF)?;
+                        let s = f.stream_create(id)?.handle;
+                        f.stream_status(s)?;
+                        Ok(undo(move || {
+                            drop(f);
+                            Ok(())
+                        }))
+                    }),
+                });
+            }
             scenarios.push(Scenario {
                 name: "event export".into(),
                 op: Box::new(move || {

@@ -84,7 +84,7 @@ pub(super) fn stream_point_fences_made_out_of_order() -> TestResult {
 
 /// Marks a submission leads with, or is made of: on an idle stream a submission of marks only
 /// is reached by the time the call returns, and so is a wait of another stream for a point
-/// already reached (no fence, no runner); on a busy stream the same marks wait for the work
+/// already reached (no fence, no runner), its fence made or not; on a busy stream the same marks wait for the work
 /// before them; and marks that lead a submission are reached before what follows them, not
 /// with it (a wait held after them does not hold them: two streams waiting for each other's
 /// later points go on).
@@ -123,6 +123,17 @@ pub(super) fn stream_marks_reached_in_order() -> TestResult {
     check!(
         q.completed == at,
         "a wait for a point already reached: {q:?}, wanted seqno {at} reached at once"
+    );
+    // The same once the point's fence was made (a synchronize of the event makes it): a fence
+    // that signalled without error is the point reached.
+    d.event_sync(ev[0], WAIT_MS).ctx("EVENT_SYNC")?;
+    let at = d
+        .stream_submit(waiter, &[op::wait_event(ev[0], WAIT_MS)])
+        .ctx("STREAM_SUBMIT")?;
+    let q = d.stream_query(waiter).ctx("STREAM_QUERY")?;
+    check!(
+        q.completed == at,
+        "a wait for a point reached, its fence made: {q:?}, wanted seqno {at} reached at once"
     );
     // A busy stream: the same marks wait for the gate.
     let held = d
