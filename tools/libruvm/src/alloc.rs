@@ -41,10 +41,16 @@
 //! each stream's points); [`Allocator::synchronize`] waits for what was submitted so. A block's
 //! CPU bytes may be touched only once the work on it is known complete, as with CUDA's
 //! stream-ordered memory. A reused block holds what its last user of this allocator left
-//! there (a new segment reads zero). A stream is synchronized through the allocator before it
-//! is destroyed: a destroyed stream's frees that were not are never reused.
+//! there (a new segment reads zero). A stream is released through the allocator
+//! ([`Allocator::release_stream`]: synchronized, then forgotten) before it is destroyed, and an
+//! event forgotten ([`Allocator::forget_event`]): a destroyed stream's frees that were not
+//! synchronized are never reused, and what the allocator knows of streams and events it was
+//! not told are gone stays until it is dropped.
 
+mod bins;
+mod block;
 mod fit;
+mod order;
 mod segment;
 
 use std::collections::HashMap;
@@ -53,8 +59,11 @@ use std::sync::{Mutex, MutexGuard};
 
 use nix::errno::Errno;
 
-use crate::{op, uapi, Ruvm, StatusPage};
+use crate::{uapi, Ruvm, StatusPage};
+use bins::Recent;
+pub use block::{Block, RawBlock, Stats};
 use fit::{Blocks, Found, Owner, Use};
+use order::StreamPoints;
 use segment::Segment;
 
 /// Every request is rounded up to a multiple of this (bytes); blocks start at such multiples.
@@ -108,153 +117,6 @@ pub struct Config {
     pub reserve_limit: Option<u64>,
 }
 
-/// A block: `len` bytes at `offset` in mem `mem` (a segment), at `as_ptr()` in the process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Block {
-    mem: u64,
-    offset: u64,
-    len: u64,
-    addr: usize,
-    seg: u32,
-    large: bool,
-    generation: u32,
-}
-
-impl Block {
-    /// The segment's mem handle: what stream operations name.
-    pub fn mem(&self) -> u64 {
-        self.mem
-    }
-    /// The block's offset in its mem.
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
-    /// Its usable length: the request rounded up (or the whole free block when the rest was
-    /// too short to split off).
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-    /// Never true: a block has at least [`ROUND`] bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Its first byte in the process (a shared mapping of the segment).
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.addr as *mut u8
-    }
-
-    /// The block as plain data, for a C caller to hold and give back ([`Block::from_raw`]).
-    pub fn to_raw(&self) -> RawBlock {
-        RawBlock {
-            mem: self.mem,
-            offset: self.offset,
-            len: self.len,
-            ptr: self.addr as u64,
-            segment: self.seg,
-            generation: self.generation,
-            large: u32::from(self.large),
-            pad: 0,
-        }
-    }
-
-    /// A block from its plain data. Nothing is trusted: [`Allocator::free`] refuses (`EINVAL`)
-    /// one that is not a block the allocator has in use, field for field.
-    pub fn from_raw(r: &RawBlock) -> Self {
-        Self {
-            mem: r.mem,
-            offset: r.offset,
-            len: r.len,
-            addr: r.ptr as usize,
-            seg: r.segment,
-            large: r.large != 0,
-            generation: r.generation,
-        }
-    }
-}
-
-/// A [`Block`] as C sees it (`struct ruvm_block` of libruvm's C header).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RawBlock {
-    /// The segment's mem handle.
-    pub mem: u64,
-    /// The block's offset in it.
-    pub offset: u64,
-    /// Its usable length.
-    pub len: u64,
-    /// Its first byte in the process.
-    pub ptr: u64,
-    /// The allocator's own: which segment, which allocation, which size class.
-    pub segment: u32,
-    /// See `segment`.
-    pub generation: u32,
-    /// See `segment`.
-    pub large: u32,
-    /// 0.
-    pub pad: u32,
-}
-
-/// What the allocator holds and did, as caching allocators report it (`struct
-/// ruvm_allocator_stats` of the C API, field for field).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Bytes of the segments held now.
-    pub reserved: u64,
-    /// The most `reserved` has been (the footprint's high watermark).
-    pub reserved_peak: u64,
-    /// Bytes of the blocks in use now (rounded up).
-    pub allocated: u64,
-    /// The most `allocated` has been.
-    pub allocated_peak: u64,
-    /// Bytes asked for by the blocks in use now.
-    pub requested: u64,
-    /// The most `requested` has been (the peak of live bytes).
-    pub requested_peak: u64,
-    /// Segments held now.
-    pub segments: u64,
-    /// Allocations served from held segments.
-    pub hits: u64,
-    /// Allocations that needed a new segment.
-    pub misses: u64,
-    /// Of the hits, blocks another stream freed.
-    pub cross_stream: u64,
-    /// Waits inserted to take them (`allow_internal_dependencies`).
-    pub waits_inserted: u64,
-    /// Segments given back to the kernel.
-    pub released: u64,
-    /// Free bytes in the held segments.
-    pub free: u64,
-    /// The longest free block.
-    pub largest_free: u64,
-}
-
-impl Stats {
-    /// The share of the free bytes outside the longest free block (0: none; near 1: the free
-    /// memory is in many small pieces).
-    pub fn fragmentation(&self) -> f64 {
-        if self.free == 0 {
-            0.0
-        } else {
-            1.0 - self.largest_free as f64 / self.free as f64
-        }
-    }
-}
-
-/// What the allocator knows of one stream.
-#[derive(Default)]
-struct StreamPoints {
-    /// The seqno of its last operation submitted through the allocator.
-    submitted: u64,
-    /// The seqno its work is known complete up to.
-    completed: u64,
-    /// For each other stream, the point of it this stream is known to be ordered after.
-    after: FastMap<u64, u64>,
-    /// Its slot of the status page (`None`: not asked for yet; `Some(None)`: the module
-    /// gave none, so `STREAM_QUERY` it is).
-    slot: Option<Option<u32>>,
-}
-
 struct Inner {
     small: Blocks,
     large: Blocks,
@@ -278,14 +140,6 @@ struct Inner {
     status: Option<Option<StatusPage>>,
     /// The next allocation's generation.
     generation: u32,
-}
-
-/// A block freed lately: by which stream, at which point of it.
-#[derive(Clone, Copy)]
-struct Recent {
-    stream: u64,
-    point: u64,
-    block: Block,
 }
 
 /// A map keyed by handles: a multiply-xor hash (the keys are not chosen by an adversary of
@@ -532,63 +386,6 @@ impl<'d> Allocator<'d> {
         Some(f)
     }
 
-    /// How far stream `s` is known complete, asked now: from the status page (no system call
-    /// once the stream has a slot), else `STREAM_QUERY`. `None` if neither answers (a destroyed
-    /// stream).
-    fn completed(&self, inner: &mut Inner, s: u64) -> Option<u64> {
-        if inner.status.is_none() {
-            inner.status = Some(StatusPage::map(self.dev).ok());
-        }
-        let has_page = matches!(inner.status, Some(Some(_)));
-        let slot = match inner.points(s).slot {
-            Some(slot) => slot,
-            None => {
-                let slot = if has_page {
-                    self.dev.stream_status(s).ok().map(|st| st.slot)
-                } else {
-                    None
-                };
-                inner.points(s).slot = Some(slot);
-                slot
-            }
-        };
-        let read = match (slot, &inner.status) {
-            (Some(slot), Some(Some(page))) => page.completed(slot, s),
-            _ => None,
-        };
-        let now = match read {
-            Some(c) => c,
-            None => self.dev.stream_query(s).ok()?.completed,
-        };
-        let p = inner.points(s);
-        p.completed = p.completed.max(now);
-        Some(p.completed)
-    }
-
-    /// Makes `stream` wait for everything submitted to `other` so far: a `RECORD` of the
-    /// allocator's event on `other`, a `WAIT_EVENT` on `stream`.
-    fn order_after(&self, inner: &mut Inner, stream: u64, other: u64) -> Result<(), Errno> {
-        let e = match inner.event {
-            Some(e) => e,
-            None => {
-                let e = self.dev.event_create()?;
-                inner.event = Some(e);
-                e
-            }
-        };
-        let at = self.dev.stream_submit(other, &[op::record(e)])?;
-        let p = inner.points(other);
-        p.submitted = p.submitted.max(at);
-        let w = self
-            .dev
-            .stream_submit(stream, &[op::wait_event(e, WAIT_MS)])?;
-        let p = inner.points(stream);
-        p.submitted = p.submitted.max(w);
-        let known = p.after.entry(other).or_insert(0);
-        *known = (*known).max(at);
-        Ok(())
-    }
-
     /// Gives `block` back, ordered on `stream`: reusable by that stream at once, by others as
     /// [`Reuse`] allows once everything submitted to `stream` so far is complete. `EINVAL` for
     /// a block this allocator does not have in use (freed twice, an earlier allocation of the
@@ -639,130 +436,6 @@ impl<'d> Allocator<'d> {
         s.allocated -= block.len;
         s.requested -= asked;
         Ok(())
-    }
-
-    /// Gives the binned frees (of `stream`'s bins, or all) back to the blocks, merged.
-    fn settle_bins(&self, inner: &mut Inner, stream: Option<u64>) {
-        if inner.binned == 0 {
-            return;
-        }
-        let keys: Vec<(Owner, bool, u64)> = inner
-            .bins
-            .keys()
-            .filter(|k| stream.is_none_or(|s| k.0 == Owner::Stream(s)))
-            .copied()
-            .collect();
-        for k in keys {
-            for r in inner.bins.remove(&k).unwrap_or_default() {
-                inner.binned -= 1;
-                inner.settle(r);
-            }
-        }
-    }
-
-    /// Submits `ops` to `stream` (`RUVM_IOCTL_STREAM_SUBMIT`), noting the stream's last point
-    /// and the point of every `RECORD` among them: work on the allocator's blocks, and the
-    /// records of events [`Allocator::wait_event`] waits for, must be submitted here. Returns
-    /// the first op's seqno. (The allocator's lock is held through the call, so its view of
-    /// each stream and event follows the order the kernel saw.)
-    pub fn submit(&self, stream: u64, ops: &[uapi::ruvm_op]) -> Result<u64, Errno> {
-        let mut g = self.lock();
-        let first = self.dev.stream_submit(stream, ops)?;
-        let last = first + ops.len().saturating_sub(1) as u64;
-        let p = g.points(stream);
-        p.submitted = p.submitted.max(last);
-        for (i, o) in ops.iter().enumerate() {
-            if o.kind == uapi::ruvm_op_kind_RUVM_OP_RECORD {
-                g.events.insert(o.value, (stream, first + i as u64));
-            }
-        }
-        Ok(first)
-    }
-
-    /// Records `event` on `stream` (a `RECORD` through [`Allocator::submit`]).
-    pub fn record_event(&self, stream: u64, event: u64) -> Result<(), Errno> {
-        self.submit(stream, &[op::record(event)]).map(|_| ())
-    }
-
-    /// Makes `stream` wait for `event` (a `WAIT_EVENT`); when the event's last record went
-    /// through [`Allocator::submit`], `stream` may then take the blocks the recording stream
-    /// freed before that record (`follow_event_dependencies`). An event recorded with the
-    /// device directly must not be waited for here.
-    pub fn wait_event(&self, stream: u64, event: u64) -> Result<(), Errno> {
-        let mut g = self.lock();
-        // Where the event is now: what the kernel's WAIT_EVENT below waits for.
-        let at = g.events.get(&event).copied();
-        let w = self
-            .dev
-            .stream_submit(stream, &[op::wait_event(event, WAIT_MS)])?;
-        let p = g.points(stream);
-        p.submitted = p.submitted.max(w);
-        if let Some((other, seqno)) = at {
-            if other != stream {
-                let known = p.after.entry(other).or_insert(0);
-                *known = (*known).max(seqno);
-            }
-        }
-        Ok(())
-    }
-
-    /// Waits for the work submitted to `stream` through the allocator (no system call when
-    /// the status page says it is done, else `RUVM_IOCTL_STREAM_SYNC`); its frees become
-    /// everyone's, and idle segments go back to the kernel while more than the release
-    /// threshold is held. `EIO` (the stream in error: everything waited for retired) settles
-    /// the same and is returned.
-    pub fn synchronize(&self, stream: u64) -> Result<(), Errno> {
-        let upto = {
-            let mut g = self.lock();
-            let inner = &mut *g;
-            let upto = inner.points(stream).submitted;
-            let (done, failed) = self.completed_without_call(inner, stream);
-            if done >= upto {
-                self.settle_stream(inner, stream, upto)?;
-                // In error, as STREAM_SYNC would say.
-                return if failed { Err(Errno::EIO) } else { Ok(()) };
-            }
-            upto
-        };
-        let r = self.dev.stream_sync(stream, WAIT_MS);
-        if r.is_ok() || r == Err(Errno::EIO) {
-            let mut g = self.lock();
-            self.settle_stream(&mut g, stream, upto)?;
-        }
-        r
-    }
-
-    /// What the status page says of `stream`: how far it is known complete (what was known
-    /// before if it has no slot yet or there is no page), and whether it is in error.
-    fn completed_without_call(&self, inner: &mut Inner, stream: u64) -> (u64, bool) {
-        let slot = inner.points(stream).slot.flatten();
-        let read = match (slot, &inner.status) {
-            (Some(slot), Some(Some(page))) => page.read(slot, stream),
-            _ => None,
-        };
-        let p = inner.points(stream);
-        if let Some(r) = read {
-            p.completed = p.completed.max(r.completed);
-        }
-        (p.completed, read.is_some_and(|r| r.error != 0))
-    }
-
-    /// `stream` is complete up to `upto`: its frees become ready, then the give-back.
-    fn settle_stream(&self, inner: &mut Inner, stream: u64, upto: u64) -> Result<u64, Errno> {
-        let p = inner.points(stream);
-        p.completed = p.completed.max(upto);
-        if p.slot.is_none() {
-            // Learn the stream's slot now, for the synchronizes to come.
-            let _ = self.completed(inner, stream);
-        }
-        inner.ready_bins(stream, upto);
-        inner.small.promote(stream, upto);
-        inner.large.promote(stream, upto);
-        if inner.stats.reserved > self.cfg.release_threshold {
-            // Idle segments can be seen only with every free given back.
-            self.settle_bins(inner, None);
-        }
-        self.give_back(inner, self.cfg.release_threshold)
     }
 
     /// Gives idle segments back until at most `keep` bytes are reserved (`cudaMemPoolTrimTo`);
@@ -827,6 +500,8 @@ impl<'d> Allocator<'d> {
         Stats {
             free: fs + ls + cached,
             largest_free: fl.max(ll).max(longest),
+            streams_known: g.streams.len() as u64,
+            events_known: g.events.len() as u64,
             ..g.stats
         }
     }
@@ -865,53 +540,6 @@ impl Inner {
         s.allocated_peak = s.allocated_peak.max(s.allocated);
         s.requested += asked;
         s.requested_peak = s.requested_peak.max(s.requested);
-    }
-
-    /// Bins a free under `owner`.
-    fn bin(&mut self, owner: Owner, r: Recent) {
-        let key = (owner, r.block.large, r.block.len);
-        self.bins.entry(key).or_default().push(r);
-        self.binned += 1;
-    }
-
-    /// A binned free of `owner` of exactly `len` bytes, taken out.
-    fn unbin(&mut self, owner: Owner, large: bool, len: u64) -> Option<Recent> {
-        let r = self.bins.get_mut(&(owner, large, len))?.pop()?;
-        self.binned -= 1;
-        Some(r)
-    }
-
-    /// Moves `stream`'s binned frees made at or before `upto` to the ready bins.
-    fn ready_bins(&mut self, stream: u64, upto: u64) {
-        let keys: Vec<(Owner, bool, u64)> = self
-            .bins
-            .keys()
-            .filter(|k| k.0 == Owner::Stream(stream))
-            .copied()
-            .collect();
-        for k in keys {
-            let Some(v) = self.bins.get_mut(&k) else {
-                continue;
-            };
-            let (done, pending): (Vec<Recent>, Vec<Recent>) =
-                v.drain(..).partition(|r| r.point <= upto);
-            *v = pending;
-            let ready = self.bins.entry((Owner::Ready, k.1, k.2)).or_default();
-            ready.extend(done.into_iter().map(|r| Recent { point: 0, ..r }));
-        }
-    }
-
-    /// Gives a binned free back to the blocks: ready if its stream is known complete up to
-    /// its point, else its stream's.
-    fn settle(&mut self, r: Recent) {
-        let done = self.points(r.stream).completed;
-        let (owner, point) = if r.point <= done {
-            (Owner::Ready, 0)
-        } else {
-            (Owner::Stream(r.stream), r.point)
-        };
-        let b = r.block;
-        self.blocks(b.large).give(b.seg, b.offset, owner, point);
     }
 }
 

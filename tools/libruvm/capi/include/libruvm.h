@@ -62,7 +62,8 @@ struct ruvm_block {
 
 /* struct ruvm_allocator_stats - reserved/allocated/requested now and at most, segments held,
  * hits, misses (a new segment), blocks taken from another stream's frees and waits inserted for
- * them, segments given back, free bytes in held segments and the longest free block. */
+ * them, segments given back, free bytes in held segments and the longest free block, the
+ * streams and events the allocator keeps points of (until released or forgotten). */
 struct ruvm_allocator_stats {
 	uint64_t reserved, reserved_peak;
 	uint64_t allocated, allocated_peak;
@@ -72,7 +73,16 @@ struct ruvm_allocator_stats {
 	uint64_t cross_stream, waits_inserted;
 	uint64_t released;
 	uint64_t free, largest_free;
+	uint64_t streams_known, events_known;
 };
+/* The same, field for field, as libruvm's Rust Stats (which asserts 128 bytes too). */
+#ifdef __cplusplus
+static_assert(sizeof(struct ruvm_allocator_stats) == 16 * sizeof(uint64_t),
+	      "struct ruvm_allocator_stats changed");
+#else
+_Static_assert(sizeof(struct ruvm_allocator_stats) == 16 * sizeof(uint64_t),
+	       "struct ruvm_allocator_stats changed");
+#endif
 
 /* An allocator on open file @fd of /dev/ruvm (duplicated: the caller may close its own).
  * -EINVAL for a bad config, -EBADF for a bad descriptor. */
@@ -100,6 +110,11 @@ int ruvm_allocator_wait_event(struct ruvm_allocator *a, uint64_t stream, uint64_
 /* Waits for what was submitted to @stream through the allocator (-EIO: the stream is in
  * error); its frees become anyone's, idle segments go back above the release threshold. */
 int ruvm_allocator_synchronize(struct ruvm_allocator *a, uint64_t stream);
+/* Synchronizes @stream and forgets it (call it before destroying the stream; -EIO forgets it
+ * all the same, another error nothing). */
+int ruvm_allocator_release_stream(struct ruvm_allocator *a, uint64_t stream);
+/* Forgets where @event was last recorded (call it before destroying the event). */
+int ruvm_allocator_forget_event(struct ruvm_allocator *a, uint64_t event);
 /* Gives idle segments back until at most @keep bytes are held; *@given (if not NULL) gets
  * the bytes given back. */
 int ruvm_allocator_trim(struct ruvm_allocator *a, uint64_t keep, uint64_t *given);

@@ -93,6 +93,9 @@ unsafe fn put<T>(p: *mut T, v: T) {
     }
 }
 
+// `struct ruvm_allocator_stats` of the header: 16 `uint64_t`, as the header asserts too.
+const _: () = assert!(core::mem::size_of::<Stats>() == 16 * 8);
+
 /// `ruvm_allocator_create`.
 ///
 /// # Safety
@@ -273,6 +276,36 @@ pub unsafe extern "C" fn ruvm_allocator_wait_event(
 pub unsafe extern "C" fn ruvm_allocator_synchronize(a: *const RuvmAllocator, stream: u64) -> i32 {
     // SAFETY: by the caller's contract.
     unsafe { with(a, |a| a.synchronize(stream)) }
+}
+
+/// `ruvm_allocator_release_stream`.
+///
+/// # Safety
+///
+/// `a` is a live allocator.
+#[no_mangle]
+pub unsafe extern "C" fn ruvm_allocator_release_stream(
+    a: *const RuvmAllocator,
+    stream: u64,
+) -> i32 {
+    // SAFETY: by the caller's contract.
+    unsafe { with(a, |a| a.release_stream(stream)) }
+}
+
+/// `ruvm_allocator_forget_event`.
+///
+/// # Safety
+///
+/// `a` is a live allocator.
+#[no_mangle]
+pub unsafe extern "C" fn ruvm_allocator_forget_event(a: *const RuvmAllocator, event: u64) -> i32 {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        with(a, |a| {
+            a.forget_event(event);
+            Ok(())
+        })
+    }
 }
 
 /// `ruvm_allocator_trim`.

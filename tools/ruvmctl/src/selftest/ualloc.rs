@@ -32,6 +32,10 @@ pub fn cases() -> Vec<Case> {
             run: ualloc_gives_back_at_synchronize_and_trim,
         },
         Case {
+            name: "ualloc_release_stream_forgets_it",
+            run: ualloc_release_stream_forgets_it,
+        },
+        Case {
             name: "ualloc_bad_inputs",
             run: ualloc_bad_inputs,
         },
@@ -384,6 +388,87 @@ fn ualloc_gives_back_at_synchronize_and_trim() -> TestResult {
         }
     }
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    Ok(())
+}
+
+/// A stream released through the allocator (synchronized, then forgotten) before it is
+/// destroyed: its frees are anyone's at once (no new segment, no cross-stream take), and the
+/// allocator keeps nothing of it or of the events last recorded on it; an event forgotten is
+/// dropped too. So a program that makes and destroys streams and events keeps the allocator's
+/// maps as small as what it has now.
+fn ualloc_release_stream_forgets_it() -> TestResult {
+    let (d, g) = setup()?;
+    let a_s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let b_s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let c_s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let (ev, ev2) = (
+        d.event_create().ctx("EVENT_CREATE")?,
+        d.event_create().ctx("EVENT_CREATE")?,
+    );
+    let a = Allocator::new(
+        &d,
+        Config {
+            gpus: vec![g],
+            release_threshold: u64::MAX,
+            reuse: Reuse {
+                follow_event_dependencies: true,
+                allow_opportunistic: false,
+                allow_internal_dependencies: false,
+            },
+            ..Default::default()
+        },
+    );
+    let x = a.alloc(64 << 10, a_s).ctx("alloc on A")?;
+    a.submit(a_s, &[op::fill_byte(x.mem(), x.offset(), x.len(), 9)])
+        .ctx("FILL on A")?;
+    a.free(x, a_s).ctx("free on A")?;
+    a.record_event(a_s, ev).ctx("record on A")?;
+    a.wait_event(b_s, ev).ctx("B waits")?;
+    let st = a.stats();
+    check!(
+        st.streams_known == 2 && st.events_known == 1,
+        "before the release: {} streams and {} events known, wanted 2 and 1",
+        st.streams_known,
+        st.events_known
+    );
+    a.release_stream(a_s).ctx("release A")?;
+    d.stream_destroy(a_s).ctx("STREAM_DESTROY")?;
+    let st = a.stats();
+    check!(
+        st.streams_known == 1 && st.events_known == 0,
+        "after A's release: {} streams and {} events known, wanted 1 (B) and 0",
+        st.streams_known,
+        st.events_known
+    );
+    // A's free, synchronized by the release, is anyone's: C takes it with no rule.
+    let y = a.alloc(64 << 10, c_s).ctx("alloc on C")?;
+    let now = a.stats();
+    check!(
+        (y.mem(), y.offset()) == (x.mem(), x.offset())
+            && now.misses == st.misses
+            && now.cross_stream == st.cross_stream,
+        "a released stream's free was not ready for another stream: {now:?}"
+    );
+    a.record_event(b_s, ev2).ctx("record on B")?;
+    check!(a.stats().events_known == 1, "the record on B was not noted");
+    a.forget_event(ev2);
+    check!(
+        a.stats().events_known == 0,
+        "a forgotten event is still known"
+    );
+    a.free(y, c_s).ctx("free on C")?;
+    for s in [b_s, c_s] {
+        a.release_stream(s).ctx("release")?;
+        d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    }
+    check!(
+        a.stats().streams_known == 0,
+        "every stream released, {} still known",
+        a.stats().streams_known
+    );
+    for e in [ev, ev2] {
+        d.event_destroy(e).ctx("EVENT_DESTROY")?;
+    }
     Ok(())
 }
 
