@@ -86,30 +86,44 @@ fn submit(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
         "one bare ioctl (STREAM_QUERY of the same stream)",
         "ns",
     );
-    (case.ruvm, case.base) = pairs(
-        c.spec.reps,
-        &mut || {
-            let t = time(&mut || {
-                for _ in 0..SUBMITS {
-                    c.d.stream_submit(s, &ops).context("STREAM_SUBMIT")?;
-                }
-                Ok(())
-            })?;
-            c.d.stream_sync(s, WAIT_MS).context("STREAM_SYNC")?;
-            Ok(t / (SUBMITS * PAIRS) as f64)
-        },
-        &mut || bare_ioctl(c, s),
-    )?;
+    against_bare_ioctl(c, &mut case, &[s], SUBMITS * PAIRS, &mut || {
+        for _ in 0..SUBMITS {
+            c.d.stream_submit(s, &ops).context("STREAM_SUBMIT")?;
+        }
+        Ok(())
+    })?;
     out(case);
     Ok(())
 }
 
-/// The baseline of the stream cases: one bare ioctl (`STREAM_QUERY` of `s`), in ns.
-fn bare_ioctl(c: &Ctx, s: u64) -> Result<f64> {
-    per_op(IOCTLS, &mut || {
-        c.d.stream_query(s).context("STREAM_QUERY")?;
-        Ok(())
-    })
+/// Samples of a queueing case against one bare ioctl (`STREAM_QUERY` of `streams[0]`): a
+/// sample is `submit` timed, then every stream synced, untimed (so that no queue nears
+/// `RUVM_MAX_STREAM_OPS`), the time divided by `per` (the calls or pairs it made).
+fn against_bare_ioctl(
+    c: &Ctx,
+    case: &mut Case,
+    streams: &[u64],
+    per: usize,
+    submit: &mut dyn FnMut() -> Result<()>,
+) -> Result<()> {
+    let first = *streams.first().context("no stream")?;
+    (case.ruvm, case.base) = pairs(
+        c.spec.reps,
+        &mut || {
+            let t = time(submit)?;
+            for &s in streams {
+                c.d.stream_sync(s, WAIT_MS).context("STREAM_SYNC")?;
+            }
+            Ok(t / per as f64)
+        },
+        &mut || {
+            per_op(IOCTLS, &mut || {
+                c.d.stream_query(first).context("STREAM_QUERY")?;
+                Ok(())
+            })
+        },
+    )?;
+    Ok(())
 }
 
 /// `stream.submit_one`: one `RECORD` a `STREAM_SUBMIT`, against one bare ioctl. A sample is
@@ -124,20 +138,12 @@ fn submit_one(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
         "one bare ioctl (STREAM_QUERY of the same stream)",
         "ns",
     );
-    (case.ruvm, case.base) = pairs(
-        c.spec.reps,
-        &mut || {
-            let t = time(&mut || {
-                for _ in 0..ONE_OP_SUBMITS {
-                    c.d.stream_submit(s, &record).context("STREAM_SUBMIT")?;
-                }
-                Ok(())
-            })?;
-            c.d.stream_sync(s, WAIT_MS).context("STREAM_SYNC")?;
-            Ok(t / ONE_OP_SUBMITS as f64)
-        },
-        &mut || bare_ioctl(c, s),
-    )?;
+    against_bare_ioctl(c, &mut case, &[s], ONE_OP_SUBMITS, &mut || {
+        for _ in 0..ONE_OP_SUBMITS {
+            c.d.stream_submit(s, &record).context("STREAM_SUBMIT")?;
+        }
+        Ok(())
+    })?;
     out(case);
     Ok(())
 }
@@ -175,32 +181,22 @@ fn cross(c: &Ctx, batched: bool, out: &mut dyn FnMut(Case)) -> Result<()> {
         "one bare ioctl (STREAM_QUERY of stream A)",
         "ns",
     );
-    (case.ruvm, case.base) = pairs(
-        c.spec.reps,
-        &mut || {
-            let t = time(&mut || {
-                if batched {
-                    c.d.stream_submit(a, &records)
-                        .context("STREAM_SUBMIT of the records")?;
-                    c.d.stream_submit(b, &waits)
-                        .context("STREAM_SUBMIT of the waits")?;
-                    return Ok(());
-                }
-                for (r, w) in records.iter().zip(&waits) {
-                    c.d.stream_submit(a, std::slice::from_ref(r))
-                        .context("STREAM_SUBMIT of a record")?;
-                    c.d.stream_submit(b, std::slice::from_ref(w))
-                        .context("STREAM_SUBMIT of a wait")?;
-                }
-                Ok(())
-            })?;
-            for s in [a, b] {
-                c.d.stream_sync(s, WAIT_MS).context("STREAM_SYNC")?;
-            }
-            Ok(t / PAIRS as f64)
-        },
-        &mut || bare_ioctl(c, a),
-    )?;
+    against_bare_ioctl(c, &mut case, &[a, b], PAIRS, &mut || {
+        if batched {
+            c.d.stream_submit(a, &records)
+                .context("STREAM_SUBMIT of the records")?;
+            c.d.stream_submit(b, &waits)
+                .context("STREAM_SUBMIT of the waits")?;
+            return Ok(());
+        }
+        for (r, w) in records.iter().zip(&waits) {
+            c.d.stream_submit(a, std::slice::from_ref(r))
+                .context("STREAM_SUBMIT of a record")?;
+            c.d.stream_submit(b, std::slice::from_ref(w))
+                .context("STREAM_SUBMIT of a wait")?;
+        }
+        Ok(())
+    })?;
     out(case);
     Ok(())
 }

@@ -105,36 +105,27 @@ pub(super) fn stream_marks_reached_in_order() -> TestResult {
         d.stream_create(g).ctx("STREAM_CREATE")?.handle,
         d.stream_create(g).ctx("STREAM_CREATE")?.handle,
     );
-    // Marks only, an idle stream: reached as the call returns.
-    let at = d
-        .stream_submit(idle, &[op::record(ev[0])])
-        .ctx("STREAM_SUBMIT")?;
-    let q = d.stream_query(idle).ctx("STREAM_QUERY")?;
-    check!(
-        q.completed == at && status(ev[0])? == 1,
-        "a record on an idle stream: {q:?}, event status {}, wanted seqno {at} reached at once",
-        status(ev[0])?
-    );
-    // Another stream's wait for that point, already reached: met as the call returns.
-    let at = d
-        .stream_submit(waiter, &[op::wait_event(ev[0], WAIT_MS)])
-        .ctx("STREAM_SUBMIT")?;
-    let q = d.stream_query(waiter).ctx("STREAM_QUERY")?;
-    check!(
-        q.completed == at,
-        "a wait for a point already reached: {q:?}, wanted seqno {at} reached at once"
-    );
+    // A submission that must be reached by the time the call returns.
+    let at_once = |s: u64, ops: &[libruvm::uapi::ruvm_op], what: &str| -> TestResult {
+        let at = d.stream_submit(s, ops).ctx("STREAM_SUBMIT")?;
+        let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+        check!(
+            q.completed == at,
+            "{what}: {q:?}, wanted seqno {at} reached at once"
+        );
+        Ok(())
+    };
+    // Marks only, an idle stream.
+    at_once(idle, &[op::record(ev[0])], "a record on an idle stream")?;
+    let got = status(ev[0])?;
+    check!(got == 1, "a record on an idle stream: event status {got}");
+    // Another stream's wait for that point, already reached.
+    let wait = [op::wait_event(ev[0], WAIT_MS)];
+    at_once(waiter, &wait, "a wait for a point already reached")?;
     // The same once the point's fence was made (a synchronize of the event makes it): a fence
     // that signalled without error is the point reached.
     d.event_sync(ev[0], WAIT_MS).ctx("EVENT_SYNC")?;
-    let at = d
-        .stream_submit(waiter, &[op::wait_event(ev[0], WAIT_MS)])
-        .ctx("STREAM_SUBMIT")?;
-    let q = d.stream_query(waiter).ctx("STREAM_QUERY")?;
-    check!(
-        q.completed == at,
-        "a wait for a point reached, its fence made: {q:?}, wanted seqno {at} reached at once"
-    );
+    at_once(waiter, &wait, "a wait for a point reached, its fence made")?;
     // A busy stream: the same marks wait for the gate.
     let held = d
         .stream_submit(busy, &[op::wait_fd(gate.as_fd(), WAIT_MS)])
