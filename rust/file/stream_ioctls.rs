@@ -323,23 +323,27 @@ impl RuvmFile {
 
     /// `RUVM_IOCTL_STREAM_SUBMIT` (`arg`: the structure's address).
     pub(super) fn stream_submit(&self, file: &File, user: UserSlice, arg: usize) -> Result {
-        let (mut args, mut writer) = args::read_write::<uapi::ruvm_stream_submit>(user)?;
+        let args = args::read::<uapi::ruvm_stream_submit>(user)?;
         let stream = self.stream(args.handle)?;
-        // The answer must be writable before anything is queued (`EFAULT` queues nothing);
-        // written again once the seqno is known.
-        UserSlice::new(
-            UserPtr::from_addr(arg),
-            core::mem::size_of::<uapi::ruvm_stream_submit>(),
-        )
-        .writer()
-        .write(&args)?;
-        args.first_seqno = stream.submit(
+        // The answer, `first_seqno` (the only field written: 8 bytes, not the structure's 48,
+        // each byte a step of `rep movsb` under TCG), must be writable before anything is
+        // queued (`EFAULT` queues nothing); written again once the seqno is known.
+        let answer = || {
+            let at = arg.checked_add(core::mem::offset_of!(uapi::ruvm_stream_submit, first_seqno));
+            UserSlice::new(
+                UserPtr::from_addr(at.unwrap_or(usize::MAX)),
+                size_of::<u64>(),
+            )
+            .writer()
+        };
+        answer().write(&args.first_seqno)?;
+        let first = stream.submit(
             UserPtr::from_addr(usize::try_from(args.ops).map_err(|_| EFAULT)?),
             args.count,
             &FileLookup(self, file),
         )?;
         // The work is queued: unless the caller unmapped the structure meanwhile, this works.
-        writer.write(&args)
+        answer().write(&first)
     }
 
     /// The file's status page, made at the first call (charged to the caller).
