@@ -356,7 +356,8 @@ sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
 # The fault sweeps' debug guests boot with every slab cache marked for failslab but kmemleak's
 # own: the sweeps then fail only the other caches' allocations (kmemleak's records of each
 # allocation, allocated __GFP_NOWARN from a reserve when that fails, were half the sites and
-# all absorbed; see Documentation/testing.rst).
+# all absorbed; see Documentation/testing.rst). In those guests no slab cache is merged with
+# another (a marked cache never is); the other debug guests keep the kernel's merging.
 spare_kmemleak='slab_debug=A;-,kmemleak_object,kmemleak_scan_area'
 # The longest first. The debug kernel's suite: one guest with both kinds of GPU (two edu, two
 # simulated) and the test ioctls, as the stock kernel's run (the fast kernel runs each kind on
@@ -366,8 +367,8 @@ spare_kmemleak='slab_debug=A;-,kmemleak_object,kmemleak_scan_area'
 job guest_suite "debug kernel (edu and simulated GPUs)" debug VM_APPEND="$spare_kmemleak" \
 	VM_MODARGS="sim_gpus=2 enable_test_ioctls=1 vidmem_mib=16" CMD=/selftests/run_all.sh
 # Every failable allocation of a module load failing in turn (debug kernel: kmemleak), with one
-# GPU of each kind: a second of the same kind fails the same sites again. About 330 loads,
-# about 90 of them failed.
+# GPU of each kind: a second of the same kind fails the same sites again. About 325 loads,
+# 185 of them failed.
 job guest_suite "debug kernel, module load fault sweep" debug VM_TIMEOUT="$(limit 1200)" \
 	VM_APPEND="$spare_kmemleak" VM_GPUS=1 VM_MODARGS="sim_gpus=1" \
 	CMD="RUVM_FAULT_SWEEP_LOAD=1 ruvmctl selftest --filter fault_sweep_module_load"

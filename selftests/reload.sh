@@ -24,7 +24,15 @@ if [ $no_edu = 1 ]; then
 		echo ruvm-none > "$d/driver_override" || exit 125
 	done
 fi
+unknown_before=$(dmesg | grep -c "ruvm: unknown parameter")
 # shellcheck disable=SC2086 # PARAMS is a list of module parameters
 insmod /ruvm/ruvm.ko $params || { echo "# reload.sh: insmod ruvm.ko $params failed"; exit 125; }
+# The kernel loads a module despite an unknown parameter: a typo must not pass unnoticed (as
+# the guest's init checks the first load).
+if [ "$(dmesg | grep -c "ruvm: unknown parameter")" != "$unknown_before" ]; then
+	dmesg | grep "ruvm: unknown parameter" | tail -n 1
+	echo "# reload.sh: ruvm.ko refused a parameter of '$params'"
+	exit 125
+fi
 export RUVM_MODARGS="$params"
 "$@"
