@@ -41,10 +41,14 @@ impl StreamCore {
         let mut known = self.submitting.lock();
         let mut batch = Batch::new(&raw)?;
         let clock = || -> Arc<dyn crate::mem::pool::pending::Clock> { self.clone() };
-        let first = {
+        // Idle (nothing queued, running or being retired: an operation the engine retired is
+        // counted completed only once it is dropped, and its points must not be reached
+        // before that) stays idle while the turn is held: only submissions queue.
+        let (first, idle) = {
             let st = self.state.lock();
             st.may_submit(&self.engine, true)?;
-            st.submitted + 1
+            let idle = st.queue.is_empty() && !st.running && st.completed == st.submitted;
+            (st.submitted + 1, idle)
         };
         let mut units = self.budget.take(u64::from(count))?;
         let mut planned = List::<Op>::new();
@@ -95,10 +99,9 @@ impl StreamCore {
             p.fold(folded, &mut units)?;
         }
         // Marks only: reached at once on an idle stream (nothing to queue, no runner), else
-        // queued as one operation behind the work before them. The turn is held, so an idle
-        // stream stays idle (only submissions queue) until they are queued.
+        // queued as one operation behind the work before them.
         let at_once = match lead {
-            Some(l) if !self.idle() => {
+            Some(l) if !idle => {
                 planned.push_back(marks_op(l, folded, &mut units)?);
                 false
             }
@@ -145,14 +148,6 @@ impl StreamCore {
             self.engine.submitted(self.clone());
         }
         Ok(first)
-    }
-
-    /// Whether nothing is queued, running or being retired on it: every operation submitted
-    /// is counted completed (an operation the engine retired is counted only once it is
-    /// dropped: its points must not be reached before that).
-    fn idle(&self) -> bool {
-        let st = self.state.lock();
-        st.queue.is_empty() && !st.running && st.completed == st.submitted
     }
 
     /// A submission of marks only (from seqno `first` to `st.submitted`) to an idle stream,

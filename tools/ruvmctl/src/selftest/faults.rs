@@ -102,13 +102,12 @@ impl Injector {
                 return false;
             };
             let name = e.file_name();
-            let marked = v.trim() == "1";
-            match SPARED.iter().any(|s| name == *s) {
-                true if marked => return false,
-                true => spared += 1,
-                false if !marked => return false,
-                false => {}
+            let spare = SPARED.iter().any(|s| name == *s);
+            // A spared cache marked, or another unmarked.
+            if spare == (v.trim() == "1") {
+                return false;
             }
+            spared += usize::from(spare);
         }
         spared == SPARED.len() && fs::metadata(Self::CACHE_FILTER).is_ok()
     }

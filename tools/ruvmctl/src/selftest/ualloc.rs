@@ -424,22 +424,21 @@ fn ualloc_release_stream_forgets_it() -> TestResult {
     a.free(x, a_s).ctx("free on A")?;
     a.record_event(a_s, ev).ctx("record on A")?;
     a.wait_event(b_s, ev).ctx("B waits")?;
-    let st = a.stats();
-    check!(
-        st.streams_known == 2 && st.events_known == 1,
-        "before the release: {} streams and {} events known, wanted 2 and 1",
-        st.streams_known,
-        st.events_known
-    );
+    // What the allocator keeps: (streams, events).
+    let known = |want: (u64, u64), when: &str| -> TestResult {
+        let st = a.stats();
+        let got = (st.streams_known, st.events_known);
+        check!(
+            got == want,
+            "{when}: (streams, events) known {got:?}, wanted {want:?}"
+        );
+        Ok(())
+    };
+    known((2, 1), "before the release")?;
     a.release_stream(a_s).ctx("release A")?;
     d.stream_destroy(a_s).ctx("STREAM_DESTROY")?;
+    known((1, 0), "after A's release (B left)")?;
     let st = a.stats();
-    check!(
-        st.streams_known == 1 && st.events_known == 0,
-        "after A's release: {} streams and {} events known, wanted 1 (B) and 0",
-        st.streams_known,
-        st.events_known
-    );
     // A's free, synchronized by the release, is anyone's: C takes it with no rule.
     let y = a.alloc(64 << 10, c_s).ctx("alloc on C")?;
     let now = a.stats();
