@@ -260,6 +260,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_FILL => me.mem_fill(user, false)?,
             uapi::RUVM_IOCTL_MEM_VERIFY => me.mem_fill(user, true)?,
             uapi::RUVM_IOCTL_MEM_COPY => me.mem_copy(user)?,
+            uapi::RUVM_IOCTL_MEM_RANGE => me.mem_range(file, user)?,
             uapi::RUVM_IOCTL_GPU_LIST => gpu_ioctls::gpu_list(user)?,
             uapi::RUVM_IOCTL_GPU_ATTACH => gpu_ioctls::gpu_attach(user, true)?,
             uapi::RUVM_IOCTL_GPU_DETACH => gpu_ioctls::gpu_attach(user, false)?,

@@ -65,6 +65,7 @@ pub(crate) mod quota;
 pub(crate) mod registry;
 mod retired;
 pub(crate) mod share;
+pub(crate) mod sparse;
 pub(crate) mod storage;
 pub(crate) mod tree;
 
@@ -179,6 +180,8 @@ pub(crate) struct AllocRequest {
     pub(crate) page_size: u64,
     pub(crate) zero: bool,
     pub(crate) fallback: bool,
+    /// `RUVM_ALLOC_SPARSE`: made with every chunk absent ([`sparse`]).
+    pub(crate) sparse: bool,
     /// Largest physical size one mem may have.
     pub(crate) max_bytes: u64,
     /// The pool to take the chunks from (sysmem).
@@ -267,11 +270,14 @@ pub(crate) struct MemState {
     /// A FREE of the mem planned in a submission lets a later ALLOC borrow its chunks: no user
     /// mapping may be made until that submission is queued or failed ([`lease::Lent`]).
     lending: bool,
+    /// A sparse mem's chunks and their DMA tables ([`sparse`]).
+    sparse: Option<sparse::Sparse>,
 }
 
 impl MemState {
-    /// The state of a mem just made, owned, with `lease` for a pool mem.
-    fn new(lease: Option<PoolLease>) -> Self {
+    /// The state of a mem just made, owned, with `lease` for a pool mem and `sparse` for a
+    /// sparse one.
+    fn new(lease: Option<PoolLease>, sparse: Option<sparse::Sparse>) -> Self {
         Self {
             life: Life::Owned,
             kmap: None,
@@ -290,6 +296,7 @@ impl MemState {
             resv: None,
             kept_charge: None,
             lending: false,
+            sparse,
         }
     }
 
@@ -472,7 +479,7 @@ impl Mem {
     pub(crate) fn sys_pages(&self) -> Option<Arc<crate::gpu::dma::Pages>> {
         match &self.storage {
             Storage::Sys(p) => Some(p.clone()),
-            Storage::Vid(_) | Storage::Buf(_) => None,
+            Storage::Vid(_) | Storage::Buf(_) | Storage::Sparse => None,
         }
     }
 
@@ -496,7 +503,8 @@ impl Mem {
     pub(crate) fn info(&self) -> MemInfo {
         let (cpu_kernel, mapped_gpus, gpu_kernel, gpu_user) = {
             let st = self.state.lock();
-            let mask: GpuSet = st.gpus.iter().map(|(id, _)| *id).collect();
+            let sparse = st.sparse.iter().flat_map(|s| s.gpu_ids());
+            let mask: GpuSet = Iterator::chain(st.gpus.iter().map(|(id, _)| *id), sparse).collect();
             (
                 st.kmap.is_some(),
                 mask,

@@ -43,6 +43,7 @@ plain_old_data!(
     ruvm_mem_query,
     ruvm_mem_fill,
     ruvm_mem_copy,
+    ruvm_mem_range,
     ruvm_audit,
     ruvm_stats,
     ruvm_bench,

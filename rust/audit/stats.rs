@@ -138,6 +138,30 @@ impl Drop for Usage {
     }
 }
 
+/// Bytes that became resident in a mem already counted (a sparse mem's chunk): they add to
+/// its backing's reserved and used bytes until this drops, with no allocation counted.
+pub(crate) struct Resident {
+    backing: StatsBacking,
+    bytes: u64,
+}
+
+impl Resident {
+    pub(crate) fn new(backing: StatsBacking, bytes: u64) -> Self {
+        let s = backing.stats();
+        s.reserved.add(bytes);
+        s.used.add(bytes);
+        Self { backing, bytes }
+    }
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        let s = self.backing.stats();
+        s.reserved.sub(self.bytes);
+        s.used.sub(self.bytes);
+    }
+}
+
 /// Counts an allocation that was refused or failed.
 pub(crate) fn alloc_failed(backing: StatsBacking) {
     backing.stats().failures.fetch_add(1, Relaxed);

@@ -31,6 +31,7 @@ impl RuvmFile {
             page_size: args.page_size,
             zero: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO != 0,
             fallback: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK != 0,
+            sparse: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE != 0,
             max_bytes: max_alloc_bytes(),
             pool,
         };
@@ -72,6 +73,22 @@ impl RuvmFile {
         let zapped = mem.zap_user(file, &mut retired);
         drop(retired);
         zapped
+    }
+
+    /// `RUVM_IOCTL_MEM_RANGE`: populates or releases a range of a sparse mem.
+    pub(super) fn mem_range(&self, file: &File, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_range>(user)?;
+        let mem = self.mem(args.handle)?;
+        args.resident = match args.op {
+            uapi::ruvm_range_op_RUVM_RANGE_POPULATE => {
+                mem.populate(&self.quota, args.offset, args.length)?
+            }
+            uapi::ruvm_range_op_RUVM_RANGE_RELEASE => {
+                mem.release(file, args.offset, args.length)?
+            }
+            _ => return Err(EINVAL),
+        };
+        writer.write(&args)
     }
 
     /// `RUVM_IOCTL_MEM_QUERY`.

@@ -140,6 +140,7 @@ impl Lookup for FileLookup<'_> {
             page_size: 0,
             zero,
             fallback: false,
+            sparse: false,
             max_bytes: max_alloc_bytes(),
             pool: Some(pool),
         };

@@ -102,8 +102,14 @@ impl Mem {
         if layout.physical_size > req.max_bytes {
             return Err(ENOSPC);
         }
+        // A sparse mem is sysmem of no pool, of one chunk size; its chunks are charged as they
+        // become resident.
+        if req.sparse && (req.gpu.is_some() || req.pool.is_some() || req.fallback) {
+            return Err(EINVAL);
+        }
         // A pool mem's charge comes from the pool, with its chunks.
         let charge = match &req.pool {
+            None if req.sparse => None,
             None => Some(quota.charge(layout.physical_size)?),
             Some(_) => None,
         };
@@ -114,7 +120,14 @@ impl Mem {
         }
         let mut wait = None;
         let mut reused = 0;
+        let mut sparse = None;
         let (layout, storage, mut lease) = match &req.pool {
+            None if req.sparse => {
+                let count = usize::try_from(layout.chunk_count)?;
+                let chunk = usize::try_from(layout.chunk_size)?;
+                sparse = Some(super::sparse::Sparse::new(count, chunk)?);
+                (layout, Storage::Sparse, None)
+            }
             None => {
                 let (layout, storage) = storage::alloc(req, layout)?;
                 (layout, storage, None)
@@ -179,9 +192,11 @@ impl Mem {
             }
         };
         let bytes_class = match storage {
-            Storage::Sys(_) | Storage::Buf(_) => Class::SysmemBytes,
+            Storage::Sys(_) | Storage::Buf(_) | Storage::Sparse => Class::SysmemBytes,
             Storage::Vid(_) => Class::VidmemBytes,
         };
+        // A sparse mem's resident bytes are counted with its chunks.
+        let held = if req.sparse { 0 } else { layout.physical_size };
         // A list the pool kept whole comes with the range of the mem that freed it (the same
         // size).
         let mmap = match lease.as_mut().and_then(|l| l.range.take()) {
@@ -194,6 +209,9 @@ impl Mem {
         }
         if req.fallback {
             alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
+        }
+        if req.sparse {
+            alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE;
         }
         let serial = new_serial();
         let pool_id = lease.as_ref().map_or(0, |l| l.pool.id());
@@ -213,14 +231,14 @@ impl Mem {
                 exported: Atomic::new(false),
                 pool: pool_id,
                 owner: quota.id(),
-                state <- new_mutex!(MemState::new(lease)),
+                state <- new_mutex!(MemState::new(lease, sparse)),
                 origin,
                 _mems: Counted::new(Class::Mems, 1),
-                _bytes: Counted::new(bytes_class, layout.physical_size),
+                _bytes: Counted::new(bytes_class, held),
                 _usage: Some(Usage::new(
                     req.stats_backing(),
-                    layout.physical_size,
-                    req.size,
+                    held,
+                    if req.sparse { 0 } else { req.size },
                 )),
             }),
             GFP_KERNEL,

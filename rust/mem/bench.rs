@@ -78,6 +78,7 @@ pub(crate) fn run(op: &Op, iterations: u64, quota: &Arc<Quota>, max_bytes: u64) 
                     page_size: chunk,
                     zero: *zero,
                     fallback: false,
+                    sparse: false,
                     max_bytes,
                     pool: None,
                 };

@@ -8,27 +8,52 @@ use kernel::{prelude::*, sync::Arc};
 
 use crate::gpu::{dma::GpuTable, GpuAccess, GpuDev};
 
-use super::{
-    storage::{Storage, VidPages},
-    Mem, MemCore,
-};
+use super::{sparse::Held, storage::Storage, Mem, MemCore};
 
-/// How a GPU's engine reaches one mem: through its DMA table, or in its own memory.
-enum EngineView<'a> {
+/// How a plan reaches one mem on its GPU: through its DMA table, in the GPU's own memory
+/// (vidmem), or, for a sparse mem, through each chunk of the range, held with its table.
+enum Reach {
     Table(Arc<GpuTable>),
-    Vid(&'a VidPages),
-    /// Nothing: every address fails (`ENXIO`).
-    None,
+    Vid,
+    Chunks {
+        first: usize,
+        held: KVec<(Held, Arc<GpuTable>)>,
+    },
 }
 
-impl EngineView<'_> {
+impl Reach {
+    /// How `gpu`'s engine reaches `[offset, offset + len)` of `mem` (chunks of `chunk` bytes):
+    /// its DMA table for the GPU (`ENXIO` without one; a sparse mem: also for an absent
+    /// chunk), or, for vidmem, the GPU's own memory (see [`super::storage::VidPages::check_gpu`]).
+    fn of(mem: &Mem, gpu: &GpuDev, offset: usize, len: usize, chunk: usize) -> Result<Self> {
+        match &mem.storage {
+            Storage::Sys(_) | Storage::Buf(_) => Ok(Reach::Table(mem.gpu_table(gpu.id)?)),
+            Storage::Vid(v) => v.check_gpu(gpu).map(|()| Reach::Vid),
+            Storage::Sparse => {
+                let first = offset / chunk;
+                let last = offset.checked_add(len.max(1) - 1).ok_or(EOVERFLOW)? / chunk;
+                let st = mem.state.lock();
+                let sp = st.sparse.as_ref().ok_or(EINVAL)?;
+                let mut held = KVec::with_capacity(last - first + 1, GFP_KERNEL_ACCOUNT)?;
+                for (i, h) in (first..=last).zip(sp.hold(first, last - first + 1)?) {
+                    let _ = held.push_within_capacity((h, sp.table(gpu.id, i)?));
+                }
+                Ok(Reach::Chunks { first, held })
+            }
+        }
+    }
+
     /// The DMA address at which the engine (of the GPU `access` guards) reaches byte `offset`
-    /// (chunks of `chunk` bytes).
-    fn addr(&self, access: &GpuAccess<'_>, offset: usize, chunk: usize) -> Result<u64> {
-        match self {
-            EngineView::Table(t) => t.addr(offset),
-            EngineView::Vid(v) => access.pmm()?.engine_addr(v.phys(offset, chunk)?),
-            EngineView::None => Err(ENXIO),
+    /// of `mem` (chunks of `chunk` bytes).
+    fn addr(&self, mem: &Mem, access: &GpuAccess<'_>, offset: usize, chunk: usize) -> Result<u64> {
+        match (self, &mem.storage) {
+            (Reach::Table(t), _) => t.addr(offset),
+            (Reach::Vid, Storage::Vid(v)) => access.pmm()?.engine_addr(v.phys(offset, chunk)?),
+            (Reach::Chunks { first, held }, _) => {
+                let (_, t) = held.get(offset / chunk - first).ok_or(EINVAL)?;
+                t.addr(offset % chunk)
+            }
+            (Reach::Vid, _) => Err(ENXIO),
         }
     }
 }
@@ -40,9 +65,9 @@ impl EngineView<'_> {
 pub(crate) struct EngineCopy {
     dst: Arc<Mem>,
     src: Arc<Mem>,
-    /// Each mem's DMA table on the GPU (`None` for vidmem).
-    dst_table: Option<Arc<GpuTable>>,
-    src_table: Option<Arc<GpuTable>>,
+    /// How the GPU reaches each mem.
+    dst_reach: Reach,
+    src_reach: Reach,
     dst_offset: usize,
     src_offset: usize,
     len: usize,
@@ -66,24 +91,18 @@ impl EngineCopy {
         let max = gpu.access()?.max_piece()?;
         let (dst_offset, len) = dst.range(dst_offset, len)?;
         let (src_offset, _) = src.range(src_offset, len as u64)?;
-        let table = |m: &Mem| -> Result<Option<Arc<GpuTable>>> {
-            match m.engine_view(gpu)? {
-                EngineView::Table(t) => Ok(Some(t)),
-                EngineView::Vid(_) | EngineView::None => Ok(None),
-            }
-        };
-        let (dst_table, src_table) = (table(&dst)?, table(&src)?);
+        // Both chunk sizes are checked here, so `piece` cannot fail on them.
+        let (dc, sc) = (dst.chunk_len()?, src.chunk_len()?);
+        let dst_reach = Reach::of(&dst, gpu, dst_offset, len, dc)?;
+        let src_reach = Reach::of(&src, gpu, src_offset, len, sc)?;
         if let Storage::Vid(v) = &dst.storage {
             v.may_be_written();
         }
-        // Both chunk sizes are checked here, so `piece` cannot fail on them.
-        dst.chunk_len()?;
-        src.chunk_len()?;
         Ok(Self {
             dst,
             src,
-            dst_table,
-            src_table,
+            dst_reach,
+            src_reach,
             dst_offset,
             src_offset,
             len,
@@ -109,33 +128,14 @@ impl EngineCopy {
             .min(self.max)
             .min(sc - s % sc)
             .min(dc - d % dc);
-        let s_addr = view(&self.src, &self.src_table).addr(access, s, sc)?;
-        let d_addr = view(&self.dst, &self.dst_table).addr(access, d, dc)?;
+        let s_addr = self.src_reach.addr(&self.src, access, s, sc)?;
+        let d_addr = self.dst_reach.addr(&self.dst, access, d, dc)?;
         access.copy(d_addr, s_addr, piece)?;
         Ok(piece)
     }
 }
 
-/// The view of `mem` a plan holds: its table, or for vidmem its own memory.
-fn view<'a>(mem: &'a Mem, table: &Option<Arc<GpuTable>>) -> EngineView<'a> {
-    match (table, &mem.storage) {
-        (_, Storage::Vid(v)) => EngineView::Vid(v),
-        (Some(t), _) => EngineView::Table(t.clone()),
-        // A sysmem plan always holds a table; an empty view fails every address.
-        (None, _) => EngineView::None,
-    }
-}
-
 impl Mem {
-    /// How `gpu`'s engine reaches the mem: its DMA table for the GPU (`ENXIO` without one), or,
-    /// for vidmem, the GPU's own memory (see [`VidPages::check_gpu`]).
-    fn engine_view(&self, gpu: &GpuDev) -> Result<EngineView<'_>> {
-        match &self.storage {
-            Storage::Sys(_) | Storage::Buf(_) => Ok(EngineView::Table(self.gpu_table(gpu.id)?)),
-            Storage::Vid(v) => v.check_gpu(gpu).map(|()| EngineView::Vid(v)),
-        }
-    }
-
     /// Copies `len` bytes from `src` to `dst` with `gpu`'s copy engine, addressing both only
     /// through their DMA tables for that GPU (or its own memory). The GPU cannot be removed
     /// meanwhile; other users of the GPU go on between pieces; a signal stops the copy between

@@ -22,7 +22,7 @@ use crate::{
     gpu::dma::Pages,
 };
 
-use super::{pattern, Life, Mem, MemCore, Retired};
+use super::{pattern, sparse::Held, storage::Storage, Life, Mem, MemCore, Retired};
 
 /// A CPU kernel mapping, counted by the audit.
 pub(crate) struct KernelMapping {
@@ -66,15 +66,27 @@ impl Fill {
 /// mapping of the source page into a buffer, then written into the destination page.
 const COPY_PIECE: usize = kernel::page::PAGE_SIZE;
 
-/// A fill of a range of a mem through its CPU kernel mapping, planned when it is asked for: the
-/// range checked, the mapping (and with it the pages) held until the plan goes, whatever the
-/// mem's owner does meanwhile. Run piece by piece, synchronously or on a stream.
+/// A fill of a range of a mem through its CPU kernel mapping (or, for a sparse mem, each of
+/// its chunks' pages), planned when it is asked for: the range checked, the mapping (and with it
+/// the pages) or the chunks held until the plan goes, whatever the mem's owner does meanwhile.
+/// Run piece by piece, synchronously or on a stream.
 pub(crate) struct CpuFill {
     _mem: Arc<Mem>,
-    map: Arc<KernelMapping>,
+    target: FillTarget,
     offset: usize,
     len: usize,
     fill: Fill,
+}
+
+/// What a [`CpuFill`] writes through.
+enum FillTarget {
+    Map(Arc<KernelMapping>),
+    /// A sparse mem's chunks of the range, from chunk `first` on, of `chunk` bytes.
+    Chunks {
+        held: KVec<Held>,
+        first: usize,
+        chunk: usize,
+    },
 }
 
 /// The most bytes one [`CpuFill::piece`] writes.
@@ -82,13 +94,30 @@ const FILL_PIECE: usize = 2 << 20;
 
 impl CpuFill {
     /// `EINVAL`/`EOVERFLOW` for a range outside the mem, `ENXIO` if it has no CPU kernel
-    /// mapping.
+    /// mapping (a sparse mem: if a chunk of the range is absent).
     pub(crate) fn plan(mem: &Arc<Mem>, offset: u64, len: u64, fill: Fill) -> Result<Self> {
         let (offset, len) = mem.range(offset, len)?;
-        let map = mem.kmap()?;
+        let target = match mem.storage {
+            Storage::Sparse => {
+                let chunk = mem.chunk_len()?;
+                let first = offset / chunk;
+                let last = offset.checked_add(len.max(1) - 1).ok_or(EOVERFLOW)? / chunk;
+                let st = mem.state.lock();
+                let sp = st.sparse.as_ref().ok_or(EINVAL)?;
+                if st.life == Life::Freed {
+                    return Err(ENOENT);
+                }
+                FillTarget::Chunks {
+                    held: sp.hold(first, last - first + 1)?,
+                    first,
+                    chunk,
+                }
+            }
+            _ => FillTarget::Map(mem.kmap()?),
+        };
         Ok(Self {
             _mem: mem.clone(),
-            map,
+            target,
             offset,
             len,
             fill,
@@ -104,18 +133,55 @@ impl CpuFill {
     /// length. Allocates nothing.
     pub(crate) fn piece(&self, done: usize) -> Result<usize> {
         let n = self.len.checked_sub(done).ok_or(EINVAL)?.min(FILL_PIECE);
-        let mut bytes = self.map.map.bytes();
-        let mut buf = [0u8; 256];
-        let mut at = 0;
-        while at < n {
-            let k = (n - at).min(buf.len());
-            let piece = buf.get_mut(..k).ok_or(EINVAL)?;
-            let o = self.offset + done + at;
-            self.fill.generate(o, piece);
-            bytes.write(o, piece)?;
-            at += k;
+        let start = self.offset + done;
+        match &self.target {
+            FillTarget::Map(map) => self.write(&mut map.map.bytes(), start, n, 0)?,
+            FillTarget::Chunks { held, first, chunk } => {
+                // Chunk by chunk, each chunk's bytes locked once.
+                let mut at = start;
+                while at < start + n {
+                    let k = (start + n - at).min(chunk - at % chunk);
+                    let h = held.get(at / chunk - first).ok_or(EINVAL)?;
+                    let base = at - at % chunk;
+                    self.write(&mut h.pages().bytes(), at, k, base)?;
+                    at += k;
+                }
+            }
         }
         Ok(n)
+    }
+
+    /// Writes the fill's bytes of `[at, at + n)` of the mem through `bytes`, which holds the
+    /// mem's bytes from `base` on.
+    fn write(&self, bytes: &mut impl FillBytes, at: usize, n: usize, base: usize) -> Result {
+        let mut buf = [0u8; 256];
+        let mut pos = 0;
+        while pos < n {
+            let k = (n - pos).min(buf.len());
+            let piece = buf.get_mut(..k).ok_or(EINVAL)?;
+            let o = at + pos;
+            self.fill.generate(o, piece);
+            bytes.put(o - base, piece)?;
+            pos += k;
+        }
+        Ok(())
+    }
+}
+
+/// Where a fill's bytes go: a kernel mapping's bytes or one chunk's.
+trait FillBytes {
+    fn put(&mut self, offset: usize, buf: &[u8]) -> Result;
+}
+
+impl FillBytes for crate::bind::vmap::VBytes<'_, Counted> {
+    fn put(&mut self, offset: usize, buf: &[u8]) -> Result {
+        self.write(offset, buf)
+    }
+}
+
+impl FillBytes for crate::bind::pages::Bytes<'_, Counted> {
+    fn put(&mut self, offset: usize, buf: &[u8]) -> Result {
+        self.write(offset, buf)
     }
 }
 
@@ -230,7 +296,11 @@ impl Mem {
         if vma.executable() {
             return Err(EPERM);
         }
-        let pages = self.storage.sys()?;
+        // A sparse mem's chunks come and go: its pages are inserted on fault only.
+        let pages = match self.storage {
+            Storage::Sparse => None,
+            _ => Some(self.storage.sys()?),
+        };
         vma.try_clear_mayexec()?;
         vma.set_dontcopy();
         vma.set_dontexpand();
@@ -241,12 +311,13 @@ impl Mem {
         if st.life == Life::Freed || st.lending {
             return Err(ENXIO);
         }
-        let fill = pages.page_count() <= FILL_AT_MMAP
-            && st
-                .filled_by
+        let fill = pages.filter(|p| p.page_count() <= FILL_AT_MMAP);
+        let fill = fill.filter(|_| {
+            st.filled_by
                 .as_ref()
-                .is_none_or(|m| core::ptr::eq(m.as_raw(), mm.as_raw()));
-        if fill {
+                .is_none_or(|m| core::ptr::eq(m.as_raw(), mm.as_raw()))
+        });
+        if let Some(pages) = fill {
             // A failure here fails the `mmap`, and the kernel unmaps what was inserted.
             for i in 0..pages.page_count() {
                 slots.insert(i, &pages.page(i).ok_or(EFAULT)?)?;
@@ -382,6 +453,21 @@ impl VmaOwner for Mem {
     /// access gets `SIGBUS`). Under the mem's lock, so a free either comes after (and its zap
     /// finds these pages) or before (and this refuses).
     fn fault(&self, index: usize, vma: &VmaPages<'_>) -> Result {
+        if let Storage::Sparse = self.storage {
+            if index >= vma.pages() {
+                return Err(EFAULT);
+            }
+            // Its chunk, if resident: under the lock, so a release either comes after (and its
+            // zap finds these pages) or before (and this finds none).
+            let st = self.state.lock();
+            let chunk = Mem::sparse_fault(&st, index).ok_or(EFAULT)?;
+            let per_chunk = chunk.page_count();
+            let first = index - index % per_chunk;
+            for i in 0..per_chunk {
+                vma.insert(first + i, &chunk.page(i).ok_or(EFAULT)?)?;
+            }
+            return Ok(());
+        }
         let pages = self.storage.sys()?;
         if index >= pages.page_count() || index >= vma.pages() {
             return Err(EFAULT);

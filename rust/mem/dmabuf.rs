@@ -156,7 +156,7 @@ impl Mem {
             chunk_count: size / page,
             physical_size: size,
         };
-        let mut state = MemState::new(None);
+        let mut state = MemState::new(None, None);
         state.resv = Some(Resv::of(buf.clone())?);
         let borrowed = Borrowed {
             storage: Storage::Buf(buf),

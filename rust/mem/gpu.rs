@@ -31,9 +31,14 @@ pub(super) struct GpuTeardown {
     _kernel: Option<GpuMapping>,
     _kva: Option<KernelVa>,
     _table: Option<Arc<GpuTable>>,
+    /// A sparse mem's tables, one per resident chunk.
+    _sparse: Option<SparseTables>,
     /// Of the mappings a mem freed on a stream keeps until the stream reaches the free.
     _parked: Parked,
 }
+
+/// One GPU's tables of a sparse mem, by chunk.
+type SparseTables = KVVec<Option<Arc<GpuTable>>>;
 
 /// The mappings of one GPU out of a freed mem's parked ones ([`super::Retired`]), in drop
 /// order.
@@ -44,6 +49,7 @@ pub(super) struct Parked {
     pub(super) kernel: Option<GpuMapping>,
     pub(super) kva: Option<KernelVa>,
     pub(super) table: Option<Arc<GpuTable>>,
+    pub(super) sparse: Option<SparseTables>,
 }
 
 /// Takes the user VA mapping of GPU `id` out of `st`; the user VA is forgotten with the last.
@@ -105,11 +111,13 @@ impl MemCore {
             .as_mut()
             .map(|r| r.take_gpu(id))
             .unwrap_or_default();
+        let sparse = st.sparse.as_mut().and_then(|s| s.take_gpu(id));
         GpuTeardown {
             _user: user,
             _kernel: kernel,
             _kva: kva,
             _table: table.or(kept),
+            _sparse: sparse,
             _parked: parked,
         }
     }
@@ -154,6 +162,7 @@ impl Mem {
             Storage::Sys(p) => p,
             Storage::Vid(v) => return v.check_gpu(gpu),
             Storage::Buf(b) => return self.attach_gpu(&access, gpu.id, b),
+            Storage::Sparse => return self.map_sparse_gpu(&access, gpu.id),
         };
         let mut st = self.state.lock();
         st.mappable()?;
@@ -280,8 +289,9 @@ impl Mem {
                 v.may_be_written();
                 (None, gpu_page_size(true, chunk, gpu.page_sizes)?)
             }
-            // Reached by the copy engine only (a GPU with an MMU cannot attach it).
-            Storage::Buf(_) => return Err(crate::bind::errno::eopnotsupp()),
+            // Reached by the copy engine only (a GPU with an MMU cannot attach it); a sparse
+            // mem's chunks come and go under its mappings.
+            Storage::Buf(_) | Storage::Sparse => return Err(crate::bind::errno::eopnotsupp()),
         };
         let chunk_len = self.chunk_len()?;
         let storage = &self.storage;
@@ -293,7 +303,7 @@ impl Mem {
                     ..Pte::new(t.addr(offset)?, Aperture::SysCoherent)
                 }),
                 (Storage::Vid(v), _) => Ok(Pte::new(v.phys(offset, chunk_len)?, Aperture::Video)),
-                (Storage::Sys(_), None) | (Storage::Buf(_), _) => Err(EINVAL),
+                (Storage::Sys(_), None) | (Storage::Buf(_) | Storage::Sparse, _) => Err(EINVAL),
             }
         };
         let kva = match st.kva.take() {
@@ -400,6 +410,22 @@ impl Mem {
             .ok_or(ENXIO)
     }
 
+    /// A sparse mem's DMA table of chunk `index` for GPU `id`: `ENXIO` if the mem is not
+    /// mapped on it or the chunk is absent.
+    pub(super) fn sparse_table(&self, id: u32, index: usize) -> Result<Arc<GpuTable>> {
+        let st = self.state.lock();
+        st.sparse.as_ref().ok_or(EINVAL)?.table(id, index)
+    }
+
+    /// [`Mem::map_gpu`] of a sparse mem: a table for each resident chunk, made under the mem's
+    /// lock (with `access` held: the GPU's removal waits).
+    fn map_sparse_gpu(&self, access: &GpuAccess<'_>, id: u32) -> Result {
+        let mut st = self.state.lock();
+        st.mappable()?;
+        let sp = st.sparse.as_mut().ok_or(EINVAL)?;
+        sp.map_gpu(access, id)
+    }
+
     /// The mem's DMA table for GPU `id`, or `ENXIO`.
     pub(super) fn gpu_table(&self, id: u32) -> Result<Arc<GpuTable>> {
         let st = self.state.lock();
@@ -427,6 +453,11 @@ impl Mem {
                 self.gpu_table(gpu.id)?.addr(offset)?,
                 uapi::ruvm_aperture_RUVM_APERTURE_SYS,
             )),
+            Storage::Sparse => Ok((
+                self.sparse_table(gpu.id, offset / chunk)?
+                    .addr(offset % chunk)?,
+                uapi::ruvm_aperture_RUVM_APERTURE_SYS,
+            )),
             Storage::Vid(v) => {
                 v.check_gpu(gpu)?;
                 Ok((
@@ -443,6 +474,9 @@ impl Mem {
     pub(crate) fn dma_addrs(&self, id: u32, first: u64, max: usize) -> Result<KVVec<u64>> {
         let first = usize::try_from(first).map_err(|_| EINVAL)?;
         let st = self.state.lock();
+        if let Some(sp) = st.sparse.as_ref() {
+            return sp.dma_addrs(id, first, max);
+        }
         let table = st.gpus.iter().find(|(g, _)| *g == id).ok_or(ENXIO)?;
         let count = table.1.count();
         if first > count {

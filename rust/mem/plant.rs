@@ -62,6 +62,7 @@ pub(crate) fn plant(kind: &LeakKind, lost: bool, max_bytes: u64) -> Result {
                 page_size: 0,
                 zero: false,
                 fallback: false,
+                sparse: false,
                 max_bytes,
                 pool: None,
             };

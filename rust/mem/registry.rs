@@ -105,6 +105,8 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
                 }
                 // Another exporter's memory: no bytes or chunks of ruvm's.
                 Storage::Buf(_) => {}
+                // Counted from its resident chunks, under its lock below.
+                Storage::Sparse => {}
             }
             bump(Class::UserMappings, core.user_mappings.load(Relaxed).into());
             let st = core.state.lock();
@@ -113,6 +115,9 @@ pub(crate) fn walk() -> Result<[u64; CLASSES]> {
             bump(Class::GpuKernelVas, u64::from(st.kva.is_some()));
             if let Some(r) = st.parked.as_ref() {
                 r.walk(core.layout.chunk_size, &mut bump);
+            }
+            if let Some(sp) = st.sparse.as_ref() {
+                sp.walk(&mut bump);
             }
             let leased = st.lease.as_ref().map(|l| &l.tables[..]).unwrap_or(&[]);
             for (_, table) in Iterator::chain(st.gpus.iter(), leased.iter()) {

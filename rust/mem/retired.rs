@@ -21,6 +21,8 @@ pub(crate) struct Retired {
     pub(super) _gpu_kernel: KVec<(u32, gpu_va::GpuMapping)>,
     pub(super) _kva: Option<gpu_va::KernelVa>,
     pub(super) _gpus: KVec<(u32, Arc<GpuTable>)>,
+    /// A sparse mem's tables, per GPU and chunk.
+    pub(super) _sparse: KVec<(u32, KVVec<Option<Arc<GpuTable>>>)>,
 }
 
 impl Retired {
@@ -43,6 +45,7 @@ impl Retired {
             kernel,
             kva,
             table: take(&mut self._gpus, id),
+            sparse: take(&mut self._sparse, id),
         }
     }
 
@@ -55,6 +58,7 @@ impl Retired {
             bump(Class::DmaMappings, n);
             bump(Class::DmaBytes, n * chunk_size);
         }
+        super::sparse::walk_tables(&self._sparse, chunk_size, bump);
     }
 }
 
@@ -117,6 +121,11 @@ impl Mem {
             _gpu_kernel: core::mem::replace(&mut st.gpu_kernel, KVec::new()),
             _kva: st.kva.take(),
             _gpus: core::mem::replace(&mut st.gpus, KVec::new()),
+            _sparse: st
+                .sparse
+                .as_mut()
+                .map(super::sparse::Sparse::take_tables)
+                .unwrap_or_default(),
         }
     }
 

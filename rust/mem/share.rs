@@ -267,7 +267,7 @@ impl Mem {
             source: Some(source),
             size: core.size,
             layout: core.layout,
-            state: MemState::new(None),
+            state: MemState::new(None, None),
             exported: false,
         };
         borrowed.make(quota, origin)

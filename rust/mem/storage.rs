@@ -38,24 +38,26 @@ pub(crate) enum Storage {
     /// Another exporter's dma-buf (its pages are the exporter's, never seen: the mem is
     /// reached only through each GPU's attachment, by DMA address).
     Buf(DmaBuf),
+    /// A sparse mem: its resident chunks are in its state ([`super::sparse`]).
+    Sparse,
 }
 
 impl Storage {
     /// The GPU of a vidmem mem.
     pub(super) fn vidmem_gpu(&self) -> Option<u32> {
         match self {
-            Storage::Sys(_) | Storage::Buf(_) => None,
+            Storage::Sys(_) | Storage::Buf(_) | Storage::Sparse => None,
             Storage::Vid(v) => Some(v.gpu.id),
         }
     }
 
     /// The sysmem pages, or `EOPNOTSUPP` for vidmem (which the CPU cannot map: as in uvm_mem
-    /// for GPUs whose memory is not CPU-coherent) and for another exporter's buffer (whose
-    /// pages an importer never sees).
+    /// for GPUs whose memory is not CPU-coherent), for another exporter's buffer (whose
+    /// pages an importer never sees) and for a sparse mem (whose chunks are not one list).
     pub(super) fn sys(&self) -> Result<&Arc<Pages>> {
         match self {
             Storage::Sys(p) => Ok(p),
-            Storage::Vid(_) | Storage::Buf(_) => Err(errno::eopnotsupp()),
+            Storage::Vid(_) | Storage::Buf(_) | Storage::Sparse => Err(errno::eopnotsupp()),
         }
     }
 }

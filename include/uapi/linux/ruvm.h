@@ -120,12 +120,18 @@ struct ruvm_info {
  * file (RUVM_IOCTL_STREAM_STATUS, mmap at RUVM_STATUS_MMAP_OFFSET).
  */
 #define RUVM_FEATURE_STATUS_PAGE (1ULL << 15)
+/*
+ * Sparse mems: RUVM_ALLOC_SPARSE, and RUVM_IOCTL_MEM_RANGE to populate and release ranges of
+ * their chunks.
+ */
+#define RUVM_FEATURE_SPARSE (1ULL << 16)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
 	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS |                   \
 	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC | RUVM_FEATURE_PTR_ATTRS |           \
-	 RUVM_FEATURE_IPC_POOLS | RUVM_FEATURE_DMABUF | RUVM_FEATURE_STATUS_PAGE)
+	 RUVM_FEATURE_IPC_POOLS | RUVM_FEATURE_DMABUF | RUVM_FEATURE_STATUS_PAGE |             \
+	 RUVM_FEATURE_SPARSE)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -148,8 +154,17 @@ enum ruvm_alloc_flags {
 	 * size it settled on is returned.
 	 */
 	RUVM_ALLOC_FALLBACK = 1 << 1,
+	/*
+	 * A sparse mem: sysmem of no pool, made with every chunk absent (nothing allocated,
+	 * nothing charged but the mem itself). RUVM_IOCTL_MEM_RANGE populates ranges of it with
+	 * zeroed chunks and releases them again. Refused (EINVAL) with RUVM_ALLOC_FALLBACK, with
+	 * vidmem and with a pool. A sparse mem cannot be mapped in the CPU kernel, in a GPU VA
+	 * space, exported or shared as a dma-buf (EOPNOTSUPP); its chunks are DMA-mapped for a GPU
+	 * (RUVM_IOCTL_MEM_MAP_GPU) as they become resident. See struct ruvm_mem_range.
+	 */
+	RUVM_ALLOC_SPARSE = 1 << 2,
 	/* Every flag defined above. */
-	RUVM_ALLOC_FLAGS_ALL = RUVM_ALLOC_ZERO | RUVM_ALLOC_FALLBACK,
+	RUVM_ALLOC_FLAGS_ALL = RUVM_ALLOC_ZERO | RUVM_ALLOC_FALLBACK | RUVM_ALLOC_SPARSE,
 };
 
 /**
@@ -190,6 +205,56 @@ struct ruvm_mem_alloc {
 	__u32 gpu;
 	__u32 pad;
 	__u64 pool;
+	__u64 reserved[2];
+};
+
+/* ruvm_mem_range.op */
+enum ruvm_range_op {
+	/* Make every absent chunk of the range resident: allocated, zeroed, charged. */
+	RUVM_RANGE_POPULATE = 1,
+	/* Give every resident chunk of the range back. */
+	RUVM_RANGE_RELEASE = 2,
+};
+
+/**
+ * struct ruvm_mem_range - populate or release a range of a sparse mem (RUVM_IOCTL_MEM_RANGE)
+ *
+ * @offset and @length are multiples of the mem's chunk size, @length > 0, the range inside the
+ * physical size.
+ *
+ * POPULATE allocates each absent chunk of the range zeroed, charges it to the file's quota and
+ * memory cgroup, and DMA-maps it for every GPU the mem is mapped on (RUVM_IOCTL_MEM_MAP_GPU);
+ * resident chunks keep their bytes. All or nothing: on any error (ENOMEM, ENOSPC beyond the
+ * file's quota, EINTR/restart on a signal, ENODEV a mapped GPU going) the chunks made by the
+ * call are gone again and the mem is as it was. A user mapping of the mem reaches a chunk made
+ * resident from its next access.
+ *
+ * RELEASE gives every resident chunk of the range back: its user mappings are zapped (a later
+ * access gets SIGBUS until the range is populated again, then reads zeroes), its DMA mappings
+ * for every GPU are removed, its charge is given back and it is freed, before the call
+ * returns. It neither waits for nor cancels work: EBUSY, and nothing released, while a copy or
+ * a fill planned on any chunk of the range (queued on a stream, or running) still holds it;
+ * synchronize the streams that use the range first. Absent chunks are skipped.
+ *
+ * Errors: ENOENT no such mem (or freed); EOPNOTSUPP a mem that is not sparse; EINVAL a bad
+ * @op, @flags, a range not chunk-aligned, empty or outside the mem; EOVERFLOW
+ * @offset + @length overflows.
+ *
+ * @handle:   (in)  the mem, made with RUVM_ALLOC_SPARSE
+ * @offset:   (in)  the range's first byte
+ * @length:   (in)  its bytes
+ * @op:       (in)  enum ruvm_range_op
+ * @flags:    (in)  must be 0
+ * @resident: (out) the mem's resident bytes after the call
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_mem_range {
+	__u64 handle;
+	__u64 offset;
+	__u64 length;
+	__u32 op;
+	__u32 flags;
+	__u64 resident;
 	__u64 reserved[2];
 };
 
@@ -702,8 +767,10 @@ struct ruvm_mem_gpu {
  * @first_chunk: (in)     the first chunk to report
  * @count:       (in/out) in: room in @addrs; out: how many were written
  * @addrs:       (in)     user pointer to __u64[count]: chunk i's GPU-relative DMA address
+ *                        (RUVM_DMA_ADDR_ABSENT for an absent chunk of a sparse mem)
  * @reserved:    (in)     must be 0
  */
+#define RUVM_DMA_ADDR_ABSENT 0xffffffffffffffffULL
 struct ruvm_mem_dma_addrs {
 	__u64 handle;
 	__u32 gpu;
@@ -1980,6 +2047,7 @@ enum {
 	RUVM_IOCTL_MEM_FILL = _IOWR(RUVM_IOCTL_MAGIC, 0x06, struct ruvm_mem_fill),
 	RUVM_IOCTL_MEM_VERIFY = _IOWR(RUVM_IOCTL_MAGIC, 0x07, struct ruvm_mem_fill),
 	RUVM_IOCTL_MEM_COPY = _IOWR(RUVM_IOCTL_MAGIC, 0x08, struct ruvm_mem_copy),
+	RUVM_IOCTL_MEM_RANGE = _IOWR(RUVM_IOCTL_MAGIC, 0x09, struct ruvm_mem_range),
 	RUVM_IOCTL_GPU_LIST = _IOWR(RUVM_IOCTL_MAGIC, 0x20, struct ruvm_gpu_list),
 	RUVM_IOCTL_MEM_MAP_GPU = _IOWR(RUVM_IOCTL_MAGIC, 0x21, struct ruvm_mem_gpu),
 	RUVM_IOCTL_MEM_UNMAP_GPU = _IOWR(RUVM_IOCTL_MAGIC, 0x22, struct ruvm_mem_gpu),

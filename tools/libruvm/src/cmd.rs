@@ -66,6 +66,8 @@ commands! {
     MEM_VERIFY: ruvm_mem_fill = RUVM_IOCTL_MEM_VERIFY;
     /// Copy between mems through their kernel mappings.
     MEM_COPY: ruvm_mem_copy = RUVM_IOCTL_MEM_COPY;
+    /// Populate or release a range of a sparse mem.
+    MEM_RANGE: ruvm_mem_range = RUVM_IOCTL_MEM_RANGE;
     /// The GPU registry.
     GPU_LIST: ruvm_gpu_list = RUVM_IOCTL_GPU_LIST;
     /// Attach a host GPU by PCI address.

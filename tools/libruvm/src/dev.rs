@@ -60,6 +60,7 @@ ioctl_args!(
     uapi::ruvm_mem_query,
     uapi::ruvm_mem_fill,
     uapi::ruvm_mem_copy,
+    uapi::ruvm_mem_range,
     uapi::ruvm_audit,
     uapi::ruvm_bench,
     uapi::ruvm_stats,
@@ -497,6 +498,30 @@ impl Ruvm {
     /// `RUVM_IOCTL_MEM_FREE`.
     pub fn mem_free(&self, handle: u64) -> Result<(), Errno> {
         self.mem_handle_cmd(cmd::MEM_FREE, handle)
+    }
+
+    /// `RUVM_IOCTL_MEM_RANGE`: populates (`populate`) or releases a range of a sparse mem;
+    /// returns the mem's resident bytes.
+    pub fn mem_range(
+        &self,
+        handle: u64,
+        offset: u64,
+        length: u64,
+        populate: bool,
+    ) -> Result<u64, Errno> {
+        let mut a = uapi::ruvm_mem_range {
+            handle,
+            offset,
+            length,
+            op: if populate {
+                uapi::ruvm_range_op_RUVM_RANGE_POPULATE
+            } else {
+                uapi::ruvm_range_op_RUVM_RANGE_RELEASE
+            },
+            ..Default::default()
+        };
+        self.call(cmd::MEM_RANGE, &mut a)?;
+        Ok(a.resident)
     }
 
     /// `RUVM_IOCTL_MEM_MAP_CPU_KERNEL`.

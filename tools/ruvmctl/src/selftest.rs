@@ -26,6 +26,7 @@ mod mem;
 mod pools;
 mod ptr;
 mod shared;
+mod sparse;
 mod stream_alloc;
 mod streams;
 mod ualloc;
@@ -38,6 +39,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(basic::cases());
     v.extend(abi::cases());
     v.extend(mem::cases());
+    v.extend(sparse::cases());
     v.extend(audit::cases());
     v.extend(gpu::cases());
     v.extend(gpu_va::cases());

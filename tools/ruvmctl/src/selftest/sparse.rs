@@ -1,0 +1,469 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Sparse mems (`RUVM_ALLOC_SPARSE`, `RUVM_IOCTL_MEM_RANGE`): chunks made resident and given
+//! back range by range. Bytes are written through one path (the user mapping, a kernel fill,
+//! the copy engine) and read through another; a released range faults and reads zero once
+//! populated again; a release is refused under queued work; the audit's counts follow every
+//! step. Every case skips without `RUVM_FEATURE_SPARSE`.
+
+use std::os::fd::AsFd;
+
+use libruvm::{cmd, op, uapi, Errno, Ruvm, UserMap};
+
+use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::shared::{live, readable, sim_gpu};
+
+const K: u64 = 1024;
+const CHUNK: u64 = 64 * K;
+const SPARSE: u32 = uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE;
+const CHUNKS_ORDER4: usize = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_CHUNKS_ORDER0 as usize + 4;
+const BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_BYTES as usize;
+const DMA: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize;
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "sparse_chunks_come_and_go",
+            run: sparse_chunks_come_and_go,
+        },
+        Case {
+            name: "sparse_engine_and_fill_reach_resident_chunks",
+            run: sparse_engine_and_fill_reach_resident_chunks,
+        },
+        Case {
+            name: "sparse_release_refused_under_queued_work",
+            run: sparse_release_refused_under_queued_work,
+        },
+        Case {
+            name: "sparse_refusals",
+            run: sparse_refusals,
+        },
+    ]
+}
+
+/// The device, or a skip without sparse mems.
+fn setup() -> Result<Ruvm, Stop> {
+    let d = Ruvm::open().ctx("open")?;
+    let info = d.info().ctx("INFO")?;
+    if info.features & u64::from(uapi::RUVM_FEATURE_SPARSE) == 0 {
+        return Err(Stop::Skip("no RUVM_FEATURE_SPARSE".into()));
+    }
+    Ok(d)
+}
+
+/// A sparse mem of `chunks` chunks of [`CHUNK`] bytes, and its user mapping.
+fn sparse(d: &Ruvm, chunks: u64) -> Result<(u64, UserMap), Stop> {
+    let a = d
+        .mem_alloc(chunks * CHUNK, CHUNK, SPARSE)
+        .ctx("MEM_ALLOC sparse")?;
+    let q = d.mem_query(a.handle).ctx("MEM_QUERY")?;
+    check!(
+        q.alloc_flags & SPARSE != 0 && q.chunk_size == CHUNK && q.chunk_count == chunks,
+        "MEM_QUERY of a sparse mem: {q:?}"
+    );
+    let map = UserMap::of_mem(d, &q).ctx("mmap")?;
+    Ok((a.handle, map))
+}
+
+fn byte(map: &UserMap, at: u64) -> u8 {
+    map.read(at as usize)
+}
+
+/// Whether every byte of chunk `c` reads `v` through the user mapping.
+fn chunk_is(map: &UserMap, c: u64, v: u8) -> bool {
+    (c * CHUNK..(c + 1) * CHUNK).all(|o| byte(map, o) == v)
+}
+
+/// A sparse mem of 4 chunks: absent chunks fault (read by `/proc/self/mem`, which sees the
+/// `SIGBUS` as an error), populated ones read zero and keep what the process writes, a released
+/// one faults again and reads zero once populated again; the audit counts exactly the
+/// resident chunks and bytes, and nothing once the mem is freed.
+fn sparse_chunks_come_and_go() -> TestResult {
+    let d = setup()?;
+    let before = live(&d)?;
+    let (h, map) = sparse(&d, 4)?;
+    let base = map.as_ptr();
+    let at = |c: u64| base.wrapping_add((c * CHUNK) as usize);
+    check!(
+        (0..4).all(|c| !readable(at(c))),
+        "an absent chunk of a new sparse mem is readable"
+    );
+    let resident = d
+        .mem_range(h, CHUNK, 2 * CHUNK, true)
+        .ctx("POPULATE 1..3")?;
+    check!(
+        resident == 2 * CHUNK,
+        "resident after populating 2 chunks: {resident}"
+    );
+    check!(
+        readable(at(1)) && readable(at(2)) && !readable(at(0)) && !readable(at(3)),
+        "after populating chunks 1 and 2, the wrong chunks are readable"
+    );
+    check!(
+        chunk_is(&map, 1, 0) && chunk_is(&map, 2, 0),
+        "a populated chunk is not zero"
+    );
+    for o in CHUNK..3 * CHUNK {
+        map.write(o as usize, (o % 251) as u8 + 1);
+    }
+    let l = live(&d)?;
+    check!(
+        l[CHUNKS_ORDER4] == before[CHUNKS_ORDER4] + 2 && l[BYTES] == before[BYTES] + 2 * CHUNK,
+        "audit with 2 resident chunks: order-4 chunks {} bytes {}, wanted {} and {}",
+        l[CHUNKS_ORDER4],
+        l[BYTES],
+        before[CHUNKS_ORDER4] + 2,
+        before[BYTES] + 2 * CHUNK
+    );
+    // Populating again keeps the bytes.
+    let resident = d.mem_range(h, 0, 4 * CHUNK, true).ctx("POPULATE all")?;
+    check!(
+        resident == 4 * CHUNK,
+        "resident after populating all: {resident}"
+    );
+    check!(
+        (CHUNK..3 * CHUNK).all(|o| byte(&map, o) == (o % 251) as u8 + 1),
+        "populating the whole mem changed the bytes of chunks already resident"
+    );
+    check!(
+        chunk_is(&map, 0, 0) && chunk_is(&map, 3, 0),
+        "a new chunk is not zero"
+    );
+    let resident = d.mem_range(h, CHUNK, CHUNK, false).ctx("RELEASE 1")?;
+    check!(
+        resident == 3 * CHUNK,
+        "resident after releasing one: {resident}"
+    );
+    check!(
+        !readable(at(1)),
+        "a released chunk is still readable through the mapping"
+    );
+    check!(
+        (2 * CHUNK..3 * CHUNK).all(|o| byte(&map, o) == (o % 251) as u8 + 1),
+        "releasing chunk 1 changed chunk 2"
+    );
+    let resident = d.mem_range(h, CHUNK, CHUNK, true).ctx("POPULATE 1 again")?;
+    check!(
+        resident == 4 * CHUNK,
+        "resident after populating again: {resident}"
+    );
+    check!(
+        chunk_is(&map, 1, 0),
+        "a chunk released and populated again does not read zero"
+    );
+    // Releasing absent chunks is not an error.
+    d.mem_range(h, 0, 4 * CHUNK, false).ctx("RELEASE all")?;
+    let resident = d
+        .mem_range(h, 0, 4 * CHUNK, false)
+        .ctx("RELEASE all again")?;
+    check!(
+        resident == 0,
+        "resident after releasing everything twice: {resident}"
+    );
+    check!(
+        (0..4).all(|c| !readable(at(c))),
+        "a chunk is readable after releasing all"
+    );
+    let l = live(&d)?;
+    check!(
+        l[CHUNKS_ORDER4] == before[CHUNKS_ORDER4] && l[BYTES] == before[BYTES],
+        "audit after releasing everything: order-4 chunks {} bytes {}, wanted {} and {}",
+        l[CHUNKS_ORDER4],
+        l[BYTES],
+        before[CHUNKS_ORDER4],
+        before[BYTES]
+    );
+    d.mem_range(h, 2 * CHUNK, CHUNK, true).ctx("POPULATE 2")?;
+    drop(map);
+    d.mem_free(h).ctx("MEM_FREE")?;
+    let after = live(&d)?;
+    check!(
+        after == before,
+        "audit after the free: {after:?}, wanted {before:?}"
+    );
+    Ok(())
+}
+
+/// The copy engine and kernel fills reach a sparse mem's resident chunks: a chunk mapped for a
+/// GPU before or after it was populated gets a DMA table (reported by `DMA_ADDRS`, absent
+/// chunks as `RUVM_DMA_ADDR_ABSENT`); `MEM_FILL` writes through the chunks (read back by the
+/// user mapping); the engine copies between chunks (read back by the user mapping), and a copy
+/// or fill touching an absent chunk is `ENXIO`.
+fn sparse_engine_and_fill_reach_resident_chunks() -> TestResult {
+    let d = setup()?;
+    let g = sim_gpu(&d)?;
+    let before = live(&d)?;
+    let (h, map) = sparse(&d, 4)?;
+    d.mem_range(h, 0, CHUNK, true).ctx("POPULATE 0")?;
+    d.mem_gpu(true, h, g).ctx("MAP_GPU")?;
+    d.mem_range(h, 2 * CHUNK, CHUNK, true).ctx("POPULATE 2")?;
+    let addrs = d.dma_addrs(h, g, 0, 4).ctx("DMA_ADDRS")?;
+    let absent = uapi::RUVM_DMA_ADDR_ABSENT as u64;
+    check!(
+        addrs.len() == 4
+            && addrs[0] != absent
+            && addrs[1] == absent
+            && addrs[2] != absent
+            && addrs[3] == absent,
+        "DMA addresses of chunks 0 and 2 resident: {addrs:x?}"
+    );
+    let q = d.mem_query(h).ctx("MEM_QUERY")?;
+    check!(
+        q.mapped_gpus == 1 << g,
+        "mapped_gpus {:x}, wanted GPU {g}",
+        q.mapped_gpus
+    );
+    let l = live(&d)?;
+    check!(
+        l[DMA] == before[DMA] + 2,
+        "DMA mappings with 2 resident chunks on one GPU: {}, wanted {}",
+        l[DMA],
+        before[DMA] + 2
+    );
+    // A kernel fill of part of chunk 0, read by the user mapping.
+    let fill = uapi::ruvm_mem_fill {
+        handle: h,
+        offset: 100,
+        length: CHUNK - 200,
+        seed: 7,
+        ..Default::default()
+    };
+    d.mem_fill(false, fill).ctx("MEM_FILL")?;
+    let want = |o: u64| crate::pattern::byte_at(7, o);
+    check!(
+        (100..CHUNK - 100).all(|o| byte(&map, o) == want(o))
+            && (0..100).all(|o| byte(&map, o) == 0),
+        "a kernel fill of a sparse chunk does not read back through the user mapping"
+    );
+    // The engine copies chunk 0 into chunk 2.
+    d.ce_copy(g, h, 2 * CHUNK, h, 0, CHUNK)
+        .ctx("CE_COPY 0 -> 2")?;
+    check!(
+        (0..CHUNK).all(|o| byte(&map, 2 * CHUNK + o) == byte(&map, o)),
+        "the engine's copy into chunk 2 does not read back through the user mapping"
+    );
+    expect_errno(
+        d.ce_copy(g, h, CHUNK, h, 0, CHUNK),
+        Errno::ENXIO,
+        "CE_COPY into an absent chunk",
+    )?;
+    expect_errno(
+        d.ce_copy(g, h, 0, h, 2 * CHUNK + 1, CHUNK),
+        Errno::ENXIO,
+        "CE_COPY reading into an absent chunk",
+    )?;
+    let mut over = fill;
+    over.offset = CHUNK - 1;
+    over.length = 2;
+    expect_errno(
+        d.mem_fill(false, over),
+        Errno::ENXIO,
+        "MEM_FILL over an absent chunk",
+    )?;
+    // A chunk populated now is mapped for the GPU at once.
+    d.mem_range(h, CHUNK, CHUNK, true).ctx("POPULATE 1")?;
+    d.ce_copy(g, h, CHUNK, h, 0, CHUNK).ctx("CE_COPY 0 -> 1")?;
+    check!(
+        (0..CHUNK).all(|o| byte(&map, CHUNK + o) == byte(&map, o)),
+        "the engine's copy into a chunk populated after MAP_GPU does not read back"
+    );
+    d.mem_gpu(false, h, g).ctx("UNMAP_GPU")?;
+    check!(
+        live(&d)?[DMA] == before[DMA],
+        "DMA mappings left after UNMAP_GPU of a sparse mem"
+    );
+    drop(map);
+    d.mem_free(h).ctx("MEM_FREE")?;
+    let after = live(&d)?;
+    check!(
+        after == before,
+        "audit after the free: {after:?}, wanted {before:?}"
+    );
+    Ok(())
+}
+
+/// A copy queued on a stream (held behind a sw_sync fence) holds the chunks it reads and
+/// writes: a release of a range with one of them is `EBUSY` and changes nothing, a release of
+/// another range goes on; once the fence signals and the stream is synchronized, the release
+/// goes through and the copy's bytes were there before it.
+fn sparse_release_refused_under_queued_work() -> TestResult {
+    let d = setup()?;
+    let g = sim_gpu(&d)?;
+    let tl = super::streams::sw_sync()?;
+    let (h, map) = sparse(&d, 4)?;
+    d.mem_range(h, 0, 4 * CHUNK, true).ctx("POPULATE all")?;
+    d.mem_gpu(true, h, g).ctx("MAP_GPU")?;
+    for o in 0..CHUNK {
+        map.write(o as usize, (o % 13) as u8 + 1);
+    }
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let fence = tl.create_fence(1, "gate").ctx("CREATE_FENCE")?;
+    d.stream_submit(
+        s,
+        &[
+            op::wait_fd(fence.as_fd(), uapi::RUVM_WAIT_MAX_MS),
+            op::copy(h, CHUNK, h, 0, CHUNK),
+        ],
+    )
+    .ctx("STREAM_SUBMIT")?;
+    for (what, off) in [("the copy's source", 0), ("the copy's destination", CHUNK)] {
+        expect_errno(
+            d.mem_range(h, off, CHUNK, false),
+            Errno::EBUSY,
+            &format!("RELEASE of {what} under the queued copy"),
+        )?;
+    }
+    expect_errno(
+        d.mem_range(h, 0, 4 * CHUNK, false),
+        Errno::EBUSY,
+        "RELEASE of the whole mem under the queued copy",
+    )?;
+    let resident = d.mem_range(h, 3 * CHUNK, CHUNK, false).ctx("RELEASE 3")?;
+    check!(
+        resident == 3 * CHUNK,
+        "resident after a refused release and a release of chunk 3: {resident}"
+    );
+    tl.inc(1).ctx("SW_SYNC_IOC_INC")?;
+    d.stream_sync(s, uapi::RUVM_WAIT_MAX_MS)
+        .ctx("STREAM_SYNC")?;
+    check!(
+        (0..CHUNK).all(|o| byte(&map, CHUNK + o) == (o % 13) as u8 + 1),
+        "the queued copy's bytes are not in chunk 1"
+    );
+    let resident = d
+        .mem_range(h, 0, 2 * CHUNK, false)
+        .ctx("RELEASE 0..2 after the sync")?;
+    check!(resident == CHUNK, "resident after the release: {resident}");
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    drop(map);
+    d.mem_free(h).ctx("MEM_FREE")?;
+    Ok(())
+}
+
+/// Every refusal `ruvm.rst` gives for sparse mems and `MEM_RANGE`.
+fn sparse_refusals() -> TestResult {
+    let d = setup()?;
+    let fallback = uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
+    expect_errno(
+        d.mem_alloc(4 * CHUNK, CHUNK, SPARSE | fallback),
+        Errno::EINVAL,
+        "MEM_ALLOC sparse with FALLBACK",
+    )?;
+    let (pool, _) = d.pool_create(CHUNK, 0).ctx("POOL_CREATE")?;
+    let mut a = uapi::ruvm_mem_alloc {
+        size: CHUNK,
+        flags: SPARSE,
+        pool,
+        ..Default::default()
+    };
+    expect_errno(
+        d.call(cmd::MEM_ALLOC, &mut a),
+        Errno::EINVAL,
+        "MEM_ALLOC sparse from a pool",
+    )?;
+    d.pool_destroy(pool).ctx("POOL_DESTROY")?;
+    if let Ok(g) = super::shared::vidmem_gpu(&d) {
+        let mut a = uapi::ruvm_mem_alloc {
+            size: CHUNK,
+            flags: SPARSE,
+            backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+            gpu: g.id,
+            ..Default::default()
+        };
+        expect_errno(
+            d.call(cmd::MEM_ALLOC, &mut a),
+            Errno::EINVAL,
+            "MEM_ALLOC sparse vidmem",
+        )?;
+    }
+    let (h, map) = sparse(&d, 4)?;
+    let range = |offset: u64, length: u64, op: u32| uapi::ruvm_mem_range {
+        handle: h,
+        offset,
+        length,
+        op,
+        ..Default::default()
+    };
+    let populate = uapi::ruvm_range_op_RUVM_RANGE_POPULATE;
+    let mut bad = vec![
+        ("op 0", range(0, CHUNK, 0), Errno::EINVAL),
+        ("op 3", range(0, CHUNK, 3), Errno::EINVAL),
+        ("length 0", range(0, 0, populate), Errno::EINVAL),
+        (
+            "an offset inside a chunk",
+            range(1, CHUNK, populate),
+            Errno::EINVAL,
+        ),
+        (
+            "a length inside a chunk",
+            range(0, CHUNK + 1, populate),
+            Errno::EINVAL,
+        ),
+        (
+            "a range past the end",
+            range(3 * CHUNK, 2 * CHUNK, populate),
+            Errno::EINVAL,
+        ),
+        (
+            "an offset past the end",
+            range(4 * CHUNK, CHUNK, populate),
+            Errno::EINVAL,
+        ),
+        (
+            "offset + length overflowing",
+            range(u64::MAX - CHUNK + 1, 2 * CHUNK, populate),
+            Errno::EOVERFLOW,
+        ),
+        (
+            "a handle of no mem",
+            range(0, CHUNK, populate),
+            Errno::ENOENT,
+        ),
+    ];
+    if let Some(last) = bad.last_mut() {
+        last.1.handle = u64::MAX;
+    }
+    for (what, mut r, want) in bad {
+        expect_errno(
+            d.call(cmd::MEM_RANGE, &mut r),
+            want,
+            &format!("MEM_RANGE with {what}"),
+        )?;
+    }
+    let plain = d.mem_alloc(CHUNK, CHUNK, 0).ctx("MEM_ALLOC plain")?;
+    let mut r = range(0, CHUNK, populate);
+    r.handle = plain.handle;
+    expect_errno(
+        d.call(cmd::MEM_RANGE, &mut r),
+        Errno::EOPNOTSUPP,
+        "MEM_RANGE of a mem that is not sparse",
+    )?;
+    d.mem_free(plain.handle).ctx("MEM_FREE plain")?;
+    d.mem_range(h, 0, CHUNK, true).ctx("POPULATE 0")?;
+    expect_errno(
+        d.map_kernel(h),
+        Errno::EOPNOTSUPP,
+        "MAP_CPU_KERNEL of a sparse mem",
+    )?;
+    expect_errno(
+        d.mem_export_dmabuf(h).map(drop),
+        Errno::EOPNOTSUPP,
+        "MEM_EXPORT_DMABUF of a sparse mem",
+    )?;
+    if let Ok(g) = sim_gpu(&d) {
+        expect_errno(
+            d.mem_gpu_kernel(true, h, g),
+            Errno::EOPNOTSUPP,
+            "MAP_GPU_KERNEL of a sparse mem",
+        )?;
+    }
+    drop(map);
+    d.mem_free(h).ctx("MEM_FREE")?;
+    let mut r = range(0, CHUNK, populate);
+    expect_errno(
+        d.call(cmd::MEM_RANGE, &mut r),
+        Errno::ENOENT,
+        "MEM_RANGE of a freed mem",
+    )?;
+    Ok(())
+}
