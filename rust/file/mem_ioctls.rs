@@ -16,6 +16,17 @@ impl RuvmFile {
     /// `RUVM_IOCTL_MEM_ALLOC`.
     pub(super) fn mem_alloc(&self, file: &File, user: UserSlice) -> Result {
         let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_alloc>(user)?;
+        // A sparse mem is sysmem of no pool and one chunk size: refused before anything is
+        // looked up.
+        let sparse = args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE != 0;
+        let fallback = args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK != 0;
+        if sparse
+            && (args.backing != uapi::ruvm_backing_RUVM_BACKING_SYSMEM
+                || args.pool != 0
+                || fallback)
+        {
+            return Err(EINVAL);
+        }
         let gpu = match args.backing {
             uapi::ruvm_backing_RUVM_BACKING_SYSMEM if args.gpu == 0 => None,
             uapi::ruvm_backing_RUVM_BACKING_VIDMEM => Some(crate::gpu::get(args.gpu)?),
@@ -30,8 +41,8 @@ impl RuvmFile {
             size: args.size,
             page_size: args.page_size,
             zero: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO != 0,
-            fallback: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK != 0,
-            sparse: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE != 0,
+            fallback,
+            sparse,
             max_bytes: max_alloc_bytes(),
             pool,
         };

@@ -107,9 +107,11 @@ impl Mem {
         if req.sparse && (req.gpu.is_some() || req.pool.is_some() || req.fallback) {
             return Err(EINVAL);
         }
-        // A pool mem's charge comes from the pool, with its chunks.
+        // A pool mem's charge comes from the pool, with its chunks; a sparse mem's chunks are
+        // charged as they become resident, and the mem itself a page (what bounds how many a
+        // file may make, as for any mem).
         let charge = match &req.pool {
-            None if req.sparse => None,
+            None if req.sparse => Some(quota.charge(page)?),
             None => Some(quota.charge(layout.physical_size)?),
             Some(_) => None,
         };

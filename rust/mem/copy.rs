@@ -8,7 +8,7 @@ use kernel::{prelude::*, sync::Arc};
 
 use crate::gpu::{dma::GpuTable, GpuAccess, GpuDev};
 
-use super::{sparse::Held, storage::Storage, Mem, MemCore};
+use super::{sparse::Held, storage::Storage, Life, Mem, MemCore};
 
 /// How a plan reaches one mem on its GPU: through its DMA table, in the GPU's own memory
 /// (vidmem), or, for a sparse mem, through each chunk of the range, held with its table.
@@ -17,25 +17,27 @@ enum Reach {
     Vid,
     Chunks {
         first: usize,
-        held: KVec<(Held, Arc<GpuTable>)>,
+        held: KVVec<(Held, Arc<GpuTable>)>,
     },
 }
 
 impl Reach {
-    /// How `gpu`'s engine reaches `[offset, offset + len)` of `mem` (chunks of `chunk` bytes):
+    /// How `gpu`'s engine reaches `[offset, offset + len)` of `mem`:
     /// its DMA table for the GPU (`ENXIO` without one; a sparse mem: also for an absent
     /// chunk), or, for vidmem, the GPU's own memory (see [`super::storage::VidPages::check_gpu`]).
-    fn of(mem: &Mem, gpu: &GpuDev, offset: usize, len: usize, chunk: usize) -> Result<Self> {
+    fn of(mem: &Mem, gpu: &GpuDev, offset: usize, len: usize) -> Result<Self> {
         match &mem.storage {
             Storage::Sys(_) | Storage::Buf(_) => Ok(Reach::Table(mem.gpu_table(gpu.id)?)),
             Storage::Vid(v) => v.check_gpu(gpu).map(|()| Reach::Vid),
             Storage::Sparse => {
-                let first = offset / chunk;
-                let last = offset.checked_add(len.max(1) - 1).ok_or(EOVERFLOW)? / chunk;
                 let st = mem.state.lock();
                 let sp = st.sparse.as_ref().ok_or(EINVAL)?;
-                let mut held = KVec::with_capacity(last - first + 1, GFP_KERNEL_ACCOUNT)?;
-                for (i, h) in (first..=last).zip(sp.hold(first, last - first + 1)?) {
+                if st.life == Life::Freed {
+                    return Err(ENXIO);
+                }
+                let (first, chunks) = Mem::hold_range(sp, offset, len)?;
+                let mut held = KVVec::with_capacity(chunks.len(), GFP_KERNEL_ACCOUNT)?;
+                for (i, h) in (first..).zip(chunks) {
                     let _ = held.push_within_capacity((h, sp.table(gpu.id, i)?));
                 }
                 Ok(Reach::Chunks { first, held })
@@ -50,7 +52,8 @@ impl Reach {
             (Reach::Table(t), _) => t.addr(offset),
             (Reach::Vid, Storage::Vid(v)) => access.pmm()?.engine_addr(v.phys(offset, chunk)?),
             (Reach::Chunks { first, held }, _) => {
-                let (_, t) = held.get(offset / chunk - first).ok_or(EINVAL)?;
+                let i = (offset / chunk).checked_sub(*first).ok_or(EINVAL)?;
+                let (_, t) = held.get(i).ok_or(EINVAL)?;
                 t.addr(offset % chunk)
             }
             (Reach::Vid, _) => Err(ENXIO),
@@ -92,9 +95,10 @@ impl EngineCopy {
         let (dst_offset, len) = dst.range(dst_offset, len)?;
         let (src_offset, _) = src.range(src_offset, len as u64)?;
         // Both chunk sizes are checked here, so `piece` cannot fail on them.
-        let (dc, sc) = (dst.chunk_len()?, src.chunk_len()?);
-        let dst_reach = Reach::of(&dst, gpu, dst_offset, len, dc)?;
-        let src_reach = Reach::of(&src, gpu, src_offset, len, sc)?;
+        dst.chunk_len()?;
+        src.chunk_len()?;
+        let dst_reach = Reach::of(&dst, gpu, dst_offset, len)?;
+        let src_reach = Reach::of(&src, gpu, src_offset, len)?;
         if let Storage::Vid(v) = &dst.storage {
             v.may_be_written();
         }

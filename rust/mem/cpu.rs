@@ -83,7 +83,7 @@ enum FillTarget {
     Map(Arc<KernelMapping>),
     /// A sparse mem's chunks of the range, from chunk `first` on, of `chunk` bytes.
     Chunks {
-        held: KVec<Held>,
+        held: KVVec<Held>,
         first: usize,
         chunk: usize,
     },
@@ -100,18 +100,13 @@ impl CpuFill {
         let target = match mem.storage {
             Storage::Sparse => {
                 let chunk = mem.chunk_len()?;
-                let first = offset / chunk;
-                let last = offset.checked_add(len.max(1) - 1).ok_or(EOVERFLOW)? / chunk;
                 let st = mem.state.lock();
                 let sp = st.sparse.as_ref().ok_or(EINVAL)?;
                 if st.life == Life::Freed {
                     return Err(ENOENT);
                 }
-                FillTarget::Chunks {
-                    held: sp.hold(first, last - first + 1)?,
-                    first,
-                    chunk,
-                }
+                let (first, held) = Mem::hold_range(sp, offset, len)?;
+                FillTarget::Chunks { held, first, chunk }
             }
             _ => FillTarget::Map(mem.kmap()?),
         };
@@ -141,7 +136,8 @@ impl CpuFill {
                 let mut at = start;
                 while at < start + n {
                     let k = (start + n - at).min(chunk - at % chunk);
-                    let h = held.get(at / chunk - first).ok_or(EINVAL)?;
+                    let i = (at / chunk).checked_sub(*first).ok_or(EINVAL)?;
+                    let h = held.get(i).ok_or(EINVAL)?;
                     let base = at - at % chunk;
                     self.write(&mut h.pages().bytes(), at, k, base)?;
                     at += k;
@@ -462,7 +458,7 @@ impl VmaOwner for Mem {
             let st = self.state.lock();
             let chunk = Mem::sparse_fault(&st, index).ok_or(EFAULT)?;
             let per_chunk = chunk.page_count();
-            let first = index - index % per_chunk;
+            let first = index - index.checked_rem(per_chunk).ok_or(EFAULT)?;
             for i in 0..per_chunk {
                 vma.insert(first + i, &chunk.page(i).ok_or(EFAULT)?)?;
             }

@@ -36,7 +36,7 @@ use crate::{
 
 use super::{
     quota::{Charge, Quota},
-    storage::{stop_on_signal, sys_pages},
+    storage::{stop_on_signal, sys_pages, Storage},
     Life, Mem, MemState,
 };
 
@@ -131,8 +131,8 @@ impl Sparse {
     }
 
     /// Holds every chunk of `[first, first + count)`: `ENXIO` if one is absent.
-    pub(super) fn hold(&self, first: usize, count: usize) -> Result<KVec<Held>> {
-        let mut held = KVec::with_capacity(count, GFP_KERNEL_ACCOUNT)?;
+    pub(super) fn hold(&self, first: usize, count: usize) -> Result<KVVec<Held>> {
+        let mut held = KVVec::with_capacity(count, GFP_KERNEL_ACCOUNT)?;
         for i in first..first.checked_add(count).ok_or(EOVERFLOW)? {
             let piece = self.piece(i).ok_or(ENXIO)?.clone();
             piece.users.fetch_add(1, Relaxed);
@@ -211,8 +211,8 @@ pub(super) fn walk_tables(
 /// What a populate made before it could install it: the pieces by chunk index, and each GPU's
 /// tables of them (in the order of `gpus`).
 struct Made {
-    pieces: KVec<(usize, Arc<Piece>)>,
-    tables: KVec<(u32, KVec<Arc<GpuTable>>)>,
+    pieces: KVVec<(usize, Arc<Piece>)>,
+    tables: KVec<(u32, KVVec<Arc<GpuTable>>)>,
 }
 
 impl Mem {
@@ -221,6 +221,29 @@ impl Mem {
         st.sparse
             .as_mut()
             .ok_or_else(crate::bind::errno::eopnotsupp)
+    }
+
+    /// `EOPNOTSUPP` unless the mem is sparse (checked before its range).
+    fn is_sparse(&self) -> Result {
+        match self.storage {
+            Storage::Sparse => Ok(()),
+            _ => Err(crate::bind::errno::eopnotsupp()),
+        }
+    }
+
+    /// The chunks a plan of `[offset, offset + len)` (a copy, a fill) holds, from the first:
+    /// none for an empty range. `ENXIO` if one is absent.
+    pub(super) fn hold_range(
+        sp: &Sparse,
+        offset: usize,
+        len: usize,
+    ) -> Result<(usize, KVVec<Held>)> {
+        let first = offset / sp.chunk;
+        if len == 0 {
+            return Ok((first, KVVec::new()));
+        }
+        let last = offset.checked_add(len - 1).ok_or(EOVERFLOW)? / sp.chunk;
+        Ok((first, sp.hold(first, last - first + 1)?))
     }
 
     /// The chunk indices of `[offset, offset + length)`: `EINVAL` unless chunk-aligned, not
@@ -244,6 +267,7 @@ impl Mem {
     /// zeroed, charged to `quota`, DMA-mapped for each GPU the mem is mapped on. All or nothing.
     /// Returns the mem's resident bytes.
     pub(crate) fn populate(&self, quota: &Arc<Quota>, offset: u64, length: u64) -> Result<u64> {
+        self.is_sparse()?;
         let (first, count) = self.chunk_range(offset, length)?;
         // A GPU mapped meanwhile makes the tables made for the old set fall short: made again.
         for _ in 0..4 {
@@ -251,11 +275,12 @@ impl Mem {
                 let mut st = self.state.lock();
                 st.mappable()?;
                 let sp = Self::sparse_of(&mut st)?;
-                let mut absent = KVec::new();
-                for i in first..first + count {
-                    if sp.piece(i).is_none() {
-                        absent.push(i, GFP_KERNEL)?;
-                    }
+                let n = (first..first + count)
+                    .filter(|&i| sp.piece(i).is_none())
+                    .count();
+                let mut absent = KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+                for i in (first..first + count).filter(|&i| sp.piece(i).is_none()) {
+                    let _ = absent.push_within_capacity(i);
                 }
                 if absent.is_empty() {
                     return Ok(sp.resident_bytes());
@@ -284,7 +309,7 @@ impl Mem {
         order: u32,
     ) -> Result<Made> {
         let chunk = self.layout.chunk_size;
-        let mut pieces = KVec::with_capacity(absent.len(), GFP_KERNEL_ACCOUNT)?;
+        let mut pieces = KVVec::with_capacity(absent.len(), GFP_KERNEL_ACCOUNT)?;
         for &i in absent {
             stop_on_signal()?;
             let charge = quota.charge(chunk)?;
@@ -309,7 +334,7 @@ impl Mem {
         for &id in ids {
             let gpu: Arc<GpuDev> = crate::gpu::get(id)?;
             let access = gpu.access()?;
-            let mut per = KVec::with_capacity(pieces.len(), GFP_KERNEL_ACCOUNT)?;
+            let mut per = KVVec::with_capacity(pieces.len(), GFP_KERNEL_ACCOUNT)?;
             for (_, piece) in pieces.iter() {
                 let t = Arc::new(access.map(piece.pages.clone())?, GFP_KERNEL_ACCOUNT)?;
                 let _ = per.push_within_capacity(t);
@@ -339,11 +364,11 @@ impl Mem {
             drop(pieces);
             return if keepable { Ok(None) } else { Err(ENODEV) };
         }
-        let mut extra = KVec::new();
+        let mut extra = KVVec::new();
         for (n, (i, piece)) in pieces.into_iter().enumerate() {
             let slot = sp.slots.get_mut(i).ok_or(EINVAL)?;
             if slot.is_some() {
-                extra.push(piece, GFP_KERNEL).ok();
+                extra.push(piece, GFP_KERNEL_ACCOUNT).ok();
                 continue;
             }
             *slot = Some(piece);
@@ -390,8 +415,9 @@ impl Mem {
                 }
             }
             // Room first: nothing below fails once a piece is out.
-            let mut pieces = KVec::with_capacity(n, GFP_KERNEL)?;
-            let mut tables = KVec::with_capacity(n.saturating_mul(sp.gpus.len()), GFP_KERNEL)?;
+            let mut pieces = KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+            let n_tables = n.saturating_mul(sp.gpus.len());
+            let mut tables = KVVec::with_capacity(n_tables, GFP_KERNEL_ACCOUNT)?;
             for i in range {
                 let Some(piece) = sp.slots.get_mut(i).and_then(Option::take) else {
                     continue;

@@ -155,10 +155,10 @@ enum ruvm_alloc_flags {
 	 */
 	RUVM_ALLOC_FALLBACK = 1 << 1,
 	/*
-	 * A sparse mem: sysmem of no pool, made with every chunk absent (nothing allocated,
-	 * nothing charged but the mem itself). RUVM_IOCTL_MEM_RANGE populates ranges of it with
-	 * zeroed chunks and releases them again. Refused (EINVAL) with RUVM_ALLOC_FALLBACK, with
-	 * vidmem and with a pool. A sparse mem cannot be mapped in the CPU kernel, in a GPU VA
+	 * A sparse mem: sysmem of no pool, made with every chunk absent (no chunk allocated; one
+	 * page charged to the file's quota for the mem itself). RUVM_IOCTL_MEM_RANGE populates
+	 * ranges of it with zeroed chunks and releases them again. Refused (EINVAL, before the
+	 * GPU or pool is looked up) with RUVM_ALLOC_FALLBACK, with vidmem and with a pool. A sparse mem cannot be mapped in the CPU kernel, in a GPU VA
 	 * space, exported or shared as a dma-buf (EOPNOTSUPP); its chunks are DMA-mapped for a GPU
 	 * (RUVM_IOCTL_MEM_MAP_GPU) as they become resident. See struct ruvm_mem_range.
 	 */
@@ -236,9 +236,10 @@ enum ruvm_range_op {
  * a fill planned on any chunk of the range (queued on a stream, or running) still holds it;
  * synchronize the streams that use the range first. Absent chunks are skipped.
  *
- * Errors: ENOENT no such mem (or freed); EOPNOTSUPP a mem that is not sparse; EINVAL a bad
- * @op, @flags, a range not chunk-aligned, empty or outside the mem; EOVERFLOW
- * @offset + @length overflows.
+ * Errors: ENOENT no such mem (or freed); EINVAL a bad @op (after the mem is found), non-zero
+ * @flags or @reserved (before); EOPNOTSUPP a mem that is not sparse (before its range is
+ * checked); EOVERFLOW @offset + @length overflows; EINVAL a range not chunk-aligned, empty or
+ * outside the mem.
  *
  * @handle:   (in)  the mem, made with RUVM_ALLOC_SPARSE
  * @offset:   (in)  the range's first byte

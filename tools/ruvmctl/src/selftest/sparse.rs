@@ -35,6 +35,10 @@ pub fn cases() -> Vec<Case> {
             run: sparse_release_refused_under_queued_work,
         },
         Case {
+            name: "sparse_two_gpus_keep_chunks_apart",
+            run: sparse_two_gpus_keep_chunks_apart,
+        },
+        Case {
             name: "sparse_refusals",
             run: sparse_refusals,
         },
@@ -340,6 +344,65 @@ fn sparse_release_refused_under_queued_work() -> TestResult {
     Ok(())
 }
 
+/// 2 MiB chunks on two GPUs: a copy between two chunks held on one GPU's stream while the
+/// other GPU's stream fills a chunk populated meanwhile; the copy reads only its source.
+fn sparse_two_gpus_keep_chunks_apart() -> TestResult {
+    const M2: u64 = 2 << 20;
+    let d = setup()?;
+    let gpus = super::streams::sim_gpus(&d)?;
+    let (Some(ga), Some(gb)) = (gpus.first().map(|g| g.id), gpus.get(1).map(|g| g.id)) else {
+        return Err(Stop::Skip("needs two simulated GPUs (sim_gpus=2)".into()));
+    };
+    let tl = super::streams::sw_sync()?;
+    let a = d.mem_alloc(3 * M2, M2, SPARSE).ctx("MEM_ALLOC sparse")?;
+    let h = a.handle;
+    let q = d.mem_query(h).ctx("MEM_QUERY")?;
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    for g in [ga, gb] {
+        d.mem_gpu(true, h, g).ctx("MAP_GPU")?;
+    }
+    d.mem_range(h, 0, 2 * M2, true).ctx("POPULATE 0..2")?;
+    let fill = uapi::ruvm_mem_fill {
+        handle: h,
+        length: M2,
+        seed: 41,
+        ..Default::default()
+    };
+    d.mem_fill(false, fill).ctx("MEM_FILL chunk 0")?;
+    let sa = d.stream_create(ga).ctx("STREAM_CREATE")?.handle;
+    let sb = d.stream_create(gb).ctx("STREAM_CREATE")?.handle;
+    let fence = tl.create_fence(1, "hold").ctx("CREATE_FENCE")?;
+    d.stream_submit(
+        sa,
+        &[
+            op::wait_fd(fence.as_fd(), uapi::RUVM_WAIT_MAX_MS),
+            op::copy(h, M2, h, 0, M2),
+        ],
+    )
+    .ctx("A: wait, copy 0 -> 1")?;
+    d.mem_range(h, 2 * M2, M2, true).ctx("POPULATE 2")?;
+    d.stream_submit(sb, &[op::fill_byte(h, 2 * M2, M2, 0xee)])
+        .ctx("B: fill chunk 2")?;
+    d.stream_sync(sb, uapi::RUVM_WAIT_MAX_MS).ctx("sync B")?;
+    tl.inc(1).ctx("release A")?;
+    d.stream_sync(sa, uapi::RUVM_WAIT_MAX_MS).ctx("sync A")?;
+    let want = |o: u64| crate::pattern::byte_at(41, o);
+    let bad = (0..M2).filter(|&o| byte(&map, M2 + o) != want(o)).count();
+    let first = (0..M2).find(|&o| byte(&map, M2 + o) != want(o));
+    check!(
+        bad == 0,
+        "chunk 1: {bad} bytes are not chunk 0's, the first at {first:?}"
+    );
+    let bad2 = (0..M2).filter(|&o| byte(&map, 2 * M2 + o) != 0xee).count();
+    check!(bad2 == 0, "chunk 2: {bad2} bytes are not B's fill");
+    for s in [sa, sb] {
+        d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    }
+    drop(map);
+    d.mem_free(h).ctx("MEM_FREE")?;
+    Ok(())
+}
+
 /// Every refusal `ruvm.rst` gives for sparse mems and `MEM_RANGE`.
 fn sparse_refusals() -> TestResult {
     let d = setup()?;
@@ -362,6 +425,19 @@ fn sparse_refusals() -> TestResult {
         "MEM_ALLOC sparse from a pool",
     )?;
     d.pool_destroy(pool).ctx("POOL_DESTROY")?;
+    // Refused before the GPU is looked up.
+    let mut a = uapi::ruvm_mem_alloc {
+        size: CHUNK,
+        flags: SPARSE,
+        backing: uapi::ruvm_backing_RUVM_BACKING_VIDMEM,
+        gpu: 999,
+        ..Default::default()
+    };
+    expect_errno(
+        d.call(cmd::MEM_ALLOC, &mut a),
+        Errno::EINVAL,
+        "MEM_ALLOC sparse vidmem of no GPU",
+    )?;
     if let Ok(g) = super::shared::vidmem_gpu(&d) {
         let mut a = uapi::ruvm_mem_alloc {
             size: CHUNK,
@@ -431,14 +507,25 @@ fn sparse_refusals() -> TestResult {
         )?;
     }
     let plain = d.mem_alloc(CHUNK, CHUNK, 0).ctx("MEM_ALLOC plain")?;
-    let mut r = range(0, CHUNK, populate);
-    r.handle = plain.handle;
-    expect_errno(
-        d.call(cmd::MEM_RANGE, &mut r),
-        Errno::EOPNOTSUPP,
-        "MEM_RANGE of a mem that is not sparse",
-    )?;
+    // Not sparse comes before the range's checks.
+    for (offset, length) in [(0, CHUNK), (1, 0), (u64::MAX, 2)] {
+        let mut r = range(offset, length, populate);
+        r.handle = plain.handle;
+        expect_errno(
+            d.call(cmd::MEM_RANGE, &mut r),
+            Errno::EOPNOTSUPP,
+            &format!("MEM_RANGE of a mem that is not sparse, range {offset}+{length}"),
+        )?;
+    }
     d.mem_free(plain.handle).ctx("MEM_FREE plain")?;
+    // An empty fill holds no chunk: done, even over an absent one.
+    let empty = uapi::ruvm_mem_fill {
+        handle: h,
+        offset: 2 * CHUNK,
+        ..Default::default()
+    };
+    d.mem_fill(false, empty)
+        .ctx("MEM_FILL of 0 bytes at an absent chunk")?;
     d.mem_range(h, 0, CHUNK, true).ctx("POPULATE 0")?;
     expect_errno(
         d.map_kernel(h),
