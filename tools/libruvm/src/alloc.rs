@@ -6,9 +6,12 @@
 //! DMA-mapped once for the allocator's GPUs), and blocks of any size are carved out of them
 //! here. A hit on a block of the same stream or one ready for anyone makes no system call.
 //!
-//! - **Sizes.** A request is rounded up to [`ROUND`] bytes. Requests up to [`SMALL_MAX`] come
-//!   from 2 MiB segments of their own class, larger ones from segments of their rounded size
-//!   (whole 2 MiB units), so small blocks never fragment large segments.
+//! - **Sizes.** A request is rounded up to [`ROUND`] bytes. Where the module has sparse mems
+//!   (`RUVM_FEATURE_SPARSE`), every block comes from one large *arena*: a sparse mem whose
+//!   2 MiB chunks become resident (`RUVM_RANGE_POPULATE`) as blocks are carved over them
+//!   ([`arena`]). Otherwise requests up to [`SMALL_MAX`] come from 2 MiB segments of their own
+//!   class, larger ones from segments of their rounded size (whole 2 MiB units), so small
+//!   blocks never fragment large segments.
 //! - **Fit.** Best fit (the shortest free block that fits), split when the rest is worth
 //!   keeping ([`ROUND`] bytes for small blocks, 1 MiB for large ones); a freed block merges
 //!   with free neighbours of the same owner. A free first goes to a bin of its stream and
@@ -30,9 +33,12 @@
 //!   making the taker wait for the free's point (`allow_internal_dependencies`: a `RECORD` on
 //!   the freeing stream, a `WAIT_EVENT` on the taker). A stream's frees become everyone's
 //!   once it is synchronized through the allocator.
-//! - **Giving back.** [`Allocator::synchronize`] gives whole idle segments back to the kernel
-//!   while more than the release threshold is reserved (CUDA's default threshold, 0, keeps
-//!   nothing idle); [`Allocator::trim`] gives back down to a figure.
+//! - **Giving back.** [`Allocator::synchronize`] gives memory back to the kernel while more
+//!   than the release threshold is reserved (CUDA's default threshold, 0, keeps nothing idle):
+//!   an arena's resident chunks that lie wholly in free ready blocks (`RUVM_RANGE_RELEASE`; the
+//!   arena itself stays, holding nothing), and whole idle segments; [`Allocator::trim`] gives
+//!   back down to a figure. `reserved` counts what the kernel holds: whole segments, and
+//!   arenas' resident chunks.
 //!
 //! The kernel stays the authority for every byte: each segment is a mem of the file, counted,
 //! charged and audited as any other, and everything goes back when the allocator is dropped or
@@ -47,6 +53,7 @@
 //! synchronized are never reused, and what the allocator knows of streams and events it was
 //! not told are gone stays until it is dropped.
 
+mod arena;
 mod bins;
 mod block;
 mod fit;
@@ -60,6 +67,7 @@ use std::sync::{Mutex, MutexGuard};
 use nix::errno::Errno;
 
 use crate::{uapi, Ruvm, StatusPage};
+use arena::Arenas;
 use bins::Recent;
 pub use block::{Block, RawBlock, Stats};
 use fit::{Blocks, Found, Owner, Use};
@@ -140,6 +148,8 @@ struct Inner {
     status: Option<Option<StatusPage>>,
     /// The next allocation's generation.
     generation: u32,
+    /// Whether segments are arenas ([`arena`]).
+    arenas: Arenas,
 }
 
 /// A map keyed by handles: a multiply-xor hash (the keys are not chosen by an adversary of
@@ -189,6 +199,7 @@ impl<'d> Allocator<'d> {
                 stats: Stats::default(),
                 status: None,
                 generation: 0,
+                arenas: Arenas::Unknown,
             }),
         }
     }
@@ -211,7 +222,6 @@ impl<'d> Allocator<'d> {
         }
         let want = len.next_multiple_of(ROUND);
         let large = want > SMALL_MAX;
-        let min_split = if large { LARGE_SPLIT } else { ROUND };
         let mut g = self.lock();
         let inner = &mut *g;
         let generation = inner.next_generation();
@@ -263,12 +273,20 @@ impl<'d> Allocator<'d> {
                 Err(e) => return Err(e),
             },
         };
-        let got = inner.blocks(large).take(found, want, min_split, used);
-        let seg = inner
-            .segs
-            .get(found.seg as usize)
-            .and_then(Option::as_ref)
-            .ok_or(Errno::EINVAL)?;
+        // An arena's chunks the kernel will not give (its quota, the memory cgroup, the
+        // reserve limit): another stream's free taken behind a wait, as for a segment.
+        let (found, got) = match self.place(inner, large, found, want, used) {
+            Ok(got) => (found, got),
+            Err(e) if e == Errno::ENOMEM || e == Errno::ENOSPC => {
+                let Some(f) = self.take_behind_wait(inner, large, want, stream) else {
+                    return Err(e);
+                };
+                inner.stats.hits += 1;
+                (f, self.place(inner, large, f, want, used)?)
+            }
+            Err(e) => return Err(e),
+        };
+        let seg = inner.segment(found.seg)?;
         let block = Block {
             mem: seg.handle,
             offset: found.offset,
@@ -282,28 +300,23 @@ impl<'d> Allocator<'d> {
         Ok(block)
     }
 
-    /// A new segment for a request of `want` bytes: its one free block.
+    /// A new segment for a request of `want` bytes (an arena where the module has sparse
+    /// mems): its one free block.
     fn new_segment(&self, inner: &mut Inner, large: bool, want: u64) -> Result<Found, Errno> {
+        if let Some(f) = self.new_arena(inner, large, want)? {
+            return Ok(f);
+        }
         let seg_len = if large {
             want.next_multiple_of(SEGMENT_UNIT)
         } else {
             SEGMENT_UNIT
         };
-        let id = match inner.segs.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => inner.segs.len(),
-        };
-        let id32 = u32::try_from(id).map_err(|_| Errno::ENOMEM)?;
         let limit = self.cfg.reserve_limit.unwrap_or(u64::MAX);
         if inner.stats.reserved.saturating_add(seg_len) > limit {
             return Err(Errno::ENOMEM);
         }
         let seg = Segment::new(self.dev, seg_len, &self.cfg.gpus)?;
-        if id == inner.segs.len() {
-            inner.segs.push(Some(seg));
-        } else {
-            inner.segs[id] = Some(seg);
-        }
+        let id32 = inner.add_segment(seg)?;
         inner.blocks(large).add_segment(id32, seg_len);
         let s = &mut inner.stats;
         s.reserved += seg_len;
@@ -316,23 +329,19 @@ impl<'d> Allocator<'d> {
             .ok_or(Errno::ENOMEM)
     }
 
-    /// A free block `stream` may take with no wait: its own, one ready for anyone, or another
-    /// stream's under the event and opportunistic rules (the freeing streams' completed points
-    /// read from the status page, or with `STREAM_QUERY` where there is none). A rule whose
-    /// system call fails does not apply.
+    /// A free block `stream` may take with no wait, in this order: its own, another stream's
+    /// under the event rule, one ready for anyone, another stream's under the opportunistic
+    /// rule (the freeing streams' completed points read from the status page, or with
+    /// `STREAM_QUERY` where there is none). A rule whose system call fails does not apply.
     fn find(&self, inner: &mut Inner, large: bool, want: u64, stream: u64) -> Option<Found> {
         let me = Owner::Stream(stream);
         if let Some(f) = inner.blocks(large).best_fit(me, want) {
             return Some(f);
         }
-        if let Some(f) = inner.blocks(large).best_fit(Owner::Ready, want) {
-            return Some(f);
-        }
         let others = inner.blocks(large).stream_owners(me);
-        if others.is_empty() {
-            return None;
-        }
         let reuse = self.cfg.reuse;
+        // Another stream's free this one is ordered after, before a ready block: it is
+        // resident, where a ready block may be an arena's untouched rest.
         if reuse.follow_event_dependencies {
             for &s in &others {
                 let after = inner.points(stream).after.get(&s).copied().unwrap_or(0);
@@ -343,6 +352,12 @@ impl<'d> Allocator<'d> {
                     }
                 }
             }
+        }
+        if let Some(f) = inner.blocks(large).best_fit(Owner::Ready, want) {
+            return Some(f);
+        }
+        if others.is_empty() {
+            return None;
         }
         if reuse.allow_opportunistic {
             for &s in &others {
@@ -451,10 +466,10 @@ impl<'d> Allocator<'d> {
     /// segment whose release fails (its mem freed by hand) is gone from the allocator all the
     /// same; the first such error is returned after the rest are given back.
     fn give_back(&self, inner: &mut Inner, keep: u64) -> Result<u64, Errno> {
-        let mut given = 0;
         if inner.stats.reserved <= keep {
             return Ok(0);
         }
+        let mut given = self.release_free_chunks(inner, keep);
         let mut idle: Vec<(bool, u32, u64)> = Vec::new();
         for large in [false, true] {
             idle.extend(
@@ -471,11 +486,15 @@ impl<'d> Allocator<'d> {
             if inner.stats.reserved <= keep {
                 break;
             }
+            // An arena stays (its chunks went above): its reservation costs nothing.
+            if inner.segment(id).is_ok_and(Segment::is_arena) {
+                continue;
+            }
             if !inner.blocks(large).remove_segment(id) {
                 continue;
             }
             if let Some(seg) = inner.segs.get_mut(id as usize).and_then(Option::take) {
-                if let Err(e) = seg.release(self.dev) {
+                if let Err(e) = seg.release_all(self.dev) {
                     failed.get_or_insert(e);
                 }
             }
@@ -517,8 +536,38 @@ impl<'d> Allocator<'d> {
 }
 
 impl Inner {
+    /// Holds `seg` under a new id (a slot freed when its segment went is used again).
+    fn add_segment(&mut self, seg: Segment) -> Result<u32, Errno> {
+        let id = match self.segs.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => self.segs.len(),
+        };
+        let id32 = u32::try_from(id).map_err(|_| Errno::ENOMEM)?;
+        if id == self.segs.len() {
+            self.segs.push(Some(seg));
+        } else {
+            self.segs[id] = Some(seg);
+        }
+        Ok(id32)
+    }
+
+    fn segment(&self, id: u32) -> Result<&Segment, Errno> {
+        self.segs
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .ok_or(Errno::EINVAL)
+    }
+
+    fn segment_mut(&mut self, id: u32) -> Result<&mut Segment, Errno> {
+        self.segs
+            .get_mut(id as usize)
+            .and_then(Option::as_mut)
+            .ok_or(Errno::EINVAL)
+    }
+
+    /// The blocks of a class: with arenas, both classes are in one ([`arena`]).
     fn blocks(&mut self, large: bool) -> &mut Blocks {
-        if large {
+        if large && self.arenas == Arenas::No {
             &mut self.large
         } else {
             &mut self.small
@@ -549,7 +598,7 @@ impl Drop for Allocator<'_> {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
         for seg in inner.segs.drain(..).flatten() {
-            let _ = seg.release(self.dev);
+            let _ = seg.release_all(self.dev);
         }
         if let Some(e) = inner.event.take() {
             let _ = self.dev.event_destroy(e);

@@ -60,10 +60,11 @@ struct ruvm_block {
 	uint32_t pad;
 };
 
-/* struct ruvm_allocator_stats - reserved/allocated/requested now and at most, segments held,
- * hits, misses (a new segment), blocks taken from another stream's frees and waits inserted for
- * them, segments given back, free bytes in held segments and the longest free block, the
- * streams and events the allocator keeps points of (until released or forgotten). */
+/* struct ruvm_allocator_stats - reserved (what the kernel holds: whole segments, arenas'
+ * resident chunks)/allocated/requested now and at most, segments held, hits, misses (the
+ * kernel asked for memory), blocks taken from another stream's frees and waits inserted for
+ * them, give-backs, free bytes in held segments and the longest free block, the streams and
+ * events the allocator keeps points of (until released or forgotten). */
 struct ruvm_allocator_stats {
 	uint64_t reserved, reserved_peak;
 	uint64_t allocated, allocated_peak;

@@ -94,7 +94,8 @@ pub struct RawBlock {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Bytes of the segments held now.
+    /// Bytes the kernel holds for the allocator now: whole segments, and arenas' resident
+    /// chunks.
     pub reserved: u64,
     /// The most `reserved` has been (the footprint's high watermark).
     pub reserved_peak: u64,
@@ -106,17 +107,17 @@ pub struct Stats {
     pub requested: u64,
     /// The most `requested` has been (the peak of live bytes).
     pub requested_peak: u64,
-    /// Segments held now.
+    /// Segments (and arenas) held now.
     pub segments: u64,
     /// Allocations served from held segments.
     pub hits: u64,
-    /// Allocations that needed a new segment.
+    /// Allocations that asked the kernel for memory (a new segment, or an arena's chunks).
     pub misses: u64,
     /// Of the hits, blocks another stream freed.
     pub cross_stream: u64,
     /// Waits inserted to take them (`allow_internal_dependencies`).
     pub waits_inserted: u64,
-    /// Segments given back to the kernel.
+    /// Give-backs to the kernel (a whole segment, or a range of an arena's chunks).
     pub released: u64,
     /// Free bytes in the held segments.
     pub free: u64,

@@ -209,6 +209,15 @@ impl Blocks {
         bytes
     }
 
+    /// Every free ready block, as (segment, offset, length).
+    pub fn free_ready(&self) -> Vec<(u32, u64, u64)> {
+        self.free
+            .range((Owner::Ready, 0, 0, 0)..)
+            .take_while(|e| e.0 == Owner::Ready)
+            .map(|&(_, l, seg, off)| (seg, off, l))
+            .collect()
+    }
+
     /// Free bytes in all, and the longest free block (of any owner).
     pub fn free_bytes(&self) -> (u64, u64) {
         self.free
