@@ -104,6 +104,8 @@ _Static_assert(offsetof(struct ruvm_pmm_check_leak, free_after) == 40, "check_le
 _Static_assert(sizeof(struct ruvm_mem_fill) == 72, "struct ruvm_mem_fill size");
 _Static_assert(offsetof(struct ruvm_mem_fill, mismatches) == 40, "fill mismatches");
 _Static_assert(sizeof(struct ruvm_mem_copy) == 64, "struct ruvm_mem_copy size");
+_Static_assert(sizeof(struct ruvm_mem_range) == 56, "struct ruvm_mem_range size");
+_Static_assert(offsetof(struct ruvm_mem_range, resident) == 32, "mem_range resident");
 _Static_assert(sizeof(struct ruvm_test_plant) == 24, "struct ruvm_test_plant size");
 _Static_assert(offsetof(struct ruvm_test_plant, reserved) == 8, "test_plant reserved");
 _Static_assert(sizeof(struct ruvm_ptr_attrs) == 104, "struct ruvm_ptr_attrs size");

@@ -55,6 +55,32 @@ pub struct CopyArgs {
     pub src_offset: u64,
 }
 
+/// `ruvmctl mem ...`.
+#[derive(Subcommand)]
+pub enum MemAction {
+    /// Make every absent chunk of a range resident: zeroed, charged, DMA-mapped for the mem's
+    /// GPUs (RUVM_RANGE_POPULATE).
+    Populate(MemRange),
+    /// Give every resident chunk of a range back (RUVM_RANGE_RELEASE); refused while queued
+    /// work holds one.
+    Release(MemRange),
+}
+
+/// A range of a sparse mem.
+#[derive(Args)]
+pub struct MemRange {
+    pub handle: u64,
+    /// First byte, a multiple of the chunk size.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub offset: u64,
+    /// Bytes, a multiple of the chunk size (default: the mem's physical size from the offset
+    /// on).
+    #[arg(long, value_parser = parse_size)]
+    pub length: Option<u64>,
+    #[command(flatten)]
+    pub json: Json,
+}
+
 /// `ruvmctl gpu ...`.
 #[derive(Subcommand)]
 pub enum GpuAction {
@@ -479,6 +505,9 @@ pub enum Cmd {
         /// Fall back to smaller chunks if large ones cannot be had.
         #[arg(long)]
         fallback: bool,
+        /// A sparse mem: every chunk absent until `mem populate` (RUVM_ALLOC_SPARSE).
+        #[arg(long, conflicts_with_all = ["fallback", "vidmem", "pool"])]
+        sparse: bool,
         /// Take the chunks from this pool of the file (`pool create`); the chunk size is the
         /// pool's.
         #[arg(long, value_name = "POOL")]
@@ -494,6 +523,12 @@ pub enum Cmd {
     },
     /// Free a mem (RUVM_IOCTL_MEM_FREE).
     Free { handle: u64 },
+    /// Ranges of a sparse mem (`alloc --sparse`): made resident and given back
+    /// (RUVM_IOCTL_MEM_RANGE).
+    Mem {
+        #[command(subcommand)]
+        action: MemAction,
+    },
     /// A mem's export data (RUVM_IOCTL_MEM_EXPORT, cudaMemPoolExportPointer): its pool and 64
     /// bytes in hex, which `import` takes in another file that imported the pool.
     Export {

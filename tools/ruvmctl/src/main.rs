@@ -30,7 +30,8 @@ mod trace;
 mod units;
 
 use cli::{
-    AllocatorAction, Cli, Cmd, DmabufAction, EventAction, GpuAction, PoolAction, StreamAction,
+    AllocatorAction, Cli, Cmd, DmabufAction, EventAction, GpuAction, MemAction, PoolAction,
+    StreamAction,
 };
 use output::{emit, Done};
 
@@ -94,6 +95,7 @@ fn run(cli: Cli) -> Result<()> {
             vidmem,
             zero,
             fallback,
+            sparse,
             pool,
             json,
         } => {
@@ -103,10 +105,19 @@ fn run(cli: Cli) -> Result<()> {
                 vidmem,
                 zero,
                 fallback,
+                sparse,
                 pool,
                 own_fd: fd.is_none() && !json.json,
             };
             emit(&cmd::mem::alloc(&d()?, &spec)?, json.json)
+        }
+        Cmd::Mem { action } => {
+            let (populate, r) = match action {
+                MemAction::Populate(r) => (true, r),
+                MemAction::Release(r) => (false, r),
+            };
+            let json = r.json.json;
+            emit(&cmd::mem::range(&d()?, &r, populate)?, json)
         }
         Cmd::Pool { action } => match action {
             PoolAction::Create {

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::{arg, call};
 use crate::{
-    cli::{CopyArgs, Range},
+    cli::{CopyArgs, MemRange, Range},
     output::{Done, Report},
     pattern,
     units::show_size,
@@ -133,6 +133,8 @@ pub struct AllocSpec {
     pub vidmem: Option<u32>,
     pub zero: bool,
     pub fallback: bool,
+    /// A sparse mem.
+    pub sparse: bool,
     /// The pool to take the chunks from.
     pub pool: Option<u64>,
     /// The descriptor is this command's own: the mem goes when ruvmctl exits.
@@ -149,6 +151,9 @@ pub fn alloc(d: &Ruvm, s: &AllocSpec) -> Result<Mem> {
         if s.fallback {
             a.flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK;
         }
+        if s.sparse {
+            a.flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE;
+        }
         if let Some(gpu) = s.vidmem {
             a.backing = uapi::ruvm_backing_RUVM_BACKING_VIDMEM;
             a.gpu = gpu;
@@ -163,6 +168,53 @@ pub fn alloc(d: &Ruvm, s: &AllocSpec) -> Result<Mem> {
         m.note = Some("(freed when ruvmctl exits: pass --fd to keep mems across commands)");
     }
     Ok(m)
+}
+
+/// What `mem populate` and `mem release` did.
+#[derive(Serialize)]
+pub struct Resident {
+    pub handle: u64,
+    pub offset: u64,
+    pub length: u64,
+    /// The mem's resident bytes after the call.
+    pub resident: u64,
+    pub physical_size: u64,
+}
+
+impl Report for Resident {
+    fn render(&self) -> String {
+        format!(
+            "mem {}: {} of {} bytes resident",
+            self.handle, self.resident, self.physical_size
+        )
+    }
+}
+
+/// `mem populate` (`populate`) or `mem release` of a range of a sparse mem
+/// (`RUVM_IOCTL_MEM_RANGE`).
+pub fn range(d: &Ruvm, r: &MemRange, populate: bool) -> Result<Resident> {
+    let q = query_raw(d, r.handle)?;
+    let length = match r.length {
+        Some(l) => l,
+        None => q.physical_size.saturating_sub(r.offset),
+    };
+    let op = if populate {
+        uapi::ruvm_range_op_RUVM_RANGE_POPULATE
+    } else {
+        uapi::ruvm_range_op_RUVM_RANGE_RELEASE
+    };
+    let mut a = arg(|a: &mut uapi::ruvm_mem_range| {
+        (a.handle, a.offset, a.length, a.op) = (r.handle, r.offset, length, op);
+    });
+    call(d, cmd::MEM_RANGE, &mut a)?;
+    let resident = a.resident;
+    Ok(Resident {
+        handle: r.handle,
+        offset: r.offset,
+        length,
+        resident,
+        physical_size: q.physical_size,
+    })
 }
 
 /// A command that names one mem: free, map-kernel, unmap-kernel.

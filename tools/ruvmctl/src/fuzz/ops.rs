@@ -19,6 +19,7 @@ use super::{fences, oracle, Rng, Shared, GPU_IDS, PAGE_SIZES, SIZES};
 use crate::cmd::arg;
 
 mod ipc;
+mod sparse;
 mod streams;
 
 use Errno::*;
@@ -406,7 +407,7 @@ fn one(w: &World, rng: &mut Rng) {
         return;
     };
     let d = &*file;
-    match rng.below(38) {
+    match rng.below(40) {
         0..=2 => alloc(w, d, rng),
         3 => {
             let h = w.handle(rng);
@@ -517,6 +518,7 @@ fn one(w: &World, rng: &mut Rng) {
         28..=29 => pools(w, d, rng),
         30..=35 => streams::one(w, &file, rng),
         36 | 37 => ipc::one(w, d, rng),
+        38 | 39 => sparse::one(w, d, rng),
         _ => {
             // Vidmem, which has its own rules and allocator (its storage is the system's memory).
             if w.over_budget(d) {

@@ -278,6 +278,61 @@ fn fault_sweep_ioctls() -> TestResult {
             }),
         });
     }
+    // Sparse mems: made, populated on every present GPU, given back.
+    let sparse = uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE;
+    scenarios.push(Scenario {
+        name: "sparse alloc".into(),
+        op: Box::new(move || {
+            let a = d.mem_alloc(1 << 20, 64 << 10, sparse)?;
+            Ok(undo(move || free(a.handle)))
+        }),
+    });
+    let sp = d
+        .mem_alloc(1 << 20, 64 << 10, sparse)
+        .ctx("alloc sparse")?
+        .handle;
+    for g in &present {
+        d.mem_gpu(true, sp, g.id)
+            .ctx("map the sparse mem on a GPU")?;
+    }
+    scenarios.push(Scenario {
+        name: format!("sparse populate on {} GPUs", present.len()),
+        op: Box::new(move || {
+            d.mem_range(sp, 0, 256 << 10, true)?;
+            Ok(undo(move || {
+                d.mem_range(sp, 0, 256 << 10, false)
+                    .map(drop)
+                    .ctx("release")
+            }))
+        }),
+    });
+    scenarios.push(Scenario {
+        name: "sparse release".into(),
+        // The release's own failure (ENOMEM, nothing released) is what is swept; the chunks
+        // its populate made go with a second release (the injected failure is spent).
+        op: Box::new(move || {
+            d.mem_range(sp, 0, 256 << 10, true)?;
+            if let Err(e) = d.mem_range(sp, 0, 256 << 10, false) {
+                let _ = d.mem_range(sp, 0, 256 << 10, false);
+                return Err(e);
+            }
+            Ok(undo(|| Ok(())))
+        }),
+    });
+    if let Some(g) = present.first().map(|g| g.id) {
+        let sq = d
+            .mem_alloc(1 << 20, 64 << 10, sparse)
+            .ctx("alloc sparse")?
+            .handle;
+        d.mem_range(sq, 0, 192 << 10, true).ctx("populate")?;
+        scenarios.push(Scenario {
+            name: format!("sparse map GPU {g}"),
+            op: Box::new(move || {
+                d.mem_gpu(true, sq, g)?;
+                Ok(undo(move || d.mem_gpu(false, sq, g).ctx("unmap GPU")))
+            }),
+        });
+    }
     // Mappings of a mem made outside the sweep.
     let m = d.mem_alloc(1 << 20, 64 << 10, 0).ctx("alloc")?.handle;
     scenarios.push(Scenario {

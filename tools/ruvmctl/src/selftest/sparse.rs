@@ -39,6 +39,10 @@ pub fn cases() -> Vec<Case> {
             run: sparse_two_gpus_keep_chunks_apart,
         },
         Case {
+            name: "sparse_populate_bounded_by_the_memory_cgroup",
+            run: sparse_populate_bounded_by_the_memory_cgroup,
+        },
+        Case {
             name: "sparse_refusals",
             run: sparse_refusals,
         },
@@ -400,6 +404,68 @@ fn sparse_two_gpus_keep_chunks_apart() -> TestResult {
     }
     drop(map);
     d.mem_free(h).ctx("MEM_FREE")?;
+    Ok(())
+}
+
+/// An unprivileged process in a 32 MiB memory cgroup reserves a 256 MiB sparse mem (which
+/// costs it a slot a chunk, not the chunks) and cannot populate it beyond its group: the whole
+/// populate is refused (`ENOMEM`) and leaves nothing resident, a smaller one goes through and
+/// is charged to the group; everything goes back when the process exits.
+fn sparse_populate_bounded_by_the_memory_cgroup() -> TestResult {
+    use crate::cgroup::MemGroup;
+    const M: u64 = 1 << 20;
+    let d = setup()?;
+    if !MemGroup::available() {
+        return Err(Stop::Skip("no cgroup2 memory controller".into()));
+    }
+    let group = MemGroup::new("ruvm-sparse").ctx("make the cgroup")?;
+    group
+        .write("memory.max", &(32 * M).to_string())
+        .ctx("memory.max")?;
+    let before = live(&d)?;
+    let procs = group.dir.join("cgroup.procs");
+    let status = super::harness::in_child(|| {
+        if std::fs::write(&procs, std::process::id().to_string()).is_err() {
+            return 10;
+        }
+        let Ok(c) = Ruvm::open() else { return 11 };
+        let nobody = nix::unistd::Uid::from_raw(65534);
+        if nix::unistd::setgid(nix::unistd::Gid::from_raw(65534)).is_err()
+            || nix::unistd::setuid(nobody).is_err()
+        {
+            return 12;
+        }
+        let Ok(a) = c.mem_alloc(256 * M, 2 * M, SPARSE) else {
+            return 13;
+        };
+        if c.mem_range(a.handle, 0, 256 * M, true) != Err(Errno::ENOMEM) {
+            return 14;
+        }
+        // Nothing stayed: a release of everything finds nothing resident.
+        if c.mem_range(a.handle, 0, 256 * M, false) != Ok(0) {
+            return 15;
+        }
+        if c.mem_range(a.handle, 0, 8 * M, true) != Ok(8 * M) {
+            return 16;
+        }
+        let charged = std::fs::read_to_string(procs.with_file_name("memory.current"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if charged < 8 * M {
+            return 17;
+        }
+        0
+    })?;
+    check!(
+        matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+        "the unprivileged child in a 32 MiB group: {status:?} (13 the reservation refused, 14 a populate past the group not ENOMEM, 15 something left resident, 16 a populate within it refused, 17 not charged to the group)"
+    );
+    let after = live(&d)?;
+    check!(
+        after == before,
+        "audit after the child exited: {after:?}, wanted {before:?}"
+    );
     Ok(())
 }
 
