@@ -30,6 +30,7 @@ pub mod alloc;
 pub mod cmd;
 mod dev;
 pub mod dmabuf;
+pub mod heap;
 pub mod names;
 pub mod op;
 mod status;

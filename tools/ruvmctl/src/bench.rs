@@ -17,6 +17,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub mod cases;
+pub mod heap;
 mod held;
 pub mod ipc;
 pub mod report;
@@ -35,7 +36,7 @@ pub struct Spec {
 }
 
 /// The groups of cases, in the order they run.
-pub const GROUPS: [&str; 13] = [
+pub const GROUPS: [&str; 14] = [
     "g1",
     "g2",
     "g3",
@@ -49,6 +50,7 @@ pub const GROUPS: [&str; 13] = [
     "stream_alloc",
     "ipc",
     "ualloc",
+    "heap",
 ];
 
 /// One case: ruvm's way and the baseline's, sample by sample (nanoseconds, or bytes for the
@@ -165,11 +167,12 @@ pub fn command(spec: &Spec, groups: &[String], json: bool) -> Result<()> {
         max_size: spec.max_size,
         cases: Vec::new(),
     };
-    let more: [cases::CaseGroup; 4] = [
+    let more: [cases::CaseGroup; 5] = [
         streams::streams,
         stream_alloc::stream_alloc,
         ipc::ipc,
         ualloc::ualloc,
+        heap::heap,
     ];
     cases::run_all(&d, spec, groups, &more, &mut |c: Case| {
         eprintln!(

@@ -55,6 +55,30 @@ pub struct CopyArgs {
     pub src_offset: u64,
 }
 
+/// `ruvmctl heap ...`.
+#[derive(Subcommand)]
+pub enum HeapAction {
+    /// Replay a generated trace's mallocs and frees through a new pinned heap, then collect;
+    /// print its figures (time per pair, resident peak against the live peak, commits and
+    /// decommits, what is left after the collect).
+    Run {
+        /// The trace's class (`allocator trace` classes).
+        #[arg(long, value_enum, default_value = "training")]
+        class: crate::trace::Class,
+        /// Iterations after the warm-up.
+        #[arg(long, default_value = "20")]
+        iterations: u32,
+        /// DMA-map the heap for this GPU (repeat for more).
+        #[arg(long = "gpu", value_name = "GPU")]
+        gpus: Vec<u32>,
+        /// The arena's size.
+        #[arg(long, default_value = "256M", value_parser = parse_size)]
+        arena: u64,
+        #[command(flatten)]
+        json: Json,
+    },
+}
+
 /// `ruvmctl mem ...`.
 #[derive(Subcommand)]
 pub enum MemAction {
@@ -523,6 +547,12 @@ pub enum Cmd {
     },
     /// Free a mem (RUVM_IOCTL_MEM_FREE).
     Free { handle: u64 },
+    /// Pinned heaps (libruvm::heap): mimalloc arenas over sparse mems, malloc-speed pinned
+    /// memory given back when free.
+    Heap {
+        #[command(subcommand)]
+        action: HeapAction,
+    },
     /// Ranges of a sparse mem (`alloc --sparse`): made resident and given back
     /// (RUVM_IOCTL_MEM_RANGE).
     Mem {

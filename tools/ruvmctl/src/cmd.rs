@@ -11,6 +11,7 @@ pub mod audit;
 pub mod dmabuf;
 pub mod gpu;
 pub mod gpu_va;
+pub mod heap;
 pub mod info;
 pub mod mem;
 pub mod pool;

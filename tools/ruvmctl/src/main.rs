@@ -30,8 +30,8 @@ mod trace;
 mod units;
 
 use cli::{
-    AllocatorAction, Cli, Cmd, DmabufAction, EventAction, GpuAction, MemAction, PoolAction,
-    StreamAction,
+    AllocatorAction, Cli, Cmd, DmabufAction, EventAction, GpuAction, HeapAction, MemAction,
+    PoolAction, StreamAction,
 };
 use output::{emit, Done};
 
@@ -111,6 +111,18 @@ fn run(cli: Cli) -> Result<()> {
             };
             emit(&cmd::mem::alloc(&d()?, &spec)?, json.json)
         }
+        Cmd::Heap { action } => match action {
+            HeapAction::Run {
+                class,
+                iterations,
+                gpus,
+                arena,
+                json,
+            } => emit(
+                &cmd::heap::run(&d()?, class, iterations, &gpus, arena)?,
+                json.json,
+            ),
+        },
         Cmd::Mem { action } => {
             let (populate, r) = match action {
                 MemAction::Populate(r) => (true, r),

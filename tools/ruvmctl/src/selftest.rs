@@ -21,6 +21,7 @@ mod gpu;
 mod gpu_va;
 mod hardening;
 pub(crate) mod harness;
+mod heap;
 mod ipc;
 mod mem;
 mod pools;
@@ -48,6 +49,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(streams::cases());
     v.extend(stream_alloc::cases());
     v.extend(ualloc::cases());
+    v.extend(heap::cases());
     v.extend(ptr::cases());
     v.extend(ipc::cases());
     v.extend(dmabuf::cases());

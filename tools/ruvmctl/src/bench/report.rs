@@ -305,6 +305,20 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
         };
         rows.push(r);
     }
+    // Pinned heaps: small blocks within 1.5x glibc's malloc (mimalloc's own heap beside it,
+    // for information); the training trace at most 0.005 of fresh mems, its resident peak at
+    // most 1.1x the live peak.
+    for c in with_prefix("heap.") {
+        let (target, measure) = match c.id.as_str() {
+            "heap.small" => (Target::AtMost(1.5), "per pair / glibc"),
+            "heap.small.mimalloc" => (Target::Info, "per pair / glibc"),
+            "heap.training.footprint" => (Target::AtMost(1.1), "resident high / live peak"),
+            _ => (Target::AtMost(0.005), "per pair / fresh"),
+        };
+        let mut r = ratio_row("Pinned heap", c, target);
+        r.measure = measure.into();
+        rows.push(r);
+    }
     // IPC pools, against a bare ioctl: for information (CUDA on an H100 in the note).
     for c in with_prefix("ipc.") {
         let mut r = ratio_row("Sharing", c, Target::Info);

@@ -133,13 +133,13 @@ fn ticks() -> u64 {
 
 /// Sums the ticks of the timed calls; converts them to nanoseconds by the rate the clock ran
 /// at over the whole replay.
-struct Meter {
+pub(crate) struct Meter {
     ticks: u64,
     t0: (Instant, u64),
 }
 
 impl Meter {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             ticks: 0,
             t0: (Instant::now(), ticks()),
@@ -147,7 +147,7 @@ impl Meter {
     }
 
     /// Runs `f`, adding its ticks.
-    fn time<T>(&mut self, f: impl FnOnce() -> T) -> T {
+    pub(crate) fn time<T>(&mut self, f: impl FnOnce() -> T) -> T {
         let t = ticks();
         let r = f();
         self.ticks += ticks().wrapping_sub(t);
@@ -155,7 +155,7 @@ impl Meter {
     }
 
     /// Nanoseconds of the timed calls.
-    fn ns(&self) -> f64 {
+    pub(crate) fn ns(&self) -> f64 {
         let wall = self.t0.0.elapsed().as_nanos() as f64;
         let all = ticks().wrapping_sub(self.t0.1) as f64;
         if all > 0.0 {

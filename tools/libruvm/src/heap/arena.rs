@@ -1,0 +1,301 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A pinned heap's arena: a sparse mem mapped at an address mimalloc can manage, and the
+//! commit callback through which mimalloc makes its chunks resident and gives them back.
+
+use std::ffi::{c_int, c_void};
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use libmimalloc_sys as mi;
+use nix::errno::Errno;
+use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
+
+use super::HeapConfig;
+use crate::{alloc::runs, uapi, Ruvm};
+
+/// The arena's chunk size: mimalloc's slice (`mi_arena_min_alignment`), the unit it commits
+/// and decommits in.
+const CHUNK: u64 = 64 << 10;
+
+/// mimalloc's commit callback (`mi_commit_fun_t`).
+type CommitFn = unsafe extern "C" fn(bool, *mut c_void, usize, *mut bool, *mut c_void) -> bool;
+
+extern "C" {
+    /// mimalloc v3's `mi_manage_memory` (not wrapped by libmimalloc-sys): `start..start+size`
+    /// becomes an arena whose commits and decommits go through `commit_fun`.
+    fn mi_manage_memory(
+        start: *mut c_void,
+        size: usize,
+        is_committed: bool,
+        is_pinned: bool,
+        is_zero: bool,
+        numa_node: c_int,
+        exclusive: bool,
+        commit_fun: Option<CommitFn>,
+        commit_fun_arg: *mut c_void,
+        arena_id: *mut mi::mi_arena_id_t,
+    ) -> bool;
+
+    /// The alignment mimalloc wants of an arena's start (its slice, 64 KiB).
+    fn mi_arena_min_alignment() -> usize;
+}
+
+/// Every arena of the process, for [`locate`].
+static ARENAS: Mutex<Vec<&'static Arena>> = Mutex::new(Vec::new());
+
+/// The mem and offset of `p`, if it is in a pinned heap's arena of this process (no system
+/// call).
+pub fn locate(p: *const u8) -> Option<(u64, u64)> {
+    let arenas = ARENAS.lock().unwrap_or_else(|e| e.into_inner());
+    arenas.iter().find_map(|a| a.locate(p))
+}
+
+struct Residency {
+    chunks: Vec<bool>,
+    bytes: u64,
+    peak: u64,
+    decommits: u64,
+}
+
+pub(super) struct Arena {
+    /// The arena's own descriptor of the device (the mem lives as long as it).
+    dev: Ruvm,
+    handle: u64,
+    base: usize,
+    len: u64,
+    /// mimalloc's id of the arena, set once it manages it.
+    id: AtomicUsize,
+    state: Mutex<Residency>,
+    commits: AtomicU64,
+}
+
+impl Arena {
+    /// A new arena of file `dev`, managed by mimalloc: lives for the process.
+    pub(super) fn new(dev: &Ruvm, cfg: &HeapConfig) -> Result<&'static Self, Errno> {
+        let own = dev
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|_| Errno::EMFILE)?;
+        let dev = Ruvm::from_owned_fd(own).map_err(|_| Errno::EBADF)?;
+        // SAFETY: plain queries of mimalloc's constants.
+        let (align, min) = unsafe { (mi_arena_min_alignment(), mi::mi_arena_min_size()) };
+        let (align, min) = (align as u64, min as u64);
+        let mut len = cfg.arena_size.max(min).next_multiple_of(min);
+        let sparse = uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE;
+        let a = loop {
+            match dev.mem_alloc(len, CHUNK, sparse) {
+                Ok(a) => break a,
+                // Beyond the module's largest mem: a smaller arena.
+                Err(Errno::ENOSPC | Errno::ENOMEM) if len / 2 >= min => {
+                    len = (len / 2).next_multiple_of(min);
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let made = (|| {
+            for &g in &cfg.gpus {
+                dev.mem_gpu(true, a.handle, g)?;
+            }
+            map_aligned(&dev, a.mmap_offset, len, align)
+        })();
+        let base = match made {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = dev.mem_free(a.handle);
+                return Err(e);
+            }
+        };
+        let chunks = usize::try_from(len / CHUNK).map_err(|_| Errno::ENOMEM)?;
+        let arena: &'static Self = Box::leak(Box::new(Self {
+            dev,
+            handle: a.handle,
+            base,
+            len,
+            id: AtomicUsize::new(0),
+            state: Mutex::new(Residency {
+                chunks: vec![false; chunks],
+                bytes: 0,
+                peak: 0,
+                decommits: 0,
+            }),
+            commits: AtomicU64::new(0),
+        }));
+        let mut id: mi::mi_arena_id_t = std::ptr::null_mut();
+        // SAFETY: the range is this arena's mapping, aligned and sized for mimalloc, used by
+        // nothing else; the callback's argument is the arena, which lives for the process.
+        let ok = unsafe {
+            mi_manage_memory(
+                base as *mut c_void,
+                len as usize,
+                false,
+                false,
+                true,
+                -1,
+                true,
+                Some(commit),
+                (arena as *const Self).cast_mut().cast(),
+                &mut id,
+            )
+        };
+        if !ok {
+            // mimalloc kept nothing of it: the arena goes (its callback may have run for the
+            // metadata, which goes with the mem).
+            if let Some(p) = std::ptr::NonNull::new(base as *mut c_void) {
+                // SAFETY: the mapping made above, unused from here.
+                let _ = unsafe { munmap(p, len as usize) };
+            }
+            let _ = arena.dev.mem_free(arena.handle);
+            return Err(Errno::ENOMEM);
+        }
+        arena.id.store(id as usize, Relaxed);
+        ARENAS.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+        Ok(arena)
+    }
+
+    pub(super) fn id(&self) -> mi::mi_arena_id_t {
+        self.id.load(Relaxed) as mi::mi_arena_id_t
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// How many commits mimalloc asked for so far.
+    pub(super) fn commits(&self) -> u64 {
+        self.commits.load(Relaxed)
+    }
+
+    /// Resident bytes, their peak, commits and decommits.
+    pub(super) fn counts(&self) -> (u64, u64, u64, u64) {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        (s.bytes, s.peak, self.commits(), s.decommits)
+    }
+
+    /// The resident peak restarts from now.
+    pub(super) fn reset_peak(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.peak = s.bytes;
+    }
+
+    /// The mem and offset of `p`, if it is in the arena.
+    pub(super) fn locate(&self, p: *const u8) -> Option<(u64, u64)> {
+        let o = (p as usize).checked_sub(self.base)? as u64;
+        (o < self.len).then_some((self.handle, o))
+    }
+
+    /// mimalloc commits (`on`) or decommits `[start, start + size)`: the chunks it touches
+    /// made resident (`is_zero` set, where mimalloc asks, only if every one was absent), or
+    /// the chunks wholly inside it given back (false if the kernel kept one: work queued on
+    /// it).
+    fn commit_range(&self, on: bool, start: usize, size: usize, is_zero: *mut bool) -> bool {
+        let Some(off) = start.checked_sub(self.base).map(|o| o as u64) else {
+            return false;
+        };
+        let end = off.saturating_add(size as u64).min(self.len);
+        let (first, last) = if on {
+            (off / CHUNK, end.div_ceil(CHUNK))
+        } else {
+            (off.div_ceil(CHUNK), end / CHUNK)
+        };
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let want = !on;
+        let runs = runs(first..last, |c| s.chunks.get(c as usize) == Some(&want));
+        let mut ok = true;
+        let mut all_new = true;
+        if on {
+            all_new = (first..last).all(|c| s.chunks.get(c as usize) == Some(&false));
+            self.commits.fetch_add(1, Relaxed);
+        } else {
+            s.decommits += 1;
+        }
+        for (c, n) in runs {
+            if self
+                .dev
+                .mem_range(self.handle, c * CHUNK, n * CHUNK, on)
+                .is_err()
+            {
+                ok = false;
+                continue;
+            }
+            for b in s.chunks.iter_mut().skip(c as usize).take(n as usize) {
+                *b = on;
+            }
+            if on {
+                s.bytes += n * CHUNK;
+            } else {
+                s.bytes -= n * CHUNK;
+            }
+        }
+        s.peak = s.peak.max(s.bytes);
+        if on && !is_zero.is_null() {
+            // SAFETY: mimalloc passes a valid flag or null.
+            unsafe { *is_zero = ok && all_new };
+        }
+        ok
+    }
+}
+
+/// mimalloc's commit callback: `arg` is the arena.
+unsafe extern "C" fn commit(
+    on: bool,
+    start: *mut c_void,
+    size: usize,
+    is_zero: *mut bool,
+    arg: *mut c_void,
+) -> bool {
+    // SAFETY: `arg` is the `&'static Arena` given to `mi_manage_memory`.
+    let arena = unsafe { &*arg.cast::<Arena>() };
+    arena.commit_range(on, start as usize, size, is_zero)
+}
+
+/// Maps `len` bytes of the device at `offset` at an address aligned to `align`: a `PROT_NONE`
+/// reservation of `len + align` bytes, the mapping placed over its aligned part, the rest
+/// unmapped. Returns the address.
+fn map_aligned(dev: &Ruvm, offset: u64, len: u64, align: u64) -> Result<usize, Errno> {
+    let len = usize::try_from(len).map_err(|_| Errno::ENOMEM)?;
+    let align = usize::try_from(align).map_err(|_| Errno::EINVAL)?;
+    let total = len.checked_add(align).ok_or(Errno::ENOMEM)?;
+    let nz = NonZeroUsize::new(total).ok_or(Errno::EINVAL)?;
+    // SAFETY: a new reservation at an address the kernel chooses aliases nothing.
+    let r = unsafe {
+        mmap_anonymous(
+            None,
+            nz,
+            ProtFlags::PROT_NONE,
+            MapFlags::MAP_PRIVATE | MapFlags::MAP_NORESERVE,
+        )
+    }?;
+    let start = r.as_ptr() as usize;
+    let base = start.next_multiple_of(align);
+    let off = i64::try_from(offset).map_err(|_| Errno::EOVERFLOW)?;
+    let at = NonZeroUsize::new(base).ok_or(Errno::EINVAL)?;
+    let n = NonZeroUsize::new(len).ok_or(Errno::EINVAL)?;
+    // SAFETY: `[base, base + len)` is inside the reservation just made, which nothing uses.
+    let placed = unsafe {
+        mmap(
+            Some(at),
+            n,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
+            dev.as_fd(),
+            off,
+        )
+    };
+    let unmap = |from: usize, to: usize| {
+        if to > from {
+            if let Some(p) = std::ptr::NonNull::new(from as *mut c_void) {
+                // SAFETY: a part of the reservation not used by the mapping.
+                let _ = unsafe { munmap(p, to - from) };
+            }
+        }
+    };
+    if let Err(e) = placed {
+        unmap(start, start + total);
+        return Err(e);
+    }
+    unmap(start, base);
+    unmap(base + len, start + total);
+    Ok(base)
+}

@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! `ruvmctl heap run`: a pinned heap (`libruvm::heap`) exercised on a trace and inspected, and
+//! the replays the `heap` bench group times: a trace through a pinned heap, through fresh
+//! mems, and a trace of small blocks through glibc's `malloc` and mimalloc's own heap.
+
+use std::collections::HashMap;
+
+use anyhow::{anyhow, Context, Result};
+use libruvm::heap::{HeapConfig, HeapStats, PinnedHeap};
+use libruvm::Ruvm;
+use serde::Serialize;
+
+use super::allocator::Meter;
+use crate::output::Report;
+use crate::trace::{Event, Trace};
+
+/// `trace`'s allocations and frees (nothing else: pinned host memory, freed in program
+/// order) through a pinned heap DMA-mapped for `gpus`, its calls timed; the heap's figures at
+/// the end, before and after a collect.
+pub fn replay_heap(
+    d: &Ruvm,
+    gpus: &[u32],
+    trace: &Trace,
+    arena_size: u64,
+) -> Result<(f64, HeapStats, HeapStats)> {
+    let heap = PinnedHeap::new(
+        d,
+        &HeapConfig {
+            gpus: gpus.to_vec(),
+            arena_size,
+        },
+    )
+    .context("a pinned heap")?;
+    let mut live: HashMap<u32, *mut u8> = HashMap::new();
+    let mut ns = Meter::new();
+    let mut allocs = 0u64;
+    let r = (|| -> Result<()> {
+        for e in &trace.events {
+            match *e {
+                Event::Alloc { id, size, .. } => {
+                    let n = usize::try_from(size)?;
+                    let p = ns.time(|| heap.malloc(n));
+                    if p.is_null() {
+                        return Err(anyhow!("the heap's malloc({n}) returned null"));
+                    }
+                    // Touched, as a program would: the first byte of each page it gets.
+                    for o in (0..n).step_by(4096) {
+                        // SAFETY: inside the block just made.
+                        unsafe { p.add(o).write_volatile(1) };
+                    }
+                    live.insert(id, p);
+                    allocs += 1;
+                }
+                Event::Free { id, .. } => {
+                    let p = live.remove(&id).ok_or_else(|| anyhow!("free of {id}"))?;
+                    // SAFETY: a live block of the heap, not used after.
+                    ns.time(|| unsafe { heap.free(p) });
+                }
+                Event::Mark => {
+                    ns = Meter::new();
+                    allocs = 0;
+                    heap.reset_peaks();
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    })();
+    for (_, p) in live {
+        // SAFETY: live blocks, not used after.
+        unsafe { heap.free(p) };
+    }
+    r?;
+    let held = heap.stats();
+    heap.collect();
+    Ok((ns.ns() / allocs.max(1) as f64, held, heap.stats()))
+}
+
+/// A trace of small blocks (8 B to 64 KiB, log-uniform): `ops` allocations, each block freed
+/// once 256 more were made, from `seed`.
+pub fn small_trace(ops: usize, seed: u64) -> Vec<(usize, usize)> {
+    let mut x = seed | 1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..ops)
+        .map(|_| {
+            let shift = 3 + next() % 14;
+            let n = (1usize << shift) + (next() as usize & ((1 << shift) - 1));
+            (n.min(64 << 10), 256)
+        })
+        .collect()
+}
+
+/// Nanoseconds per malloc + free pair of `trace` through `malloc` and `free`.
+pub fn time_small(
+    trace: &[(usize, usize)],
+    malloc: &dyn Fn(usize) -> *mut u8,
+    free: &dyn Fn(*mut u8),
+) -> Result<f64> {
+    let mut ns = Meter::new();
+    let mut window: std::collections::VecDeque<*mut u8> = std::collections::VecDeque::new();
+    for &(n, keep) in trace {
+        let p = ns.time(|| malloc(n));
+        if p.is_null() {
+            return Err(anyhow!("malloc({n}) returned null"));
+        }
+        // SAFETY: the block's first byte.
+        unsafe { p.write_volatile(1) };
+        window.push_back(p);
+        if window.len() > keep {
+            if let Some(q) = window.pop_front() {
+                ns.time(|| free(q));
+            }
+        }
+    }
+    for q in window {
+        ns.time(|| free(q));
+    }
+    Ok(ns.ns() / trace.len().max(1) as f64)
+}
+
+/// A heap's figures, as `heap run --json` prints them (`libruvm::heap::HeapStats`).
+#[derive(Serialize)]
+pub struct Figures {
+    pub reserved: u64,
+    pub reserved_peak: u64,
+    pub in_use: u64,
+    pub in_use_peak: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub hits: u64,
+    pub commits: u64,
+    pub decommits: u64,
+    pub arena_size: u64,
+}
+
+impl From<HeapStats> for Figures {
+    fn from(s: HeapStats) -> Self {
+        Self {
+            reserved: s.reserved,
+            reserved_peak: s.reserved_peak,
+            in_use: s.in_use,
+            in_use_peak: s.in_use_peak,
+            allocs: s.allocs,
+            frees: s.frees,
+            hits: s.hits,
+            commits: s.commits,
+            decommits: s.decommits,
+            arena_size: s.arena_size,
+        }
+    }
+}
+
+/// What `heap run` shows.
+#[derive(Serialize)]
+pub struct HeapRun {
+    pub class: String,
+    pub allocs: u64,
+    pub ns_per_pair: f64,
+    /// The heap's figures with the trace's last blocks freed, before the collect.
+    pub held: Figures,
+    /// After the collect: what the kernel still holds of the arena.
+    pub collected: Figures,
+    pub peak_live: u64,
+}
+
+impl Report for HeapRun {
+    fn render(&self) -> String {
+        let s = &self.held;
+        format!(
+            "{} trace, {} allocations through a pinned heap: {:.0} ns per malloc + free pair\n\
+             arena {} bytes; resident peak {} bytes for a live peak of {} ({:.3}x); \
+             {} hits, {} commits, {} decommits\n\
+             after a collect: {} bytes resident",
+            self.class,
+            self.allocs,
+            self.ns_per_pair,
+            s.arena_size,
+            s.reserved_peak,
+            self.peak_live,
+            s.reserved_peak as f64 / self.peak_live.max(1) as f64,
+            s.hits,
+            s.commits,
+            self.collected.decommits,
+            self.collected.reserved
+        )
+    }
+}
+
+/// `ruvmctl heap run`.
+pub fn run(
+    d: &Ruvm,
+    class: crate::trace::Class,
+    iterations: u32,
+    gpus: &[u32],
+    arena_size: u64,
+) -> Result<HeapRun> {
+    let trace = crate::trace::generate(class, iterations, 1);
+    let (ns, held, collected) = replay_heap(d, gpus, &trace, arena_size)?;
+    Ok(HeapRun {
+        class: format!("{class:?}").to_lowercase(),
+        allocs: held.allocs,
+        ns_per_pair: ns,
+        held: held.into(),
+        collected: collected.into(),
+        peak_live: trace.peak_live,
+    })
+}

@@ -1,0 +1,347 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Pinned heaps (`libruvm::heap`): mimalloc arenas over sparse mems. Bytes written through a
+//! heap pointer are read by a simulated GPU's copy engine through the mem and offset the heap
+//! reports, and the reverse; blocks go between threads; a collect gives the chunks back to the
+//! kernel (the audit and the heap's figures agree) and a calloc after it reads zero. Every case
+//! skips without `RUVM_FEATURE_SPARSE`.
+
+use libruvm::heap::{locate, HeapConfig, PinnedHeap};
+use libruvm::{uapi, Errno, Ruvm, UserMap};
+
+use super::harness::{check, Case, Context, Stop, TestResult};
+use super::shared::{live, sim_gpu};
+use crate::pattern;
+
+const K: usize = 1024;
+const M: usize = 1 << 20;
+const BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_BYTES as usize;
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "heap_every_size_holds_engine_bytes",
+            run: heap_every_size_holds_engine_bytes,
+        },
+        Case {
+            name: "heap_blocks_cross_threads",
+            run: heap_blocks_cross_threads,
+        },
+        Case {
+            name: "heap_collect_gives_chunks_back",
+            run: heap_collect_gives_chunks_back,
+        },
+        Case {
+            name: "heap_realloc_keeps_bytes_across_classes",
+            run: heap_realloc_keeps_bytes_across_classes,
+        },
+        Case {
+            name: "heap_refusals",
+            run: heap_refusals,
+        },
+    ]
+}
+
+/// The device and a heap of `gpus`, or a skip without sparse mems.
+fn setup(gpus: Vec<u32>, arena_size: u64) -> Result<(Ruvm, PinnedHeap), Stop> {
+    let d = Ruvm::open().ctx("open")?;
+    let info = d.info().ctx("INFO")?;
+    if info.features & u64::from(uapi::RUVM_FEATURE_SPARSE) == 0 {
+        return Err(Stop::Skip("no RUVM_FEATURE_SPARSE".into()));
+    }
+    let h = PinnedHeap::new(&d, &HeapConfig { gpus, arena_size }).ctx("PinnedHeap::new")?;
+    Ok((d, h))
+}
+
+fn write(p: *mut u8, len: usize, seed: u64) {
+    for i in 0..len {
+        // SAFETY: `p` is a live block of at least `len` bytes.
+        unsafe { p.add(i).write_volatile(pattern::byte_at(seed, i as u64)) };
+    }
+}
+
+fn mismatches(p: *const u8, len: usize, seed: u64) -> usize {
+    (0..len)
+        // SAFETY: as in `write`.
+        .filter(|&i| unsafe { p.add(i).read_volatile() } != pattern::byte_at(seed, i as u64))
+        .count()
+}
+
+/// Blocks of 1 byte to 48 MiB (beyond mimalloc's largest small, medium and large objects):
+/// the pattern written through the pointer is what a simulated GPU's engine copies out of the
+/// mem and offset the heap reports (read through another mem's user mapping), and what the
+/// engine copies in is what the pointer reads.
+fn heap_every_size_holds_engine_bytes() -> TestResult {
+    let d0 = Ruvm::open().ctx("open")?;
+    let g = sim_gpu(&d0)?;
+    let (d, heap) = setup(vec![g], 128 << 20)?;
+    let sizes = [
+        1,
+        7,
+        8,
+        100,
+        1000,
+        4 * K,
+        9 * K,
+        64 * K,
+        300 * K,
+        M,
+        5 * M,
+        48 * M,
+    ];
+    let other = d.mem_alloc(48 << 20, 2 << 20, 0).ctx("MEM_ALLOC")?;
+    d.mem_gpu(true, other.handle, g).ctx("MAP_GPU")?;
+    let q = d.mem_query(other.handle).ctx("MEM_QUERY")?;
+    let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+    for (k, &n) in sizes.iter().enumerate() {
+        let seed = 100 + k as u64;
+        let p = heap.malloc(n);
+        check!(!p.is_null(), "malloc({n}) of a 128 MiB heap returned null");
+        let Some((mem, off)) = heap.locate(p) else {
+            return Err(Stop::Fail(format!(
+                "a block of {n} bytes is not in its heap"
+            )));
+        };
+        check!(
+            locate(p) == Some((mem, off)),
+            "the global lookup disagrees with the heap's"
+        );
+        // The whole block up to 4 MiB; of a larger one its first 2 MiB and its last (the
+        // engine is slow under KASAN).
+        let windows = if n <= 4 * M {
+            vec![(0, n)]
+        } else {
+            vec![(0, 2 * M), (n - 2 * M, 2 * M)]
+        };
+        for (at, len) in windows {
+            let (at64, len64) = (at as u64, len as u64);
+            write(p.wrapping_add(at), len, seed);
+            d.ce_copy(g, other.handle, at64, mem, off + at64, len64)
+                .ctx("CE_COPY out of the heap")?;
+            let theirs = map.as_ptr().wrapping_add(at);
+            let ours = p.wrapping_add(at);
+            // SAFETY: both inside their mappings (the block, the other mem) for `len` bytes.
+            let differ =
+                |i: usize| unsafe { theirs.add(i).read_volatile() != ours.add(i).read_volatile() };
+            let bad = (0..len).filter(|&i| differ(i)).count();
+            check!(
+                bad == 0,
+                "{n} bytes: the engine read {bad} bytes of [{at}, +{len}) not the pointer's"
+            );
+            // The reverse: other bytes, copied in.
+            write(theirs, len, seed + 1000);
+            d.ce_copy(g, mem, off + at64, other.handle, at64, len64)
+                .ctx("CE_COPY into the heap")?;
+            let bad = mismatches(ours, len, seed + 1000);
+            check!(
+                bad == 0,
+                "{n} bytes: the pointer reads {bad} bytes of [{at}, +{len}) the engine did not write"
+            );
+        }
+        // SAFETY: the block is live and not used after.
+        unsafe { heap.free(p) };
+    }
+    let s = heap.stats();
+    check!(
+        s.allocs == sizes.len() as u64 && s.frees == s.allocs && s.in_use == 0,
+        "heap figures after every block went: {s:?}"
+    );
+    drop(map);
+    d.mem_free(other.handle).ctx("MEM_FREE")?;
+    Ok(())
+}
+
+/// Four threads allocate blocks of 8 bytes to 64 KiB, write them and hand half to the next
+/// thread, which checks and frees them.
+fn heap_blocks_cross_threads() -> TestResult {
+    use std::sync::mpsc;
+    let (_d, heap) = setup(Vec::new(), 64 << 20)?;
+    let heap = &heap;
+    const THREADS: usize = 4;
+    const BLOCKS: usize = 1500;
+    let (txs, rxs): (Vec<_>, Vec<_>) = (0..THREADS)
+        .map(|_| mpsc::channel::<(usize, usize, u64)>())
+        .unzip();
+    let bad = std::thread::scope(|sc| {
+        let mut joins = Vec::new();
+        for (t, rx) in rxs.into_iter().enumerate() {
+            let next = txs[(t + 1) % THREADS].clone();
+            joins.push(sc.spawn(move || {
+                let mut bad = 0usize;
+                let mut mine = Vec::new();
+                for i in 0..BLOCKS {
+                    let n = 8 << ((i * 7 + t) % 14);
+                    let seed = (t * BLOCKS + i) as u64;
+                    let p = heap.malloc(n);
+                    if p.is_null() {
+                        bad += 1;
+                        continue;
+                    }
+                    write(p, n.min(256), seed);
+                    if i % 2 == 0 {
+                        let _ = next.send((p as usize, n, seed));
+                    } else {
+                        mine.push((p as usize, n, seed));
+                    }
+                }
+                drop(next);
+                for (p, n, seed) in mine.into_iter().chain(rx.iter()) {
+                    bad += mismatches(p as *const u8, n.min(256), seed);
+                    // SAFETY: a live block of the heap, handed to this thread alone.
+                    unsafe { heap.free(p as *mut u8) };
+                }
+                bad
+            }));
+        }
+        drop(txs);
+        joins
+            .into_iter()
+            .map(|j| j.join().unwrap_or(1))
+            .sum::<usize>()
+    });
+    check!(bad == 0, "{bad} bytes (or nulls) wrong across threads");
+    let s = heap.stats();
+    check!(
+        s.in_use == 0 && s.allocs == s.frees && s.allocs == (THREADS * BLOCKS) as u64,
+        "heap figures after every thread freed everything: {s:?}"
+    );
+    Ok(())
+}
+
+/// 64 MiB in blocks of 4 KiB to 64 KiB, freed, collected: the kernel holds at most the
+/// arena's metadata and one slice more (the audit's sysmem bytes agree with the heap's
+/// `reserved`); blocks asked for again with `calloc` read zero.
+fn heap_collect_gives_chunks_back() -> TestResult {
+    let (d, heap) = setup(Vec::new(), 128 << 20)?;
+    let base = live(&d)?[BYTES];
+    let first = heap.stats().reserved;
+    let mut blocks = Vec::new();
+    let mut total = 0;
+    let mut i = 0usize;
+    while total < 64 * M {
+        let n = (4 * K) << (i % 5);
+        let p = heap.malloc(n);
+        check!(
+            !p.is_null(),
+            "malloc({n}) with {total} bytes held returned null"
+        );
+        write(p, n, 7);
+        blocks.push(p);
+        total += n;
+        i += 1;
+    }
+    let held = heap.stats();
+    let audit = live(&d)?[BYTES];
+    check!(
+        held.reserved >= 64 * M as u64 && audit - base == held.reserved - first,
+        "64 MiB held: heap reserved {} (was {first}), the audit's sysmem bytes grew {}",
+        held.reserved,
+        audit - base
+    );
+    for p in blocks.drain(..) {
+        // SAFETY: each a live block, not used after.
+        unsafe { heap.free(p) };
+    }
+    heap.collect();
+    let after = heap.stats();
+    let bound = first + 64 * K as u64;
+    check!(
+        after.reserved <= bound && after.decommits > 0,
+        "after freeing everything and collecting: {} bytes resident (bound {bound}), {} decommits",
+        after.reserved,
+        after.decommits
+    );
+    println!(
+        "# 64 MiB held: {} bytes resident; after the collect {} ({} at the start), {} commits, {} decommits",
+        held.reserved, after.reserved, first, after.commits, after.decommits
+    );
+    let audit = live(&d)?[BYTES];
+    check!(
+        audit - base == after.reserved - first,
+        "the audit's sysmem bytes ({}) disagree with the heap ({})",
+        audit - base,
+        after.reserved - first
+    );
+    // What comes back is zero where calloc promises it.
+    let mut nonzero = 0;
+    for k in 0..256 {
+        let n = (4 * K) << (k % 5);
+        let p = heap.calloc(1, n);
+        check!(!p.is_null(), "calloc({n}) after the collect returned null");
+        // SAFETY: a live block of `n` bytes.
+        nonzero += (0..n).filter(|&j| unsafe { p.add(j).read() } != 0).count();
+        blocks.push(p);
+    }
+    check!(
+        nonzero == 0,
+        "{nonzero} bytes of calloc'ed blocks are not zero"
+    );
+    for p in blocks {
+        // SAFETY: as above.
+        unsafe { heap.free(p) };
+    }
+    Ok(())
+}
+
+/// A block grown through every size class and shrunk again keeps its first bytes.
+fn heap_realloc_keeps_bytes_across_classes() -> TestResult {
+    let (_d, heap) = setup(Vec::new(), 64 << 20)?;
+    let mut p = heap.malloc(8);
+    check!(!p.is_null(), "malloc(8) returned null");
+    write(p, 8, 3);
+    let mut kept = 8;
+    for n in [100, 4 * K, 64 * K, 700 * K, 3 * M, 20 * M, 1000, 5] {
+        // SAFETY: `p` is a live block of the heap, replaced by the result.
+        let q = unsafe { heap.realloc(p, n) };
+        check!(!q.is_null(), "realloc to {n} returned null");
+        let keep = kept.min(n);
+        let bad = mismatches(q, keep, 3);
+        check!(
+            bad == 0,
+            "realloc to {n}: {bad} of the first {keep} bytes changed"
+        );
+        write(q, n, 3);
+        kept = n;
+        p = q;
+    }
+    // SAFETY: the last block, not used after.
+    unsafe { heap.free(p) };
+    check!(heap.stats().in_use == 0, "bytes in use after the last free");
+    Ok(())
+}
+
+/// A size beyond the arena, a calloc that overflows and an alignment that is not a power of
+/// two are null, not a crash or another heap's memory; freeing null does nothing; a heap of a
+/// GPU that is not there is `ENODEV`.
+fn heap_refusals() -> TestResult {
+    let (d, heap) = setup(Vec::new(), 32 << 20)?;
+    check!(heap.malloc(64 * M).is_null(), "64 MiB from a 32 MiB arena");
+    check!(
+        heap.calloc(usize::MAX / 2, 3).is_null(),
+        "a calloc that overflows"
+    );
+    check!(heap.malloc_aligned(64, 48).is_null(), "an alignment of 48");
+    let p = heap.malloc_aligned(100, 4096);
+    check!(
+        !p.is_null() && p as usize % 4096 == 0,
+        "an aligned block: {p:?}"
+    );
+    // SAFETY: a live block; null is accepted.
+    unsafe {
+        heap.free(p);
+        heap.free(std::ptr::null_mut());
+    }
+    let r = PinnedHeap::new(
+        &d,
+        &HeapConfig {
+            gpus: vec![uapi::RUVM_MAX_GPUS - 1],
+            arena_size: 32 << 20,
+        },
+    );
+    check!(
+        matches!(r, Err(Errno::ENODEV) | Err(Errno::EINVAL)),
+        "a heap of a GPU that is not there: {:?}",
+        r.err()
+    );
+    Ok(())
+}
