@@ -64,9 +64,13 @@ libruvm: deps
 	@cd $(CAPI) && CARGO_TARGET_DIR=$(CAPI_TARGET) cargo build --release --quiet --locked
 	@mkdir -p $(TOP)/build/lib $(TOP)/build/examples
 	@cp $(CAPI_TARGET)/release/libruvm.a $(CAPI_TARGET)/release/libruvm.so $(TOP)/build/lib/
-	gcc -static -O2 -std=gnu11 -Wall -Wextra -Werror -I$(TOP)/include/uapi -I$(CAPI)/include \
-		-o $(TOP)/build/examples/alloc_example $(CAPI)/examples/alloc_example.c \
-		-L$(TOP)/build/lib -l:libruvm.a -lpthread -ldl -lm
+	for e in alloc_example heap_example; do \
+		gcc -static -O2 -std=gnu11 -Wall -Wextra -Werror -I$(TOP)/include/uapi -I$(CAPI)/include \
+			-o $(TOP)/build/examples/$$e $(CAPI)/examples/$$e.c \
+			-L$(TOP)/build/lib -l:libruvm.a -lpthread -ldl -lm || exit 1; \
+	done
+	@mkdir -p $(TOP)/build/lib/pkgconfig
+	@sed -e 's|@PREFIX@|$(TOP)|' $(CAPI)/libruvm.pc.in > $(TOP)/build/lib/pkgconfig/libruvm.pc
 
 selftests: $(SELFTEST_BINS)
 

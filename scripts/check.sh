@@ -141,9 +141,10 @@ c_api() {
 		cargo fmt --check && CARGO_TARGET_DIR='$target' cargo clippy --release --locked -- -D warnings" || return 0
 	step "host: libruvm's C API builds; its C example links statically" \
 		make -C "$top" --no-print-directory CAPI_TARGET="$target" libruvm || return 0
-	step "guest (fast kernel): libruvm's C example allocates, fills, reads back, gives back" \
-		env VM_GPUS=0 VM_MODARGS=sim_gpus=1 VM_EXTRA="$top/build/examples/alloc_example" \
-		CMD=/extra/alloc_example "$here/vm.sh" fast
+	step "guest (fast kernel): libruvm's C examples (allocator, pinned heap) fill, read back, give back" \
+		env VM_GPUS=0 VM_MODARGS=sim_gpus=1 \
+		VM_EXTRA="$top/build/examples/alloc_example $top/build/examples/heap_example" \
+		CMD="/extra/alloc_example && /extra/heap_example" "$here/vm.sh" fast
 }
 # --- the guests' time limits, derived from this machine ------------------------------------------
 # A guest run fails for time only at a limit this run derives, never at a figure tuned on another

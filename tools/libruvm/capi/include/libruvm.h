@@ -17,6 +17,7 @@
 #ifndef LIBRUVM_H
 #define LIBRUVM_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <linux/ruvm.h>
 
@@ -120,6 +121,54 @@ int ruvm_allocator_forget_event(struct ruvm_allocator *a, uint64_t event);
  * the bytes given back. */
 int ruvm_allocator_trim(struct ruvm_allocator *a, uint64_t keep, uint64_t *given);
 int ruvm_allocator_stats(struct ruvm_allocator *a, struct ruvm_allocator_stats *out);
+
+/*
+ * Pinned heaps (Documentation/ruvm.rst, libruvm::heap): malloc-speed pinned memory,
+ * DMA-mapped once for the heap's GPUs, on a mimalloc arena over a sparse mem of the file; the
+ * memory mimalloc decommits (its purge, ruvm_heap_collect, ruvm_heap_destroy) goes back to the
+ * kernel. Usable from any thread. A heap's arena stays reserved (its metadata resident) until
+ * the process ends.
+ */
+struct ruvm_heap;
+
+/* struct ruvm_heap_stats - resident bytes now and at most (mimalloc's metadata included),
+ * bytes in use now and at most, allocations, frees, hits (allocations that committed
+ * nothing), commits and decommits mimalloc asked for, the arena's size. */
+struct ruvm_heap_stats {
+	uint64_t reserved, reserved_peak;
+	uint64_t in_use, in_use_peak;
+	uint64_t allocs, frees, hits;
+	uint64_t commits, decommits;
+	uint64_t arena_size;
+};
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct ruvm_heap_stats) == 80, "struct ruvm_heap_stats");
+#elif defined(__cplusplus)
+static_assert(sizeof(struct ruvm_heap_stats) == 80, "struct ruvm_heap_stats");
+#endif
+
+/* A heap over a new arena of @arena_size bytes (0: 256 MiB; at least mimalloc's 32 MiB, at
+ * most what the module takes as one mem) of the open file @fd (duplicated), DMA-mapped for
+ * the @gpu_count GPUs at @gpus (at most 64). -EINVAL a bad argument or a module without
+ * sparse mems, -ENODEV a GPU that is not there, -ENOMEM mimalloc refused the arena. */
+int ruvm_heap_create(int fd, const uint32_t *gpus, uint32_t gpu_count, uint64_t arena_size,
+		     struct ruvm_heap **out);
+/* Frees every block of the heap and gives its chunks back. */
+void ruvm_heap_destroy(struct ruvm_heap *h);
+/* As malloc, calloc, aligned_alloc (@align a power of two), realloc and free: NULL when the
+ * arena is full or the kernel refuses memory (the quota, the memory cgroup). */
+void *ruvm_heap_malloc(struct ruvm_heap *h, size_t size);
+void *ruvm_heap_calloc(struct ruvm_heap *h, size_t count, size_t size);
+void *ruvm_heap_aligned_alloc(struct ruvm_heap *h, size_t align, size_t size);
+void *ruvm_heap_realloc(struct ruvm_heap *h, void *p, size_t size);
+void ruvm_heap_free(struct ruvm_heap *h, void *p);
+/* Gives back everything the heap holds free. */
+int ruvm_heap_collect(struct ruvm_heap *h);
+int ruvm_heap_stats(struct ruvm_heap *h, struct ruvm_heap_stats *out);
+/* The mem and offset of @p if it is in a pinned heap of this process (no system call), which
+ * RUVM_IOCTL_CE_COPY and stream operations take; -ENOENT otherwise. */
+int ruvm_heap_locate(const void *p, uint64_t *mem, uint64_t *offset);
 
 #ifdef __cplusplus
 }

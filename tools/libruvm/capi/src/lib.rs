@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! libruvm's C API (`include/libruvm.h`): the user-space stream-ordered allocator
-//! (`libruvm::alloc`) for C programs, linked as `-lruvm` (`libruvm.a`, `libruvm.so`).
+//! (`libruvm::alloc`) and the pinned heaps ([`heap`]: `libruvm::heap`) for C programs, linked
+//! as `-lruvm` (`libruvm.a`, `libruvm.so`).
 //!
 //! Every function returns 0 or a negative errno, and never unwinds: the crate is built with
 //! `panic = "abort"`. An allocator owns a duplicate of the descriptor it was made from (the
 //! caller may close its own), and gives every segment back when it is destroyed.
+
+mod heap;
 
 use std::mem::ManuallyDrop;
 use std::os::fd::{BorrowedFd, OwnedFd};
