@@ -63,6 +63,41 @@ fn partly_unreadable(d: &Ruvm, s: u64, o: uapi::ruvm_op) -> Result<Result<u64, E
     Ok(r)
 }
 
+/// A submit of `o` to `s` whose `struct ruvm_stream_submit` lies in a read-only page: its
+/// `first_seqno` cannot be written.
+fn read_only_submit(d: &Ruvm, s: u64, o: uapi::ruvm_op) -> Result<Result<(), Errno>, Stop> {
+    use nix::sys::mman::{mmap_anonymous, mprotect, munmap, MapFlags, ProtFlags};
+    let page = std::num::NonZeroUsize::new(4096).ok_or(Stop::Fail("page size 0".into()))?;
+    // SAFETY: a fresh private anonymous mapping, used through its own pointer only.
+    let base = unsafe {
+        mmap_anonymous(
+            None,
+            page,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_PRIVATE,
+        )
+    }
+    .ctx("mmap")?;
+    let ops = [o];
+    let arg = base.as_ptr().cast::<uapi::ruvm_stream_submit>();
+    // SAFETY: the start of the page just made, aligned, writable until the mprotect.
+    unsafe {
+        arg.write(uapi::ruvm_stream_submit {
+            handle: s,
+            count: 1,
+            ops: ops.as_ptr() as u64,
+            ..Default::default()
+        })
+    };
+    // SAFETY: the mapping just made.
+    unsafe { mprotect(base, 4096, ProtFlags::PROT_READ) }.ctx("mprotect")?;
+    // SAFETY: a pointer to a readable structure of the right type and size.
+    let r = unsafe { d.ioctl_ptr(cmd::STREAM_SUBMIT.nr, arg.cast()) };
+    // SAFETY: the mapping, not used after this.
+    unsafe { munmap(base, 4096) }.ctx("munmap")?;
+    Ok(r)
+}
+
 /// Which fields of a `ruvm_op` a kind uses, as the header says: an index into [`poke`].
 fn uses(kind: u32, field: usize) -> bool {
     // flags, dst, dst_offset, src, src_offset, length, value, fill_kind, timeout_ms, reserved
@@ -280,6 +315,18 @@ pub(super) fn stream_bad_inputs() -> TestResult {
         Errno::EFAULT,
         "ops whose second is past a readable page",
     )?;
+    // The structure itself read-only: first_seqno is written first, so nothing is queued.
+    let before = d.stream_query(s).ctx("STREAM_QUERY")?.submitted;
+    expect(
+        read_only_submit(&d, s, op::record(e))?.map(|()| 0),
+        Errno::EFAULT,
+        "a read-only struct ruvm_stream_submit",
+    )?;
+    let after = d.stream_query(s).ctx("STREAM_QUERY")?.submitted;
+    check!(
+        after == before,
+        "a submit refused for its unwritable first_seqno queued work: submitted {before} -> {after}"
+    );
     for (what, f) in [
         (
             "flags",
