@@ -402,7 +402,7 @@ job guest_suite "fast kernel" fast CMD=/selftests/run_all.sh
 # then the bounds of one file (below) in the same guest: ruvm reloaded without the edu devices.
 debug_host_cmd="ruvmctl selftest --filter gpu_host --filter gpu_list --filter gpu_dma --filter vidmem_chunk --filter vidmem_mappings"
 job guest_suite "debug kernel, host GPU; then max_file_mib=64" debug VM_MODARGS="host_gpus=0000:00:03.0" \
-	CMD="$debug_host_cmd; a=\$?; sh /selftests/reload.sh --no-edu '$bounds_params' $bounds_cmd; b=\$?; [ \$a = 0 ] && [ \$b = 0 ]"
+	CMD="$debug_host_cmd; a=\$?; sh /selftests/reload.sh --no-edu '$bounds_params' $bounds_cmd; b=\$?; if [ \$b -gt 1 ]; then echo \"# reload.sh exited \$b: the reload or its suite did not run\"; exit \$b; fi; [ \$a = 0 ] && [ \$b = 0 ]"
 job guest_suite "fast kernel, host GPU" fast "${host[@]}"
 job runner_checks
 job c_api
