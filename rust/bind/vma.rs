@@ -208,6 +208,69 @@ pub(crate) fn offset(vma: &VmaRef) -> Option<u64> {
     u64::try_from(pgoff).ok()?.checked_mul(PAGE_SIZE as u64)
 }
 
+/// `PROT_READ | PROT_WRITE` and `MAP_SHARED` of the uapi (`asm-generic/mman-common.h`,
+/// `linux/mman.h`): the same values on every architecture.
+const PROT_RW: c_ulong = 0x1 | 0x2;
+const MAP_SHARED: c_ulong = 0x01;
+
+/// Maps `len` bytes of `file` from byte `offset` into the calling process, shared and
+/// read-write, where the kernel chooses (as `mmap(NULL, len, PROT_READ | PROT_WRITE,
+/// MAP_SHARED, fd, offset)` would, the file's own `mmap` handler included). Returns the
+/// address. No lock of the caller's may be held: the handler runs under the mmap lock.
+pub(crate) fn map_into_current(file: &File, offset: u64, len: u64) -> Result<usize> {
+    let len = c_ulong::try_from(len).map_err(|_| EOVERFLOW)?;
+    let offset = c_ulong::try_from(offset).map_err(|_| EOVERFLOW)?;
+    // SAFETY: `file` is an open file the caller holds for the call; `vm_mmap` takes the
+    // calling process's mmap lock itself and checks every argument.
+    let addr = unsafe { bindings::vm_mmap(file.as_ptr(), 0, len, PROT_RW, MAP_SHARED, offset) };
+    // An error is returned as a negative errno in the address (`IS_ERR_VALUE`).
+    let as_err = addr as isize;
+    if (-4095..0).contains(&as_err) {
+        // CAST: in -4095..0, so it fits `i32`.
+        return Err(Error::from_errno(as_err as i32));
+    }
+    usize::try_from(addr).map_err(|_| EINVAL)
+}
+
+/// Unmaps `[addr, addr + len)` from the calling process if it is exactly one VMA of `owner`
+/// (made with `ops`); returns whether it did. The check is made under the mmap lock and the
+/// unmap takes it again: a thread of the same process that unmaps and maps the range in
+/// between makes it unmap that mapping (its own memory, as a racing `munmap` would).
+pub(crate) fn unmap_if_owned<T: VmaOwner>(
+    addr: usize,
+    len: usize,
+    ops: &'static Ops<T>,
+    owner: &T,
+) -> Result<bool> {
+    let task = kernel::current!();
+    let Some(mm) = task.mm() else {
+        return Ok(false);
+    };
+    let end = addr.checked_add(len).ok_or(EOVERFLOW)?;
+    let ours = {
+        let guard = mm.mmap_read_lock();
+        guard.vma_lookup(addr).is_some_and(|vma| {
+            let v = vma.as_ptr();
+            // SAFETY: the VMA is valid while the mmap lock is held; these fields do not change
+            // under it.
+            let (vm_ops, private) = unsafe { ((*v).vm_ops, (*v).vm_private_data) };
+            core::ptr::eq(vm_ops, &ops.0)
+                && core::ptr::eq(private.cast_const(), core::ptr::from_ref(owner).cast())
+                && vma.start() == addr
+                && vma.end() == end
+        })
+    };
+    if !ours {
+        return Ok(false);
+    }
+    // SAFETY: `vm_munmap` takes the calling process's mmap lock and checks the range.
+    let r = unsafe { bindings::vm_munmap(addr as c_ulong, len) };
+    if r < 0 {
+        return Err(Error::from_errno(r));
+    }
+    Ok(true)
+}
+
 /// Removes the page-table entries of every user mapping of `[offset, offset + len)` of the file
 /// (in every process), so that later accesses fault. The VMAs themselves stay until unmapped.
 pub(crate) fn zap(file: &File, offset: u64, len: u64) -> Result {

@@ -72,7 +72,6 @@ use bins::Recent;
 pub use block::{Block, RawBlock, Stats};
 use fit::{Blocks, Found, Owner, Use};
 use order::StreamPoints;
-pub(crate) use segment::runs;
 use segment::Segment;
 
 /// Every request is rounded up to a multiple of this (bytes); blocks start at such multiples.

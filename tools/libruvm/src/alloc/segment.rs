@@ -177,7 +177,7 @@ impl Segment {
 }
 
 /// The runs of consecutive chunks of `range` for which `pick` holds, as (first, count).
-pub(crate) fn runs(range: std::ops::Range<u64>, pick: impl Fn(u64) -> bool) -> Vec<(u64, u64)> {
+fn runs(range: std::ops::Range<u64>, pick: impl Fn(u64) -> bool) -> Vec<(u64, u64)> {
     let mut v: Vec<(u64, u64)> = Vec::new();
     for c in range.filter(|&c| pick(c)) {
         match v.last_mut() {

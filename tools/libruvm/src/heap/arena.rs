@@ -13,7 +13,7 @@ use nix::errno::Errno;
 use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
 
 use super::HeapConfig;
-use crate::{alloc::runs, uapi, Ruvm};
+use crate::{uapi, Ruvm};
 
 /// The arena's chunk size: mimalloc's slice (`mi_arena_min_alignment`), the unit it commits
 /// and decommits in.
@@ -42,6 +42,77 @@ extern "C" {
     fn mi_arena_min_alignment() -> usize;
 }
 
+/// mimalloc v3's `mi_option_page_commit_on_demand` (its `mi_option_e`): pages committed a
+/// slice at a time as they grow, partly through the OS directly rather than the arena's commit
+/// callback, which would leave a sparse mem's chunks absent under them.
+const MI_OPTION_PAGE_COMMIT_ON_DEMAND: mi::mi_option_t = 41;
+
+/// Once per process, before the first arena: mimalloc's option that would bypass the commit
+/// callback off, and the fork handlers ([`snapshot`], [`restore`]).
+fn prepare_process() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: setting an option of mimalloc's; read when its pages are made.
+        unsafe { mi::mi_option_set(MI_OPTION_PAGE_COMMIT_ON_DEMAND, 0) };
+        // SAFETY: the handlers are plain functions that live for the process.
+        unsafe { nix::libc::pthread_atfork(Some(snapshot), Some(forget), Some(restore)) };
+    });
+}
+
+/// The arenas' metadata, copied before a fork for the child: (start, length, bytes).
+static AT_FORK: Mutex<Vec<(usize, usize, Vec<u8>)>> = Mutex::new(Vec::new());
+
+/// Before a fork: copies each arena's metadata. The kernel does not copy a mem's mapping into
+/// a child (`VM_DONTCOPY`), and mimalloc reads every arena's metadata (at the arena's start)
+/// when it collects, at the child's exit too: the child gets the copy ([`restore`]).
+extern "C" fn snapshot() {
+    let arenas: Vec<&'static Arena> = ARENAS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut copies = Vec::new();
+    for a in arenas {
+        let meta = a.meta.load(Relaxed) as usize;
+        if meta == 0 || meta > a.len as usize {
+            continue;
+        }
+        // SAFETY: the metadata is resident and mapped in this process for the arena's life.
+        let bytes = unsafe { std::slice::from_raw_parts(a.base as *const u8, meta) }.to_vec();
+        copies.push((a.base, a.len as usize, bytes));
+    }
+    *AT_FORK.lock().unwrap_or_else(|e| e.into_inner()) = copies;
+}
+
+/// After a fork, in the parent: the copies go.
+extern "C" fn forget() {
+    AT_FORK.lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
+
+/// After a fork, in the child: each arena's range (not mapped here) becomes private anonymous
+/// memory holding the metadata's copy, so that mimalloc's walks of its arenas find them as
+/// they were; the arena's memory itself is not the child's (its commits fail).
+extern "C" fn restore() {
+    let Ok(copies) = AT_FORK.try_lock() else {
+        return;
+    };
+    for (base, len, bytes) in copies.iter() {
+        let (Some(at), Some(n)) = (NonZeroUsize::new(*base), NonZeroUsize::new(*len)) else {
+            continue;
+        };
+        // SAFETY: the range was the arena's mem mapping, which the child does not have: it is
+        // free, and becomes this process's private memory.
+        let placed = unsafe {
+            mmap_anonymous(
+                Some(at),
+                n,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_FIXED | MapFlags::MAP_NORESERVE,
+            )
+        };
+        if placed.is_ok() {
+            // SAFETY: `bytes` fits the mapping just made (checked when copied).
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), *base as *mut u8, bytes.len()) };
+        }
+    }
+}
+
 /// Every arena of the process, for [`locate`].
 static ARENAS: Mutex<Vec<&'static Arena>> = Mutex::new(Vec::new());
 
@@ -67,6 +138,10 @@ pub(super) struct Arena {
     len: u64,
     /// mimalloc's id of the arena, set once it manages it.
     id: AtomicUsize,
+    /// The bytes of mimalloc's metadata at the arena's start (its first commit).
+    meta: AtomicU64,
+    /// The process whose arena it is (a forked child has only a copy of the metadata).
+    pid: u32,
     state: Mutex<Residency>,
     commits: AtomicU64,
 }
@@ -114,6 +189,8 @@ impl Arena {
             base,
             len,
             id: AtomicUsize::new(0),
+            meta: AtomicU64::new(0),
+            pid: std::process::id(),
             state: Mutex::new(Residency {
                 chunks: vec![false; chunks],
                 bytes: 0,
@@ -122,6 +199,7 @@ impl Arena {
             }),
             commits: AtomicU64::new(0),
         }));
+        prepare_process();
         let mut id: mi::mi_arena_id_t = std::ptr::null_mut();
         // SAFETY: the range is this arena's mapping, aligned and sized for mimalloc, used by
         // nothing else; the callback's argument is the arena, which lives for the process.
@@ -147,6 +225,8 @@ impl Arena {
                 let _ = unsafe { munmap(p, len as usize) };
             }
             let _ = arena.dev.mem_free(arena.handle);
+            // SAFETY: leaked above; mimalloc kept no pointer to it (it refused the arena).
+            drop(unsafe { Box::from_raw((arena as *const Self).cast_mut()) });
             return Err(Errno::ENOMEM);
         }
         arena.id.store(id as usize, Relaxed);
@@ -187,9 +267,15 @@ impl Arena {
 
     /// mimalloc commits (`on`) or decommits `[start, start + size)`: the chunks it touches
     /// made resident (`is_zero` set, where mimalloc asks, only if every one was absent), or
-    /// the chunks wholly inside it given back (false if the kernel kept one: work queued on
-    /// it).
+    /// the chunks wholly inside it given back (a chunk the kernel keeps, work queued on it,
+    /// stays resident: a later commit finds it so and does not call it zero). Allocates
+    /// nothing (the program's own allocator may be this mimalloc). In a forked child, which
+    /// has the arena's metadata but not its memory, a commit fails and a decommit does
+    /// nothing.
     fn commit_range(&self, on: bool, start: usize, size: usize, is_zero: *mut bool) -> bool {
+        if std::process::id() != self.pid {
+            return !on;
+        }
         let Some(off) = start.checked_sub(self.base).map(|o| o as u64) else {
             return false;
         };
@@ -199,41 +285,58 @@ impl Arena {
         } else {
             (off.div_ceil(CHUNK), end / CHUNK)
         };
+        // The first commit, made while mimalloc sets the arena up, is of its metadata.
+        if on && self.id.load(Relaxed) == 0 && off == 0 {
+            self.meta.store(last * CHUNK, Relaxed);
+        }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let want = !on;
-        let runs = runs(first..last, |c| s.chunks.get(c as usize) == Some(&want));
         let mut ok = true;
-        let mut all_new = true;
+        let all_new = !on || (first..last).all(|c| s.chunks.get(c as usize) == Some(&false));
         if on {
-            all_new = (first..last).all(|c| s.chunks.get(c as usize) == Some(&false));
             self.commits.fetch_add(1, Relaxed);
         } else {
             s.decommits += 1;
         }
-        for (c, n) in runs {
-            if self
-                .dev
-                .mem_range(self.handle, c * CHUNK, n * CHUNK, on)
-                .is_err()
-            {
-                ok = false;
+        // Run by run of chunks to change, one system call each.
+        let mut c = first;
+        while c < last {
+            if s.chunks.get(c as usize) != Some(&!on) {
+                c += 1;
                 continue;
             }
-            for b in s.chunks.iter_mut().skip(c as usize).take(n as usize) {
-                *b = on;
+            let mut n = 1;
+            while c + n < last && s.chunks.get((c + n) as usize) == Some(&!on) {
+                n += 1;
             }
-            if on {
-                s.bytes += n * CHUNK;
-            } else {
-                s.bytes -= n * CHUNK;
+            let mut r = self.dev.mem_range(self.handle, c * CHUNK, n * CHUNK, on);
+            for _ in 0..3 {
+                if r != Err(Errno::EINTR) {
+                    break;
+                }
+                r = self.dev.mem_range(self.handle, c * CHUNK, n * CHUNK, on);
             }
+            if r.is_ok() {
+                for b in s.chunks.iter_mut().skip(c as usize).take(n as usize) {
+                    *b = on;
+                }
+                if on {
+                    s.bytes += n * CHUNK;
+                } else {
+                    s.bytes -= n * CHUNK;
+                }
+            } else if on {
+                ok = false;
+            }
+            c += n;
         }
         s.peak = s.peak.max(s.bytes);
         if on && !is_zero.is_null() {
             // SAFETY: mimalloc passes a valid flag or null.
             unsafe { *is_zero = ok && all_new };
         }
-        ok
+        // A decommit is done as far as mimalloc is concerned: what the kernel kept is known
+        // resident here, and a later commit neither makes it again nor calls it zero.
+        ok || !on
     }
 }
 

@@ -36,6 +36,10 @@ pub fn cases() -> Vec<Case> {
             run: heap_realloc_keeps_bytes_across_classes,
         },
         Case {
+            name: "heap_survives_a_forked_child",
+            run: heap_survives_a_forked_child,
+        },
+        Case {
             name: "heap_refusals",
             run: heap_refusals,
         },
@@ -307,6 +311,37 @@ fn heap_realloc_keeps_bytes_across_classes() -> TestResult {
     // SAFETY: the last block, not used after.
     unsafe { heap.free(p) };
     check!(heap.stats().in_use == 0, "bytes in use after the last free");
+    Ok(())
+}
+
+/// A child forked while a heap holds blocks (the kernel gives it no mapping of the arena's mem)
+/// runs, allocates with its own allocator and exits normally (mimalloc walks every arena's
+/// metadata as the child exits: it finds a copy); the parent's blocks and resident bytes are
+/// as they were.
+fn heap_survives_a_forked_child() -> TestResult {
+    let (_d, heap) = setup(Vec::new(), 64 << 20)?;
+    let p = heap.malloc(300 * K);
+    check!(!p.is_null(), "malloc returned null");
+    write(p, 300 * K, 11);
+    let before = heap.stats();
+    let status = super::harness::in_child(|| {
+        let v: Vec<u8> = (0..100_000).map(|i| i as u8).collect();
+        i32::from(v.len() != 100_000)
+    })?;
+    check!(
+        matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+        "a child forked while the heap lived: {status:?}"
+    );
+    let bad = mismatches(p, 300 * K, 11);
+    let after = heap.stats();
+    check!(
+        bad == 0 && after.reserved == before.reserved,
+        "after the child: {bad} bytes changed, resident {} -> {}",
+        before.reserved,
+        after.reserved
+    );
+    // SAFETY: the block, not used after.
+    unsafe { heap.free(p) };
     Ok(())
 }
 
