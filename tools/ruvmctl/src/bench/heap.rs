@@ -106,11 +106,7 @@ pub(super) fn heap(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
         },
         &mut || Ok(replay_fresh(c.d, c.sim, &t)?.ns_per_pair),
     )?;
-    let skip = peaks.len().saturating_sub(c.spec.reps);
-    for r in peaks.into_iter().skip(skip) {
-        room.ruvm.push(r);
-        room.base.push(t.peak_live as f64);
-    }
+    super::ualloc::footprints(&mut room, peaks, c.spec.reps, t.peak_live);
     out(time);
     out(room);
     Ok(())

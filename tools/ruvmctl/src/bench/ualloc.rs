@@ -72,14 +72,19 @@ pub(super) fn ualloc(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
             },
             &mut || Ok(replay_fresh(c.d, gpu, &t)?.ns_per_pair),
         )?;
-        // The footprint of each measured trace (the warm-up pair's is dropped as its time is).
-        let skip = peaks.len().saturating_sub(c.spec.reps);
-        for r in peaks.into_iter().skip(skip) {
-            room.ruvm.push(r);
-            room.base.push(t.peak_live as f64);
-        }
+        footprints(&mut room, peaks, c.spec.reps, t.peak_live);
         out(time);
         out(room);
     }
     Ok(())
+}
+
+/// Fills a footprint case from the reserved peaks of a time case's runs: the last `reps` (the
+/// warm-up pair's is dropped as its time is), each against the trace's peak of live bytes.
+pub(super) fn footprints(room: &mut Case, peaks: Vec<f64>, reps: usize, live: u64) {
+    let skip = peaks.len().saturating_sub(reps);
+    for r in peaks.into_iter().skip(skip) {
+        room.ruvm.push(r);
+        room.base.push(live as f64);
+    }
 }
