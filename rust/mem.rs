@@ -272,6 +272,9 @@ pub(crate) struct MemState {
     lending: bool,
     /// A sparse mem's chunks and their DMA tables ([`sparse`]).
     sparse: Option<sparse::Sparse>,
+    /// Where `RUVM_ALLOC_MAP_USER` mapped the mem: the address space (as a number) and the
+    /// address, which its `MEM_FREE` unmaps.
+    mapped_at: Option<(usize, usize)>,
 }
 
 impl MemState {
@@ -297,6 +300,7 @@ impl MemState {
             kept_charge: None,
             lending: false,
             sparse,
+            mapped_at: None,
         }
     }
 

@@ -229,7 +229,15 @@ pub(crate) fn map_into_current(file: &File, offset: u64, len: u64) -> Result<usi
         // CAST: in -4095..0, so it fits `i32`.
         return Err(Error::from_errno(as_err as i32));
     }
-    usize::try_from(addr).map_err(|_| EINVAL)
+    // CAST: `unsigned long` is the width of an address.
+    Ok(addr as usize)
+}
+
+/// The calling process's address space, as a number to compare (never dereferenced); `None` for
+/// a kernel thread.
+pub(crate) fn current_mm_id() -> Option<usize> {
+    let task = kernel::current!();
+    task.mm().map(|mm| mm.as_raw() as usize)
 }
 
 /// Unmaps `[addr, addr + len)` from the calling process if it is exactly one VMA of `owner`
@@ -254,10 +262,13 @@ pub(crate) fn unmap_if_owned<T: VmaOwner>(
             // SAFETY: the VMA is valid while the mmap lock is held; these fields do not change
             // under it.
             let (vm_ops, private) = unsafe { ((*v).vm_ops, (*v).vm_private_data) };
-            core::ptr::eq(vm_ops, &ops.0)
-                && core::ptr::eq(private.cast_const(), core::ptr::from_ref(owner).cast())
-                && vma.start() == addr
-                && vma.end() == end
+            if !core::ptr::eq(vm_ops, &ops.0) {
+                return false;
+            }
+            // SAFETY: a VMA with `T`'s operations holds a reference on its owner in
+            // `vm_private_data` (see `owner_at`), alive while the mmap lock is held.
+            let theirs = unsafe { Arc::<T>::borrow(private) };
+            core::ptr::eq(&*theirs, owner) && vma.start() == addr && vma.end() == end
         })
     };
     if !ours {

@@ -89,7 +89,7 @@ macro_rules! spec {
 
 spec! {
     ruvm_info { flags: 0, zero: [pad, reserved] }
-    ruvm_mem_alloc { flags: uapi::ruvm_alloc_flags_RUVM_ALLOC_FLAGS_ALL, zero: [pad, reserved] }
+    ruvm_mem_alloc { flags: uapi::ruvm_alloc_flags_RUVM_ALLOC_FLAGS_ALL, zero: [pad, user_addr, reserved] }
     ruvm_mem_handle { flags: 0, zero: [pad, reserved] }
     ruvm_mem_query { flags: 0, zero: [reserved] }
     ruvm_mem_fill { flags: 0, zero: [reserved] }

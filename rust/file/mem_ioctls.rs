@@ -20,11 +20,13 @@ impl RuvmFile {
         // looked up.
         let sparse = args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE != 0;
         let fallback = args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_FALLBACK != 0;
-        if sparse
-            && (args.backing != uapi::ruvm_backing_RUVM_BACKING_SYSMEM
-                || args.pool != 0
-                || fallback)
-        {
+        let map_user = args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_MAP_USER != 0;
+        let sysmem = args.backing == uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
+        if sparse && (!sysmem || args.pool != 0 || fallback) {
+            return Err(EINVAL);
+        }
+        // The CPU maps sysmem only.
+        if map_user && !sysmem {
             return Err(EINVAL);
         }
         let gpu = match args.backing {
@@ -55,6 +57,17 @@ impl RuvmFile {
         let made = mem.clone();
         let handle = self.insert(mem)?;
         args.handle = handle.0;
+        if map_user {
+            // No lock of the file's or the mem's is held: the mmap handler runs under the
+            // caller's mmap lock and takes them.
+            match made.map_into_caller(file) {
+                Ok(addr) => args.user_addr = addr as u64,
+                Err(e) => {
+                    self.free_unlearned(file, handle);
+                    return Err(e);
+                }
+            }
+        }
         if let Err(e) = writer.write(&args) {
             self.free_unlearned(file, handle);
             return Err(e);
@@ -71,6 +84,7 @@ impl RuvmFile {
             let mut retired = mem.retire();
             let _ = mem.zap_user(file, &mut retired);
             drop(retired);
+            let _ = mem.unmap_from_caller();
         }
     }
 
@@ -83,7 +97,8 @@ impl RuvmFile {
         let mut retired = mem.retire();
         let zapped = mem.zap_user(file, &mut retired);
         drop(retired);
-        zapped
+        zapped?;
+        mem.unmap_from_caller()
     }
 
     /// `RUVM_IOCTL_MEM_RANGE`: populates or releases a range of a sparse mem.

@@ -368,6 +368,32 @@ impl Mem {
     }
 }
 
+impl Mem {
+    /// Maps the mem into the calling process through `file` (its file), as `mmap` of its
+    /// offset would, and remembers where (`RUVM_ALLOC_MAP_USER`). Returns the address.
+    pub(crate) fn map_into_caller(&self, file: &kernel::fs::File) -> Result<usize> {
+        let addr = vma::map_into_current(file, self.mmap_offset(), self.layout.physical_size)?;
+        if let Some(mm) = vma::current_mm_id() {
+            self.state.lock().mapped_at = Some((mm, addr));
+        }
+        Ok(addr)
+    }
+
+    /// Unmaps the mapping `RUVM_ALLOC_MAP_USER` made, if the caller is the process it was made
+    /// in and it is still there, whole, at its address (a program that unmapped or moved it
+    /// keeps what it has). Called by a free, after the zap.
+    pub(crate) fn unmap_from_caller(&self) -> Result {
+        let Some((mm, addr)) = self.state.lock().mapped_at.take() else {
+            return Ok(());
+        };
+        if vma::current_mm_id() != Some(mm) {
+            return Ok(());
+        }
+        let len = usize::try_from(self.layout.physical_size)?;
+        vma::unmap_if_owned(addr, len, &VM_OPS, self).map(|_| ())
+    }
+}
+
 /// The most pages `mmap` inserts itself: 64 KiB of 4 KiB pages, the kernel's default
 /// fault-around (`fault_around_bytes`).
 const FILL_AT_MMAP: usize = 16;

@@ -163,8 +163,17 @@ enum ruvm_alloc_flags {
 	 * (RUVM_IOCTL_MEM_MAP_GPU) as they become resident. See struct ruvm_mem_range.
 	 */
 	RUVM_ALLOC_SPARSE = 1 << 2,
+	/*
+	 * Also map the mem into the calling process (shared, read and write, where the kernel
+	 * chooses, as mmap of its mmap_offset would) and return the address in @user_addr: one
+	 * call where an allocation and an mmap were two. RUVM_IOCTL_MEM_FREE of the mem by that
+	 * process unmaps the mapping if it is still there, whole, at that address. Sysmem only
+	 * (EINVAL with vidmem). On a failure to map, nothing is left (the mem is freed).
+	 */
+	RUVM_ALLOC_MAP_USER = 1 << 3,
 	/* Every flag defined above. */
-	RUVM_ALLOC_FLAGS_ALL = RUVM_ALLOC_ZERO | RUVM_ALLOC_FALLBACK | RUVM_ALLOC_SPARSE,
+	RUVM_ALLOC_FLAGS_ALL = RUVM_ALLOC_ZERO | RUVM_ALLOC_FALLBACK | RUVM_ALLOC_SPARSE |
+			       RUVM_ALLOC_MAP_USER,
 };
 
 /**
@@ -191,6 +200,8 @@ enum ruvm_alloc_flags {
  *                     from, or 0; @backing and @gpu must be the pool's, @page_size 0 or its
  *                     chunk size, and RUVM_ALLOC_FALLBACK is refused (a pool's chunks have one
  *                     size)
+ * @user_addr:   (in)  must be 0; (out) with RUVM_ALLOC_MAP_USER, the mem's address in the
+ *                     calling process
  * @reserved:    (in)  must be 0
  */
 struct ruvm_mem_alloc {
@@ -205,7 +216,8 @@ struct ruvm_mem_alloc {
 	__u32 gpu;
 	__u32 pad;
 	__u64 pool;
-	__u64 reserved[2];
+	__u64 user_addr;
+	__u64 reserved[1];
 };
 
 /* ruvm_mem_range.op */

@@ -24,6 +24,7 @@ pub(crate) mod harness;
 mod heap;
 mod ipc;
 mod mem;
+mod one_call;
 mod pools;
 mod ptr;
 mod shared;
@@ -41,6 +42,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(abi::cases());
     v.extend(mem::cases());
     v.extend(sparse::cases());
+    v.extend(one_call::cases());
     v.extend(audit::cases());
     v.extend(gpu::cases());
     v.extend(gpu_va::cases());

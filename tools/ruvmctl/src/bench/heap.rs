@@ -14,6 +14,8 @@
 //!   `cudaHostAlloc` on an H200).
 //! - `heap.training.footprint`: the arena's resident peak against the trace's peak of live
 //!   bytes (goal <= 1.1).
+//! - `heap.one_call_4k`: a 4 KiB mem allocated and mapped in one call, touched and freed,
+//!   against an anonymous `mmap`, touch and `munmap` (goal <= 0.8).
 
 use anyhow::Result;
 use libruvm::heap::{HeapConfig, PinnedHeap};
@@ -109,5 +111,57 @@ pub(super) fn heap(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
     super::ualloc::footprints(&mut room, peaks, c.spec.reps, t.peak_live);
     out(time);
     out(room);
+    one_call(c, out)
+}
+
+/// Rounds of the one-call case.
+const ONE_CALL_ROUNDS: usize = 300;
+
+/// `heap.one_call_4k`: a 4 KiB mem allocated and mapped in one `MEM_ALLOC`
+/// (`RUVM_ALLOC_MAP_USER`), touched, freed (`MEM_FREE` unmaps it), against an anonymous
+/// `mmap`, a touch (the page fault) and `munmap` (goal <= 0.8).
+fn one_call(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
+    use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
+    let mut case = c.case(
+        "heap.one_call_4k".into(),
+        "4 KiB mem: MEM_ALLOC with RUVM_ALLOC_MAP_USER, touch, MEM_FREE",
+        "anonymous mmap, touch, munmap",
+        "ns",
+    );
+    let map = libruvm::uapi::ruvm_alloc_flags_RUVM_ALLOC_MAP_USER;
+    let page = std::num::NonZeroUsize::new(4096).ok_or_else(|| anyhow::anyhow!("page"))?;
+    (case.ruvm, case.base) = pairs(
+        c.spec.reps,
+        &mut || {
+            let t = std::time::Instant::now();
+            for _ in 0..ONE_CALL_ROUNDS {
+                let a = c.d.mem_alloc(4096, 0, map)?;
+                // SAFETY: the page the call mapped.
+                unsafe { (a.user_addr as *mut u8).write_volatile(1) };
+                c.d.mem_free(a.handle)?;
+            }
+            Ok(t.elapsed().as_nanos() as f64 / ONE_CALL_ROUNDS as f64)
+        },
+        &mut || {
+            let t = std::time::Instant::now();
+            for _ in 0..ONE_CALL_ROUNDS {
+                // SAFETY: a new private mapping where the kernel chooses.
+                let p = unsafe {
+                    mmap_anonymous(
+                        None,
+                        page,
+                        ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                        MapFlags::MAP_PRIVATE,
+                    )
+                }?;
+                // SAFETY: the page just mapped.
+                unsafe { p.cast::<u8>().as_ptr().write_volatile(1) };
+                // SAFETY: the mapping, not used after.
+                unsafe { munmap(p, 4096) }?;
+            }
+            Ok(t.elapsed().as_nanos() as f64 / ONE_CALL_ROUNDS as f64)
+        },
+    )?;
+    out(case);
     Ok(())
 }

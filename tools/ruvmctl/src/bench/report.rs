@@ -313,6 +313,7 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
             "heap.small" => (Target::AtMost(1.5), "per pair / glibc"),
             "heap.small.mimalloc" => (Target::Info, "per pair / glibc"),
             "heap.training.footprint" => (Target::AtMost(1.1), "resident high / live peak"),
+            "heap.one_call_4k" => (Target::AtMost(0.8), "per round / mmap path"),
             _ => (Target::AtMost(0.005), "per pair / fresh"),
         };
         let mut r = ratio_row("Pinned heap", c, target);

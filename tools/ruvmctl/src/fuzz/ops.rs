@@ -564,6 +564,10 @@ fn alloc(w: &World, d: &Ruvm, rng: &mut Rng) {
         rng.pick(&SIZES).min(w.max_size)
     };
     let mut flags = rng.below(4) as u32;
+    if rng.one_in(8) {
+        // Mapped into this worker by the call; its MEM_FREE here unmaps it.
+        flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_MAP_USER;
+    }
     if rng.one_in(16) {
         flags |= 1 << rng.below(32);
     }

@@ -57,6 +57,15 @@ impl Poke for u16 {
     }
 }
 
+impl Poke for u64 {
+    fn elements(&self) -> usize {
+        1
+    }
+    fn poke(&mut self, _: usize) {
+        *self = 1 << 63;
+    }
+}
+
 impl<const N: usize> Poke for [u64; N] {
     fn elements(&self) -> usize {
         N
@@ -131,7 +140,7 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
         ..Default::default()
     };
     row!(&d, p, e, cmd::MEM_ALLOC, alloc,
-        known: uapi::ruvm_alloc_flags_RUVM_ALLOC_FLAGS_ALL, zero: [pad, reserved]);
+        known: uapi::ruvm_alloc_flags_RUVM_ALLOC_FLAGS_ALL, zero: [pad, user_addr, reserved]);
     for c in [
         cmd::MEM_FREE,
         cmd::MEM_MAP_CPU_KERNEL,

@@ -278,6 +278,15 @@ fn fault_sweep_ioctls() -> TestResult {
             }),
         });
     }
+    // A mem mapped into the caller by its allocation (the mapping's own allocations too).
+    scenarios.push(Scenario {
+        name: "sysmem alloc mapped into the caller".into(),
+        op: Box::new(move || {
+            let map = uapi::ruvm_alloc_flags_RUVM_ALLOC_MAP_USER;
+            let a = d.mem_alloc(64 << 10, 0, map)?;
+            Ok(undo(move || free(a.handle)))
+        }),
+    });
     // Sparse mems: made, populated on every present GPU, given back.
     let sparse = uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE;
     scenarios.push(Scenario {
