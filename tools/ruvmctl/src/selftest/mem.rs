@@ -617,7 +617,10 @@ fn mem_alloc_bad_inputs() -> TestResult {
             &format!("page size {ps}"),
         )?;
     }
-    for bit in [2, 3, 31] {
+    // The first bits past the defined ones, and the top one.
+    let defined = uapi::ruvm_alloc_flags_RUVM_ALLOC_FLAGS_ALL;
+    let next = 32 - defined.leading_zeros();
+    for bit in [next, next + 1, 31] {
         expect_errno(
             d.mem_alloc(4096, 0, 1 << bit),
             Errno::EINVAL,
