@@ -182,6 +182,9 @@ pub(crate) struct AllocRequest {
     pub(crate) fallback: bool,
     /// `RUVM_ALLOC_SPARSE`: made with every chunk absent ([`sparse`]).
     pub(crate) sparse: bool,
+    /// `RUVM_ALLOC_MAP_USER`: mapped into the caller once made (by the ioctl layer); kept in
+    /// the mem's flags.
+    pub(crate) map_user: bool,
     /// Largest physical size one mem may have.
     pub(crate) max_bytes: u64,
     /// The pool to take the chunks from (sysmem).
@@ -272,9 +275,9 @@ pub(crate) struct MemState {
     lending: bool,
     /// A sparse mem's chunks and their DMA tables ([`sparse`]).
     sparse: Option<sparse::Sparse>,
-    /// Where `RUVM_ALLOC_MAP_USER` mapped the mem: the address space (as a number) and the
-    /// address, which its `MEM_FREE` unmaps.
-    mapped_at: Option<(usize, usize)>,
+    /// Where `RUVM_ALLOC_MAP_USER` mapped the mem: the address space (held) and the address,
+    /// which its `MEM_FREE` there unmaps.
+    mapped_at: Option<(ARef<Mm>, usize)>,
 }
 
 impl MemState {

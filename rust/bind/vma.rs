@@ -24,10 +24,13 @@ use kernel::{
     bindings,
     ffi::{c_int, c_ulong},
     fs::File,
-    mm::virt::{VmaMixedMap, VmaNew, VmaRef},
+    mm::{
+        virt::{VmaMixedMap, VmaNew, VmaRef},
+        Mm,
+    },
     page::{BorrowedPage, PAGE_SIZE},
     prelude::*,
-    sync::Arc,
+    sync::{aref::ARef, Arc},
     types::ForeignOwnable,
 };
 
@@ -233,11 +236,18 @@ pub(crate) fn map_into_current(file: &File, offset: u64, len: u64) -> Result<usi
     Ok(addr as usize)
 }
 
-/// The calling process's address space, as a number to compare (never dereferenced); `None` for
-/// a kernel thread.
-pub(crate) fn current_mm_id() -> Option<usize> {
+/// The calling process's address space, held (`mmgrab`: its structure cannot be reused for
+/// another process while held); `None` for a kernel thread.
+pub(crate) fn current_mm() -> Option<ARef<Mm>> {
     let task = kernel::current!();
-    task.mm().map(|mm| mm.as_raw() as usize)
+    task.mm().map(|mm| ARef::from(&**mm))
+}
+
+/// Whether `mm` is the calling process's address space.
+pub(crate) fn is_current_mm(mm: &Mm) -> bool {
+    let task = kernel::current!();
+    task.mm()
+        .is_some_and(|m| core::ptr::eq(m.as_raw(), mm.as_raw()))
 }
 
 /// Unmaps `[addr, addr + len)` from the calling process if it is exactly one VMA of `owner`

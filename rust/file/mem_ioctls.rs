@@ -45,6 +45,7 @@ impl RuvmFile {
             zero: args.flags & uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO != 0,
             fallback,
             sparse,
+            map_user,
             max_bytes: max_alloc_bytes(),
             pool,
         };
@@ -84,7 +85,7 @@ impl RuvmFile {
             let mut retired = mem.retire();
             let _ = mem.zap_user(file, &mut retired);
             drop(retired);
-            let _ = mem.unmap_from_caller();
+            mem.unmap_from_caller();
         }
     }
 
@@ -97,8 +98,8 @@ impl RuvmFile {
         let mut retired = mem.retire();
         let zapped = mem.zap_user(file, &mut retired);
         drop(retired);
-        zapped?;
-        mem.unmap_from_caller()
+        mem.unmap_from_caller();
+        zapped
     }
 
     /// `RUVM_IOCTL_MEM_RANGE`: populates or releases a range of a sparse mem.

@@ -141,6 +141,7 @@ impl Lookup for FileLookup<'_> {
             zero,
             fallback: false,
             sparse: false,
+            map_user: false,
             max_bytes: max_alloc_bytes(),
             pool: Some(pool),
         };

@@ -215,6 +215,9 @@ impl Mem {
         if req.sparse {
             alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE;
         }
+        if req.map_user {
+            alloc_flags |= uapi::ruvm_alloc_flags_RUVM_ALLOC_MAP_USER;
+        }
         let serial = new_serial();
         let pool_id = lease.as_ref().map_or(0, |l| l.pool.id());
         let core = Arc::pin_init(

@@ -79,6 +79,7 @@ pub(crate) fn run(op: &Op, iterations: u64, quota: &Arc<Quota>, max_bytes: u64) 
                     zero: *zero,
                     fallback: false,
                     sparse: false,
+                    map_user: false,
                     max_bytes,
                     pool: None,
                 };

@@ -371,26 +371,42 @@ impl Mem {
 impl Mem {
     /// Maps the mem into the calling process through `file` (its file), as `mmap` of its
     /// offset would, and remembers where (`RUVM_ALLOC_MAP_USER`). Returns the address.
+    /// `ENOENT` (and nothing mapped) if another thread freed the mem meanwhile.
     pub(crate) fn map_into_caller(&self, file: &kernel::fs::File) -> Result<usize> {
         let addr = vma::map_into_current(file, self.mmap_offset(), self.layout.physical_size)?;
-        if let Some(mm) = vma::current_mm_id() {
-            self.state.lock().mapped_at = Some((mm, addr));
+        let freed = {
+            let mut st = self.state.lock();
+            if st.life == Life::Freed {
+                true
+            } else {
+                st.mapped_at = vma::current_mm().map(|mm| (mm, addr));
+                false
+            }
+        };
+        if freed {
+            // Its free came between the mapping and now, and found nothing to unmap.
+            let len = usize::try_from(self.layout.physical_size)?;
+            let _ = vma::unmap_if_owned(addr, len, &VM_OPS, self);
+            return Err(ENOENT);
         }
         Ok(addr)
     }
 
     /// Unmaps the mapping `RUVM_ALLOC_MAP_USER` made, if the caller is the process it was made
     /// in and it is still there, whole, at its address (a program that unmapped or moved it
-    /// keeps what it has). Called by a free, after the zap.
-    pub(crate) fn unmap_from_caller(&self) -> Result {
+    /// keeps what it has). Called by a free, after the zap; best effort (the free is done
+    /// whatever the unmap says: a sealed mapping, a fatal signal).
+    pub(crate) fn unmap_from_caller(&self) {
         let Some((mm, addr)) = self.state.lock().mapped_at.take() else {
-            return Ok(());
+            return;
         };
-        if vma::current_mm_id() != Some(mm) {
-            return Ok(());
+        if !vma::is_current_mm(&mm) {
+            return;
         }
-        let len = usize::try_from(self.layout.physical_size)?;
-        vma::unmap_if_owned(addr, len, &VM_OPS, self).map(|_| ())
+        drop(mm);
+        if let Ok(len) = usize::try_from(self.layout.physical_size) {
+            let _ = vma::unmap_if_owned(addr, len, &VM_OPS, self);
+        }
     }
 }
 

@@ -63,6 +63,7 @@ pub(crate) fn plant(kind: &LeakKind, lost: bool, max_bytes: u64) -> Result {
                 zero: false,
                 fallback: false,
                 sparse: false,
+                map_user: false,
                 max_bytes,
                 pool: None,
             };

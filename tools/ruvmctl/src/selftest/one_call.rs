@@ -67,7 +67,12 @@ fn one_call_alloc_maps_and_free_unmaps() -> TestResult {
             unsafe { p.add(i as usize).write_volatile(pattern::byte_at(5, i)) };
         }
         let q = d.mem_query(a.handle).ctx("MEM_QUERY")?;
-        check!(q.user_mappings == 1, "user mappings {}", q.user_mappings);
+        check!(
+            q.user_mappings == 1 && q.alloc_flags & MAP_USER != 0,
+            "MEM_QUERY: user mappings {}, alloc_flags {:#x}",
+            q.user_mappings,
+            q.alloc_flags
+        );
         d.map_kernel(a.handle).ctx("MAP_CPU_KERNEL")?;
         let v = d
             .mem_fill(true, super::shared::pattern(a.handle, size, 5))
