@@ -232,8 +232,8 @@ pub(crate) fn map_into_current(file: &File, offset: u64, len: u64) -> Result<usi
         // CAST: in -4095..0, so it fits `i32`.
         return Err(Error::from_errno(as_err as i32));
     }
-    // CAST: `unsigned long` is the width of an address.
-    Ok(addr as usize)
+    // `unsigned long` is `usize` in the kernel crate: an address.
+    Ok(addr)
 }
 
 /// The calling process's address space, held (`mmgrab`: its structure cannot be reused for
