@@ -18,6 +18,7 @@ use nix::{
 use super::{fences, oracle, Rng, Shared, GPU_IDS, PAGE_SIZES, SIZES};
 use crate::cmd::arg;
 
+mod heap;
 mod ipc;
 mod sparse;
 mod streams;
@@ -407,7 +408,7 @@ fn one(w: &World, rng: &mut Rng) {
         return;
     };
     let d = &*file;
-    match rng.below(40) {
+    match rng.below(42) {
         0..=2 => alloc(w, d, rng),
         3 => {
             let h = w.handle(rng);
@@ -519,6 +520,7 @@ fn one(w: &World, rng: &mut Rng) {
         30..=35 => streams::one(w, &file, rng),
         36 | 37 => ipc::one(w, d, rng),
         38 | 39 => sparse::one(w, d, rng),
+        40 | 41 => heap::one(w, d, rng),
         _ => {
             // Vidmem, which has its own rules and allocator (its storage is the system's memory).
             if w.over_budget(d) {
