@@ -138,20 +138,21 @@ impl Allocator<'_> {
     /// Gives back arenas' resident chunks that lie wholly in free ready blocks, the longest
     /// blocks first, while more than `keep` is reserved; returns the bytes given back.
     pub(super) fn release_free_chunks(&self, inner: &mut Inner, keep: u64) -> u64 {
-        let mut free: Vec<(u64, bool, u32, u64)> = Vec::new();
-        for large in [false, true] {
-            for (seg, offset, len) in inner.blocks(large).free_ready() {
-                if inner
+        // Arenas hold both classes' blocks, in the small class's index (`Inner::blocks`).
+        let mut free: Vec<(u64, u32, u64)> = inner
+            .small
+            .free_ready()
+            .into_iter()
+            .filter(|&(seg, _, len)| {
+                inner
                     .segment(seg)
                     .is_ok_and(|s| s.is_arena() && len >= s.chunk())
-                {
-                    free.push((len, large, seg, offset));
-                }
-            }
-        }
+            })
+            .map(|(seg, offset, len)| (len, seg, offset))
+            .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));
         let mut given = 0;
-        for (len, _, seg, offset) in free {
+        for (len, seg, offset) in free {
             if inner.stats.reserved <= keep {
                 break;
             }
