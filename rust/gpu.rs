@@ -578,6 +578,13 @@ pub(crate) struct VidmemShrink;
 const ROOT_PAGES: u64 = pmm::CHUNK_MAX / kernel::page::PAGE_SIZE as u64;
 
 impl Shrink for VidmemShrink {
+    /// Kept storage is free memory held for reuse, re-made with no IO: trimmed at every pass.
+    /// Reclaim counts neither it nor any shrinker's pages when it decides whether to invoke
+    /// the OOM killer (`should_reclaim_retry` weighs free and LRU pages only), so a cache that
+    /// gives back only `count >> priority` (the default) is still holding most of its pages
+    /// when an allocation that needed them kills a process: 22 of 256 MiB had gone in one run.
+    const SEEKS: i32 = 0;
+
     /// Pages of kept storage, every GPU's (the audit's count: no lock).
     fn count() -> u64 {
         crate::audit::live_of(crate::audit::Class::VidmemKept) * ROOT_PAGES

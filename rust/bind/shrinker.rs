@@ -16,6 +16,10 @@ use kernel::{bindings, ffi, prelude::*};
 /// What a shrinker asks of its cache. Both run in reclaim: they must not wait for a lock that
 /// an allocating path may hold.
 pub(crate) trait Shrink {
+    /// What re-making one page costs, reclaim's `seeks`: `DEFAULT_SEEKS` (2) for objects read
+    /// back from storage; 0 for objects that need no IO to re-make, which reclaim trims by
+    /// half its count at every pass rather than by `count >> priority`.
+    const SEEKS: i32;
     /// How many pages the cache could give back now.
     fn count() -> u64;
     /// Gives back up to `pages` pages; how many went.
@@ -114,7 +118,7 @@ impl Shrinker {
             let p = ptr.as_ptr();
             (*p).count_objects = Some(count::<S>);
             (*p).scan_objects = Some(scan::<S>);
-            (*p).seeks = 2; // DEFAULT_SEEKS
+            (*p).seeks = S::SEEKS;
         }
         // SAFETY: fully set up, registered once.
         unsafe { bindings::shrinker_register(ptr.as_ptr()) };
