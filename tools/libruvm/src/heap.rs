@@ -16,7 +16,9 @@
 //!
 //! mimalloc cannot forget an arena (its metadata lives at the arena's start, and its purges
 //! visit every arena), so a heap's arena stays reserved, its metadata resident, until the
-//! process ends; a dropped heap's blocks are freed and its chunks given back.
+//! process ends; a dropped heap's blocks are freed and its chunks given back, and the next heap
+//! of the same open file, GPUs and size takes the arena again (mimalloc has room for a fixed
+//! number of arenas: a program that makes and drops heaps must not use one up per heap).
 
 mod arena;
 
@@ -27,8 +29,8 @@ use libmimalloc_sys as mi;
 use nix::errno::Errno;
 
 use crate::Ruvm;
-pub use arena::locate;
 use arena::Arena;
+pub use arena::{arenas, locate};
 
 /// How a heap is made.
 #[derive(Clone, Debug)]
@@ -67,9 +69,9 @@ pub struct HeapStats {
     pub frees: u64,
     /// Allocations served with no system call (none of the heap's commits ran meanwhile).
     pub hits: u64,
-    /// Commits mimalloc asked for (`RUVM_RANGE_POPULATE`).
+    /// Commits mimalloc asked for (`RUVM_RANGE_POPULATE`) since the heap was made.
     pub commits: u64,
-    /// Decommits mimalloc asked for (`RUVM_RANGE_RELEASE`).
+    /// Decommits mimalloc asked for (`RUVM_RANGE_RELEASE`) since the heap was made.
     pub decommits: u64,
     /// The arena's size.
     pub arena_size: u64,
@@ -79,6 +81,9 @@ pub struct HeapStats {
 pub struct PinnedHeap {
     heap: *mut mi::mi_heap_t,
     arena: &'static Arena,
+    /// The arena's commits and decommits when the heap took it (an arena outlives its heap).
+    base_commits: u64,
+    base_decommits: u64,
     in_use: AtomicU64,
     in_use_peak: AtomicU64,
     allocs: AtomicU64,
@@ -96,16 +101,27 @@ impl PinnedHeap {
     /// A heap over a new arena of file `dev`, DMA-mapped for `cfg.gpus`. `ENOMEM` if mimalloc
     /// refuses the arena; the module's errors for the sparse mem (`EINVAL` a module without
     /// sparse mems, `ENODEV` a GPU not there).
+    ///
+    /// The arena of a heap dropped earlier is taken again where it is of the same open file,
+    /// GPUs and size: a program that makes and drops heaps holds one arena per heap alive at
+    /// once, not one per heap ever made (mimalloc has room for a fixed number of arenas).
     pub fn new(dev: &Ruvm, cfg: &HeapConfig) -> Result<Self, Errno> {
-        let arena = Arena::new(dev, cfg)?;
+        let arena = match Arena::take(dev, cfg) {
+            Some(a) => a,
+            None => Arena::new(dev, cfg)?,
+        };
         // SAFETY: the arena's id is mimalloc's, alive for the process.
         let heap = unsafe { mi::mi_heap_new_in_arena(arena.id()) };
         if heap.is_null() {
+            arena.give_up();
             return Err(Errno::ENOMEM);
         }
+        let (_, _, commits, decommits) = arena.counts();
         Ok(Self {
             heap,
             arena,
+            base_commits: commits,
+            base_decommits: decommits,
             in_use: AtomicU64::new(0),
             in_use_peak: AtomicU64::new(0),
             allocs: AtomicU64::new(0),
@@ -234,8 +250,8 @@ impl PinnedHeap {
             allocs: self.allocs.load(Relaxed),
             frees: self.frees.load(Relaxed),
             hits: self.hits.load(Relaxed),
-            commits,
-            decommits,
+            commits: commits - self.base_commits,
+            decommits: decommits - self.base_decommits,
             arena_size: self.arena.len(),
         }
     }
@@ -248,5 +264,6 @@ impl Drop for PinnedHeap {
         unsafe { mi::mi_heap_destroy(self.heap) };
         // SAFETY: mimalloc's global collection, forced.
         unsafe { mi::mi_collect(true) };
+        self.arena.give_up();
     }
 }

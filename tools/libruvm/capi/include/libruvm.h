@@ -127,13 +127,14 @@ int ruvm_allocator_stats(struct ruvm_allocator *a, struct ruvm_allocator_stats *
  * DMA-mapped once for the heap's GPUs, on a mimalloc arena over a sparse mem of the file; the
  * memory mimalloc decommits (its purge, ruvm_heap_collect, ruvm_heap_destroy) goes back to the
  * kernel. Usable from any thread. A heap's arena stays reserved (its metadata resident) until
- * the process ends.
+ * the process ends; the next heap of the same open file, GPUs and arena size takes it again.
  */
 struct ruvm_heap;
 
 /* struct ruvm_heap_stats - resident bytes now and at most (mimalloc's metadata included),
  * bytes in use now and at most, allocations, frees, hits (allocations that committed
- * nothing), commits and decommits mimalloc asked for, the arena's size. */
+ * nothing), commits and decommits mimalloc asked for since the heap was made, the arena's
+ * size. */
 struct ruvm_heap_stats {
 	uint64_t reserved, reserved_peak;
 	uint64_t in_use, in_use_peak;
@@ -148,7 +149,7 @@ _Static_assert(sizeof(struct ruvm_heap_stats) == 80, "struct ruvm_heap_stats");
 static_assert(sizeof(struct ruvm_heap_stats) == 80, "struct ruvm_heap_stats");
 #endif
 
-/* A heap over a new arena of @arena_size bytes (0: 256 MiB; at least mimalloc's 32 MiB, at
+/* A heap over an arena of @arena_size bytes (a destroyed heap's, or a new one) (0: 256 MiB; at least mimalloc's 32 MiB, at
  * most what the module takes as one mem) of the open file @fd (duplicated), DMA-mapped for
  * the @gpu_count GPUs at @gpus (at most 64). -EINVAL a bad argument or a module without
  * sparse mems, -ENODEV a GPU that is not there, -ENOMEM mimalloc refused the arena. */

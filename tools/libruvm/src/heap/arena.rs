@@ -5,7 +5,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use libmimalloc_sys as mi;
@@ -123,6 +123,12 @@ pub fn locate(p: *const u8) -> Option<(u64, u64)> {
     arenas.iter().find_map(|a| a.locate(p))
 }
 
+/// How many arenas this process has made (each lives for the process; a dropped heap's is
+/// taken again by the next heap of the same file, GPUs and size).
+pub fn arenas() -> usize {
+    ARENAS.lock().unwrap_or_else(|e| e.into_inner()).len()
+}
+
 struct Residency {
     chunks: Vec<bool>,
     bytes: u64,
@@ -142,6 +148,12 @@ pub(super) struct Arena {
     meta: AtomicU64,
     /// The process whose arena it is (a forked child has only a copy of the metadata).
     pid: u32,
+    /// The GPUs it is DMA-mapped for, and the size its heap asked for (before any halving):
+    /// what a new heap must ask for to take it again.
+    gpus: Vec<u32>,
+    asked: u64,
+    /// Whether a heap has it (a dropped heap's arena is free for the next).
+    busy: AtomicBool,
     state: Mutex<Residency>,
     commits: AtomicU64,
 }
@@ -157,7 +169,8 @@ impl Arena {
         // SAFETY: plain queries of mimalloc's constants.
         let (align, min) = unsafe { (mi_arena_min_alignment(), mi::mi_arena_min_size()) };
         let (align, min) = (align as u64, min as u64);
-        let mut len = cfg.arena_size.max(min).next_multiple_of(min);
+        let asked = asked_len(cfg);
+        let mut len = asked;
         let sparse = uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE;
         let a = loop {
             match dev.mem_alloc(len, CHUNK, sparse) {
@@ -191,6 +204,9 @@ impl Arena {
             id: AtomicUsize::new(0),
             meta: AtomicU64::new(0),
             pid: std::process::id(),
+            gpus: cfg.gpus.clone(),
+            asked,
+            busy: AtomicBool::new(true),
             state: Mutex::new(Residency {
                 chunks: vec![false; chunks],
                 bytes: 0,
@@ -232,6 +248,40 @@ impl Arena {
         arena.id.store(id as usize, Relaxed);
         ARENAS.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
         Ok(arena)
+    }
+
+    /// An arena a dropped heap left, of file `dev` (the same open file: its mem is this
+    /// file's, as `PTR_ATTRS` through `dev` says), mapped for the same GPUs and asked for the
+    /// same size; taken for a new heap (its resident peak restarted). Its chunks were given
+    /// back when its heap went, but for mimalloc's metadata.
+    pub(super) fn take(dev: &Ruvm, cfg: &HeapConfig) -> Option<&'static Self> {
+        let asked = asked_len(cfg);
+        let pid = std::process::id();
+        let arenas: Vec<&'static Self> = ARENAS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for a in arenas {
+            if a.pid != pid || a.asked != asked || a.gpus != cfg.gpus || a.busy.load(Relaxed) {
+                continue;
+            }
+            if a.busy.swap(true, Relaxed) {
+                continue;
+            }
+            let same_file = dev.ptr_attrs(a.base as u64).is_ok_and(|at| {
+                at.type_ == uapi::ruvm_ptr_type_RUVM_PTR_MEM
+                    && at.handle == a.handle
+                    && at.ptr_flags & uapi::ruvm_ptr_flags_RUVM_PTR_OTHER_FILE == 0
+            });
+            if same_file {
+                a.reset_peak();
+                return Some(a);
+            }
+            a.give_up();
+        }
+        None
+    }
+
+    /// Its heap went (or was never made): the next heap may take it.
+    pub(super) fn give_up(&self) {
+        self.busy.store(false, Relaxed);
     }
 
     pub(super) fn id(&self) -> mi::mi_arena_id_t {
@@ -338,6 +388,14 @@ impl Arena {
         // resident here, and a later commit neither makes it again nor calls it zero.
         ok || !on
     }
+}
+
+/// The arena length a heap of `cfg` asks for: its size, at least mimalloc's smallest arena
+/// and a multiple of it.
+fn asked_len(cfg: &HeapConfig) -> u64 {
+    // SAFETY: a plain query of mimalloc's constant.
+    let min = unsafe { mi::mi_arena_min_size() } as u64;
+    cfg.arena_size.max(min).next_multiple_of(min)
 }
 
 /// mimalloc's commit callback: `arg` is the arena.

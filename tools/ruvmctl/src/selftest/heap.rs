@@ -6,7 +6,7 @@
 //! kernel (the audit and the heap's figures agree) and a calloc after it reads zero. Every case
 //! skips without `RUVM_FEATURE_SPARSE`.
 
-use libruvm::heap::{locate, HeapConfig, PinnedHeap};
+use libruvm::heap::{arenas, locate, HeapConfig, PinnedHeap};
 use libruvm::{uapi, Errno, Ruvm, UserMap};
 
 use super::harness::{check, Case, Context, Stop, TestResult};
@@ -42,6 +42,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "heap_refusals",
             run: heap_refusals,
+        },
+        Case {
+            name: "heap_made_again_takes_its_arena_back",
+            run: heap_made_again_takes_its_arena_back,
         },
     ]
 }
@@ -378,5 +382,63 @@ fn heap_refusals() -> TestResult {
         "a heap of a GPU that is not there: {:?}",
         r.err()
     );
+    Ok(())
+}
+
+/// 300 heaps made and dropped one after another on one file (more than mimalloc has room for
+/// arenas) each hold a block with its bytes, from one arena taken again each time, whose
+/// commits the new heap's figures do not count; a heap of another open file, or one made
+/// while the first lives, gets an arena of its own, whose memory that file answers for.
+fn heap_made_again_takes_its_arena_back() -> TestResult {
+    let (d, first) = setup(Vec::new(), 32 << 20)?;
+    drop(first);
+    let start = arenas();
+    let cfg = HeapConfig {
+        gpus: Vec::new(),
+        arena_size: 32 << 20,
+    };
+    for i in 0..300u64 {
+        let h = PinnedHeap::new(&d, &cfg).ctx(&format!("heap {i}"))?;
+        let p = h.malloc(100 * K);
+        check!(!p.is_null(), "heap {i}: malloc returned null");
+        write(p, 100 * K, i);
+        let bad = mismatches(p, 100 * K, i);
+        let s = h.stats();
+        check!(
+            bad == 0 && s.allocs == 1 && s.decommits == 0,
+            "heap {i}: {bad} bytes wrong, {s:?}"
+        );
+        // SAFETY: the block, not used after.
+        unsafe { h.free(p) };
+    }
+    check!(
+        arenas() == start,
+        "300 heaps made and dropped: {} arenas, {start} before",
+        arenas()
+    );
+    let h1 = PinnedHeap::new(&d, &cfg).ctx("a heap")?;
+    let h2 = PinnedHeap::new(&d, &cfg).ctx("a second heap while the first lives")?;
+    let d2 = Ruvm::open().ctx("open another file")?;
+    let h3 = PinnedHeap::new(&d2, &cfg).ctx("a heap of another file")?;
+    check!(
+        arenas() == start + 2,
+        "a second heap and another file's: {} arenas, {start} before",
+        arenas()
+    );
+    let p = h3.malloc(4 * K);
+    check!(!p.is_null(), "malloc from the other file's heap");
+    let Some((handle, offset)) = locate(p) else {
+        return Err(Stop::Fail("locate: not a heap block".into()));
+    };
+    let a = d2.ptr_attrs(p as u64).ctx("PTR_ATTRS")?;
+    check!(
+        a.handle == handle
+            && a.offset == offset
+            && a.ptr_flags & uapi::ruvm_ptr_flags_RUVM_PTR_OTHER_FILE == 0,
+        "the other file's heap block: located {handle}+{offset}, PTR_ATTRS {a:?}"
+    );
+    // SAFETY: the block, not used after.
+    unsafe { h3.free(p) };
+    drop((h1, h2, h3));
     Ok(())
 }
