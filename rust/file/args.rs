@@ -107,7 +107,10 @@ spec! {
     ruvm_gpu_attach { flags: 0, zero: [pad, reserved] }
     ruvm_mem_gpu { flags: 0, zero: [reserved] }
     ruvm_mem_dma_addrs { flags: 0, zero: [reserved] }
-    ruvm_ce_copy { flags: 0, zero: [reserved] }
+    ruvm_ce_copy {
+        flags: uapi::ruvm_op_flags_RUVM_OP_DST_PTR | uapi::ruvm_op_flags_RUVM_OP_SRC_PTR,
+        zero: [reserved]
+    }
     ruvm_mem_gpu_phys { flags: 0, zero: [pad, reserved] }
     ruvm_pmm_stats { flags: 0, zero: [reserved] }
     ruvm_pmm_check_leak { flags: 0, zero: [reserved] }

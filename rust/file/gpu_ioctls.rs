@@ -14,6 +14,10 @@ use crate::{bind::cred, gpu, mem::Mem, uapi};
 
 use super::{args, RuvmFile};
 
+/// `RUVM_OP_DST_PTR` and `RUVM_OP_SRC_PTR`: a copy's side named by an address of the caller's.
+const DST_PTR: u32 = uapi::ruvm_op_flags_RUVM_OP_DST_PTR;
+const SRC_PTR: u32 = uapi::ruvm_op_flags_RUVM_OP_SRC_PTR;
+
 impl RuvmFile {
     /// `RUVM_IOCTL_MEM_MAP_GPU` and `RUVM_IOCTL_MEM_UNMAP_GPU`, both idempotent.
     pub(super) fn mem_map_gpu(&self, user: UserSlice, map: bool) -> Result {
@@ -121,17 +125,15 @@ impl RuvmFile {
     /// `RUVM_IOCTL_CE_COPY`.
     pub(super) fn ce_copy(&self, user: UserSlice) -> Result {
         let args = args::read::<uapi::ruvm_ce_copy>(user)?;
-        let dst = self.mem(args.dst_handle)?;
-        let src = self.mem(args.src_handle)?;
+        let (dst_ptr, src_ptr) = (args.flags & DST_PTR != 0, args.flags & SRC_PTR != 0);
+        // A side named by its address has no offset of its own: refused before any lookup.
+        if (dst_ptr && args.dst_offset != 0) || (src_ptr && args.src_offset != 0) {
+            return Err(EINVAL);
+        }
+        let (dst, dst_offset) = self.side(args.dst_handle, args.dst_offset, dst_ptr)?;
+        let (src, src_offset) = self.side(args.src_handle, args.src_offset, src_ptr)?;
         let gpu = gpu::get(args.gpu)?;
-        Mem::ce_copy(
-            &gpu,
-            &dst,
-            args.dst_offset,
-            &src,
-            args.src_offset,
-            args.length,
-        )
+        Mem::ce_copy(&gpu, &dst, dst_offset, &src, src_offset, args.length)
     }
 
     /// `RUVM_IOCTL_MEM_DMA_ADDRS` (privileged).

@@ -26,18 +26,7 @@ impl RuvmFile {
             .and_then(crate::mem::Mem::at_user);
         if let Some(p) = found {
             let info = p.mem.info();
-            // The calling file's handle of the mem, if it has one: its table at the mem's
-            // mmap offset names this very mem.
-            let handle = {
-                let inner = self.inner.lock();
-                let h = inner.offsets.get(&p.mem.mmap_offset()).copied();
-                h.filter(|h| {
-                    inner
-                        .mems
-                        .get(h)
-                        .is_some_and(|e| Arc::ptr_eq(&e.mem, &p.mem))
-                })
-            };
+            let handle = self.handle_of(&p.mem);
             args.type_ = uapi::ruvm_ptr_type_RUVM_PTR_MEM;
             let mine = p.owner == self.quota.id();
             // Not in this file's table but made for it: being freed (its handle just went)
@@ -63,6 +52,40 @@ impl RuvmFile {
             args.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
         }
         writer.write(&args)
+    }
+
+    /// The calling file's handle of `mem`, if it has one: its table at the mem's mmap offset
+    /// names this very mem.
+    fn handle_of(&self, mem: &Arc<Mem>) -> Option<Handle> {
+        let inner = self.inner.lock();
+        let h = inner.offsets.get(&mem.mmap_offset()).copied();
+        h.filter(|h| inner.mems.get(h).is_some_and(|e| Arc::ptr_eq(&e.mem, mem)))
+    }
+
+    /// The handle and offset of the file's mem that the calling process maps at `addr`
+    /// (`RUVM_OP_*_PTR`): `ENOENT` if there is none (no mapping of a mem there, another
+    /// file's mem, a freed one).
+    pub(super) fn handle_at(&self, addr: u64) -> Result<(u64, u64)> {
+        let p = usize::try_from(addr)
+            .ok()
+            .and_then(crate::mem::Mem::at_user)
+            .ok_or(ENOENT)?;
+        if p.freed {
+            return Err(ENOENT);
+        }
+        let Handle(h) = self.handle_of(&p.mem).ok_or(ENOENT)?;
+        Ok((h, p.offset))
+    }
+
+    /// One side of a copy: mem `value` at `offset`, or with `by_ptr` the file's mem the
+    /// calling process maps at address `value` (`offset` must be 0: `EINVAL`), at the
+    /// address's offset.
+    pub(super) fn side(&self, value: u64, offset: u64, by_ptr: bool) -> Result<(Arc<Mem>, u64)> {
+        if !by_ptr {
+            return Ok((self.mem(value)?, offset));
+        }
+        let (h, at) = self.handle_at(value)?;
+        Ok((self.mem(h)?, at))
     }
 
     /// `RUVM_IOCTL_POOL_EXPORT`: a new descriptor for an exportable pool of the file.

@@ -107,6 +107,10 @@ impl Lookup for FileLookup<'_> {
         self.0.mem(handle)
     }
 
+    fn handle_at(&self, addr: u64) -> Result<(u64, u64)> {
+        self.0.handle_at(addr)
+    }
+
     fn events(&self, named: &mut [Named]) {
         let inner = self.0.inner.lock();
         for n in named.iter_mut() {

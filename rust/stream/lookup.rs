@@ -19,6 +19,9 @@ use super::event::Event;
 pub(crate) trait Lookup {
     /// The file's mem `handle` (`ENOENT`).
     fn mem(&self, handle: u64) -> Result<Arc<Mem>>;
+    /// The handle and offset of the file's mem the submitting process maps at `addr`
+    /// (`ENOENT` if none).
+    fn handle_at(&self, addr: u64) -> Result<(u64, u64)>;
     /// Finds the file's event of each of `named` (one lookup for a submission, under one
     /// lock).
     fn events(&self, named: &mut [Named]);

@@ -18,7 +18,7 @@ use crate::{
         copy::EngineCopy,
         cpu::{CpuFill, Fill},
         pool::pending::{Asker, Clock},
-        Made, MemCore, StreamAlloc,
+        Made, Mem, MemCore, StreamAlloc,
     },
     uapi,
 };
@@ -134,14 +134,17 @@ pub(super) fn plan(
     match op.kind {
         uapi::ruvm_op_kind_RUVM_OP_COPY => {
             only(op, FLAGS | DST | DST_OFFSET | SRC | SRC_OFFSET | LENGTH)?;
-            if op.length == 0 || op.flags & !(DST_INDEX | SRC_INDEX) != 0 {
+            let known = DST_INDEX | SRC_INDEX | DST_PTR | SRC_PTR;
+            let dst_side = Side::of(op.flags, DST_INDEX, DST_PTR, op.dst_offset)?;
+            let src_side = Side::of(op.flags, SRC_INDEX, SRC_PTR, op.src_offset)?;
+            if op.length == 0 || op.flags & !known != 0 {
                 return Err(EINVAL);
             }
-            let dst = batch.mem(files, op.dst, op.flags & DST_INDEX != 0)?;
-            let src = batch.mem(files, op.src, op.flags & SRC_INDEX != 0)?;
+            let (dst, dst_offset) = dst_side.mem(batch, files, op.dst, op.dst_offset)?;
+            let (src, src_offset) = src_side.mem(batch, files, op.src, op.src_offset)?;
             let (d, s): (&MemCore, &MemCore) = (&dst, &src);
             let implicit = Implicit::of(&[(d, true), (s, false)])?;
-            let copy = EngineCopy::plan(gpu, dst, op.dst_offset, src, op.src_offset, op.length)?;
+            let copy = EngineCopy::plan(gpu, dst, dst_offset, src, src_offset, op.length)?;
             Op::synced(seqno, Work::Copy(copy), implicit, 2, units).map(Some)
         }
         uapi::ruvm_op_kind_RUVM_OP_COPY_VA => {
@@ -326,6 +329,51 @@ pub(super) fn plan(
 /// `struct ruvm_op` flags naming a mem of the submission's by its ALLOC's index.
 const DST_INDEX: u32 = uapi::ruvm_op_flags_RUVM_OP_DST_INDEX;
 const SRC_INDEX: u32 = uapi::ruvm_op_flags_RUVM_OP_SRC_INDEX;
+/// `struct ruvm_op` flags naming a COPY's side by an address of the submitting process.
+const DST_PTR: u32 = uapi::ruvm_op_flags_RUVM_OP_DST_PTR;
+const SRC_PTR: u32 = uapi::ruvm_op_flags_RUVM_OP_SRC_PTR;
+
+/// How a COPY names one of its mems.
+#[derive(Clone, Copy)]
+enum Side {
+    Handle,
+    /// By the index of an ALLOC of the submission.
+    Index,
+    /// By an address of the submitting process (its offset field 0).
+    Ptr,
+}
+
+impl Side {
+    /// The way `flags` name a side whose flags are `index` and `ptr`: `EINVAL` for both, or
+    /// for an address with an offset of its own.
+    fn of(flags: u32, index: u32, ptr: u32, offset: u64) -> Result<Self> {
+        match (flags & index != 0, flags & ptr != 0) {
+            (true, true) => Err(EINVAL),
+            (true, false) => Ok(Self::Index),
+            (false, true) if offset != 0 => Err(EINVAL),
+            (false, true) => Ok(Self::Ptr),
+            (false, false) => Ok(Self::Handle),
+        }
+    }
+
+    /// The mem and offset the side names (`value` and `offset` are the op's fields).
+    fn mem(
+        self,
+        batch: &Batch,
+        files: &dyn Lookup,
+        value: u64,
+        offset: u64,
+    ) -> Result<(Arc<Mem>, u64)> {
+        match self {
+            Self::Handle => Ok((batch.mem(files, value, false)?, offset)),
+            Self::Index => Ok((batch.mem(files, value, true)?, offset)),
+            Self::Ptr => {
+                let (h, at) = files.handle_at(value)?;
+                Ok((batch.mem(files, h, false)?, at))
+            }
+        }
+    }
+}
 
 /// Whether the GPU `id` names can run streams: present (`ENODEV`) and with a copy engine
 /// (`EOPNOTSUPP`).

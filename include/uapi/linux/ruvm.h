@@ -125,13 +125,18 @@ struct ruvm_info {
  * their chunks.
  */
 #define RUVM_FEATURE_SPARSE (1ULL << 16)
+/*
+ * Copies that name a side by an address of the caller's: RUVM_OP_DST_PTR and RUVM_OP_SRC_PTR
+ * in ruvm_ce_copy.flags and in the flags of RUVM_OP_COPY.
+ */
+#define RUVM_FEATURE_COPY_PTR (1ULL << 17)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
 	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS |                   \
 	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC | RUVM_FEATURE_PTR_ATTRS |           \
 	 RUVM_FEATURE_IPC_POOLS | RUVM_FEATURE_DMABUF | RUVM_FEATURE_STATUS_PAGE |             \
-	 RUVM_FEATURE_SPARSE)
+	 RUVM_FEATURE_SPARSE | RUVM_FEATURE_COPY_PTR)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -806,12 +811,20 @@ struct ruvm_mem_dma_addrs {
  * machine's clock, so copies are slow: meant for checking addresses, not for bulk data. A
  * simulated GPU's engine is the CPU, in pieces of up to 2 MiB.
  *
+ * Either side may be named by an address of the caller's instead (RUVM_OP_DST_PTR,
+ * RUVM_OP_SRC_PTR): an address inside the calling process's mapping of a mem of this file (one
+ * RUVM_IOCTL_PTR_ATTRS names with a handle of this file: a pinned heap's pointer, say), its
+ * offset field 0; the copy is then to (from) that mem at the address's offset. ENOENT if the
+ * address is in no such mapping (unmapped, another file's or a freed mem's, another driver's
+ * mapping), EINVAL for a non-zero offset field; the flags and offsets are checked before any
+ * mem is looked up.
+ *
  * @gpu:        (in) the GPU's id
- * @flags:      (in) must be 0
- * @dst_handle: (in) destination mem
- * @dst_offset: (in) destination offset
- * @src_handle: (in) source mem
- * @src_offset: (in) source offset
+ * @flags:      (in) RUVM_OP_DST_PTR, RUVM_OP_SRC_PTR (enum ruvm_op_flags), or 0
+ * @dst_handle: (in) destination mem; with RUVM_OP_DST_PTR, the destination address
+ * @dst_offset: (in) destination offset (0 with RUVM_OP_DST_PTR)
+ * @src_handle: (in) source mem; with RUVM_OP_SRC_PTR, the source address
+ * @src_offset: (in) source offset (0 with RUVM_OP_SRC_PTR)
  * @length:     (in) bytes
  * @reserved:   (in) must be 0
  */
@@ -1814,10 +1827,18 @@ enum ruvm_op_kind {
  * ruvm_op.flags of COPY and FREE: the mem is that of an earlier RUVM_OP_ALLOC of the same
  * submission, @dst (@src) being that op's index in the ops array (0 for the first) rather than
  * a handle. (A FILL needs a CPU kernel mapping, which an ALLOC's mem cannot have yet.)
+ *
+ * ruvm_op.flags of COPY, and ruvm_ce_copy.flags: RUVM_OP_DST_PTR (RUVM_OP_SRC_PTR) names that
+ * side by an address of the submitting process, @dst (@src) being the address and @dst_offset
+ * (@src_offset) 0, as struct ruvm_ce_copy says; resolved when the op is submitted (the mem
+ * then stays the op's whatever becomes of the mapping). A side with both its INDEX and PTR
+ * flags is EINVAL.
  */
 enum ruvm_op_flags {
 	RUVM_OP_DST_INDEX = 1 << 8,
 	RUVM_OP_SRC_INDEX = 1 << 9,
+	RUVM_OP_DST_PTR = 1 << 10,
+	RUVM_OP_SRC_PTR = 1 << 11,
 };
 
 /**
@@ -1826,13 +1847,15 @@ enum ruvm_op_flags {
  * Every field an operation's kind does not name must be 0 (EINVAL otherwise).
  *
  * @kind:       enum ruvm_op_kind
- * @flags:      COPY_VA: enum ruvm_va_space_flags; ALLOC: RUVM_ALLOC_ZERO or 0; COPY, FREE:
- *              enum ruvm_op_flags; otherwise 0
- * @dst:        COPY, FILL, FREE: the (destination) mem's handle; COPY_VA: the destination VA;
- *              ALLOC: (out) the new mem's handle
- * @dst_offset: COPY, FILL: the offset in it; ALLOC: (out) the new mem's mmap offset
- * @src:        COPY: the source mem's handle; COPY_VA: the source VA; ALLOC: the pool, or 0
- * @src_offset: COPY: the offset in it
+ * @flags:      COPY_VA: enum ruvm_va_space_flags; ALLOC: RUVM_ALLOC_ZERO or 0; COPY: enum
+ *              ruvm_op_flags; FREE: RUVM_OP_DST_INDEX or 0; otherwise 0
+ * @dst:        COPY, FILL, FREE: the (destination) mem's handle (COPY: or its address, with
+ *              RUVM_OP_DST_PTR); COPY_VA: the destination VA; ALLOC: (out) the new mem's handle
+ * @dst_offset: COPY, FILL: the offset in it (0 with RUVM_OP_DST_PTR); ALLOC: (out) the new
+ *              mem's mmap offset
+ * @src:        COPY: the source mem's handle (or its address, with RUVM_OP_SRC_PTR); COPY_VA:
+ *              the source VA; ALLOC: the pool, or 0
+ * @src_offset: COPY: the offset in it (0 with RUVM_OP_SRC_PTR)
  * @length:     COPY, COPY_VA, FILL, ALLOC: bytes, > 0
  * @value:      FILL: the seed; RECORD, WAIT_EVENT: the event's handle; WAIT_FD: the fd
  * @fill_kind:  FILL: enum ruvm_fill_kind
@@ -1861,7 +1884,7 @@ struct ruvm_op {
  * is given or taken (the mems ALLOCs made are freed again: a handle written back names
  * nothing), and the pools hold what they held (but for their high watermarks). Returns at once; the operations run in order, after every operation
  * submitted to the stream before them (on a stream with nothing queued, the records,
- * satisfied waits and FREEs at the head of the submission are retired before it returns). Errors: ENOENT (no such stream, mem, pool or event),
+ * satisfied waits and FREEs at the head of the submission are retired before it returns). Errors: ENOENT (no such stream, mem, pool or event; a COPY's address in no mapping of a mem of the file),
  * EINVAL (a bad field, a range outside a mem, an fd that is not a sync_file, @count 0 or above
  * RUVM_MAX_SUBMIT_OPS, an index flag naming an op that is not an earlier ALLOC), EOVERFLOW
  * (COPY, FILL: an offset + length past 2^64, as RUVM_IOCTL_CE_COPY; ALLOC: a size past what

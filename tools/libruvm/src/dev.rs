@@ -777,8 +777,22 @@ impl Ruvm {
         src_offset: u64,
         length: u64,
     ) -> Result<(), Errno> {
+        self.ce_copy_flags(gpu, 0, (dst, dst_offset), (src, src_offset), length)
+    }
+
+    /// `RUVM_IOCTL_CE_COPY` with `flags`: `RUVM_OP_DST_PTR` (`RUVM_OP_SRC_PTR`) names that side
+    /// (handle, offset) by an address of this process instead, (address, 0).
+    pub fn ce_copy_flags(
+        &self,
+        gpu: u32,
+        flags: u32,
+        (dst, dst_offset): (u64, u64),
+        (src, src_offset): (u64, u64),
+        length: u64,
+    ) -> Result<(), Errno> {
         let mut a = uapi::ruvm_ce_copy {
             gpu,
+            flags,
             dst_handle: dst,
             dst_offset,
             src_handle: src,

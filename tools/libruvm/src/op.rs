@@ -190,6 +190,27 @@ pub fn with_src_index(op: uapi::ruvm_op, i: usize) -> uapi::ruvm_op {
     }
 }
 
+/// `op` (a COPY) with its destination named by address `p` of this process, inside its
+/// mapping of a mem of the submitting file (`RUVM_OP_DST_PTR`): a pinned heap's pointer, say.
+pub fn with_dst_ptr(op: uapi::ruvm_op, p: *const u8) -> uapi::ruvm_op {
+    uapi::ruvm_op {
+        flags: op.flags | uapi::ruvm_op_flags_RUVM_OP_DST_PTR,
+        dst: p as u64,
+        dst_offset: 0,
+        ..op
+    }
+}
+
+/// `op` (a COPY) with its source named by address `p` of this process (`RUVM_OP_SRC_PTR`).
+pub fn with_src_ptr(op: uapi::ruvm_op, p: *const u8) -> uapi::ruvm_op {
+    uapi::ruvm_op {
+        flags: op.flags | uapi::ruvm_op_flags_RUVM_OP_SRC_PTR,
+        src: p as u64,
+        src_offset: 0,
+        ..op
+    }
+}
+
 /// Whether the module writes into `op` when it is submitted (an ALLOC's results).
 pub fn writes_back(op: &uapi::ruvm_op) -> bool {
     op.kind == uapi::ruvm_op_kind_RUVM_OP_ALLOC

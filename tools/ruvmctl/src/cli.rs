@@ -77,6 +77,21 @@ pub enum HeapAction {
         #[command(flatten)]
         json: Json,
     },
+    /// Copy a pattern from one block of a new pinned heap (DMA-mapped for GPU) to another with
+    /// the GPU's copy engine, naming both blocks by their pointers (RUVM_OP_SRC_PTR,
+    /// RUVM_OP_DST_PTR), and check the bytes: at once (RUVM_IOCTL_CE_COPY), or queued on a
+    /// new stream of the GPU and waited for (--stream).
+    Copy {
+        gpu: u32,
+        /// Bytes to copy (each block's size).
+        #[arg(long, default_value = "64K", value_parser = parse_size)]
+        size: u64,
+        /// Queue the copy on a new stream (RUVM_OP_COPY) instead of copying now.
+        #[arg(long)]
+        stream: bool,
+        #[command(flatten)]
+        json: Json,
+    },
 }
 
 /// `ruvmctl mem ...`.

@@ -122,6 +122,12 @@ fn run(cli: Cli) -> Result<()> {
                 &cmd::heap::run(&d()?, class, iterations, &gpus, arena)?,
                 json.json,
             ),
+            HeapAction::Copy {
+                gpu,
+                size,
+                stream,
+                json,
+            } => emit(&cmd::heap::copy(&d()?, gpu, size, stream)?, json.json),
         },
         Cmd::Mem { action } => {
             let (populate, r) = match action {

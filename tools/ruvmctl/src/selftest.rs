@@ -15,6 +15,7 @@ mod adversary;
 mod audit;
 mod basic;
 mod bench;
+mod copy_ptr;
 mod dmabuf;
 mod faults;
 mod gpu;
@@ -53,6 +54,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(ualloc::cases());
     v.extend(heap::cases());
     v.extend(ptr::cases());
+    v.extend(copy_ptr::cases());
     v.extend(ipc::cases());
     v.extend(dmabuf::cases());
     v.extend(bench::cases());

@@ -75,6 +75,15 @@ int main(void)
 			.dst_handle = dst,
 			.dst_offset = dst_off,
 		};
+		/* Every other copy names both blocks by their pointers instead. */
+		if (i % 2)
+			c = (struct ruvm_ce_copy){
+				.gpu = gpu,
+				.flags = RUVM_OP_SRC_PTR | RUVM_OP_DST_PTR,
+				.length = n,
+				.src_handle = (uintptr_t)b[i],
+				.dst_handle = (uintptr_t)b[i + 1],
+			};
 		if (ioctl(fd, RUVM_IOCTL_CE_COPY, &c))
 			return fail("RUVM_IOCTL_CE_COPY", errno);
 		for (size_t k = 0; k < n; k++)

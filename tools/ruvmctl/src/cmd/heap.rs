@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! `ruvmctl heap run`: a pinned heap (`libruvm::heap`) exercised on a trace and inspected, and
+//! `ruvmctl heap run` and `heap copy`: a pinned heap (`libruvm::heap`) exercised on a trace
+//! and inspected, its blocks copied by the engine by their pointers, and
 //! the replays the `heap` bench group times: a trace through a pinned heap, through fresh
 //! mems, and a trace of small blocks through glibc's `malloc` and mimalloc's own heap.
 
@@ -8,7 +9,7 @@ use std::collections::HashMap;
 
 use anyhow::{anyhow, Context, Result};
 use libruvm::heap::{HeapConfig, HeapStats, PinnedHeap};
-use libruvm::Ruvm;
+use libruvm::{op, uapi, Ruvm};
 use serde::Serialize;
 
 use super::allocator::Meter;
@@ -210,4 +211,105 @@ pub fn run(
         collected: collected.into(),
         peak_live: trace.peak_live,
     })
+}
+
+/// What `heap copy` shows.
+#[derive(Serialize)]
+pub struct HeapCopy {
+    pub gpu: u32,
+    pub bytes: u64,
+    /// `ce_copy` (at once) or `stream` (queued and waited for).
+    pub how: &'static str,
+    /// The blocks' addresses in ruvmctl's process.
+    pub src: u64,
+    pub dst: u64,
+    /// The copy's time, queueing and waiting included.
+    pub ns: u128,
+    /// Bytes of the destination block that are not the source's.
+    pub mismatches: u64,
+}
+
+impl Report for HeapCopy {
+    fn render(&self) -> String {
+        format!(
+            "{} bytes copied on GPU {} ({}) from block {:#x} to block {:#x} by their pointers \
+             in {} us: {}",
+            self.bytes,
+            self.gpu,
+            self.how,
+            self.src,
+            self.dst,
+            self.ns / 1000,
+            if self.mismatches == 0 {
+                "every byte matches".to_string()
+            } else {
+                format!("{} bytes differ", self.mismatches)
+            }
+        )
+    }
+}
+
+/// `ruvmctl heap copy`: fails unless every byte arrived.
+pub fn copy(d: &Ruvm, gpu: u32, size: u64, on_stream: bool) -> Result<HeapCopy> {
+    let n = usize::try_from(size).context("size")?;
+    if n == 0 {
+        return Err(anyhow!("a copy of 0 bytes"));
+    }
+    let heap = PinnedHeap::new(
+        d,
+        &HeapConfig {
+            gpus: vec![gpu],
+            arena_size: (2 * size).max(32 << 20),
+        },
+    )
+    .map_err(|e| anyhow!("a pinned heap for GPU {gpu}: {e}"))?;
+    let (src, dst) = (heap.malloc(n), heap.malloc(n));
+    if src.is_null() || dst.is_null() {
+        return Err(anyhow!(
+            "the heap has no room for two blocks of {size} bytes"
+        ));
+    }
+    for i in 0..n {
+        // SAFETY: `src` is a live block of `n` bytes.
+        unsafe { src.add(i).write(crate::pattern::byte_at(1, i as u64)) };
+    }
+    let start = std::time::Instant::now();
+    let copied = if on_stream {
+        let s = d.stream_create(gpu).context("STREAM_CREATE")?.handle;
+        let o = op::with_dst_ptr(op::with_src_ptr(op::copy(0, 0, 0, 0, size), src), dst);
+        let r = d
+            .stream_submit(s, &[o])
+            .and_then(|_| d.stream_sync(s, uapi::RUVM_WAIT_MAX_MS));
+        let _ = d.stream_destroy(s);
+        r.context("the copy on a stream")
+    } else {
+        let flags = uapi::ruvm_op_flags_RUVM_OP_SRC_PTR | uapi::ruvm_op_flags_RUVM_OP_DST_PTR;
+        d.ce_copy_flags(gpu, flags, (dst as u64, 0), (src as u64, 0), size)
+            .context("CE_COPY")
+    };
+    let ns = start.elapsed().as_nanos();
+    // SAFETY: `dst` is a live block of `n` bytes, written by the engine before the call
+    // returned (or the stream was synchronized).
+    let mismatches = (0..n)
+        .filter(|&i| unsafe { dst.add(i).read_volatile() } != crate::pattern::byte_at(1, i as u64))
+        .count() as u64;
+    // SAFETY: the blocks, not used after.
+    unsafe {
+        heap.free(src);
+        heap.free(dst);
+    }
+    copied?;
+    let r = HeapCopy {
+        gpu,
+        bytes: size,
+        how: if on_stream { "stream" } else { "ce_copy" },
+        src: src as u64,
+        dst: dst as u64,
+        ns,
+        mismatches,
+    };
+    if r.mismatches != 0 {
+        return Err(anyhow!("{}", r.render()));
+    }
+    Ok(r)
 }

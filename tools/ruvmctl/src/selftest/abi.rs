@@ -169,7 +169,9 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
     }
     row!(&d, p, e, cmd::MEM_DMA_ADDRS, uapi::ruvm_mem_dma_addrs::default(),
         known: 0, zero: [reserved]);
-    row!(&d, p, e, cmd::CE_COPY, uapi::ruvm_ce_copy::default(), known: 0, zero: [reserved]);
+    row!(&d, p, e, cmd::CE_COPY, uapi::ruvm_ce_copy::default(),
+        known: uapi::ruvm_op_flags_RUVM_OP_DST_PTR | uapi::ruvm_op_flags_RUVM_OP_SRC_PTR,
+        zero: [reserved]);
     row!(&d, p, e, cmd::MEM_GPU_PHYS, uapi::ruvm_mem_gpu_phys::default(),
         known: 0, zero: [pad, reserved]);
     for c in [

@@ -5,19 +5,21 @@
 //! allocate, reallocate and free blocks of 8 bytes to 1 MiB in it, from any thread, and collect
 //! now and then, while the worker's other steps race (its files closed, its children forked and
 //! killed, GPUs removed). Oracles: a block holds what its writer wrote until it is freed (no
-//! chunk goes back under a live block), a `calloc`'d block reads zero, and `locate` finds every
-//! block in an arena.
+//! chunk goes back under a live block), a `calloc`'d block reads zero, `locate` finds every
+//! block in an arena, and a block copied to another by a simulated GPU's engine, both named by
+//! their pointers (`RUVM_OP_SRC_PTR | RUVM_OP_DST_PTR`), holds the source's bytes.
 
 use std::sync::{Mutex, OnceLock};
 
 use libruvm::heap::{locate, HeapConfig, PinnedHeap};
-use libruvm::Ruvm;
+use libruvm::{uapi, Errno, Ruvm};
 
 use super::{Rng, World};
 
-/// The worker's heap (`None` once making it failed: the module has no sparse mems, or no
-/// memory), and its live blocks: (address, length, seed).
-static HEAP: OnceLock<Option<PinnedHeap>> = OnceLock::new();
+/// The worker's heap and a descriptor of the file it was made on (whose mem its pointers
+/// name; `None` once making it failed: the module has no sparse mems, or no memory), and its
+/// live blocks: (address, length, seed).
+static HEAP: OnceLock<Option<(PinnedHeap, Ruvm)>> = OnceLock::new();
 static BLOCKS: Mutex<Vec<(usize, usize, u8)>> = Mutex::new(Vec::new());
 
 /// The bytes of a block written with `seed`.
@@ -28,16 +30,19 @@ fn byte(seed: u8, i: usize) -> u8 {
 /// One heap step on file `d` of worker `w`.
 pub(super) fn one(w: &World, d: &Ruvm, rng: &mut Rng) {
     let heap = HEAP.get_or_init(|| {
-        PinnedHeap::new(
-            d,
+        let own = d.as_fd().try_clone_to_owned().ok()?;
+        let file = Ruvm::from_owned_fd(own).ok()?;
+        let heap = PinnedHeap::new(
+            &file,
             &HeapConfig {
                 gpus: w.sims.clone(),
                 arena_size: 64 << 20,
             },
         )
-        .ok()
+        .ok()?;
+        Some((heap, file))
     });
-    let Some(heap) = heap else { return };
+    let Some((heap, file)) = heap else { return };
     let mut blocks = BLOCKS.lock().unwrap_or_else(|e| e.into_inner());
     match rng.below(8) {
         0..=3 if blocks.len() < 256 && !w.over_budget(d) => {
@@ -110,6 +115,43 @@ pub(super) fn one(w: &World, d: &Ruvm, rng: &mut Rng) {
                 unsafe { q.add(i).write(byte(seed, i)) };
             }
             blocks[k] = (q as usize, m, seed);
+        }
+        7 if blocks.len() >= 2 && !w.sims.is_empty() => {
+            let (a, b) = (
+                rng.below(blocks.len() as u64) as usize,
+                rng.below(blocks.len() as u64) as usize,
+            );
+            let ((pa, na, sa), (pb, nb, _)) = (blocks[a], blocks[b]);
+            if a == b || na < nb {
+                return;
+            }
+            let g = rng.pick(&w.sims);
+            let flags = uapi::ruvm_op_flags_RUVM_OP_SRC_PTR | uapi::ruvm_op_flags_RUVM_OP_DST_PTR;
+            match file.ce_copy_flags(g, flags, (pb as u64, 0), (pa as u64, 0), nb as u64) {
+                Ok(()) => {
+                    let q = pb as *const u8;
+                    // SAFETY: a live block of `nb` bytes.
+                    let bad = (0..nb)
+                        .filter(|&i| unsafe { q.add(i).read() } != byte(sa, i))
+                        .count();
+                    if bad > 0 {
+                        w.problem(format!(
+                            "a copy of {nb} bytes between heap blocks by their pointers: {bad} wrong"
+                        ));
+                    }
+                    blocks[b].2 = sa;
+                }
+                // The GPU removed (and its DMA mappings with it), or a signal: the block may
+                // hold part of the copy, so it leaves the oracle.
+                Err(Errno::ENODEV | Errno::ENXIO | Errno::EINTR | Errno::ETIMEDOUT) => {
+                    blocks.swap_remove(b);
+                    // SAFETY: a live block of the heap, not used after.
+                    unsafe { heap.free(pb as *mut u8) };
+                }
+                Err(e) => w.problem(format!(
+                    "a copy between heap blocks by their pointers failed: {e}"
+                )),
+            }
         }
         _ => heap.collect(),
     }
