@@ -246,12 +246,12 @@ impl<'d> Allocator<'d> {
         }
         // The bins given back first: the free blocks, merged, are what is searched.
         self.settle_bins(inner, None);
+        // A hit is a request met from free blocks with no chunk made resident (counted once
+        // the block is placed: a placement that populates is the kernel's, a miss).
         let found = self.find(inner, large, want, stream);
+        let from_free = found.is_some();
         let found = match found {
-            Some(f) => {
-                inner.stats.hits += 1;
-                f
-            }
+            Some(f) => f,
             None => match self.new_segment(inner, large, want) {
                 Ok(f) => f,
                 Err(e) if e == Errno::ENOMEM || e == Errno::ENOSPC => {
@@ -262,10 +262,7 @@ impl<'d> Allocator<'d> {
                     match self.new_segment(inner, large, want) {
                         Ok(f) => f,
                         Err(again) => match self.take_behind_wait(inner, large, want, stream) {
-                            Some(f) => {
-                                inner.stats.hits += 1;
-                                f
-                            }
+                            Some(f) => f,
                             None => return Err(again),
                         },
                     }
@@ -275,17 +272,20 @@ impl<'d> Allocator<'d> {
         };
         // An arena's chunks the kernel will not give (its quota, the memory cgroup, the
         // reserve limit): another stream's free taken behind a wait, as for a segment.
-        let (found, got) = match self.place(inner, large, found, want, used) {
-            Ok(got) => (found, got),
+        let misses = inner.stats.misses;
+        let (found, got, from_free) = match self.place(inner, large, found, want, used) {
+            Ok(got) => (found, got, from_free),
             Err(e) if e == Errno::ENOMEM || e == Errno::ENOSPC => {
                 let Some(f) = self.take_behind_wait(inner, large, want, stream) else {
                     return Err(e);
                 };
-                inner.stats.hits += 1;
-                (f, self.place(inner, large, f, want, used)?)
+                (f, self.place(inner, large, f, want, used)?, true)
             }
             Err(e) => return Err(e),
         };
+        if from_free && inner.stats.misses == misses {
+            inner.stats.hits += 1;
+        }
         let seg = inner.segment(found.seg)?;
         let block = Block {
             mem: seg.handle,

@@ -109,11 +109,11 @@ pub struct Stats {
     pub requested_peak: u64,
     /// Segments (and arenas) held now.
     pub segments: u64,
-    /// Allocations served from held segments.
+    /// Allocations served from held memory: free blocks, with no chunk made resident.
     pub hits: u64,
     /// Allocations that asked the kernel for memory (a new segment, or an arena's chunks).
     pub misses: u64,
-    /// Of the hits, blocks another stream freed.
+    /// Blocks taken from another stream's frees.
     pub cross_stream: u64,
     /// Waits inserted to take them (`allow_internal_dependencies`).
     pub waits_inserted: u64,

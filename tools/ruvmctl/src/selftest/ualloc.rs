@@ -39,6 +39,10 @@ pub fn cases() -> Vec<Case> {
             name: "ualloc_bad_inputs",
             run: ualloc_bad_inputs,
         },
+        Case {
+            name: "ualloc_counts_each_allocation_a_hit_or_a_miss",
+            run: ualloc_counts_each_allocation_a_hit_or_a_miss,
+        },
     ]
 }
 
@@ -518,6 +522,44 @@ fn ualloc_bad_inputs() -> TestResult {
     expect_errno(a.free(x, s), Errno::EINVAL, "a block freed twice")?;
     b.free(y, s).ctx("free")?;
     drop((a, b));
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    Ok(())
+}
+
+/// Every allocation is one hit or one miss: the first block is a miss (the kernel made
+/// memory), the same length again after its free a hit, a block whose placement makes more of
+/// an arena resident a miss though a free block held its place (counted as a hit too before),
+/// and the figures add up to the allocations.
+fn ualloc_counts_each_allocation_a_hit_or_a_miss() -> TestResult {
+    let (d, g) = setup()?;
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let a = Allocator::new(
+        &d,
+        Config {
+            gpus: vec![g],
+            ..Default::default()
+        },
+    );
+    let count = |what: &str, hits: u64, misses: u64| -> TestResult {
+        let st = a.stats();
+        check!(
+            st.hits == hits && st.misses == misses,
+            "{what}: {} hits and {} misses, wanted {hits} and {misses}",
+            st.hits,
+            st.misses
+        );
+        Ok(())
+    };
+    let b = a.alloc(64 << 10, s).ctx("alloc")?;
+    count("a first block", 0, 1)?;
+    a.free(b, s).ctx("free")?;
+    let b = a.alloc(64 << 10, s).ctx("alloc")?;
+    count("the same length after its free", 1, 1)?;
+    let big = a.alloc(8 * M, s).ctx("alloc 8 MiB")?;
+    count("a block beyond what is resident", 1, 2)?;
+    a.free(big, s).ctx("free")?;
+    a.free(b, s).ctx("free")?;
+    drop(a);
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
     Ok(())
 }
