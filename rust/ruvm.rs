@@ -22,7 +22,9 @@
 //!    take a file's or a mem's lock; a free takes it, holding no ruvm lock, to wait for an
 //!    `mmap` that filled a VMA);
 //! 2. a stream's submission mutex (`stream.rs`), held across one submission's checks and
-//!    planning, under which the file's table mutex, mems' and GPUs' locks are taken, and,
+//!    planning, under which the file's table mutex, mems' and GPUs' locks are taken (and the
+//!    caller's mmap lock, for reading, to find a COPY's side named by its address: released
+//!    before any ruvm lock is taken; no holder of an mmap lock takes a submission mutex), and,
 //!    after the commit, the lock of exchanges with several dma-bufs' objects, then each
 //!    reservation object an operation's fence goes into, one at a time (`stream/implicit.rs`;
 //!    nothing of ruvm's under it);

@@ -220,6 +220,8 @@ impl Mem {
         }
         let serial = new_serial();
         let pool_id = lease.as_ref().map_or(0, |l| l.pool.id());
+        // The mem's objects are the caller's memory cgroup's, as an import's are.
+        let gfp = origin.gfp();
         let core = Arc::pin_init(
             try_pin_init!(MemCore {
                 serial,
@@ -246,14 +248,14 @@ impl Mem {
                     if req.sparse { 0 } else { req.size },
                 )),
             }),
-            GFP_KERNEL,
+            gfp,
         )?;
         let mem = Arc::new(
             Mem {
                 core: core.clone(),
                 _charge: charge,
             },
-            GFP_KERNEL,
+            gfp,
         )?;
         // Registered last; on failure `mem` is dropped, and `Mem::drop` finds nothing to remove.
         registry::insert(serial, core)?;

@@ -133,8 +133,8 @@ fn table_for(
     if let Some((_, t)) = st.gpus.iter().find(|(g, _)| *g == id) {
         return Ok(t.clone());
     }
-    let table = Arc::new(access.map(pages.clone())?, GFP_KERNEL)?;
-    st.gpus.push((id, table.clone()), GFP_KERNEL)?;
+    let table = Arc::new(access.map(pages.clone())?, GFP_KERNEL_ACCOUNT)?;
+    st.gpus.push((id, table.clone()), GFP_KERNEL_ACCOUNT)?;
     Ok(table)
 }
 

@@ -15,6 +15,7 @@ mod adversary;
 mod audit;
 mod basic;
 mod bench;
+mod charge;
 mod copy_ptr;
 mod dmabuf;
 mod faults;
@@ -55,6 +56,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(heap::cases());
     v.extend(ptr::cases());
     v.extend(copy_ptr::cases());
+    v.extend(charge::cases());
     v.extend(ipc::cases());
     v.extend(dmabuf::cases());
     v.extend(bench::cases());

@@ -255,18 +255,26 @@ pub fn copy(d: &Ruvm, gpu: u32, size: u64, on_stream: bool) -> Result<HeapCopy> 
     if n == 0 {
         return Err(anyhow!("a copy of 0 bytes"));
     }
+    // Room for both blocks beside mimalloc's metadata at the arena's start, and its
+    // alignment of large blocks.
+    let arena_size = size
+        .checked_mul(5)
+        .map(|n| n / 2 + (8 << 20))
+        .ok_or_else(|| anyhow!("a copy of {size} bytes is too large"))?;
     let heap = PinnedHeap::new(
         d,
         &HeapConfig {
             gpus: vec![gpu],
-            arena_size: (2 * size).max(32 << 20),
+            arena_size,
         },
     )
     .map_err(|e| anyhow!("a pinned heap for GPU {gpu}: {e}"))?;
     let (src, dst) = (heap.malloc(n), heap.malloc(n));
     if src.is_null() || dst.is_null() {
         return Err(anyhow!(
-            "the heap has no room for two blocks of {size} bytes"
+            "the heap's arena of {} bytes (at most the module's largest mem) has no room for \
+             two blocks of {size} bytes",
+            heap.stats().arena_size
         ));
     }
     for i in 0..n {

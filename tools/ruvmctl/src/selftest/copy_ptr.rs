@@ -68,8 +68,8 @@ fn wrong(map: &UserMap, from: u64, len: u64, seed: u64) -> u64 {
         .count() as u64
 }
 
-/// Source by address, destination by handle; the reverse; both by address (within one mem,
-/// overlapping nothing): the bytes land where the addresses' offsets say, through CE_COPY.
+/// Source by address, destination by handle; the reverse; both by address: the bytes land
+/// where the addresses' offsets say, through CE_COPY.
 fn copy_ptr_bytes_through_both_sides() -> TestResult {
     let (d, g) = setup()?;
     let (a, ma) = mapped(&d, g)?;
@@ -158,11 +158,11 @@ fn copy_ptr_heap_pointer_on_a_stream() -> TestResult {
     Ok(())
 }
 
-/// Each refusal, through CE_COPY and a stream's COPY: an address with an offset of its own
-/// and a side with both INDEX and PTR are `EINVAL` before any lookup (even of an address of
-/// nothing); an address of the stack, of another file's mem, of a freed mem's mapping are
-/// `ENOENT`; a range past the mem's end from an address inside it is `EINVAL`; an unknown
-/// flag is `EINVAL`.
+/// Each refusal, through CE_COPY and a stream's COPY: an address with an offset of its own,
+/// a side with both INDEX and PTR (its index naming a real ALLOC) and an unknown flag are
+/// `EINVAL` before any lookup (the other side an address of nothing); an address of the
+/// stack, of another file's mem, of a freed mem's mapping are `ENOENT`; a range past the mem's
+/// end from an address inside it is `EINVAL`.
 fn copy_ptr_refusals() -> TestResult {
     let (d, g) = setup()?;
     let (a, ma) = mapped(&d, g)?;
@@ -184,9 +184,9 @@ fn copy_ptr_refusals() -> TestResult {
         "CE_COPY: an offset beside an address, the other side an address of nothing",
     )?;
     expect_errno(
-        ce(1 << 12, (b, 0), (a, 0), 16),
+        ce(SRC_PTR | (1 << 12), (b, 0), (nothing, 0), 16),
         Errno::EINVAL,
-        "CE_COPY: an unknown flag",
+        "CE_COPY: an unknown flag, the source an address of nothing",
     )?;
     expect_errno(
         ce(SRC_PTR, (b, 0), (nothing, 0), 16),
@@ -210,27 +210,57 @@ fn copy_ptr_refusals() -> TestResult {
 
     let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
     let submit = |o: uapi::ruvm_op| d.stream_submit(s, &[o]);
+    let nowhere: *const u8 = std::ptr::addr_of!(stack).cast();
     expect_errno(
         submit(uapi::ruvm_op {
             src_offset: 4,
-            ..op::with_src_ptr(op::copy(b, 0, 0, 0, 16), ma.as_ptr())
+            ..op::with_dst_ptr(
+                op::with_src_ptr(op::copy(0, 0, 0, 0, 16), ma.as_ptr()),
+                nowhere,
+            )
         }),
         Errno::EINVAL,
-        "COPY: an address with an offset",
+        "COPY: an address with an offset, the other side an address of nothing",
     )?;
     expect_errno(
-        submit(op::with_dst_index(
-            op::with_dst_ptr(op::copy(0, 0, a, 0, 16), ma.as_ptr()),
-            0,
-        )),
+        submit(uapi::ruvm_op {
+            flags: uapi::ruvm_op_flags_RUVM_OP_DST_PTR | (1 << 12),
+            ..op::with_dst_ptr(op::copy(0, 0, a, 0, 16), nowhere)
+        }),
         Errno::EINVAL,
-        "COPY: a destination by index and by address",
+        "COPY: an unknown flag, the destination an address of nothing",
     )?;
     expect_errno(
         submit(op::with_src_ptr(
-            op::copy(b, 0, 0, 0, 16),
-            std::ptr::addr_of!(stack).cast(),
+            op::copy(b, 0, 0, 0, LEN),
+            ma.as_ptr().wrapping_add(100),
         )),
+        Errno::EINVAL,
+        "COPY: from an address to past the mem's end",
+    )?;
+    // The destination an ALLOC of the submission by its index (a copy that runs without the
+    // PTR flag) and by an address too.
+    let both = [
+        op::alloc(0, 64 << 10, false),
+        uapi::ruvm_op {
+            flags: uapi::ruvm_op_flags_RUVM_OP_DST_INDEX | uapi::ruvm_op_flags_RUVM_OP_DST_PTR,
+            ..op::with_dst_index(op::copy(0, 0, a, 0, 16), 0)
+        },
+    ];
+    let mut ops = both;
+    expect_errno(
+        d.stream_submit_mut(s, &mut ops),
+        Errno::EINVAL,
+        "COPY: a destination by index and by address",
+    )?;
+    let mut ops = [both[0], op::with_dst_index(op::copy(0, 0, a, 0, 16), 0)];
+    d.stream_submit_mut(s, &mut ops)
+        .ctx("the same COPY by index only")?;
+    let (made, _) = op::allocated(&ops[0]);
+    d.stream_sync(s, 10_000).ctx("STREAM_SYNC")?;
+    d.mem_free(made).ctx("free the ALLOC's mem")?;
+    expect_errno(
+        submit(op::with_src_ptr(op::copy(b, 0, 0, 0, 16), nowhere)),
         Errno::ENOENT,
         "COPY: an address of the stack",
     )?;

@@ -141,9 +141,12 @@ pub(super) fn one(w: &World, d: &Ruvm, rng: &mut Rng) {
                     }
                     blocks[b].2 = sa;
                 }
-                // The GPU removed (and its DMA mappings with it), or a signal: the block may
-                // hold part of the copy, so it leaves the oracle.
-                Err(Errno::ENODEV | Errno::ENXIO | Errno::EINTR | Errno::ETIMEDOUT) => {
+                // The GPU removed (and its DMA mappings with it), a signal, or no memory for
+                // the copy's plan (the worker's memory cgroup): the block may hold part of the
+                // copy, so it leaves the oracle.
+                Err(
+                    Errno::ENODEV | Errno::ENXIO | Errno::EINTR | Errno::ETIMEDOUT | Errno::ENOMEM,
+                ) => {
                     blocks.swap_remove(b);
                     // SAFETY: a live block of the heap, not used after.
                     unsafe { heap.free(pb as *mut u8) };
