@@ -767,6 +767,27 @@ impl Ruvm {
         Ok(v)
     }
 
+    /// `RUVM_IOCTL_MEM_DMA_ADDRS` into `out` (chunk `first` on): how many were written.
+    /// Allocates nothing.
+    pub fn dma_addrs_into(
+        &self,
+        handle: u64,
+        gpu: u32,
+        first: u64,
+        out: &mut [u64],
+    ) -> Result<usize, Errno> {
+        let mut a = uapi::ruvm_mem_dma_addrs {
+            handle,
+            gpu,
+            first_chunk: first,
+            count: out.len() as u64,
+            addrs: out.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        self.call(cmd::MEM_DMA_ADDRS, &mut a)?;
+        Ok(usize::try_from(a.count).unwrap_or(0).min(out.len()))
+    }
+
     /// `RUVM_IOCTL_CE_COPY`.
     pub fn ce_copy(
         &self,

@@ -233,6 +233,15 @@ impl PinnedHeap {
         self.arena.locate(p)
     }
 
+    /// GPU `gpu`'s DMA address of the byte at `p`, if `p` is in this heap's arena, its chunk
+    /// is resident, the heap is mapped for `gpu` and the caller may read bus addresses
+    /// (`CAP_SYS_ADMIN`, as `MEM_DMA_ADDRS` asks): kept by the arena as chunks are committed,
+    /// so no system call. Good up to the end of `p`'s 64 KiB chunk, while `p`'s block lives and
+    /// the GPU is present.
+    pub fn dma_addr(&self, p: *const u8, gpu: u32) -> Option<u64> {
+        self.arena.dma_addr(p, gpu)
+    }
+
     /// Forgets the peaks: they restart from what is held now.
     pub fn reset_peaks(&self) {
         self.in_use_peak.store(self.in_use.load(Relaxed), Relaxed);

@@ -91,7 +91,27 @@ int main(void)
 				return fail("a byte the engine copied", EIO);
 		memset(b[i + 1], i + 2, n);
 	}
-	uint64_t mem, offset;
+	/* A block's DMA address for the GPU, with no system call, is what the kernel says of its
+	 * chunk (root may read bus addresses; others get -ENOENT). */
+	uint64_t mem, offset, dma;
+	rc = ruvm_heap_dma_addr(h, b[3], gpu, &dma);
+	if (geteuid() == 0) {
+		if (rc || ruvm_heap_locate(b[3], &mem, &offset))
+			return fail("ruvm_heap_dma_addr", rc ? -rc : ENOENT);
+		uint64_t chunk_addr = 0;
+		struct ruvm_mem_dma_addrs q = {
+			.handle = mem,
+			.gpu = gpu,
+			.first_chunk = offset / (64 << 10),
+			.count = 1,
+			.addrs = (uintptr_t)&chunk_addr,
+		};
+		if (ioctl(fd, RUVM_IOCTL_MEM_DMA_ADDRS, &q) || q.count != 1 ||
+		    chunk_addr + offset % (64 << 10) != dma)
+			return fail("a block's DMA address", EIO);
+	} else if (rc != -ENOENT) {
+		return fail("a DMA address for an unprivileged caller", EPERM);
+	}
 	int local;
 	if (ruvm_heap_locate(&local, &mem, &offset) != -ENOENT)
 		return fail("a stack address was found in a heap", EINVAL);

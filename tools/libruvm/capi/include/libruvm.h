@@ -170,6 +170,12 @@ int ruvm_heap_stats(struct ruvm_heap *h, struct ruvm_heap_stats *out);
 /* The mem and offset of @p if it is in a pinned heap of this process (no system call), which
  * RUVM_IOCTL_CE_COPY and stream operations take; -ENOENT otherwise. */
 int ruvm_heap_locate(const void *p, uint64_t *mem, uint64_t *offset);
+/* GPU @gpu's DMA address of the byte at @p of heap @h (no system call: the heap reads its
+ * chunks' addresses as they are committed), good to the end of @p's 64 KiB chunk while its
+ * block lives and the GPU is present; -ENOENT if @p is not in @h's arena, its chunk is not
+ * resident, @h is not mapped for @gpu, or the caller may not read bus addresses
+ * (CAP_SYS_ADMIN, as RUVM_IOCTL_MEM_DMA_ADDRS asks). */
+int ruvm_heap_dma_addr(struct ruvm_heap *h, const void *p, uint32_t gpu, uint64_t *addr);
 
 #ifdef __cplusplus
 }

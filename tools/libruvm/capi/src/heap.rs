@@ -206,3 +206,31 @@ pub unsafe extern "C" fn ruvm_heap_locate(p: *const u8, mem: *mut u64, offset: *
         None => errno(Errno::ENOENT),
     }
 }
+
+/// `ruvm_heap_dma_addr`: GPU `gpu`'s DMA address of the byte at `p` of heap `h` (no system
+/// call); `-ENOENT` if there is none to give (see `PinnedHeap::dma_addr`), `-EINVAL` for a
+/// NULL heap.
+///
+/// # Safety
+///
+/// `h` is NULL or a live heap; `addr` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ruvm_heap_dma_addr(
+    h: *const RuvmHeap,
+    p: *const u8,
+    gpu: u32,
+    addr: *mut u64,
+) -> i32 {
+    // SAFETY: by the caller's contract.
+    let Some(h) = (unsafe { heap(h) }) else {
+        return errno(Errno::EINVAL);
+    };
+    match h.dma_addr(p, gpu) {
+        Some(a) => {
+            // SAFETY: by the caller's contract.
+            unsafe { put(addr, a) };
+            0
+        }
+        None => errno(Errno::ENOENT),
+    }
+}

@@ -19,6 +19,9 @@ use crate::{uapi, Ruvm};
 /// and decommits in.
 const CHUNK: u64 = 64 << 10;
 
+/// `RUVM_DMA_ADDR_ABSENT` (all ones; bindgen types the macro as an `i32`).
+const ABSENT: u64 = u64::MAX;
+
 /// mimalloc's commit callback (`mi_commit_fun_t`).
 type CommitFn = unsafe extern "C" fn(bool, *mut c_void, usize, *mut bool, *mut c_void) -> bool;
 
@@ -134,6 +137,10 @@ struct Residency {
     bytes: u64,
     peak: u64,
     decommits: u64,
+    /// Each of the heap's GPUs' DMA address of each chunk (`RUVM_DMA_ADDR_ABSENT` while
+    /// absent), read as chunks are committed (`MEM_DMA_ADDRS`), or `None` where the caller may
+    /// not read them (`EPERM`: bus addresses are privileged).
+    dma: Option<Vec<(u32, Vec<u64>)>>,
 }
 
 pub(super) struct Arena {
@@ -212,6 +219,12 @@ impl Arena {
                 bytes: 0,
                 peak: 0,
                 decommits: 0,
+                dma: Some(
+                    cfg.gpus
+                        .iter()
+                        .map(|&g| (g, vec![ABSENT; chunks]))
+                        .collect(),
+                ),
             }),
             commits: AtomicU64::new(0),
         }));
@@ -315,6 +328,17 @@ impl Arena {
         (o < self.len).then_some((self.handle, o))
     }
 
+    /// GPU `gpu`'s DMA address of the byte at `p` (no system call): `None` if `p` is not in the
+    /// arena, its chunk is not resident, the arena is not mapped for `gpu`, or the caller may
+    /// not read bus addresses. The address holds up to the end of `p`'s chunk (64 KiB).
+    pub(super) fn dma_addr(&self, p: *const u8, gpu: u32) -> Option<u64> {
+        let (_, o) = self.locate(p)?;
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, table) = s.dma.as_ref()?.iter().find(|(g, _)| *g == gpu)?;
+        let chunk = *table.get(usize::try_from(o / CHUNK).ok()?)?;
+        (chunk != ABSENT).then(|| chunk + o % CHUNK)
+    }
+
     /// mimalloc commits (`on`) or decommits `[start, start + size)`: the chunks it touches
     /// made resident (`is_zero` set, where mimalloc asks, only if every one was absent), or
     /// the chunks wholly inside it given back (a chunk the kernel keeps, work queued on it,
@@ -369,6 +393,7 @@ impl Arena {
                 for b in s.chunks.iter_mut().skip(c as usize).take(n as usize) {
                     *b = on;
                 }
+                self.note_dma(&mut s, c, n, on);
                 if on {
                     s.bytes += n * CHUNK;
                 } else {
@@ -396,6 +421,38 @@ fn asked_len(cfg: &HeapConfig) -> u64 {
     // SAFETY: a plain query of mimalloc's constant.
     let min = unsafe { mi::mi_arena_min_size() } as u64;
     cfg.arena_size.max(min).next_multiple_of(min)
+}
+
+impl Arena {
+    /// Keeps the DMA tables of chunks `[c, c + n)` that were just made resident (`on`) or
+    /// given back: their addresses read into the tables in place (one `MEM_DMA_ADDRS` a GPU,
+    /// allocating nothing), or marked absent. A refusal (`EPERM`) drops the tables for good.
+    fn note_dma(&self, s: &mut Residency, c: u64, n: u64, on: bool) {
+        let Some(tables) = s.dma.as_mut() else {
+            return;
+        };
+        let (Ok(from), Ok(count)) = (usize::try_from(c), usize::try_from(n)) else {
+            return;
+        };
+        for (g, table) in tables.iter_mut() {
+            let Some(slots) = table.get_mut(from..from.saturating_add(count)) else {
+                continue;
+            };
+            if !on {
+                slots.fill(ABSENT);
+                continue;
+            }
+            match self.dev.dma_addrs_into(self.handle, *g, c, slots) {
+                Ok(written) if written == count => {}
+                Err(Errno::EPERM) => {
+                    s.dma = None;
+                    return;
+                }
+                // Not all read (the GPU gone, a signal): unknown, so absent.
+                _ => slots.fill(ABSENT),
+            }
+        }
+    }
 }
 
 /// mimalloc's commit callback: `arg` is the arena.

@@ -47,6 +47,10 @@ pub fn cases() -> Vec<Case> {
             name: "heap_made_again_takes_its_arena_back",
             run: heap_made_again_takes_its_arena_back,
         },
+        Case {
+            name: "heap_pointers_know_their_dma_addresses",
+            run: heap_pointers_know_their_dma_addresses,
+        },
     ]
 }
 
@@ -440,5 +444,106 @@ fn heap_made_again_takes_its_arena_back() -> TestResult {
     // SAFETY: the block, not used after.
     unsafe { h3.free(p) };
     drop((h1, h2, h3));
+    Ok(())
+}
+
+/// The DMA address a heap pointer gives without a system call is what `MEM_DMA_ADDRS` says of
+/// its chunk, plus its offset in the chunk, at the first, a middle and the last byte of blocks
+/// of 1 byte to 4 MiB; after they are freed and collected, a pointer whose chunk went back
+/// gives none, as the kernel says none; a GPU the heap is not mapped for gives none; an
+/// unprivileged process (which may not read bus addresses) gets none, its blocks still good.
+fn heap_pointers_know_their_dma_addresses() -> TestResult {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err(Stop::Skip("bus addresses need CAP_SYS_ADMIN".into()));
+    }
+    let d0 = Ruvm::open().ctx("open")?;
+    let g = sim_gpu(&d0)?;
+    let (d, heap) = setup(vec![g], 64 << 20)?;
+    const CHUNK: u64 = 64 << 10;
+    // What the kernel says of byte `p`: its chunk's address plus the offset, or None if absent.
+    let kernel = |p: *const u8| -> Result<Option<u64>, Stop> {
+        let Some((h, o)) = locate(p) else {
+            return Err(Stop::Fail(format!("{p:p} is in no arena")));
+        };
+        let a = d.dma_addrs(h, g, o / CHUNK, 1).ctx("MEM_DMA_ADDRS")?;
+        Ok(a.first()
+            .copied()
+            .filter(|&a| a != u64::MAX)
+            .map(|a| a + o % CHUNK))
+    };
+    let mut blocks = Vec::new();
+    let mut probes = 0;
+    for shift in 0..23 {
+        let n = 1usize << shift;
+        let p = heap.malloc(n);
+        check!(!p.is_null(), "malloc({n}) returned null");
+        write(p, n, shift);
+        for at in [0, n / 2, n - 1] {
+            let q = p.wrapping_add(at);
+            let (mine, theirs) = (heap.dma_addr(q, g), kernel(q)?);
+            check!(
+                mine.is_some() && mine == theirs,
+                "byte {at} of a block of {n}: the heap says {mine:x?}, the kernel {theirs:x?}"
+            );
+            check!(
+                heap.dma_addr(q, g + 1).is_none(),
+                "a DMA address for a GPU the heap is not mapped for"
+            );
+            probes += 1;
+        }
+        blocks.push((p, n));
+    }
+    for &(p, _) in &blocks {
+        // SAFETY: the blocks, not used after but as addresses.
+        unsafe { heap.free(p) };
+    }
+    heap.collect();
+    let mut gone = 0;
+    for &(p, n) in &blocks {
+        for at in [0, n / 2, n - 1] {
+            let q = p.wrapping_add(at);
+            let (mine, theirs) = (heap.dma_addr(q, g), kernel(q)?);
+            check!(
+                mine == theirs,
+                "after the collect, byte {at} of a freed block of {n}: the heap says {mine:x?}, \
+                 the kernel {theirs:x?}"
+            );
+            gone += usize::from(mine.is_none());
+        }
+    }
+    check!(
+        gone > 0,
+        "after the collect every chunk probed is still resident"
+    );
+    println!("# {probes} bytes probed; after the collect {gone} of them in chunks given back");
+    drop(heap);
+    // Unprivileged: no address, the heap itself as good.
+    let st = super::harness::in_child(|| {
+        // The device opened first (its node is root's), then the privileges dropped.
+        let Ok(d) = Ruvm::open() else { return 11 };
+        if nix::unistd::setuid(nix::unistd::Uid::from_raw(65534)).is_err() {
+            return 10;
+        }
+        let Ok(h) = PinnedHeap::new(
+            &d,
+            &HeapConfig {
+                gpus: vec![g],
+                arena_size: 32 << 20,
+            },
+        ) else {
+            return 12;
+        };
+        let p = h.malloc(1000);
+        if p.is_null() {
+            return 13;
+        }
+        write(p, 1000, 5);
+        let ok = h.dma_addr(p, g).is_none() && mismatches(p, 1000, 5) == 0;
+        i32::from(!ok) * 14
+    })?;
+    check!(
+        matches!(st, nix::sys::wait::WaitStatus::Exited(_, 0)),
+        "an unprivileged process's heap: {st:?}"
+    );
     Ok(())
 }
