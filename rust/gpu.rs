@@ -38,12 +38,6 @@ pub(crate) mod dma;
 pub(crate) mod edu;
 pub(crate) mod host;
 pub(crate) mod mmu;
-// The page-table format and tree: `core`-only files the host tests compile too, each with a
-// few helpers only those tests use.
-#[allow(dead_code, reason = "helpers for the host tests")]
-pub(crate) mod mmu_fmt;
-#[allow(dead_code, reason = "helpers for the host tests")]
-pub(crate) mod mmu_tree;
 pub(crate) mod pmm;
 pub(crate) mod set;
 pub(crate) mod sim;

@@ -160,9 +160,9 @@ impl RuvmFile {
 }
 
 /// The `enum ruvm_aperture` of an MMU aperture.
-fn aperture(ap: gpu::mmu_fmt::Aperture) -> u32 {
+fn aperture(ap: gpu::mmu::fmt::Aperture) -> u32 {
     match ap {
-        gpu::mmu_fmt::Aperture::Video | gpu::mmu_fmt::Aperture::Peer => {
+        gpu::mmu::fmt::Aperture::Video | gpu::mmu::fmt::Aperture::Peer => {
             uapi::ruvm_aperture_RUVM_APERTURE_VID
         }
         _ => uapi::ruvm_aperture_RUVM_APERTURE_SYS,
@@ -170,8 +170,8 @@ fn aperture(ap: gpu::mmu_fmt::Aperture) -> u32 {
 }
 
 /// The `enum ruvm_mmu_fault` of a fault.
-fn fault_code(f: gpu::mmu_fmt::Fault) -> u32 {
-    use gpu::mmu_fmt::Fault;
+fn fault_code(f: gpu::mmu::fmt::Fault) -> u32 {
+    use gpu::mmu::fmt::Fault;
     match f {
         Fault::VaRange => uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_VA_RANGE,
         Fault::NoPde(_) => uapi::ruvm_mmu_fault_RUVM_MMU_FAULT_PDE,

@@ -14,7 +14,7 @@
 //! chunk goes. The lowest address that fits is taken at each step.
 //!
 //! It knows nothing of storage, GPUs or locks: its owner (the PMM) holds it under its mutex.
-//! This file depends on `core` only, like `mmu_tree.rs`: its memory (the roots, the bitmaps)
+//! This file depends on `core` only, like `mmu/tree.rs`: its memory (the roots, the bitmaps)
 //! is its owner's, and the host tests (`tools/ruvmctl/tests/chunks.rs`) compile it and compare
 //! random runs with a model.
 

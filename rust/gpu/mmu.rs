@@ -15,7 +15,7 @@
 //! Every table and directory takes 4 KiB of the GPU's memory: a vidmem chunk when the GPU has
 //! vidmem (aperture video), else a zeroed sysmem page DMA-mapped for the GPU (aperture system
 //! coherent, at its DMA address). A table is allocated when a mapping first needs it and freed
-//! when it empties (the tree's rules, [`mmu_tree`]); the root goes when nothing is mapped, so
+//! when it empties (the tree's rules, [`tree`]); the root goes when nothing is mapped, so
 //! an idle GPU holds no page-table memory. PageTables are counted by the audit (`pt_tables`,
 //! `pt_bytes`).
 //!
@@ -72,13 +72,24 @@ use crate::{
 
 use super::{
     dma::{GpuTable, Pages, Tracker},
-    mmu_fmt::{self, Access, Aperture, Fault, Level, Pde, Pte, TableReader, Translation},
-    mmu_tree::{self, TableMem, Tree, TreeError},
     pmm::{Pmm, VidChunk},
     sim::{SimIommu, MAX_PIECE},
 };
 
+// The page-table format and tree: `core`-only files the host tests compile too, each with a
+// few helpers only those tests use.
+#[allow(dead_code, reason = "helpers for the host tests")]
+pub(crate) mod fmt;
+#[allow(dead_code, reason = "helpers for the host tests")]
+pub(crate) mod tree;
+
 mod dump;
+mod tables;
+
+use tables::*;
+
+use fmt::{Access, Aperture, Fault, Level, Pde, Pte, TableReader, Translation};
+use tree::{TableMem, Tree, TreeError};
 
 pub(crate) use dump::TablesView;
 
@@ -103,87 +114,6 @@ pub(crate) fn new_space_id() -> u64 {
 /// The most pages one leaf table holds, mapped in one run (between two looks at a pending
 /// signal).
 const RUN_MAX: usize = 512;
-
-/// Where a table's memory comes from.
-enum TableStore {
-    /// A sysmem page, DMA-mapped for the GPU.
-    Sys(GpuTable),
-    /// A 4 KiB vidmem chunk of the GPU.
-    Vid { _chunk: VidChunk },
-}
-
-/// One page table or directory, counted while it lives.
-struct PageTable {
-    store: TableStore,
-    /// Its bytes, for the tree's own reads and writes (the engine goes through its DMA
-    /// translation instead): the pages, and the table's offset in them.
-    bytes: (Arc<Pages>, usize),
-    _tables: Counted,
-    _bytes: Counted,
-}
-
-impl PageTable {
-    /// The word at byte `offset` of the table.
-    fn read(&self, offset: usize) -> Option<u64> {
-        let (pages, at) = &self.bytes;
-        let word = pages.bytes().read_u64(at + offset).ok();
-        word
-    }
-
-    /// Writes the word at byte `offset` of the table.
-    fn write(&self, offset: usize, value: u64) -> Result {
-        let (pages, at) = &self.bytes;
-        let written = pages.bytes().write_u64(at + offset, value);
-        written
-    }
-
-    /// Reads the words from byte `offset` of the table on into `out`.
-    fn read_words(&self, offset: usize, out: &mut [u64]) -> Result {
-        let (pages, at) = &self.bytes;
-        let bytes = pages.bytes();
-        let mut buf = [0u8; WORDS_AT_ONCE * 8];
-        let mut pos = at.checked_add(offset).ok_or(EINVAL)?;
-        for piece in out.chunks_mut(WORDS_AT_ONCE) {
-            let b = buf.get_mut(..piece.len() * 8).ok_or(EINVAL)?;
-            bytes.read(pos, b)?;
-            for (w, le) in piece.iter_mut().zip(b.chunks_exact(8)) {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(le);
-                *w = u64::from_le_bytes(word);
-            }
-            pos += b.len();
-        }
-        Ok(())
-    }
-
-    /// Writes `words` from byte `offset` of the table on.
-    fn write_words(&self, offset: usize, words: &[u64]) -> Result {
-        let (pages, at) = &self.bytes;
-        let bytes = pages.bytes();
-        let mut buf = [0u8; WORDS_AT_ONCE * 8];
-        let mut pos = at.checked_add(offset).ok_or(EINVAL)?;
-        for piece in words.chunks(WORDS_AT_ONCE) {
-            let b = buf.get_mut(..piece.len() * 8).ok_or(EINVAL)?;
-            for (le, w) in b.chunks_exact_mut(8).zip(piece) {
-                le.copy_from_slice(&w.to_le_bytes());
-            }
-            bytes.write(pos, b)?;
-            pos += b.len();
-        }
-        Ok(())
-    }
-}
-
-/// The words a bulk table access copies through its stack buffer at once.
-const WORDS_AT_ONCE: usize = 64;
-
-/// The table holding byte address `addr`, and `addr`'s offset in it: tables are 4 KiB,
-/// aligned to 4 KiB.
-fn table_at(map: &RBTree<u64, PageTable>, addr: u64) -> Option<(&PageTable, usize)> {
-    let base = addr & !(TABLE_BYTES - 1);
-    // CAST: below 4 KiB.
-    map.get(&base).map(|t| (t, (addr - base) as usize))
-}
 
 /// A cached translation: the 4 KiB page `tag` (a VA shifted right by 12) of VA space `space`
 /// is in the page `pte` maps, of `page_size` bytes.
@@ -246,127 +176,6 @@ fn tree_error(e: TreeError) -> Error {
         TreeError::Busy => EEXIST,
         TreeError::NotMapped => ENXIO,
         TreeError::Unreadable => EIO,
-    }
-}
-
-/// The tables of one MMU as the tree sees them: words read and written where the engine
-/// reads them, new tables taken from `spare` (made beforehand with the MMU's lock released:
-/// nothing is allocated under it). `starved` says an allocation found `spare` empty.
-struct PageTables<'a> {
-    mmu: &'a Mmu,
-    map: &'a mut RBTree<u64, PageTable>,
-    spare: &'a mut Spare,
-    starved: bool,
-}
-
-/// A table made ahead of its use, with the node that enters it in the MMU's table map.
-struct SpareTable {
-    table: PageTable,
-    pde: Pde,
-    node: RBTreeNodeReservation<u64, PageTable>,
-}
-
-/// Tables made ahead of a mapping, with the MMU's lock released.
-struct Spare(KVec<SpareTable>);
-
-/// The most new tables one run of a mapping needs: a root (a new space), then a PDE2, a PDE1,
-/// a PDE0 and a leaf table.
-const SPARE_PER_RUN: usize = 5;
-
-impl Spare {
-    fn new() -> Self {
-        Self(KVec::new())
-    }
-
-    /// Makes tables until `n` are ready (with the MMU's lock released): `ENOMEM` if it cannot.
-    fn fill(&mut self, mmu: &Mmu, n: usize) -> Result {
-        self.0.reserve(n.saturating_sub(self.0.len()), GFP_KERNEL)?;
-        while self.0.len() < n {
-            let (table, pde) = mmu.new_table()?;
-            let node = RBTreeNodeReservation::new(GFP_KERNEL)?;
-            // Room was reserved: this does not allocate.
-            self.0.push(SpareTable { table, pde, node }, GFP_KERNEL)?;
-        }
-        Ok(())
-    }
-}
-
-impl<'a> PageTables<'a> {
-    fn new(mmu: &'a Mmu, map: &'a mut RBTree<u64, PageTable>, spare: &'a mut Spare) -> Self {
-        Self {
-            mmu,
-            map,
-            spare,
-            starved: false,
-        }
-    }
-}
-
-impl PageTables<'_> {
-    /// The table holding the `n` words from `addr` on in `aperture`, and `addr`'s offset in
-    /// it; `None` unless they are all in one table of this MMU's aperture.
-    fn words(&self, aperture: Aperture, addr: u64, n: usize) -> Option<(&PageTable, usize)> {
-        if aperture != self.mmu.table_aperture() {
-            return None;
-        }
-        let (t, offset) = table_at(self.map, addr)?;
-        let end = n.checked_mul(8)?.checked_add(offset)?;
-        (end <= TABLE_BYTES as usize).then_some((t, offset))
-    }
-}
-
-impl TableReader for PageTables<'_> {
-    fn read(&mut self, aperture: Aperture, addr: u64) -> Option<u64> {
-        let (t, offset) = self.words(aperture, addr, 1)?;
-        t.read(offset)
-    }
-}
-
-impl TableMem for PageTables<'_> {
-    fn write(&mut self, aperture: Aperture, addr: u64, value: u64) -> Result<(), TreeError> {
-        let (t, offset) = self.words(aperture, addr, 1).ok_or(TreeError::Unreadable)?;
-        t.write(offset, value).map_err(|_| TreeError::Unreadable)
-    }
-
-    fn read_words(
-        &mut self,
-        aperture: Aperture,
-        addr: u64,
-        out: &mut [u64],
-    ) -> Result<(), TreeError> {
-        let (t, offset) = self
-            .words(aperture, addr, out.len())
-            .ok_or(TreeError::Unreadable)?;
-        t.read_words(offset, out).map_err(|_| TreeError::Unreadable)
-    }
-
-    fn write_words(
-        &mut self,
-        aperture: Aperture,
-        addr: u64,
-        words: &[u64],
-    ) -> Result<(), TreeError> {
-        let (t, offset) = self
-            .words(aperture, addr, words.len())
-            .ok_or(TreeError::Unreadable)?;
-        t.write_words(offset, words)
-            .map_err(|_| TreeError::Unreadable)
-    }
-
-    fn alloc(&mut self, size: u64) -> Result<Pde, TreeError> {
-        if size > TABLE_BYTES {
-            return Err(TreeError::Invalid);
-        }
-        let Some(s) = self.spare.0.pop() else {
-            self.starved = true;
-            return Err(TreeError::NoMemory);
-        };
-        self.map.insert(s.node.into_node(s.pde.addr, s.table));
-        Ok(s.pde)
-    }
-
-    fn free(&mut self, table: Pde, _size: u64) {
-        drop(self.map.remove(&table.addr));
     }
 }
 
@@ -644,7 +453,7 @@ impl Mmu {
             // Room was made above: this does not allocate.
             if let Err(e) = st.spaces.push_within_capacity((space, tree)) {
                 let mut m = PageTables::new(self, &mut st.tables, spare);
-                m.free(e.0 .1.root(), mmu_tree::ROOT_SIZE);
+                m.free(e.0 .1.root(), tree::ROOT_SIZE);
                 return Err(ENOMEM);
             }
         }
@@ -755,7 +564,7 @@ impl Mmu {
                 let root = Self::root_of(st, space)
                     .ok_or_else(|| self.fault(va, Fault::NoPde(Level::Pde3).reason()))?;
                 let mut r = |ap, addr| self.read_word(ap, addr);
-                let t = mmu_fmt::walk(&mut r, &root, va, Access::Read)
+                let t = fmt::walk(&mut r, &root, va, Access::Read)
                     .map_err(|f| self.fault(va, f.reason()))?;
                 if let Some(e) = st.tlb.get_mut(slot) {
                     *e = Some(TlbEntry {
@@ -835,7 +644,7 @@ impl Mmu {
         let mut reads = [(Aperture::SysCoherent, 0, 0); WALK_MAX];
         let mut count = 0;
         let result = match Self::root_of(st, space) {
-            None if va >= mmu_fmt::VA_END => Err(Fault::VaRange),
+            None if va >= fmt::VA_END => Err(Fault::VaRange),
             None => Err(Fault::NoPde(Level::Pde3)),
             Some(root) => {
                 let mut r = |ap, addr| {
@@ -846,7 +655,7 @@ impl Mmu {
                     }
                     v
                 };
-                mmu_fmt::walk(&mut r, &root, va, Access::Read)
+                fmt::walk(&mut r, &root, va, Access::Read)
             }
         };
         WalkReport {
@@ -899,7 +708,7 @@ impl Mmu {
 }
 
 // The tree's root fits the table memory.
-const _: () = assert!(mmu_tree::ROOT_SIZE <= TABLE_BYTES);
+const _: () = assert!(tree::ROOT_SIZE <= TABLE_BYTES);
 
 /// `EINVAL` unless a VA copy of `len` bytes from `src` to `dst` is one the engine can try: at
 /// least a byte, and neither range wrapping around.

@@ -10,8 +10,10 @@ use crate::{
     bind::attach::DmaBuf,
     gpu::{
         dma::{GpuTable, Pages},
-        mmu::KERNEL_SPACE,
-        mmu_fmt::{Aperture, Pte, VA_END},
+        mmu::{
+            fmt::{Aperture, Pte, VA_END},
+            KERNEL_SPACE,
+        },
         set::GpuSet,
         GpuAccess, GpuDev,
     },

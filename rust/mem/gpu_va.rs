@@ -120,7 +120,7 @@ impl GpuMapping {
         va: u64,
         len: u64,
         page_size: u64,
-        pte_of: impl FnMut(u64) -> Result<crate::gpu::mmu_fmt::Pte>,
+        pte_of: impl FnMut(u64) -> Result<crate::gpu::mmu::fmt::Pte>,
     ) -> Result<Self> {
         mmu.map(space, va, page_size, len / page_size, pte_of)?;
         Ok(Self {

@@ -4,7 +4,7 @@
 //! them, table by table.
 
 use super::{
-    super::mmu_fmt::{self, Level, Pde, Pte},
+    fmt::{self as mmu_fmt, Level, Pde, Pte},
     Mmu, KERNEL_SPACE, TABLE_BYTES,
 };
 

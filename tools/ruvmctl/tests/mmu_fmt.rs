@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Host tests of the module's GPU page-table format (`rust/gpu/mmu_fmt.rs`, compiled from the
+//! Host tests of the module's GPU page-table format (`rust/gpu/mmu/fmt.rs`, compiled from the
 //! module's own source): every field of every entry at its documented bit, round trips, the
 //! refusals, and walks through trees built in a memory of words for every page size.
 
-#[path = "../../../rust/gpu/mmu_fmt.rs"]
+#[path = "../../../rust/gpu/mmu/fmt.rs"]
 mod mmu_fmt;
 
 use std::collections::HashMap;

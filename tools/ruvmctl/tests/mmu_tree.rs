@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Host tests of the module's GPU page-table tree (`rust/gpu/mmu_tree.rs`, compiled from the
+//! Host tests of the module's GPU page-table tree (`rust/gpu/mmu/tree.rs`, compiled from the
 //! module's own source, with the format it writes): every tree it builds is checked by the
 //! MMU's own walk, tables are counted as they come and go, and a random run is compared with a
 //! model of what should be mapped.
@@ -9,18 +9,18 @@ mod common;
 
 #[allow(
     dead_code,
-    reason = "the tree uses part of the format; mmu_fmt.rs tests all of it"
+    reason = "the tree uses part of the format; tests/mmu_fmt.rs tests all of it"
 )]
-#[path = "../../../rust/gpu/mmu_fmt.rs"]
-mod mmu_fmt;
-#[path = "../../../rust/gpu/mmu_tree.rs"]
-mod mmu_tree;
+#[path = "../../../rust/gpu/mmu/fmt.rs"]
+mod fmt;
+#[path = "../../../rust/gpu/mmu/tree.rs"]
+mod tree;
 
 use std::collections::{BTreeMap, HashMap};
 
 use common::Rng;
-use mmu_fmt::{walk, Access, Aperture, Fault, Level, Pde, Pte, TableReader, VA_END};
-use mmu_tree::{TableMem, Tree, TreeError, ROOT_SIZE};
+use fmt::{walk, Access, Aperture, Fault, Level, Pde, Pte, TableReader, VA_END};
+use tree::{TableMem, Tree, TreeError, ROOT_SIZE};
 
 const K: u64 = 1024;
 const M: u64 = 1024 * K;

@@ -2,7 +2,7 @@
 
 //! The GPU virtual-mapping commands: kernel VA mappings, a mem's GPU VA, copies through GPU
 //! VAs, and the MMU's walk of one address, decoded level by level with the module's own
-//! page-table format (`rust/gpu/mmu_fmt.rs`, compiled here from the module's source).
+//! page-table format (`rust/gpu/mmu/fmt.rs`, compiled here from the module's source).
 
 use anyhow::Result;
 use libruvm::{cmd, uapi, Ruvm};
@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::{arg, call};
 use crate::output::{Done, Report};
 
-#[path = "../../../../rust/gpu/mmu_fmt.rs"]
+#[path = "../../../../rust/gpu/mmu/fmt.rs"]
 #[allow(
     dead_code,
     reason = "the module's file: pt-dump uses the decoders only"

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! A GPU's page-table tree, held in memory: pages mapped and unmapped by writing MMU version 2
-//! entries (`mmu_fmt.rs`), tables allocated when first needed and freed when they empty.
+//! entries (`fmt.rs`), tables allocated when first needed and freed when they empty.
 //!
-//! This file depends on `core` only, like `mmu_fmt.rs`: the host tests compile it
+//! This file depends on `core` only, like `fmt.rs`: the host tests compile it
 //! (`tools/ruvmctl/tests/mmu_tree.rs`) over a memory of words and check every tree it builds
-//! with [`mmu_fmt::walk`](super::mmu_fmt::walk), the walk the simulated MMU does.
+//! with [`fmt::walk`](super::fmt::walk), the walk the simulated MMU does.
 //!
 //! # No side table
 //!
@@ -24,7 +24,7 @@
 //!   tree with nothing mapped holds the root alone.
 //! - A failed map leaves the tree as it was (tables it allocated are freed again).
 
-use super::mmu_fmt::{Aperture, EncodeError, Level, Pde, Pde0, Pte, TableReader, VA_END};
+use super::fmt::{Aperture, EncodeError, Level, Pde, Pde0, Pte, TableReader, VA_END};
 
 /// Why a tree operation failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
