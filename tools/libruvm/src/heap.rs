@@ -98,7 +98,7 @@ unsafe impl Send for PinnedHeap {}
 unsafe impl Sync for PinnedHeap {}
 
 impl PinnedHeap {
-    /// A heap over a new arena of file `dev`, DMA-mapped for `cfg.gpus`. `ENOMEM` if mimalloc
+    /// A heap over an arena of file `dev`, DMA-mapped for `cfg.gpus`. `ENOMEM` if mimalloc
     /// refuses the arena; the module's errors for the sparse mem (`EINVAL` a module without
     /// sparse mems, `ENODEV` a GPU not there).
     ///

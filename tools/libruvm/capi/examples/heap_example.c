@@ -92,26 +92,22 @@ int main(void)
 		memset(b[i + 1], i + 2, n);
 	}
 	/* A block's DMA address for the GPU, with no system call, is what the kernel says of its
-	 * chunk (root may read bus addresses; others get -ENOENT). */
-	uint64_t mem, offset, dma;
+	 * chunk; a caller the kernel refuses bus addresses (without CAP_SYS_ADMIN) gets none. */
+	uint64_t mem, offset, dma, chunk_addr = 0;
+	if (ruvm_heap_locate(b[3], &mem, &offset))
+		return fail("ruvm_heap_locate", ENOENT);
+	struct ruvm_mem_dma_addrs q = {
+		.handle = mem,
+		.gpu = gpu,
+		.first_chunk = offset / (64 << 10),
+		.count = 1,
+		.addrs = (uintptr_t)&chunk_addr,
+	};
+	int kernel = ioctl(fd, RUVM_IOCTL_MEM_DMA_ADDRS, &q) ? -errno : 0;
 	rc = ruvm_heap_dma_addr(h, b[3], gpu, &dma);
-	if (geteuid() == 0) {
-		if (rc || ruvm_heap_locate(b[3], &mem, &offset))
-			return fail("ruvm_heap_dma_addr", rc ? -rc : ENOENT);
-		uint64_t chunk_addr = 0;
-		struct ruvm_mem_dma_addrs q = {
-			.handle = mem,
-			.gpu = gpu,
-			.first_chunk = offset / (64 << 10),
-			.count = 1,
-			.addrs = (uintptr_t)&chunk_addr,
-		};
-		if (ioctl(fd, RUVM_IOCTL_MEM_DMA_ADDRS, &q) || q.count != 1 ||
-		    chunk_addr + offset % (64 << 10) != dma)
-			return fail("a block's DMA address", EIO);
-	} else if (rc != -ENOENT) {
-		return fail("a DMA address for an unprivileged caller", EPERM);
-	}
+	if (kernel == 0 ? (rc || q.count != 1 || chunk_addr + offset % (64 << 10) != dma)
+			: (kernel != -EPERM || rc != -ENOENT))
+		return fail("a block's DMA address", EIO);
 	int local;
 	if (ruvm_heap_locate(&local, &mem, &offset) != -ENOENT)
 		return fail("a stack address was found in a heap", EINVAL);

@@ -149,8 +149,8 @@ _Static_assert(sizeof(struct ruvm_heap_stats) == 80, "struct ruvm_heap_stats");
 static_assert(sizeof(struct ruvm_heap_stats) == 80, "struct ruvm_heap_stats");
 #endif
 
-/* A heap over an arena of @arena_size bytes (a destroyed heap's, or a new one) (0: 256 MiB; at least mimalloc's 32 MiB, at
- * most what the module takes as one mem) of the open file @fd (duplicated), DMA-mapped for
+/* A heap over an arena (a destroyed heap's, or a new one) of @arena_size bytes (0: 256 MiB;
+ * at least mimalloc's 32 MiB, at most what the module takes as one mem) of the open file @fd (duplicated), DMA-mapped for
  * the @gpu_count GPUs at @gpus (at most 64). -EINVAL a bad argument or a module without
  * sparse mems, -ENODEV a GPU that is not there, -ENOMEM mimalloc refused the arena. */
 int ruvm_heap_create(int fd, const uint32_t *gpus, uint32_t gpu_count, uint64_t arena_size,
@@ -173,8 +173,9 @@ int ruvm_heap_locate(const void *p, uint64_t *mem, uint64_t *offset);
 /* GPU @gpu's DMA address of the byte at @p of heap @h (no system call: the heap reads its
  * chunks' addresses as they are committed), good to the end of @p's 64 KiB chunk while its
  * block lives and the GPU is present; -ENOENT if @p is not in @h's arena, its chunk is not
- * resident, @h is not mapped for @gpu, or the caller may not read bus addresses
- * (CAP_SYS_ADMIN, as RUVM_IOCTL_MEM_DMA_ADDRS asks). */
+ * resident, @h is not mapped for @gpu, the GPU went, or the heap's reads of bus addresses
+ * were refused (they need CAP_SYS_ADMIN, as RUVM_IOCTL_MEM_DMA_ADDRS does); -EINVAL for a
+ * NULL @h or @addr. */
 int ruvm_heap_dma_addr(struct ruvm_heap *h, const void *p, uint32_t gpu, uint64_t *addr);
 
 #ifdef __cplusplus

@@ -19,7 +19,8 @@ pub struct RuvmHeap {
 // `struct ruvm_heap_stats` of the header: 10 `uint64_t`, as the header asserts too.
 const _: () = assert!(core::mem::size_of::<HeapStats>() == 10 * 8);
 
-/// `ruvm_heap_create`: a pinned heap over a new arena of `arena_size` bytes (0: 256 MiB) of
+/// `ruvm_heap_create`: a pinned heap over an arena (a destroyed heap's, or a new one) of
+/// `arena_size` bytes (0: 256 MiB) of
 /// the file `fd`, DMA-mapped for the `gpu_count` GPUs at `gpus` (at most 64).
 ///
 /// # Safety
@@ -209,7 +210,7 @@ pub unsafe extern "C" fn ruvm_heap_locate(p: *const u8, mem: *mut u64, offset: *
 
 /// `ruvm_heap_dma_addr`: GPU `gpu`'s DMA address of the byte at `p` of heap `h` (no system
 /// call); `-ENOENT` if there is none to give (see `PinnedHeap::dma_addr`), `-EINVAL` for a
-/// NULL heap.
+/// NULL heap or a NULL `addr`.
 ///
 /// # Safety
 ///
@@ -225,6 +226,9 @@ pub unsafe extern "C" fn ruvm_heap_dma_addr(
     let Some(h) = (unsafe { heap(h) }) else {
         return errno(Errno::EINVAL);
     };
+    if addr.is_null() {
+        return errno(Errno::EINVAL);
+    }
     match h.dma_addr(p, gpu) {
         Some(a) => {
             // SAFETY: by the caller's contract.

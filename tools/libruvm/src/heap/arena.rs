@@ -5,7 +5,10 @@
 
 use std::ffi::{c_int, c_void};
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::Mutex;
 
 use libmimalloc_sys as mi;
@@ -62,6 +65,10 @@ fn prepare_process() {
     });
 }
 
+/// Bumped in every forked child ([`restore`]): an arena made in another generation is not this
+/// process's memory (its DMA tables are the parent's), told without a system call.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
 /// The arenas' metadata, copied before a fork for the child: (start, length, bytes).
 static AT_FORK: Mutex<Vec<(usize, usize, Vec<u8>)>> = Mutex::new(Vec::new());
 
@@ -92,6 +99,7 @@ extern "C" fn forget() {
 /// memory holding the metadata's copy, so that mimalloc's walks of its arenas find them as
 /// they were; the arena's memory itself is not the child's (its commits fail).
 extern "C" fn restore() {
+    FORK_GENERATION.fetch_add(1, Relaxed);
     let Ok(copies) = AT_FORK.try_lock() else {
         return;
     };
@@ -137,10 +145,16 @@ struct Residency {
     bytes: u64,
     peak: u64,
     decommits: u64,
+    /// Chunks mimalloc decommitted that the kernel kept (`EBUSY`: work queued on them): they
+    /// must go before the arena serves another heap ([`Arena::take`]).
+    owed: Vec<bool>,
     /// Each of the heap's GPUs' DMA address of each chunk (`RUVM_DMA_ADDR_ABSENT` while
-    /// absent), read as chunks are committed (`MEM_DMA_ADDRS`), or `None` where the caller may
-    /// not read them (`EPERM`: bus addresses are privileged).
-    dma: Option<Vec<(u32, Vec<u64>)>>,
+    /// absent), read as chunks are committed (`MEM_DMA_ADDRS`), and whether the GPU went
+    /// (its table all absent from then on).
+    dma: Vec<(u32, bool, Vec<u64>)>,
+    /// The caller may not read bus addresses (`EPERM`): the tables are not kept (nor freed
+    /// here: the commit callback frees nothing).
+    dma_denied: bool,
 }
 
 pub(super) struct Arena {
@@ -153,10 +167,12 @@ pub(super) struct Arena {
     id: AtomicUsize,
     /// The bytes of mimalloc's metadata at the arena's start (its first commit).
     meta: AtomicU64,
-    /// The process whose arena it is (a forked child has only a copy of the metadata).
+    /// The process whose arena it is (a forked child has only a copy of the metadata), and
+    /// its fork generation ([`FORK_GENERATION`]).
     pid: u32,
-    /// The GPUs it is DMA-mapped for, and the size its heap asked for (before any halving):
-    /// what a new heap must ask for to take it again.
+    generation: u64,
+    /// The GPUs it is DMA-mapped for (sorted, each once), and the size its heap asked for
+    /// (before any halving): what a new heap must ask for to take it again.
     gpus: Vec<u32>,
     asked: u64,
     /// Whether a heap has it (a dropped heap's arena is free for the next).
@@ -211,7 +227,8 @@ impl Arena {
             id: AtomicUsize::new(0),
             meta: AtomicU64::new(0),
             pid: std::process::id(),
-            gpus: cfg.gpus.clone(),
+            generation: FORK_GENERATION.load(Relaxed),
+            gpus: gpu_set(&cfg.gpus),
             asked,
             busy: AtomicBool::new(true),
             state: Mutex::new(Residency {
@@ -219,12 +236,12 @@ impl Arena {
                 bytes: 0,
                 peak: 0,
                 decommits: 0,
-                dma: Some(
-                    cfg.gpus
-                        .iter()
-                        .map(|&g| (g, vec![ABSENT; chunks]))
-                        .collect(),
-                ),
+                owed: vec![false; chunks],
+                dma: gpu_set(&cfg.gpus)
+                    .into_iter()
+                    .map(|g| (g, false, vec![ABSENT; chunks]))
+                    .collect(),
+                dma_denied: false,
             }),
             commits: AtomicU64::new(0),
         }));
@@ -264,26 +281,34 @@ impl Arena {
     }
 
     /// An arena a dropped heap left, of file `dev` (the same open file: its mem is this
-    /// file's, as `PTR_ATTRS` through `dev` says), mapped for the same GPUs and asked for the
-    /// same size; taken for a new heap (its resident peak restarted). Its chunks were given
-    /// back when its heap went, but for mimalloc's metadata.
+    /// file's, as `PTR_ATTRS` through `dev` says), still DMA-mapped for the same GPUs (a GPU
+    /// removed since took its mappings with it) and asked for the same size; taken for a new
+    /// heap (its resident peak restarted). Its chunks went back when its heap went, but for
+    /// mimalloc's metadata and any the kernel kept under queued work: those are released now,
+    /// and an arena still holding one is not taken (the work would write into the new heap's
+    /// blocks).
     pub(super) fn take(dev: &Ruvm, cfg: &HeapConfig) -> Option<&'static Self> {
         let asked = asked_len(cfg);
+        let gpus = gpu_set(&cfg.gpus);
         let pid = std::process::id();
         let arenas: Vec<&'static Self> = ARENAS.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for a in arenas {
-            if a.pid != pid || a.asked != asked || a.gpus != cfg.gpus || a.busy.load(Relaxed) {
+            if a.pid != pid || a.asked != asked || a.gpus != gpus || a.busy.load(Relaxed) {
                 continue;
             }
-            if a.busy.swap(true, Relaxed) {
+            if a.busy.swap(true, Acquire) {
                 continue;
             }
-            let same_file = dev.ptr_attrs(a.base as u64).is_ok_and(|at| {
+            let mapped = gpus
+                .iter()
+                .try_fold(0u64, |m, &g| Some(m | 1u64.checked_shl(g)?));
+            let usable = dev.ptr_attrs(a.base as u64).is_ok_and(|at| {
                 at.type_ == uapi::ruvm_ptr_type_RUVM_PTR_MEM
                     && at.handle == a.handle
                     && at.ptr_flags & uapi::ruvm_ptr_flags_RUVM_PTR_OTHER_FILE == 0
+                    && mapped.is_some_and(|m| at.mapped_gpus & m == m)
             });
-            if same_file {
+            if usable && a.settle_owed() {
                 a.reset_peak();
                 return Some(a);
             }
@@ -292,9 +317,37 @@ impl Arena {
         None
     }
 
+    /// Gives back the chunks mimalloc decommitted that the kernel kept: whether none is left.
+    fn settle_owed(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut left = false;
+        let mut c = 0;
+        while c < s.owed.len() {
+            if !s.owed[c] {
+                c += 1;
+                continue;
+            }
+            let mut n = 1;
+            while s.owed.get(c + n) == Some(&true) {
+                n += 1;
+            }
+            let (at, len) = (c as u64 * CHUNK, n as u64 * CHUNK);
+            if self.dev.mem_range(self.handle, at, len, false).is_ok() {
+                s.owed[c..c + n].fill(false);
+                s.chunks[c..c + n].fill(false);
+                s.bytes -= len;
+                self.note_dma(&mut s, c as u64, n as u64, false);
+            } else {
+                left = true;
+            }
+            c += n;
+        }
+        !left
+    }
+
     /// Its heap went (or was never made): the next heap may take it.
     pub(super) fn give_up(&self) {
-        self.busy.store(false, Relaxed);
+        self.busy.store(false, Release);
     }
 
     pub(super) fn id(&self) -> mi::mi_arena_id_t {
@@ -332,9 +385,16 @@ impl Arena {
     /// arena, its chunk is not resident, the arena is not mapped for `gpu`, or the caller may
     /// not read bus addresses. The address holds up to the end of `p`'s chunk (64 KiB).
     pub(super) fn dma_addr(&self, p: *const u8, gpu: u32) -> Option<u64> {
+        // In a forked child the tables are the parent's (and its lock may be held forever).
+        if FORK_GENERATION.load(Relaxed) != self.generation {
+            return None;
+        }
         let (_, o) = self.locate(p)?;
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let (_, table) = s.dma.as_ref()?.iter().find(|(g, _)| *g == gpu)?;
+        if s.dma_denied {
+            return None;
+        }
+        let (_, _, table) = s.dma.iter().find(|(g, _, _)| *g == gpu)?;
         let chunk = *table.get(usize::try_from(o / CHUNK).ok()?)?;
         (chunk != ABSENT).then(|| chunk + o % CHUNK)
     }
@@ -366,6 +426,13 @@ impl Arena {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut ok = true;
         let all_new = !on || (first..last).all(|c| s.chunks.get(c as usize) == Some(&false));
+        if on {
+            // mimalloc takes back chunks the kernel kept when it decommitted them.
+            let (a, b) = (first as usize, (last as usize).min(s.owed.len()));
+            if let Some(o) = s.owed.get_mut(a..b) {
+                o.fill(false);
+            }
+        }
         if on {
             self.commits.fetch_add(1, Relaxed);
         } else {
@@ -401,6 +468,12 @@ impl Arena {
                 }
             } else if on {
                 ok = false;
+            } else {
+                // Kept under queued work: resident, owed back before the arena is reused.
+                let (a, b) = (c as usize, ((c + n) as usize).min(s.owed.len()));
+                if let Some(o) = s.owed.get_mut(a..b) {
+                    o.fill(true);
+                }
             }
             c += n;
         }
@@ -415,6 +488,14 @@ impl Arena {
     }
 }
 
+/// `gpus` sorted, each once: a heap's GPUs as a set.
+fn gpu_set(gpus: &[u32]) -> Vec<u32> {
+    let mut v = gpus.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 /// The arena length a heap of `cfg` asks for: its size, at least mimalloc's smallest arena
 /// and a multiple of it.
 fn asked_len(cfg: &HeapConfig) -> u64 {
@@ -425,16 +506,22 @@ fn asked_len(cfg: &HeapConfig) -> u64 {
 
 impl Arena {
     /// Keeps the DMA tables of chunks `[c, c + n)` that were just made resident (`on`) or
-    /// given back: their addresses read into the tables in place (one `MEM_DMA_ADDRS` a GPU,
-    /// allocating nothing), or marked absent. A refusal (`EPERM`) drops the tables for good.
+    /// given back: their addresses read into the tables in place (one `MEM_DMA_ADDRS` a GPU),
+    /// or marked absent. Allocates and frees nothing. A refusal (`EPERM`) stops the tables for
+    /// good; a GPU that went (`ENXIO`: the mem's mapping for it is gone with it, `ENODEV`)
+    /// has its whole table marked absent, for good.
     fn note_dma(&self, s: &mut Residency, c: u64, n: u64, on: bool) {
-        let Some(tables) = s.dma.as_mut() else {
+        if s.dma_denied {
             return;
-        };
+        }
         let (Ok(from), Ok(count)) = (usize::try_from(c), usize::try_from(n)) else {
             return;
         };
-        for (g, table) in tables.iter_mut() {
+        let mut denied = false;
+        for (g, gone, table) in s.dma.iter_mut() {
+            if *gone {
+                continue;
+            }
             let Some(slots) = table.get_mut(from..from.saturating_add(count)) else {
                 continue;
             };
@@ -445,13 +532,18 @@ impl Arena {
             match self.dev.dma_addrs_into(self.handle, *g, c, slots) {
                 Ok(written) if written == count => {}
                 Err(Errno::EPERM) => {
-                    s.dma = None;
-                    return;
+                    denied = true;
+                    break;
                 }
-                // Not all read (the GPU gone, a signal): unknown, so absent.
+                Err(Errno::ENXIO | Errno::ENODEV) => {
+                    *gone = true;
+                    table.fill(ABSENT);
+                }
+                // Not all read (a signal, no memory): unknown, so absent until decommitted.
                 _ => slots.fill(ABSENT),
             }
         }
+        s.dma_denied |= denied;
     }
 }
 

@@ -51,6 +51,10 @@ pub fn cases() -> Vec<Case> {
             name: "heap_pointers_know_their_dma_addresses",
             run: heap_pointers_know_their_dma_addresses,
         },
+        Case {
+            name: "heap_arena_with_queued_work_is_not_taken_again",
+            run: heap_arena_with_queued_work_is_not_taken_again,
+        },
     ]
 }
 
@@ -545,5 +549,78 @@ fn heap_pointers_know_their_dma_addresses() -> TestResult {
         matches!(st, nix::sys::wait::WaitStatus::Exited(_, 0)),
         "an unprivileged process's heap: {st:?}"
     );
+    Ok(())
+}
+
+/// A heap dropped while a stream's copy into one of its blocks is queued (behind a sw_sync
+/// fence): the kernel keeps that block's chunks (`EBUSY`), so the next heap does not get the
+/// arena (a new one is made, and what it writes is not overwritten when the copy runs); once
+/// the copy ran, the arena is taken again, its kept chunks given back first.
+fn heap_arena_with_queued_work_is_not_taken_again() -> TestResult {
+    let d0 = Ruvm::open().ctx("open")?;
+    let g = sim_gpu(&d0)?;
+    let tl = super::streams::sw_sync()?;
+    let cfg = HeapConfig {
+        gpus: vec![g],
+        arena_size: 32 << 20,
+    };
+    let (d, first) = setup(cfg.gpus.clone(), cfg.arena_size)?;
+    // A heap of this shape made and dropped: its arena is the one to watch.
+    drop(first);
+    let a = PinnedHeap::new(&d, &cfg).ctx("heap A")?;
+    let n = 256 * K;
+    let p = a.malloc(n);
+    check!(!p.is_null(), "malloc from A");
+    let (src, _src_map) = {
+        let m = d.mem_alloc(n as u64, 4096, 0).ctx("MEM_ALLOC")?;
+        d.mem_gpu(true, m.handle, g).ctx("MEM_MAP_GPU")?;
+        let q = d.mem_query(m.handle).ctx("MEM_QUERY")?;
+        let map = UserMap::of_mem(&d, &q).ctx("mmap")?;
+        for i in 0..n {
+            map.write(i, 0xc3);
+        }
+        (m.handle, map)
+    };
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    let fence = tl.create_fence(1, "held").ctx("sw_sync fence")?;
+    let ops = [
+        libruvm::op::wait_fd(std::os::fd::AsFd::as_fd(&fence), 20_000),
+        libruvm::op::with_dst_ptr(libruvm::op::copy(0, 0, src, 0, n as u64), p),
+    ];
+    d.stream_submit(s, &ops).ctx("STREAM_SUBMIT")?;
+    let before = arenas();
+    drop(a);
+    let b = PinnedHeap::new(&d, &cfg).ctx("heap B, with the copy queued")?;
+    check!(
+        arenas() == before + 1,
+        "heap B took the arena whose chunk the queued copy writes: {} arenas, {before} before",
+        arenas()
+    );
+    let q = b.malloc(n);
+    check!(!q.is_null(), "malloc from B");
+    write(q, n, 9);
+    tl.inc(1).ctx("signal the fence")?;
+    d.stream_sync(s, 20_000).ctx("STREAM_SYNC")?;
+    let bad = mismatches(q, n, 9);
+    check!(bad == 0, "B's block lost {bad} bytes when A's queued copy ran");
+    // SAFETY: B's block, not used after.
+    unsafe { b.free(q) };
+    drop(b);
+    let c = PinnedHeap::new(&d, &cfg).ctx("heap C, the copy done")?;
+    check!(
+        arenas() == before + 1,
+        "heap C made a new arena though both were free again: {} arenas, {before} before",
+        arenas()
+    );
+    let r = c.calloc(1, n);
+    check!(!r.is_null(), "calloc from C");
+    // SAFETY: C's block of `n` bytes.
+    let nonzero = (0..n).filter(|&i| unsafe { r.add(i).read() } != 0).count();
+    check!(nonzero == 0, "calloc from C: {nonzero} bytes not zero");
+    // SAFETY: C's block, not used after.
+    unsafe { c.free(r) };
+    drop(c);
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    d.mem_free(src).ctx("free")?;
     Ok(())
 }
