@@ -602,7 +602,10 @@ fn heap_arena_with_queued_work_is_not_taken_again() -> TestResult {
     tl.inc(1).ctx("signal the fence")?;
     d.stream_sync(s, 20_000).ctx("STREAM_SYNC")?;
     let bad = mismatches(q, n, 9);
-    check!(bad == 0, "B's block lost {bad} bytes when A's queued copy ran");
+    check!(
+        bad == 0,
+        "B's block lost {bad} bytes when A's queued copy ran"
+    );
     // SAFETY: B's block, not used after.
     unsafe { b.free(q) };
     drop(b);
