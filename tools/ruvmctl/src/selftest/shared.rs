@@ -52,6 +52,86 @@ pub(super) fn meminfo(field: &str) -> Result<u64, Stop> {
         .ok_or_else(|| Stop::Fail(format!("/proc/meminfo has no {field}")))
 }
 
+/// The free memory a user allocation cannot have without reclaiming directly, in bytes: each
+/// zone's `min` watermark plus its largest `protection` (the lowmem reserve it keeps from
+/// allocations that could use a higher zone), summed over the zones (`/proc/zoneinfo`).
+pub(super) fn min_watermark() -> Result<u64, Stop> {
+    let text = std::fs::read_to_string("/proc/zoneinfo").ctx("/proc/zoneinfo")?;
+    let mut pages = 0u64;
+    for l in text.lines().map(str::trim) {
+        if let Some(v) = l.strip_prefix("min ") {
+            pages += v.trim().parse::<u64>().unwrap_or(0);
+        } else if let Some(v) = l.strip_prefix("protection:") {
+            pages += v
+                .trim()
+                .trim_matches(|c| c == '(' || c == ')')
+                .split(',')
+                .filter_map(|x| x.trim().parse::<u64>().ok())
+                .max()
+                .unwrap_or(0);
+        }
+    }
+    Ok(pages * 4096)
+}
+
+/// Memory pressure without the OOM killer's risk: a child writes fresh anonymous memory while
+/// more than the min watermark and `margin` are free, so that kswapd wakes
+/// (below the low watermark) and reclaims, shrinkers included, but no allocation of the child
+/// reclaims directly (between the low and the min watermarks it is served at once); then it
+/// waits for `enough` up to 20 s. Exits 0 once `enough` says so, 1 if it never did. How it
+/// ended. (A child pushing past what is available met the OOM killer while a shrinker was
+/// giving its pages back: reclaim's OOM decision counts no shrinker's pages.)
+pub(super) fn reclaim_in_child(
+    margin: u64,
+    enough: impl Fn() -> bool,
+) -> Result<nix::sys::wait::WaitStatus, Stop> {
+    let floor = min_watermark()? + margin;
+    let len = meminfo("MemFree")?;
+    super::harness::in_child(|| {
+        use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
+        let Some(n) = usize::try_from(len)
+            .ok()
+            .and_then(std::num::NonZeroUsize::new)
+        else {
+            return 2;
+        };
+        // SAFETY: a fresh private anonymous mapping, written through its own pointer only.
+        let Ok(ptr) = (unsafe {
+            mmap_anonymous(
+                None,
+                n,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_NORESERVE,
+            )
+        }) else {
+            return 3;
+        };
+        let base = ptr.as_ptr().cast::<u8>();
+        let free = || meminfo("MemFree").unwrap_or(0);
+        let mut at = 0usize;
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(20) {
+            if enough() {
+                return 0;
+            }
+            // 4 MiB at a time, then 256 KiB near the floor: free memory comes down into the
+            // window between the min and low watermarks (about a MiB here), where kswapd wakes.
+            let left = free().saturating_sub(floor);
+            let step: usize = if left > 32 << 20 { 4 << 20 } else { 256 << 10 };
+            if left > step as u64 && at + step <= n.get() {
+                for off in (at..at + step).step_by(4096) {
+                    // SAFETY: inside the mapping just made.
+                    unsafe { base.add(off).write_volatile(1) };
+                }
+                at += step;
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        i32::from(!enough())
+    })
+}
+
 /// Memory pressure: a child process writes every page of `bytes` of fresh anonymous memory,
 /// then exits 0 (if the OOM killer does not take it first), or exits 0 as soon as `enough`
 /// says the reclaim the case waits for happened (checked every 4 MiB: pushing on to the end
