@@ -20,6 +20,7 @@ pub(crate) mod global;
 pub(crate) mod lru;
 pub(crate) mod maple;
 pub(crate) mod meminfo;
+pub(crate) mod notifier;
 pub(crate) mod pages;
 pub(crate) mod param;
 pub(crate) mod random;

@@ -48,6 +48,7 @@ mod bench_ioctls;
 mod gpu_ioctls;
 mod mem_ioctls;
 mod pool_ioctls;
+mod register_ioctls;
 mod share_ioctls;
 mod stream_ioctls;
 mod test_ioctls;
@@ -92,8 +93,10 @@ fn max_file_bytes() -> u64 {
 /// VMA holds a reference on the file. Mems still there are reported as reclaimed.
 #[pin_data(PinnedDrop)]
 pub(crate) struct RuvmFile {
-    #[pin]
-    inner: Mutex<FileInner>,
+    /// Its tables; an `Arc` so that a registration's revocation reaches them through `link`.
+    inner: Arc<Mutex<FileInner>>,
+    /// How a registered mem's revocation finds the tables ([`register_ioctls`]), cut at close.
+    link: Arc<register_ioctls::FileLink>,
     quota: Arc<Quota>,
     /// Who opened the file, for the reclaim report.
     opener: Origin,
@@ -103,6 +106,8 @@ pub(crate) struct RuvmFile {
 struct Entry {
     mem: Arc<Mem>,
     _handle: Counted,
+    /// A registered mem's key in the file's index of registered ranges.
+    registered: Option<register_ioctls::RangeKey>,
 }
 
 /// The tables of a file's mems, its user VA spaces and its pools. Field order is teardown
@@ -117,6 +122,8 @@ struct FileInner {
     offsets: KeptTree<u64, Handle>,
     spaces: UserSpaces,
     pools: FilePools,
+    /// The registered mems, by address space and range ([`register_ioctls`]).
+    registered: register_ioctls::Ranges,
 }
 
 /// How many nodes of each of its tables a file keeps from freed mems for the next ones (whose
@@ -219,23 +226,28 @@ impl MiscDevice for RuvmFile {
 
     fn open(file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
         let quota = Arc::new(Quota::new(max_file_bytes()), GFP_KERNEL_ACCOUNT)?;
+        let tables = FileInner {
+            streams: stream_ioctls::FileStreams::new()?,
+            mems: KeptTree::new(SPARE)?,
+            offsets: KeptTree::new(SPARE)?,
+            spaces: UserSpaces {
+                id: mmu::new_space_id(),
+                mmus: KVec::new(),
+            },
+            pools: FilePools {
+                pools: RBTree::new(),
+                owner: quota.id(),
+                count: 0,
+                gpus: KVec::new(),
+            },
+            registered: register_ioctls::Ranges::new(),
+        };
+        let inner = Arc::pin_init(new_mutex!(tables), GFP_KERNEL_ACCOUNT)?;
+        let link = register_ioctls::FileLink::new(inner.clone())?;
         let me = KBox::try_pin_init(
             try_pin_init!(RuvmFile {
-                inner <- new_mutex!(FileInner {
-                    streams: stream_ioctls::FileStreams::new()?,
-                    mems: KeptTree::new(SPARE)?,
-                    offsets: KeptTree::new(SPARE)?,
-                    spaces: UserSpaces {
-                        id: mmu::new_space_id(),
-                        mmus: KVec::new(),
-                    },
-                    pools: FilePools {
-                        pools: RBTree::new(),
-                        owner: quota.id(),
-                        count: 0,
-                        gpus: KVec::new(),
-                    },
-                }),
+                inner,
+                link,
                 quota,
                 opener: Origin::here("open"),
             }),
@@ -261,6 +273,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_MEM_VERIFY => me.mem_fill(user, true)?,
             uapi::RUVM_IOCTL_MEM_COPY => me.mem_copy(user)?,
             uapi::RUVM_IOCTL_MEM_RANGE => me.mem_range(file, user)?,
+            uapi::RUVM_IOCTL_MEM_REGISTER => me.mem_register(file, user)?,
             uapi::RUVM_IOCTL_GPU_LIST => gpu_ioctls::gpu_list(user)?,
             uapi::RUVM_IOCTL_GPU_ATTACH => gpu_ioctls::gpu_attach(user, true)?,
             uapi::RUVM_IOCTL_GPU_DETACH => gpu_ioctls::gpu_attach(user, false)?,
@@ -350,6 +363,7 @@ impl RuvmFile {
         let entry = Entry {
             mem,
             _handle: Counted::new(Class::Handles, 1),
+            registered: None,
         };
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
@@ -390,12 +404,22 @@ impl RuvmFile {
 
     /// Takes a mem out of the tables; its owner can no longer name it.
     fn remove(&self, handle: Handle) -> Option<Arc<Mem>> {
-        let mut inner = self.inner.lock();
-        let inner = &mut *inner;
+        self.inner.lock().remove(handle)
+    }
+}
+
+impl FileInner {
+    /// Takes a mem out of the tables (see [`RuvmFile::remove`]).
+    fn remove(&mut self, handle: Handle) -> Option<Arc<Mem>> {
         // The reference returned; the entry's own is dropped with the lock held, which is
         // never the last.
-        let mem = inner.mems.remove_with(&handle, |e| e.mem.clone())?;
-        let _ = inner.offsets.remove_with(&mem.mmap_offset(), |_| ());
+        let (mem, key) = self
+            .mems
+            .remove_with(&handle, |e| (e.mem.clone(), e.registered))?;
+        let _ = self.offsets.remove_with(&mem.mmap_offset(), |_| ());
+        if let Some(key) = key {
+            self.registered.remove(key);
+        }
         Some(mem)
     }
 }
@@ -403,6 +427,8 @@ impl RuvmFile {
 #[pinned_drop]
 impl PinnedDrop for RuvmFile {
     fn drop(self: Pin<&mut Self>) {
+        // No revocation reaches the tables from now on (one running has finished with them).
+        drop(self.link.cut());
         let level = audit::level();
         if level == 0 {
             return;

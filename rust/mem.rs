@@ -62,6 +62,7 @@ pub(crate) mod plant;
 pub(crate) mod policy;
 pub(crate) mod pool;
 pub(crate) mod quota;
+pub(crate) mod register;
 pub(crate) mod registry;
 mod retired;
 pub(crate) mod share;
@@ -85,6 +86,7 @@ pub(crate) fn init() -> Result {
     offsets::init()?;
     gpu_va::init()?;
     pool::registry::init()?;
+    register::init()?;
     crate::gpu::set_removal_hook(drop_gpu);
     Ok(())
 }
@@ -114,6 +116,7 @@ pub(crate) fn exit() -> usize {
     offsets::exit();
     gpu_va::exit();
     pool::registry::exit();
+    register::exit();
     planted
 }
 
@@ -290,6 +293,8 @@ pub(crate) struct MemState {
     /// Where `RUVM_ALLOC_MAP_USER` mapped the mem: the address space (held) and the address,
     /// which its `MEM_FREE` there unmaps.
     mapped_at: Option<(ARef<Mm>, usize)>,
+    /// A registered mem's range in its process, watched for unmapping ([`register`]).
+    user: Option<register::UserRange>,
 }
 
 impl MemState {
@@ -316,6 +321,7 @@ impl MemState {
             lending: false,
             sparse,
             mapped_at: None,
+            user: None,
         }
     }
 

@@ -28,23 +28,26 @@
 //!    after the commit, the lock of exchanges with several dma-bufs' objects, then each
 //!    reservation object an operation's fence goes into, one at a time (`stream/implicit.rs`;
 //!    nothing of ruvm's under it);
-//! 3. a file's table mutex (`file.rs`), released before anything below is taken, but a
+//! 3. a file's link (`file/register_ioctls.rs`), held by a registration's revocation while it
+//!    takes the handle out of the file's tables (the file's table mutex under it), and by the
+//!    file's close to cut it;
+//! 4. a file's table mutex (`file.rs`), released before anything below is taken, but a
 //!    stream's state mutex (to ask whether a destroyed stream still has work);
-//! 4. a stream's state mutex (`stream.rs`): under it only a GPU's users mutex and leaves; the
+//! 5. a stream's state mutex (`stream.rs`): under it only a GPU's users mutex and leaves; the
 //!    engine runs no piece with it held;
-//! 5. the host GPU list (`gpu/host.rs`), held across an attach or a detach, or the list of
+//! 6. the host GPU list (`gpu/host.rs`), held across an attach or a detach, or the list of
 //!    simulated GPUs (`gpu/sim.rs`), held across a removal or a return (never both);
-//! 6. a GPU's users mutex (`gpu.rs`), held only to count access guards; a guard itself holds
-//!    nothing, and a GPU's removal waits for the guards with no other lock held but 5 (no
+//! 7. a GPU's users mutex (`gpu.rs`), held only to count access guards; a guard itself holds
+//!    nothing, and a GPU's removal waits for the guards with no other lock held but 6 (no
 //!    guard holder takes it);
-//! 7. the mem registry (`mem/registry.rs`), or the pool registry (`mem/pool.rs`; never both),
+//! 8. the mem registry (`mem/registry.rs`), or the pool registry (`mem/pool.rs`; never both),
 //!    then a pool's mutex (its bookkeeping only; the shrinker only tries these two);
-//! 8. a mem's state mutex (`mem.rs`);
-//! 9. a simulated GPU's MMU mutex (`gpu/mmu.rs`): its page tables, written under it;
-//! 10. the GPU registry (`gpu.rs`): PMMs and MMUs are visited after it is released, but by the
+//! 9. a mem's state mutex (`mem.rs`);
+//! 10. a simulated GPU's MMU mutex (`gpu/mmu.rs`): its page tables, written under it;
+//! 11. the GPU registry (`gpu.rs`): PMMs and MMUs are visited after it is released, but by the
 //!     vidmem shrinker, which only tries it and, under it, each PMM's mutex;
-//! 11. a PMM's mutex (`gpu/pmm.rs`; its chunk tree, `gpu/chunks.rs`, is under it);
-//! 12. leaves, under which nothing of ruvm is taken: the streams' engines' registry, an
+//! 12. a PMM's mutex (`gpu/pmm.rs`; its chunk tree, `gpu/chunks.rs`, is under it);
+//! 13. leaves, under which nothing of ruvm is taken: the streams' engines' registry, an
 //!     engine's ready and blocked lists, an operation's start time, a point's fence, an event's point
 //!     (`stream/`), a GPU's table tracker (`gpu/dma.rs`), a
 //!     simulated GPU's translation (`gpu/sim.rs`), an edu engine's busy mutex (`gpu/edu.rs`), a
@@ -57,7 +60,7 @@
 //!     mappings and of its kernel mapping (`bind/dmabuf.rs`; the dma-buf core calls in with
 //!     the buffer's reservation lock held).
 //!
-//! User memory is never touched with a ruvm lock held, but for the fault path (1 then 8).
+//! User memory is never touched with a ruvm lock held, but for the fault path (1 then 9).
 
 use kernel::{
     debugfs, driver,

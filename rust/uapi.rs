@@ -44,6 +44,7 @@ plain_old_data!(
     ruvm_mem_fill,
     ruvm_mem_copy,
     ruvm_mem_range,
+    ruvm_mem_register,
     ruvm_audit,
     ruvm_stats,
     ruvm_bench,

@@ -38,6 +38,10 @@
 
 use core::ptr::NonNull;
 
+mod user;
+
+pub(crate) use user::PinError;
+
 use kernel::{
     bindings, new_mutex,
     page::{BorrowedPage, PAGE_SIZE},
@@ -338,6 +342,8 @@ struct Heads {
     v: HeadVec,
     order: u32,
     blocks: KVec<(usize, u32)>,
+    /// The pages are pins of a process's own pages ([`user`]), not owned: unpinned on drop.
+    user: Option<user::UserPins>,
 }
 
 /// The first pages of a list's chunks: in place for a list of one chunk (a small mem: no
@@ -422,6 +428,10 @@ impl Heads {
 
 impl Drop for Heads {
     fn drop(&mut self) {
+        if let Some(pins) = self.user.take() {
+            pins.unpin(self.v.as_slice());
+            return;
+        }
         let order = self.order;
         let mut blocks = self.blocks.iter().peekable();
         let mut i = 0;
@@ -485,6 +495,7 @@ impl<T: Send + Sync> ChunkList<T> {
             v: HeadVec::with_capacity(count)?,
             order,
             blocks: KVec::new(),
+            user: None,
         };
         // Chunks below a block are cut from the largest block that fits what is left, while
         // the page allocator has such blocks at hand; `cap` drops below an order it had none of.
@@ -545,7 +556,10 @@ impl<T: Send + Sync> ChunkList<T> {
             return false;
         };
         let heads = unique.as_mut().project().heads;
-        if out.capacity() - out.len() < heads.v.len() || !heads.blocks.is_empty() {
+        if out.capacity() - out.len() < heads.v.len()
+            || !heads.blocks.is_empty()
+            || heads.user.is_some()
+        {
             return false;
         }
         let order = heads.order;
@@ -730,6 +744,7 @@ impl<T: Send + Sync> ListSlot<T> {
             v: core::mem::replace(&mut self.heads, HeadVec::empty()),
             order,
             blocks: KVec::new(),
+            user: None,
         };
         let init = try_pin_init!(ChunkList {
             heads,

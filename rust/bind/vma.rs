@@ -25,7 +25,7 @@ use kernel::{
     ffi::{c_int, c_ulong},
     fs::File,
     mm::{
-        virt::{VmaMixedMap, VmaNew, VmaRef},
+        virt::{flags as vm_flags, VmaMixedMap, VmaNew, VmaRef},
         Mm,
     },
     page::{BorrowedPage, PAGE_SIZE},
@@ -243,6 +243,14 @@ pub(crate) fn current_mm() -> Option<ARef<Mm>> {
     task.mm().map(|mm| ARef::from(&**mm))
 }
 
+/// The calling process's address space as an identity (its structure's address; 0 for a
+/// kernel thread): equal to another's only while both are the same live address space, or
+/// while something holds the first (as a [`super::notifier::RangeWatch`] does).
+pub(crate) fn current_mm_id() -> usize {
+    let task = kernel::current!();
+    task.mm().map_or(0, |m| m.as_raw() as usize)
+}
+
 /// Whether `mm` is the calling process's address space.
 pub(crate) fn is_current_mm(mm: &Mm) -> bool {
     let task = kernel::current!();
@@ -300,4 +308,85 @@ pub(crate) fn zap(file: &File, offset: u64, len: u64) -> Result {
     // SAFETY: `f_mapping` of an open file is valid; `unmap_mapping_range` takes its own locks.
     unsafe { bindings::unmap_mapping_range((*file.as_ptr()).f_mapping, begin, len, 1) };
     Ok(())
+}
+
+/// What a range of the calling process's address space is, for pinning its pages long-term
+/// (`RUVM_IOCTL_MEM_REGISTER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RangeKind {
+    /// Mapped all through, with the access asked, by mappings whose pages may be pinned.
+    Pinnable,
+    /// Some page of it is in no mapping (or the task has no address space).
+    Hole,
+    /// A mapping of it cannot be read, or written when writing was asked.
+    NoAccess,
+    /// A mapping whose pages the kernel does not pin long-term: `VM_IO` or `VM_PFNMAP`, a
+    /// file on fs-dax, secretmem (`memfd_secret`).
+    Unpinnable,
+    /// A mapping made with the operations `ours` (already ruvm memory).
+    Ours,
+}
+
+/// Whether any bit of `flag` is set in `flags` (a function, as `flag` is 0 on a kernel
+/// without the feature: `S_DAX` without `CONFIG_FS_DAX`).
+fn any_set(flags: u32, flag: u32) -> bool {
+    flags & flag != 0
+}
+
+/// What `[addr, addr + len)` of the calling process is (see [`RangeKind`]): its mappings in
+/// address order, the first that is not pinnable deciding. Checked under the mmap lock, which
+/// is then released: the range may change before its pages are pinned (which checks again).
+pub(crate) fn range_kind<T: VmaOwner>(
+    addr: usize,
+    len: usize,
+    write: bool,
+    ours: &'static Ops<T>,
+) -> RangeKind {
+    let Some(end) = addr.checked_add(len) else {
+        return RangeKind::Hole;
+    };
+    let task = kernel::current!();
+    let Some(mm) = task.mm() else {
+        return RangeKind::Hole;
+    };
+    let guard = mm.mmap_read_lock();
+    let mut at = addr;
+    while at < end {
+        let Some(vma) = guard.vma_lookup(at) else {
+            return RangeKind::Hole;
+        };
+        let flags = vma.flags();
+        let v = vma.as_ptr();
+        // SAFETY: the VMA is valid while the mmap lock is held, and these fields do not
+        // change under it; a file's inode and superblock live as long as the file, which the
+        // VMA holds.
+        let (vm_ops, dax, secret) = unsafe {
+            let file = (*v).vm_file;
+            let (dax, secret) = if file.is_null() {
+                (false, false)
+            } else {
+                let inode = (*file).f_inode;
+                (
+                    any_set((*inode).i_flags, bindings::S_DAX),
+                    (*(*inode).i_sb).s_magic == bindings::SECRETMEM_MAGIC as c_ulong,
+                )
+            };
+            ((*v).vm_ops, dax, secret)
+        };
+        if core::ptr::eq(vm_ops, &ours.0) {
+            return RangeKind::Ours;
+        }
+        if flags & (vm_flags::IO | vm_flags::PFNMAP) != 0 || dax || secret {
+            return RangeKind::Unpinnable;
+        }
+        let mut need = vm_flags::READ;
+        if write {
+            need |= vm_flags::WRITE;
+        }
+        if flags & need != need {
+            return RangeKind::NoAccess;
+        }
+        at = vma.end();
+    }
+    RangeKind::Pinnable
 }

@@ -50,8 +50,28 @@ impl RuvmFile {
             args.pool = if mine { p.pool } else { 0 };
             args.mapped_gpus = info.mapped_gpus.bits();
             args.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
+        } else if let Some((handle, offset, mem)) = self.registration_at(addr) {
+            let info = mem.info();
+            args.type_ = uapi::ruvm_ptr_type_RUVM_PTR_MEM;
+            args.ptr_flags = uapi::ruvm_ptr_flags_RUVM_PTR_REGISTERED;
+            args.handle = handle.0;
+            args.offset = offset;
+            args.base = addr - offset;
+            args.size = info.size;
+            args.physical_size = info.layout.physical_size;
+            args.chunk_size = info.layout.chunk_size;
+            args.mapped_gpus = info.mapped_gpus.bits();
+            args.backing = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
         }
         writer.write(&args)
+    }
+
+    /// The calling file's registration holding `addr` in the calling process: its handle,
+    /// `addr`'s offset in it and the mem.
+    fn registration_at(&self, addr: u64) -> Option<(Handle, u64, Arc<Mem>)> {
+        let (handle, offset) = self.registered_at(addr)?;
+        let mem = self.mem(handle.0).ok()?;
+        Some((handle, offset, mem))
     }
 
     /// The calling file's handle of `mem`, if it has one: its table at the mem's mmap offset
@@ -66,10 +86,14 @@ impl RuvmFile {
     /// (`RUVM_OP_*_PTR`): `ENOENT` if there is none (no mapping of a mem there, another
     /// file's mem, a freed one).
     pub(super) fn handle_at(&self, addr: u64) -> Result<(u64, u64)> {
-        let p = usize::try_from(addr)
+        let Some(p) = usize::try_from(addr)
             .ok()
             .and_then(crate::mem::Mem::at_user)
-            .ok_or(ENOENT)?;
+        else {
+            // A range the file registered in the calling process.
+            let (Handle(h), offset, _) = self.registration_at(addr).ok_or(ENOENT)?;
+            return Ok((h, offset));
+        };
         if p.freed {
             return Err(ENOENT);
         }

@@ -165,6 +165,7 @@ impl Lookup for FileLookup<'_> {
             let entry = Entry {
                 mem: mem.clone(),
                 _handle: Counted::new(Class::Handles, 1),
+                registered: None,
             };
             entries.push((Handle(handle), mem.mmap_offset(), entry), GFP_KERNEL)?;
         }
@@ -221,8 +222,7 @@ impl Lookup for FileLookup<'_> {
         // Dropped once the lock is released (never the last references: the FREEs hold them).
         let mut dropped = KVec::with_capacity(gone_handles.len(), GFP_KERNEL).unwrap_or_default();
         for h in gone_handles {
-            if let Some(mem) = inner.mems.remove_with(&Handle(h), |e| e.mem.clone()) {
-                let _ = inner.offsets.remove_with(&mem.mmap_offset(), |_| ());
+            if let Some(mem) = inner.remove(Handle(h)) {
                 let _ = dropped.push(mem, GFP_KERNEL);
             }
         }

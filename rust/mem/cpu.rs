@@ -292,6 +292,11 @@ impl Mem {
         if vma.executable() {
             return Err(EPERM);
         }
+        // A registered mem's pages are mapped by their process already (and an anonymous
+        // page cannot be inserted in a shared mapping).
+        if self.is_registered() {
+            return Err(crate::bind::errno::eopnotsupp());
+        }
         // A sparse mem's chunks come and go: its pages are inserted on fault only.
         let pages = match self.storage {
             Storage::Sparse => None,

@@ -98,6 +98,10 @@ impl Mem {
             if st.life != Life::Owned || st.export == Export::Withdrawn {
                 return Err(ENOENT);
             }
+            // A registered mem's pages are its process's, not to be handed to other drivers.
+            if self.is_registered() {
+                return Err(crate::bind::errno::eopnotsupp());
+            }
             let pages = self.storage.sys()?.clone();
             let pool = st.lease.as_ref().map_or(0, |l| l.pool.id());
             let source = Source::hold(&self.core, &mut st, pool, true)?;

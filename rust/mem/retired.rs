@@ -23,6 +23,9 @@ pub(crate) struct Retired {
     pub(super) _gpus: KVec<(u32, Arc<GpuTable>)>,
     /// A sparse mem's tables, per GPU and chunk.
     pub(super) _sparse: KVec<(u32, KVVec<Option<Arc<GpuTable>>>)>,
+    /// A registered mem's watch on its range (removed when dropped, which waits for a
+    /// notification in flight: never under a lock such a notification's revocation takes).
+    pub(super) _user: Option<super::register::UserRange>,
 }
 
 impl Retired {
@@ -126,6 +129,7 @@ impl Mem {
                 .as_mut()
                 .map(super::sparse::Sparse::take_tables)
                 .unwrap_or_default(),
+            _user: st.user.take(),
         }
     }
 

@@ -130,13 +130,18 @@ struct ruvm_info {
  * in ruvm_ce_copy.flags and in the flags of RUVM_OP_COPY.
  */
 #define RUVM_FEATURE_COPY_PTR (1ULL << 17)
+/*
+ * RUVM_IOCTL_MEM_REGISTER: memory the caller already has (anonymous or file-backed) made a
+ * mem; RUVM_PTR_REGISTERED in ruvm_ptr_attrs.ptr_flags.
+ */
+#define RUVM_FEATURE_REGISTER (1ULL << 18)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
 	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS |                   \
 	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC | RUVM_FEATURE_PTR_ATTRS |           \
 	 RUVM_FEATURE_IPC_POOLS | RUVM_FEATURE_DMABUF | RUVM_FEATURE_STATUS_PAGE |             \
-	 RUVM_FEATURE_SPARSE | RUVM_FEATURE_COPY_PTR)
+	 RUVM_FEATURE_SPARSE | RUVM_FEATURE_COPY_PTR | RUVM_FEATURE_REGISTER)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -176,7 +181,12 @@ enum ruvm_alloc_flags {
 	 * (EINVAL with vidmem). On a failure to map, nothing is left (the mem is freed).
 	 */
 	RUVM_ALLOC_MAP_USER = 1 << 3,
-	/* Every flag defined above. */
+	/*
+	 * Never asked for (EINVAL in ruvm_mem_alloc.flags): reported in
+	 * ruvm_mem_query.alloc_flags for a mem made by RUVM_IOCTL_MEM_REGISTER.
+	 */
+	RUVM_ALLOC_REGISTERED = 1 << 4,
+	/* Every flag MEM_ALLOC takes. */
 	RUVM_ALLOC_FLAGS_ALL = RUVM_ALLOC_ZERO | RUVM_ALLOC_FALLBACK | RUVM_ALLOC_SPARSE |
 			       RUVM_ALLOC_MAP_USER,
 };
@@ -273,6 +283,63 @@ struct ruvm_mem_range {
 	__u32 op;
 	__u32 flags;
 	__u64 resident;
+	__u64 reserved[2];
+};
+
+/* ruvm_mem_register.flags */
+enum ruvm_register_flags {
+	/* Devices only read the pages: pinned without write access (a read-only mapping may be
+	 * registered). Without it every mapping of the range must be writable (EACCES). */
+	RUVM_REGISTER_READ_ONLY = 1 << 0,
+};
+
+/**
+ * struct ruvm_mem_register - make memory the caller already has a mem (RUVM_IOCTL_MEM_REGISTER)
+ *
+ * cudaHostRegister: the pages the calling process maps at [@addr, @addr + @size) (anonymous,
+ * shared memory, or a file's) are pinned long-term and become the chunks of a new sysmem mem
+ * of one-page chunks. The mem is then any mem of the file's: MEM_MAP_GPU DMA-maps it for a GPU,
+ * CE_COPY and stream COPY and FILL reach it (by handle, or by address with RUVM_OP_*_PTR),
+ * MEM_MAP_CPU_KERNEL maps it; its bytes are the process's, at their addresses (nothing is
+ * copied). It cannot be mmapped through /dev/ruvm or exported as a dma-buf (EOPNOTSUPP).
+ * The pins count in the address space's VmPin, bounded by RLIMIT_MEMLOCK without CAP_IPC_LOCK
+ * (pages already charged to a memory cgroup stay charged there); the mem charges one page to
+ * the file's quota (max_file_mib), as a sparse mem.
+ *
+ * It ends with MEM_FREE of its handle (cudaHostUnregister), the file's close, or as soon as
+ * any part of the range stops being mapped (munmap, mremap away, mmap MAP_FIXED over it, the
+ * process's exit): the handle is then freed as MEM_FREE frees it, from a work item (at most
+ * moments later; MEM_FREE of it is ENOENT after). Work queued before the end (copies, fills)
+ * completes on the pages it was given, which stay pinned until it is done, then the pins go.
+ * Other changes to the range leave the registration on the pages it pinned: after
+ * MADV_DONTNEED or a truncation of the file, the process's addresses show other pages than
+ * the mem's. fork: the parent keeps its pages (the kernel copies pinned pages for the child
+ * at fork, or the child gets no mapping at all with MADV_DONTFORK); the child's file
+ * descriptor names the same mem (whose pages are the parent's).
+ *
+ * Errors: EINVAL unknown @flags, non-zero @pad or @reserved, @addr or @size not a multiple
+ * of PAGE_SIZE, @size 0; EOVERFLOW @addr + @size wraps; ENOSPC @size beyond max_alloc_mib or
+ * the file's quota; EFAULT a page of the range is in no mapping (or the range is unmapped
+ * before the call returns); EACCES a mapping of the range is not readable, or not writable
+ * without RUVM_REGISTER_READ_ONLY; EOPNOTSUPP a mapping whose pages cannot be pinned
+ * long-term (VM_IO or VM_PFNMAP, fs-dax, secretmem, a shared writable mapping of a file on a
+ * filesystem that tracks dirty pages); EEXIST the range overlaps one this file registered in
+ * the same process, or a mapping of a mem; ENOMEM beyond RLIMIT_MEMLOCK, or out of memory;
+ * EINTR/ERESTARTSYS a signal. On error nothing stays pinned or charged.
+ *
+ * @addr:     (in)  the range's start, page-aligned
+ * @size:     (in)  its length in bytes, a multiple of PAGE_SIZE
+ * @flags:    (in)  enum ruvm_register_flags
+ * @pad:      (in)  must be 0
+ * @handle:   (out) the new mem's handle
+ * @reserved: (in)  must be 0
+ */
+struct ruvm_mem_register {
+	__u64 addr;
+	__u64 size;
+	__u32 flags;
+	__u32 pad;
+	__u64 handle;
 	__u64 reserved[2];
 };
 
@@ -1389,7 +1456,8 @@ struct ruvm_gpu_pool {
 enum ruvm_ptr_type {
 	/* Not ruvm memory: any address that is not in a user mapping of a mem (mapped or not). */
 	RUVM_PTR_NONE = 0,
-	/* In a user mapping of a mem (mmap of /dev/ruvm at its mmap offset). */
+	/* In a user mapping of a mem (mmap of /dev/ruvm at its mmap offset), or in a range of
+	 * the calling process registered through the calling file (RUVM_PTR_REGISTERED). */
 	RUVM_PTR_MEM = 1,
 };
 
@@ -1404,6 +1472,9 @@ enum ruvm_ptr_flags {
 	/* The mem is an imported one (RUVM_IOCTL_MEM_IMPORT): its chunks are those of a mem of
 	 * an exporting pool, @pool is that pool (the handle its import has in any file). */
 	RUVM_PTR_IMPORTED = 1 << 2,
+	/* The address is in a range of the calling process that the calling file registered
+	 * (RUVM_IOCTL_MEM_REGISTER): @base is the range's start, @offset the byte of it. */
+	RUVM_PTR_REGISTERED = 1 << 3,
 };
 
 /**
@@ -2084,6 +2155,7 @@ enum {
 	RUVM_IOCTL_MEM_VERIFY = _IOWR(RUVM_IOCTL_MAGIC, 0x07, struct ruvm_mem_fill),
 	RUVM_IOCTL_MEM_COPY = _IOWR(RUVM_IOCTL_MAGIC, 0x08, struct ruvm_mem_copy),
 	RUVM_IOCTL_MEM_RANGE = _IOWR(RUVM_IOCTL_MAGIC, 0x09, struct ruvm_mem_range),
+	RUVM_IOCTL_MEM_REGISTER = _IOWR(RUVM_IOCTL_MAGIC, 0x0a, struct ruvm_mem_register),
 	RUVM_IOCTL_GPU_LIST = _IOWR(RUVM_IOCTL_MAGIC, 0x20, struct ruvm_gpu_list),
 	RUVM_IOCTL_MEM_MAP_GPU = _IOWR(RUVM_IOCTL_MAGIC, 0x21, struct ruvm_mem_gpu),
 	RUVM_IOCTL_MEM_UNMAP_GPU = _IOWR(RUVM_IOCTL_MAGIC, 0x22, struct ruvm_mem_gpu),

@@ -68,6 +68,8 @@ commands! {
     MEM_COPY: ruvm_mem_copy = RUVM_IOCTL_MEM_COPY;
     /// Populate or release a range of a sparse mem.
     MEM_RANGE: ruvm_mem_range = RUVM_IOCTL_MEM_RANGE;
+    /// Make memory the process already has a mem.
+    MEM_REGISTER: ruvm_mem_register = RUVM_IOCTL_MEM_REGISTER;
     /// The GPU registry.
     GPU_LIST: ruvm_gpu_list = RUVM_IOCTL_GPU_LIST;
     /// Attach a host GPU by PCI address.

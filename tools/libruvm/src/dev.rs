@@ -61,6 +61,7 @@ ioctl_args!(
     uapi::ruvm_mem_fill,
     uapi::ruvm_mem_copy,
     uapi::ruvm_mem_range,
+    uapi::ruvm_mem_register,
     uapi::ruvm_audit,
     uapi::ruvm_bench,
     uapi::ruvm_stats,
@@ -246,6 +247,24 @@ impl Ruvm {
         };
         self.call(cmd::MEM_RANGE, &mut a)?;
         Ok(a.resident)
+    }
+
+    /// `RUVM_IOCTL_MEM_REGISTER`: makes `[addr, addr + size)` of this process (page-aligned)
+    /// a mem, its pages pinned (`read_only`: devices only read them); returns the handle.
+    /// `MEM_FREE` of it unregisters.
+    pub fn mem_register(&self, addr: u64, size: u64, read_only: bool) -> Result<u64, Errno> {
+        let mut a = uapi::ruvm_mem_register {
+            addr,
+            size,
+            flags: if read_only {
+                uapi::ruvm_register_flags_RUVM_REGISTER_READ_ONLY
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        self.call(cmd::MEM_REGISTER, &mut a)?;
+        Ok(a.handle)
     }
 
     /// `RUVM_IOCTL_MEM_MAP_CPU_KERNEL`.

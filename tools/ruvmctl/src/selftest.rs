@@ -29,6 +29,7 @@ mod mem;
 mod one_call;
 mod pools;
 mod ptr;
+mod register;
 mod shared;
 mod sparse;
 mod stream_alloc;
@@ -56,6 +57,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(heap::cases());
     v.extend(ptr::cases());
     v.extend(copy_ptr::cases());
+    v.extend(register::cases());
     v.extend(charge::cases());
     v.extend(ipc::cases());
     v.extend(dmabuf::cases());

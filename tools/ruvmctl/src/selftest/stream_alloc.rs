@@ -13,7 +13,7 @@
 //! Every case skips without `RUVM_FEATURE_STREAM_ALLOC`, streams, a simulated GPU or sw_sync.
 
 use std::{
-    os::fd::{AsFd, OwnedFd},
+    os::fd::OwnedFd,
     time::{Duration, Instant},
 };
 
@@ -30,11 +30,11 @@ use nix::{
 use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::{live, readable, vid_pool, vidmem_gpu};
 use super::streams::{
-    drained, engine_on, errno_of, mem_on, remove_gpu, signalled, sw_sync, user_mismatches,
-    BringBack, K, M, SIGNAL_BOUND, STREAM_MEMS, STREAM_OPS, WAIT_MS,
+    drained, engine_on, errno_of, mem_on, remove_gpu, signalled, user_mismatches, BringBack, Gate,
+    K, M, SIGNAL_BOUND, STREAM_MEMS, STREAM_OPS, WAIT_MS,
 };
 use crate::pattern;
-use libruvm::{cmd, op, sync_file::SwSyncTimeline, uapi, Ruvm, UserMap};
+use libruvm::{cmd, op, uapi, Ruvm, UserMap};
 
 mod data;
 mod held;
@@ -207,48 +207,6 @@ fn setup() -> Result<(Ruvm, u32), Stop> {
     let (d, g) = super::streams::setup()?;
     need_stream_alloc(&d)?;
     Ok((d, g))
-}
-
-/// A sw_sync fence that holds the streams waiting for it until released (on drop at the
-/// latest, so that a failed case leaves no stream held).
-struct Gate {
-    tl: SwSyncTimeline,
-    fence: OwnedFd,
-    open: bool,
-}
-
-impl Gate {
-    /// A new gate, or a skip without sw_sync.
-    fn new() -> Result<Self, Stop> {
-        let tl = sw_sync()?;
-        let fence = tl.create_fence(1, "gate").ctx("SW_SYNC_IOC_CREATE_FENCE")?;
-        Ok(Self {
-            tl,
-            fence,
-            open: false,
-        })
-    }
-
-    /// A `WAIT_FD` on the gate.
-    fn wait(&self) -> uapi::ruvm_op {
-        op::wait_fd(self.fence.as_fd(), GATE_MS)
-    }
-
-    fn release(&mut self) -> TestResult {
-        if !self.open {
-            self.tl.inc(1).ctx("SW_SYNC_IOC_INC")?;
-            self.open = true;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        if !self.open {
-            let _ = self.tl.inc(1);
-        }
-    }
 }
 
 /// A sysmem pool of [`SIZE`] chunks, release threshold `threshold`, DMA-mapped for `g`, with

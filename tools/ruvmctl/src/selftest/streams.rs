@@ -478,6 +478,48 @@ pub(super) fn sw_sync() -> Result<SwSyncTimeline, Stop> {
         .ok_or_else(|| Stop::Skip(format!("no {} (CONFIG_SW_SYNC)", sync_file::SW_SYNC_PATH)))
 }
 
+/// A sw_sync fence that holds the streams waiting for it until released (on drop at the
+/// latest, so that a failed case leaves no stream held).
+pub(super) struct Gate {
+    tl: SwSyncTimeline,
+    fence: OwnedFd,
+    open: bool,
+}
+
+impl Gate {
+    /// A new gate, or a skip without sw_sync.
+    pub(super) fn new() -> Result<Self, Stop> {
+        let tl = sw_sync()?;
+        let fence = tl.create_fence(1, "gate").ctx("SW_SYNC_IOC_CREATE_FENCE")?;
+        Ok(Self {
+            tl,
+            fence,
+            open: false,
+        })
+    }
+
+    /// A `WAIT_FD` on the gate.
+    pub(super) fn wait(&self) -> uapi::ruvm_op {
+        op::wait_fd(self.fence.as_fd(), uapi::RUVM_WAIT_MAX_MS)
+    }
+
+    pub(super) fn release(&mut self) -> TestResult {
+        if !self.open {
+            self.tl.inc(1).ctx("SW_SYNC_IOC_INC")?;
+            self.open = true;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if !self.open {
+            let _ = self.tl.inc(1);
+        }
+    }
+}
+
 /// A new sw_sync timeline, `None` without sw_sync.
 fn sw_sync_or_none() -> Result<Option<SwSyncTimeline>, Stop> {
     ensure_debugfs();

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Registering memory the caller already has (`RUVM_IOCTL_MEM_REGISTER`; the mem layer's
+//! `register`), the file's index of its registered ranges, and the link a registration's
+//! revocation reaches the file's tables through.
+//!
+//! The index maps (address space, range end) to the range's start and the mem's handle: an
+//! address of the calling process is found in it by the first range ending after it, and two
+//! registrations of one file in one address space never overlap (`EEXIST`). A revocation (the
+//! range unmapped) frees the handle through [`FileLink`], which the file's close cuts: one
+//! running then has finished with the tables, and later ones find nothing.
+
+use kernel::{
+    fs::File,
+    new_mutex,
+    prelude::*,
+    rbtree::{RBTree, RBTreeNode},
+    sync::{Arc, Mutex},
+    uaccess::UserSlice,
+};
+
+use crate::{
+    bind::vma,
+    mem::{
+        register::{RegisterRequest, Unregister},
+        Handle, Mem, Origin,
+    },
+    uapi,
+};
+
+use super::{args, max_alloc_bytes, Entry, FileInner, RuvmFile};
+use crate::audit::{Class, Counted};
+
+/// A registered range's key in the index: its address space's identity and its end.
+pub(super) type RangeKey = (usize, u64);
+
+/// A file's registered ranges: by (address space, end), the start and the mem's handle.
+pub(super) struct Ranges {
+    tree: RBTree<RangeKey, (u64, Handle)>,
+}
+
+impl Ranges {
+    pub(super) fn new() -> Self {
+        Self {
+            tree: RBTree::new(),
+        }
+    }
+
+    /// The registration of address space `mm` holding `addr`: its handle and `addr`'s
+    /// offset in it.
+    fn at(&self, mm: usize, addr: u64) -> Option<(Handle, u64)> {
+        let cursor = self.tree.cursor_lower_bound(&(mm, addr.checked_add(1)?))?;
+        let (&(m, _end), &(start, handle)) = cursor.current();
+        (m == mm && start <= addr).then(|| (handle, addr - start))
+    }
+
+    /// Whether `[start, end)` of `mm` overlaps a registered range.
+    fn overlaps(&self, mm: usize, start: u64, end: u64) -> bool {
+        let Some(next) = start.checked_add(1) else {
+            return false;
+        };
+        self.tree.cursor_lower_bound(&(mm, next)).is_some_and(|c| {
+            let (&(m, _), &(s, _)) = c.current();
+            m == mm && s < end
+        })
+    }
+
+    pub(super) fn remove(&mut self, key: RangeKey) {
+        let _ = self.tree.remove(&key);
+    }
+}
+
+/// How a registration's revocation reaches its file's tables: cut when the file closes.
+#[pin_data]
+pub(crate) struct FileLink {
+    #[pin]
+    tables: Mutex<Option<Arc<Mutex<FileInner>>>>,
+}
+
+impl FileLink {
+    pub(super) fn new(tables: Arc<Mutex<FileInner>>) -> Result<Arc<Self>> {
+        Arc::pin_init(
+            pin_init!(Self {
+                tables <- new_mutex!(Some(tables)),
+            }),
+            GFP_KERNEL_ACCOUNT,
+        )
+    }
+
+    /// Cuts the link (the file's close); returns the tables' reference it held, to drop.
+    pub(super) fn cut(&self) -> Option<Arc<Mutex<FileInner>>> {
+        self.tables.lock().take()
+    }
+}
+
+impl Unregister for FileLink {
+    fn unregister(&self, handle: Handle) {
+        let mem = {
+            let link = self.tables.lock();
+            link.as_ref()
+                .and_then(|tables| tables.lock().remove(handle))
+        };
+        // Freed as `MEM_FREE` frees, with no lock held: a registered mem has no user mapping
+        // of ruvm's to zap (it cannot be mmapped), nor one made by `RUVM_ALLOC_MAP_USER`.
+        if let Some(mem) = mem {
+            drop(mem.retire());
+        }
+    }
+}
+
+impl RuvmFile {
+    /// `RUVM_IOCTL_MEM_REGISTER`.
+    pub(super) fn mem_register(&self, file: &File, user: UserSlice) -> Result {
+        let (mut args, mut writer) = args::read_write::<uapi::ruvm_mem_register>(user)?;
+        let req = RegisterRequest {
+            addr: args.addr,
+            size: args.size,
+            write: args.flags & uapi::ruvm_register_flags_RUVM_REGISTER_READ_ONLY == 0,
+            max_bytes: max_alloc_bytes(),
+        };
+        let mm = vma::current_mm_id();
+        // Shape errors first (`Mem::register` checks them again): an overlap is only asked
+        // of a well-formed range.
+        let end = args.addr.checked_add(args.size).ok_or(EOVERFLOW)?;
+        let page = kernel::page::PAGE_SIZE as u64;
+        if args.size == 0 || args.addr % page != 0 || args.size % page != 0 {
+            return Err(EINVAL);
+        }
+        if self.inner.lock().registered.overlaps(mm, args.addr, end) {
+            return Err(EEXIST);
+        }
+        let link: Arc<dyn Unregister> = self.link.clone();
+        let made = Mem::register(&req, &self.quota, link, Origin::here("MEM_REGISTER"))?;
+        let mem = made.mem.clone();
+        let handle = self.insert_registered(mem.clone(), (mm, end), args.addr)?;
+        // Unmapped before the handle was known: undone here (nothing was queued for it).
+        if let Err(e) = made.publish(handle) {
+            self.free_unlearned(file, handle);
+            return Err(e);
+        }
+        args.handle = handle.0;
+        if let Err(e) = writer.write(&args) {
+            self.free_unlearned(file, handle);
+            return Err(e);
+        }
+        mem.commit();
+        Ok(())
+    }
+
+    /// Enters a registered mem in the tables under a new handle, its range in the index:
+    /// `EEXIST` if a registration of the same address space overlapping it got there first.
+    fn insert_registered(&self, mem: Arc<Mem>, key: RangeKey, start: u64) -> Result<Handle> {
+        let handle = Handle::new();
+        let offset = mem.mmap_offset();
+        let node = RBTreeNode::new(key, (start, handle), GFP_KERNEL_ACCOUNT)?;
+        let entry = Entry {
+            mem,
+            _handle: Counted::new(Class::Handles, 1),
+            registered: Some(key),
+        };
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        if inner.registered.overlaps(key.0, start, key.1) {
+            return Err(EEXIST);
+        }
+        let at_handle = inner.mems.slot()?;
+        let at_offset = match inner.offsets.slot() {
+            Ok(s) => s,
+            Err(e) => {
+                inner.mems.unused(at_handle);
+                return Err(e);
+            }
+        };
+        inner.mems.insert(at_handle, handle, entry);
+        inner.offsets.insert(at_offset, offset, handle);
+        let _ = inner.registered.tree.insert(node);
+        Ok(handle)
+    }
+
+    /// The calling file's registration holding `addr` in the calling process: its handle
+    /// and `addr`'s offset in it.
+    pub(super) fn registered_at(&self, addr: u64) -> Option<(Handle, u64)> {
+        let mm = vma::current_mm_id();
+        self.inner.lock().registered.at(mm, addr)
+    }
+}
