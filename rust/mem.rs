@@ -111,12 +111,12 @@ fn drop_gpu(id: u32) {
 /// Lets go of the mem layer's module-wide state at unload, planted leaks first; returns how
 /// many planted leaks it freed.
 pub(crate) fn exit() -> usize {
+    register::exit();
     let planted = plant::drain();
     registry::drain();
     offsets::exit();
     gpu_va::exit();
     pool::registry::exit();
-    register::exit();
     planted
 }
 

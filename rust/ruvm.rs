@@ -339,6 +339,9 @@ impl PinnedDrop for RuvmModule {
         // every operation is retired and every fence signalled then.
         stream::engine::exit();
         bind::fence::quiesce();
+        // A registration's revocation may still be dropping what it took out of a file that
+        // has closed since.
+        mem::register::settle();
         gpu::release_kept();
         let live = audit::live();
         let leaked = audit::report_unload(&live);

@@ -352,7 +352,7 @@ host=(VM_MODARGS="host_gpus=0000:00:03.0" CMD="ruvmctl selftest --filter gpu_ --
 # Simulated GPUs only (no edu devices): the GPU suite on faux devices, with the test ioctls on
 # for the engine's fault test.
 sim=(VM_GPUS=0 VM_MODARGS="sim_gpus=2 enable_test_ioctls=1"
-	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_ --filter adv_ --filter stream_ --filter salloc_ --filter ualloc_ --filter ptr_ --filter ipc_ --filter dmabuf_")
+	CMD="ruvmctl selftest --filter gpu_ --filter vidmem_ --filter audit_counts --filter hard_ --filter fault_ --filter pool_ --filter adv_ --filter stream_ --filter salloc_ --filter ualloc_ --filter ptr_ --filter ipc_ --filter dmabuf_ --filter register_")
 
 # The fault sweeps' debug guests boot with every slab cache marked for failslab but kmemleak's
 # own: the sweeps then fail only the other caches' allocations (kmemleak's records of each

@@ -95,10 +95,7 @@ spec! {
     ruvm_mem_fill { flags: 0, zero: [reserved] }
     ruvm_mem_copy { flags: 0, zero: [pad, reserved] }
     ruvm_mem_range { flags: 0, zero: [reserved] }
-    ruvm_mem_register {
-        flags: uapi::ruvm_register_flags_RUVM_REGISTER_READ_ONLY,
-        zero: [pad, reserved]
-    }
+    ruvm_mem_register { flags: 0, zero: [pad, reserved] }
     ruvm_audit { flags: uapi::ruvm_audit_flags_RUVM_AUDIT_WALK, zero: [pad, reserved] }
     ruvm_stats { flags: uapi::ruvm_stats_flags_RUVM_STATS_RESET_PEAKS, zero: [reserved] }
     ruvm_register_unload_state { flags: 0, zero: [pad, reserved] }

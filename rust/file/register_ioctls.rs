@@ -115,7 +115,6 @@ impl RuvmFile {
         let req = RegisterRequest {
             addr: args.addr,
             size: args.size,
-            write: args.flags & uapi::ruvm_register_flags_RUVM_REGISTER_READ_ONLY == 0,
             max_bytes: max_alloc_bytes(),
         };
         let mm = vma::current_mm_id();

@@ -52,7 +52,13 @@ pub(super) fn init() -> Result {
     REVOKES.init(c"ruvm-revokes")
 }
 
-/// Waits for every revocation queued, then frees the queue (unload: no file is left, so none
+/// Waits for the revocations queued or running (one may still be dropping what it took out
+/// of a file closed since): the unload's report sees everything they free as gone.
+pub(crate) fn settle() {
+    REVOKES.flush();
+}
+
+/// Waits for every revocation, then frees the queue (unload: no file is left, so no new one
 /// can be queued).
 pub(super) fn exit() {
     REVOKES.destroy();
@@ -124,8 +130,6 @@ pub(crate) struct UserRange {
 pub(crate) struct RegisterRequest {
     pub(crate) addr: u64,
     pub(crate) size: u64,
-    /// The device may write the pages (pinned writable); else only read.
-    pub(crate) write: bool,
     /// Largest physical size one mem may have.
     pub(crate) max_bytes: u64,
 }
@@ -148,11 +152,21 @@ impl Registered {
     }
 }
 
+/// The errno of a range that cannot be registered.
+fn refusal(kind: RangeKind) -> Error {
+    match kind {
+        RangeKind::Hole | RangeKind::Pinnable => EFAULT,
+        RangeKind::NoAccess => EACCES,
+        RangeKind::Unpinnable => crate::bind::errno::eopnotsupp(),
+        RangeKind::Ours => EEXIST,
+    }
+}
+
 impl Mem {
     /// Registers `[addr, addr + size)` of the calling process (see the module doc); `to`
     /// frees its handle if the range is unmapped. Errors: `EINVAL` unaligned or empty,
     /// `EOVERFLOW` past the address space, `ENOSPC` beyond `max_bytes` or the quota, `EFAULT`
-    /// a hole, `EACCES` no read (or write) access, `EOPNOTSUPP` a mapping that cannot be
+    /// a hole, `EACCES` no read and write access, `EOPNOTSUPP` a mapping that cannot be
     /// pinned long-term, `EEXIST` a mapping of a mem, `ENOMEM` beyond `RLIMIT_MEMLOCK` or out
     /// of memory; a pending signal stops it. On error nothing stays pinned or charged.
     pub(crate) fn register(
@@ -172,12 +186,9 @@ impl Mem {
         if req.size > req.max_bytes {
             return Err(ENOSPC);
         }
-        match vma::range_kind(addr, len, req.write, &super::cpu::VM_OPS) {
+        match vma::range_kind(addr, len, true, &super::cpu::VM_OPS) {
             RangeKind::Pinnable => {}
-            RangeKind::Hole => return Err(EFAULT),
-            RangeKind::NoAccess => return Err(EACCES),
-            RangeKind::Unpinnable => return Err(crate::bind::errno::eopnotsupp()),
-            RangeKind::Ours => return Err(EEXIST),
+            other => return Err(refusal(other)),
         }
         // A page of the file's quota, as a sparse mem: what bounds how many mems it makes
         // (the pages are the process's, bounded by its limit on pinned memory).
@@ -195,25 +206,28 @@ impl Mem {
         let watch = RangeWatch::new(addr, len, revoke.clone())?;
         let count = len / kernel::page::PAGE_SIZE;
         let audit = Counted::new(Class::SysmemChunks(0), count as u64);
-        let pages = ChunkList::pin_user(addr, count, req.write, audit, stop_on_signal).map_err(
-            |e| match e {
+        let pages =
+            ChunkList::pin_user(addr, count, audit, stop_on_signal).map_err(|e| match e {
                 PinError::Limit => ENOMEM,
                 // The range changed since it was checked, or the kernel will not pin it for
                 // long (a shared writable mapping of a file whose filesystem tracks dirty
                 // pages): which, is told by the range as it is now.
                 PinError::Refused(e) => {
-                    match vma::range_kind(addr, len, req.write, &super::cpu::VM_OPS) {
-                        RangeKind::Hole => EFAULT,
-                        RangeKind::NoAccess => EACCES,
-                        RangeKind::Ours => EEXIST,
-                        RangeKind::Unpinnable => crate::bind::errno::eopnotsupp(),
+                    match vma::range_kind(addr, len, true, &super::cpu::VM_OPS) {
                         RangeKind::Pinnable if e == EFAULT => crate::bind::errno::eopnotsupp(),
                         RangeKind::Pinnable => e,
+                        other => refusal(other),
                     }
                 }
                 PinError::Other(e) => e,
-            },
-        )?;
+            })?;
+        // The range may have changed between the first check and the watch's insertion (a
+        // mapping of a mem put there with MAP_FIXED, say): what was pinned is what the range
+        // maps now only if it still passes (a change after the insertion fires the watch).
+        match vma::range_kind(addr, len, true, &super::cpu::VM_OPS) {
+            RangeKind::Pinnable => {}
+            other => return Err(refusal(other)),
+        }
         let layout = Layout {
             chunk_size: page,
             chunk_count: count as u64,

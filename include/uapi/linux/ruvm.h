@@ -286,18 +286,13 @@ struct ruvm_mem_range {
 	__u64 reserved[2];
 };
 
-/* ruvm_mem_register.flags */
-enum ruvm_register_flags {
-	/* Devices only read the pages: pinned without write access (a read-only mapping may be
-	 * registered). Without it every mapping of the range must be writable (EACCES). */
-	RUVM_REGISTER_READ_ONLY = 1 << 0,
-};
-
 /**
  * struct ruvm_mem_register - make memory the caller already has a mem (RUVM_IOCTL_MEM_REGISTER)
  *
  * cudaHostRegister: the pages the calling process maps at [@addr, @addr + @size) (anonymous,
- * shared memory, or a file's) are pinned long-term and become the chunks of a new sysmem mem
+ * shared memory, or a file's) are pinned long-term, writable (devices and the kernel write
+ * them: every mapping of the range must be readable and writable, and a private mapping's
+ * pages are the process's own copies, as for a write), and become the chunks of a new sysmem mem
  * of one-page chunks. The mem is then any mem of the file's: MEM_MAP_GPU DMA-maps it for a GPU,
  * CE_COPY and stream COPY and FILL reach it (by handle, or by address with RUVM_OP_*_PTR),
  * MEM_MAP_CPU_KERNEL maps it; its bytes are the process's, at their addresses (nothing is
@@ -317,19 +312,21 @@ enum ruvm_register_flags {
  * at fork, or the child gets no mapping at all with MADV_DONTFORK); the child's file
  * descriptor names the same mem (whose pages are the parent's).
  *
- * Errors: EINVAL unknown @flags, non-zero @pad or @reserved, @addr or @size not a multiple
- * of PAGE_SIZE, @size 0; EOVERFLOW @addr + @size wraps; ENOSPC @size beyond max_alloc_mib or
- * the file's quota; EFAULT a page of the range is in no mapping (or the range is unmapped
- * before the call returns); EACCES a mapping of the range is not readable, or not writable
- * without RUVM_REGISTER_READ_ONLY; EOPNOTSUPP a mapping whose pages cannot be pinned
- * long-term (VM_IO or VM_PFNMAP, fs-dax, secretmem, a shared writable mapping of a file on a
- * filesystem that tracks dirty pages); EEXIST the range overlaps one this file registered in
- * the same process, or a mapping of a mem; ENOMEM beyond RLIMIT_MEMLOCK, or out of memory;
+ * Errors: EINVAL non-zero @flags, @pad or @reserved, @addr or @size not a multiple of
+ * PAGE_SIZE, @size 0; EOVERFLOW @addr + @size wraps; ENOSPC @size beyond max_alloc_mib or the
+ * file's quota; EFAULT a page of the range is in no mapping (or the range is unmapped before
+ * the handle enters the file's table: after, the call succeeds and is revoked); EACCES a
+ * mapping of the range is not readable and writable (a read-only mapping cannot be
+ * registered: nothing may write what its process may not); EOPNOTSUPP a mapping whose pages
+ * cannot be pinned long-term (VM_IO or VM_PFNMAP, fs-dax, secretmem, a shared writable
+ * mapping of a file on a filesystem that tracks dirty pages, pages past the end of a mapped
+ * file); EEXIST the range overlaps one this file registered in the same process, or a
+ * mapping of a mem; ENOMEM beyond RLIMIT_MEMLOCK, or out of memory;
  * EINTR/ERESTARTSYS a signal. On error nothing stays pinned or charged.
  *
  * @addr:     (in)  the range's start, page-aligned
  * @size:     (in)  its length in bytes, a multiple of PAGE_SIZE
- * @flags:    (in)  enum ruvm_register_flags
+ * @flags:    (in)  must be 0
  * @pad:      (in)  must be 0
  * @handle:   (out) the new mem's handle
  * @reserved: (in)  must be 0

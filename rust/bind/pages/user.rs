@@ -8,9 +8,10 @@
 //! The list's chunks are the pages a range of the calling process maps, one page a chunk,
 //! pinned with `FOLL_LONGTERM` (the kernel moves them out of movable zones and CMA first, and
 //! refuses mappings it cannot pin for long: fs-dax, secretmem, a shared writable mapping of a
-//! file whose filesystem tracks dirty pages). They are not the list's: its drop unpins them
-//! (marking them dirty when they were pinned writable: the device may have written them)
-//! rather than freeing them. The pins are counted in the address space's `pinned_vm` (its
+//! file whose filesystem tracks dirty pages), always writable: a device and the kernel write
+//! them, so a read-only mapping is never pinned (a private mapping's pages are broken out of
+//! the file or shared page they were, as for any write). They are not the list's: its drop
+//! unpins them, marking them dirty, rather than freeing them. The pins are counted in the address space's `pinned_vm` (its
 //! `VmPin`), bounded by the caller's `RLIMIT_MEMLOCK` unless it has `CAP_IPC_LOCK`, as
 //! RDMA's memory registration counts them.
 
@@ -34,18 +35,18 @@ const CAP_IPC_LOCK: c_int = 14;
 const _: () = assert!(CAP_IPC_LOCK as u32 == bindings::CAP_IPC_LOCK);
 
 /// What a list of pinned user pages holds besides the pins: the address space whose
-/// `pinned_vm` counts them, and whether they were pinned writable.
+/// `pinned_vm` counts them.
 pub(super) struct UserPins {
     mm: ARef<Mm>,
     pages: i64,
-    dirty: bool,
 }
 
 impl UserPins {
-    /// Unpins `pages` (the list's, all of them pinned by [`ChunkList::pin_user`]) and takes
-    /// them out of `pinned_vm`. Process context (marking a page dirty may take its lock).
+    /// Unpins `pages` (the list's, all of them pinned by [`ChunkList::pin_user`]), marking
+    /// them dirty (a device may have written them), and takes them out of `pinned_vm`.
+    /// Process context (marking a page dirty may take its lock).
     pub(super) fn unpin(self, pages: &[NonNull<bindings::page>]) {
-        unpin(pages, self.dirty);
+        unpin(pages, true);
         // SAFETY: `mm` is held (`mmgrab`), so its structure is valid; `pinned_vm` is atomic.
         unsafe {
             bindings::atomic64_sub(
@@ -100,12 +101,12 @@ pub(crate) enum PinError {
 
 impl<T: Send + Sync> ChunkList<T> {
     /// Pins the `pages` pages from `addr` (page-aligned) of the calling process, long-term
-    /// and writable with `write`, as a list of one-page chunks tagged `tag`. `stop` is asked
+    /// and writable (a private mapping's pages are then the process's own copies, never a
+    /// file's or another process's), as a list of one-page chunks tagged `tag`. `stop` is asked
     /// between batches (a pending signal). On failure nothing stays pinned or counted.
     pub(crate) fn pin_user(
         addr: usize,
         pages: usize,
-        write: bool,
         tag: T,
         mut stop: impl FnMut() -> Result,
     ) -> core::result::Result<Arc<Self>, PinError> {
@@ -118,11 +119,7 @@ impl<T: Send + Sync> ChunkList<T> {
         let pinned = unsafe {
             bindings::atomic64_add_return(count, &raw mut (*mm.as_raw()).__bindgen_anon_1.pinned_vm)
         };
-        let pins = UserPins {
-            mm,
-            pages: count,
-            dirty: write,
-        };
+        let pins = UserPins { mm, pages: count };
         let undo_count = |pins: &UserPins| {
             // SAFETY: as above.
             unsafe {
@@ -146,10 +143,7 @@ impl<T: Send + Sync> ChunkList<T> {
                 return Err(PinError::Other(e.into()));
             }
         };
-        let mut flags = bindings::FOLL_LONGTERM;
-        if write {
-            flags |= bindings::FOLL_WRITE;
-        }
+        let flags = bindings::FOLL_LONGTERM | bindings::FOLL_WRITE;
         while v.len() < pages {
             let failed = match stop() {
                 Err(e) => Some(PinError::Other(e)),

@@ -249,18 +249,13 @@ impl Ruvm {
         Ok(a.resident)
     }
 
-    /// `RUVM_IOCTL_MEM_REGISTER`: makes `[addr, addr + size)` of this process (page-aligned)
-    /// a mem, its pages pinned (`read_only`: devices only read them); returns the handle.
-    /// `MEM_FREE` of it unregisters.
-    pub fn mem_register(&self, addr: u64, size: u64, read_only: bool) -> Result<u64, Errno> {
+    /// `RUVM_IOCTL_MEM_REGISTER`: makes `[addr, addr + size)` of this process (page-aligned,
+    /// readable and writable) a mem, its pages pinned; returns the handle. `MEM_FREE` of it
+    /// unregisters.
+    pub fn mem_register(&self, addr: u64, size: u64) -> Result<u64, Errno> {
         let mut a = uapi::ruvm_mem_register {
             addr,
             size,
-            flags: if read_only {
-                uapi::ruvm_register_flags_RUVM_REGISTER_READ_ONLY
-            } else {
-                0
-            },
             ..Default::default()
         };
         self.call(cmd::MEM_REGISTER, &mut a)?;

@@ -20,6 +20,7 @@ pub mod cases;
 pub mod heap;
 mod held;
 pub mod ipc;
+mod register;
 pub mod report;
 pub mod stream_alloc;
 pub mod streams;

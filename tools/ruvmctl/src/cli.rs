@@ -116,7 +116,7 @@ pub enum Cmd {
         action: HeapAction,
     },
     /// Ranges of a sparse mem (`alloc --sparse`): made resident and given back
-    /// (RUVM_IOCTL_MEM_RANGE).
+    /// (RUVM_IOCTL_MEM_RANGE); memory of ruvmctl's own registered (RUVM_IOCTL_MEM_REGISTER).
     Mem {
         #[command(subcommand)]
         action: MemAction,

@@ -16,6 +16,7 @@ pub mod info;
 pub mod mem;
 pub mod pool;
 pub mod ptr;
+pub mod register;
 pub mod share;
 pub mod stream;
 pub mod test;

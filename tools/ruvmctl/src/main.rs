@@ -129,14 +129,28 @@ fn run(cli: Cli) -> Result<()> {
                 json,
             } => emit(&cmd::heap::copy(&d()?, gpu, size, stream)?, json.json),
         },
-        Cmd::Mem { action } => {
-            let (populate, r) = match action {
-                MemAction::Populate(r) => (true, r),
-                MemAction::Release(r) => (false, r),
-            };
-            let json = r.json.json;
-            emit(&cmd::mem::range(&d()?, &r, populate)?, json)
-        }
+        Cmd::Mem { action } => match action {
+            MemAction::Populate(r) => emit(&cmd::mem::range(&d()?, &r, true)?, r.json.json),
+            MemAction::Release(r) => emit(&cmd::mem::range(&d()?, &r, false)?, r.json.json),
+            MemAction::Register {
+                size,
+                file,
+                gpu,
+                unmap,
+                json,
+            } => {
+                let a = cmd::register::RegisterArgs {
+                    size,
+                    file,
+                    gpu,
+                    unmap,
+                };
+                emit(&cmd::register::register(&d()?, &a)?, json.json)
+            }
+            MemAction::Unregister { handle, json } => {
+                emit(&cmd::register::unregister(&d()?, handle)?, json.json)
+            }
+        },
         Cmd::Pool { action } => match action {
             PoolAction::Create {
                 vidmem,

@@ -16,6 +16,8 @@
 //!   bytes (goal <= 1.1).
 //! - `heap.one_call_4k`: a 4 KiB mem allocated and mapped in one call, touched and freed,
 //!   against an anonymous `mmap`, touch and `munmap` (goal <= 0.8).
+//! - `heap.register_64k`, `heap.register_64m` (`super::register`): registering a program's
+//!   memory and unregistering it, against `mmap(MAP_POPULATE)` + `munmap` (goal <= 2x).
 
 use anyhow::Result;
 use libruvm::heap::{HeapConfig, PinnedHeap};
@@ -111,7 +113,8 @@ pub(super) fn heap(c: &Ctx, out: &mut dyn FnMut(Case)) -> Result<()> {
     super::ualloc::footprints(&mut room, peaks, c.spec.reps, t.peak_live);
     out(time);
     out(room);
-    one_call(c, out)
+    one_call(c, out)?;
+    super::register::register(c, out)
 }
 
 /// Rounds of the one-call case.

@@ -314,6 +314,9 @@ pub fn evaluate(res: &Results) -> Vec<Row> {
             "heap.small.mimalloc" => (Target::Info, "per pair / glibc"),
             "heap.training.footprint" => (Target::AtMost(1.1), "resident high / live peak"),
             "heap.one_call_4k" => (Target::AtMost(0.8), "per round / mmap path"),
+            "heap.register_64k" | "heap.register_64m" => {
+                (Target::AtMost(2.0), "per pair / mmap populate pair")
+            }
             _ => (Target::AtMost(0.005), "per pair / fresh"),
         };
         let mut r = ratio_row("Pinned heap", c, target);

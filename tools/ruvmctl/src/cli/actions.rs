@@ -53,6 +53,33 @@ pub enum MemAction {
     /// Give every resident chunk of a range back (RUVM_RANGE_RELEASE); refused while queued
     /// work holds one.
     Release(MemRange),
+    /// Register memory of ruvmctl's own as a mem (RUVM_IOCTL_MEM_REGISTER, cudaHostRegister):
+    /// SIZE bytes mapped anonymously and written with the pattern (or a file's pages with
+    /// --file, mapped shared and writable), registered, read by a GPU's copy engine with --gpu, then
+    /// ended: unregistered (MEM_FREE), or with --unmap by unmapping the range (the kernel
+    /// revokes it). Shows VmPin before, during and after.
+    Register {
+        /// Bytes, a multiple of the page size (e.g. 64K, 2M).
+        #[arg(value_parser = parse_size)]
+        size: u64,
+        /// Register the first SIZE bytes of this file's pages (mapped shared).
+        #[arg(long, value_name = "PATH")]
+        file: Option<std::path::PathBuf>,
+        /// Have this GPU's copy engine read the registered bytes and compare them.
+        #[arg(long, value_name = "GPU")]
+        gpu: Option<u32>,
+        /// End the registration by unmapping its range rather than by MEM_FREE.
+        #[arg(long)]
+        unmap: bool,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Unregister a registered mem of the file (MEM_FREE of it; refused for any other mem).
+    Unregister {
+        handle: u64,
+        #[command(flatten)]
+        json: Json,
+    },
 }
 
 /// A range of a sparse mem.

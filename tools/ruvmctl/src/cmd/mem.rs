@@ -34,6 +34,8 @@ pub struct Mem {
     mapped_gpus: Vec<u32>,
     zeroed: bool,
     fallback: bool,
+    /// Memory a process registered (`mem register`), not allocated.
+    registered: bool,
     #[serde(skip)]
     note: Option<&'static str>,
 }
@@ -65,6 +67,7 @@ impl Mem {
                 .collect(),
             zeroed: alloc.iter().any(|f| f == "zero"),
             fallback: alloc.iter().any(|f| f == "fallback"),
+            registered: alloc.iter().any(|f| f == "registered"),
             note: None,
         }
     }

@@ -23,6 +23,7 @@ mod gpu;
 mod heap;
 mod ipc;
 mod process;
+mod register;
 mod sparse;
 mod streams;
 pub use devices::{
@@ -73,6 +74,8 @@ struct World {
     slot: usize,
     /// dma-bufs of its mems kept open for a while ([`ipc`]).
     bufs: Mutex<Vec<std::os::fd::OwnedFd>>,
+    /// Regions of its own it maps to register, (address, length) ([`register`]).
+    regions: Mutex<Vec<(u64, u64)>>,
 }
 
 impl World {
@@ -370,6 +373,7 @@ pub fn worker(
         streams: streams::State::new(&mut rng),
         slot,
         bufs: Mutex::new(Vec::new()),
+        regions: Mutex::new(Vec::new()),
     };
     std::thread::scope(|s| {
         for t in 0..threads {
@@ -416,7 +420,7 @@ fn one(w: &World, rng: &mut Rng) {
         return;
     };
     let d = &*file;
-    match rng.below(42) {
+    match rng.below(44) {
         0..=2 => alloc(w, d, rng),
         3 => {
             let h = w.handle(rng);
@@ -529,6 +533,7 @@ fn one(w: &World, rng: &mut Rng) {
         36 | 37 => ipc::one(w, d, rng),
         38 | 39 => sparse::one(w, d, rng),
         40 | 41 => heap::one(w, d, rng),
+        42 | 43 => register::one(w, d, rng),
         _ => {
             // Vidmem, which has its own rules and allocator (its storage is the system's memory).
             if w.over_budget(d) {

@@ -287,6 +287,27 @@ fn fault_sweep_ioctls() -> TestResult {
             Ok(undo(move || free(a.handle)))
         }),
     });
+    // Registered memory: a region of this process's, its pages faulted in first (what the
+    // kernel allocates for a page fault is not ruvm's), registered and unregistered.
+    let mut region = Vec::new();
+    let region_ptr = if d.info().ctx("INFO")?.features & u64::from(uapi::RUVM_FEATURE_REGISTER) != 0
+    {
+        // Page-aligned room for 16 pages inside a 17-page vector, all written once.
+        region = vec![1u8; 17 << 12];
+        let at = region.as_mut_ptr() as u64;
+        Some((at + 4095) & !4095)
+    } else {
+        None
+    };
+    if let Some(at) = region_ptr {
+        scenarios.push(Scenario {
+            name: "register 16 pages".into(),
+            op: Box::new(move || {
+                let h = d.mem_register(at, 16 << 12)?;
+                Ok(undo(move || free(h)))
+            }),
+        });
+    }
     // Sparse mems: made, populated on every present GPU, given back.
     let sparse = uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE;
     scenarios.push(Scenario {
@@ -737,6 +758,7 @@ fn fault_sweep_ioctls() -> TestResult {
         report.push(format!("{}: {n}", s.name));
     }
     drop(scenarios);
+    drop(region);
     for h in shared_mems {
         free(h)?;
     }

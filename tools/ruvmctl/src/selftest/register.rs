@@ -52,6 +52,10 @@ pub fn cases() -> Vec<Case> {
             run: register_file_truncated_under_it,
         },
         Case {
+            name: "register_private_file_mapping_never_writes_the_file",
+            run: register_private_file_mapping_never_writes_the_file,
+        },
+        Case {
             name: "register_beyond_memlock_is_enomem",
             run: register_beyond_memlock_is_enomem,
         },
@@ -201,7 +205,7 @@ fn register_bytes_reach_the_engine_both_ways() -> TestResult {
     let pin0 = vm_pin_kib()?;
     let r = Anon::new(LEN, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
     r.write(0, LEN, 11);
-    let h = d.mem_register(r.addr(), LEN, false).ctx("MEM_REGISTER")?;
+    let h = d.mem_register(r.addr(), LEN).ctx("MEM_REGISTER")?;
     check!(
         vm_pin_kib()? == pin0 + LEN / 1024,
         "VmPin after registering {LEN} bytes: {} KiB, wanted {}",
@@ -274,8 +278,7 @@ fn register_bytes_reach_the_engine_both_ways() -> TestResult {
         "a freed registration still answers"
     );
     // Registered again (the range is free of it), then left to the file's close.
-    d.mem_register(r.addr(), LEN, true)
-        .ctx("MEM_REGISTER again, read-only")?;
+    d.mem_register(r.addr(), LEN).ctx("MEM_REGISTER again")?;
     // The last reference to the file (a mapping of a mem holds one).
     drop(mb);
     drop(d);
@@ -296,60 +299,65 @@ fn register_refusals() -> TestResult {
     let a = r.addr();
     refused(
         "unaligned address",
-        d.mem_register(a + 8, PAGE, false),
+        d.mem_register(a + 8, PAGE),
         Errno::EINVAL,
     )?;
-    refused("size 0", d.mem_register(a, 0, false), Errno::EINVAL)?;
-    refused(
-        "unaligned size",
-        d.mem_register(a, PAGE + 1, false),
-        Errno::EINVAL,
-    )?;
+    refused("size 0", d.mem_register(a, 0), Errno::EINVAL)?;
+    refused("unaligned size", d.mem_register(a, PAGE + 1), Errno::EINVAL)?;
     refused(
         "a range past the address space",
-        d.mem_register(!(PAGE - 1), 2 * PAGE, false),
+        d.mem_register(!(PAGE - 1), 2 * PAGE),
         Errno::EOVERFLOW,
     )?;
     let holed = Anon::new(3 * PAGE, rw)?;
     unmap_at(holed.addr() + PAGE, PAGE)?;
     refused(
         "a hole in the range",
-        d.mem_register(holed.addr(), 3 * PAGE, false),
+        d.mem_register(holed.addr(), 3 * PAGE),
         Errno::EFAULT,
     )?;
     // The pages left of it go with `holed` (a munmap of a range with a hole is fine).
     let ro = Anon::new(2 * PAGE, ProtFlags::PROT_READ)?;
     refused(
-        "read-only asked writable",
-        d.mem_register(ro.addr(), 2 * PAGE, false),
+        "a read-only mapping",
+        d.mem_register(ro.addr(), 2 * PAGE),
         Errno::EACCES,
     )?;
     let none = Anon::new(PAGE, ProtFlags::PROT_NONE)?;
     refused(
         "PROT_NONE",
-        d.mem_register(none.addr(), PAGE, true),
+        d.mem_register(none.addr(), PAGE),
         Errno::EACCES,
     )?;
     let h = d
-        .mem_register(ro.addr(), 2 * PAGE, true)
-        .ctx("read-only registration")?;
+        .mem_register(a + PAGE, 2 * PAGE)
+        .ctx("a registration of 2 pages")?;
     refused(
         "the same range again",
-        d.mem_register(ro.addr(), 2 * PAGE, true),
+        d.mem_register(a + PAGE, 2 * PAGE),
         Errno::EEXIST,
     )?;
     refused(
         "an overlapping range",
-        d.mem_register(ro.addr() + PAGE, PAGE, true),
+        d.mem_register(a, 2 * PAGE),
         Errno::EEXIST,
     )?;
+    refused(
+        "a range holding it",
+        d.mem_register(a, 4 * PAGE),
+        Errno::EEXIST,
+    )?;
+    let h2 = d
+        .mem_register(a + 3 * PAGE, PAGE)
+        .ctx("the page right after it")?;
+    d.mem_free(h2).ctx("MEM_FREE of the page after")?;
     // A mapping of a mem is ruvm memory already.
     let m = d.mem_alloc(LEN, PAGE, 0).ctx("MEM_ALLOC")?;
     let q = d.mem_query(m.handle).ctx("MEM_QUERY")?;
     let mm = UserMap::of_mem(&d, &q).ctx("mmap")?;
     refused(
         "a mapping of a mem",
-        d.mem_register(mm.as_ptr() as u64, LEN, false),
+        d.mem_register(mm.as_ptr() as u64, LEN),
         Errno::EEXIST,
     )?;
     // What a registered mem cannot do.
@@ -370,7 +378,7 @@ fn register_refusals() -> TestResult {
     if let Some(vvar) = special_mapping("[vvar]")? {
         refused(
             "[vvar] (VM_PFNMAP)",
-            d.mem_register(vvar, PAGE, true),
+            d.mem_register(vvar, PAGE),
             Errno::EOPNOTSUPP,
         )?;
     }
@@ -393,7 +401,7 @@ fn register_refusals() -> TestResult {
             )
         }
         .ctx("mmap secretmem")?;
-        let r = d.mem_register(p.as_ptr() as u64, PAGE, false);
+        let r = d.mem_register(p.as_ptr() as u64, PAGE);
         // SAFETY: mapped just above.
         let _ = unsafe { munmap(p, PAGE as usize) };
         refused("secretmem", r, Errno::EOPNOTSUPP)?;
@@ -407,7 +415,7 @@ fn register_refusals() -> TestResult {
         ..Default::default()
     };
     for (what, mut x) in [
-        ("an unknown flag", args(1 << 1, 0, 0)),
+        ("a flag", args(1, 0, 0)),
         ("pad", args(0, 1, 0)),
         ("reserved", args(0, 0, 1)),
     ] {
@@ -445,7 +453,7 @@ fn register_munmap_with_work_queued() -> TestResult {
     let pin0 = vm_pin_kib()?;
     let mut r = Anon::new(LEN, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
     r.write(0, LEN, 21);
-    let h = d.mem_register(r.addr(), LEN, false).ctx("MEM_REGISTER")?;
+    let h = d.mem_register(r.addr(), LEN).ctx("MEM_REGISTER")?;
     d.mem_gpu(true, h, g).ctx("MEM_MAP_GPU")?;
     let (b, mb) = target(&d, g)?;
     let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
@@ -481,7 +489,7 @@ fn register_fork_keeps_the_parents_pages() -> TestResult {
     let g = sim_gpu(&d)?;
     let r = Anon::new(LEN, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
     r.write(0, LEN, 31);
-    let h = d.mem_register(r.addr(), LEN, false).ctx("MEM_REGISTER")?;
+    let h = d.mem_register(r.addr(), LEN).ctx("MEM_REGISTER")?;
     d.mem_gpu(true, h, g).ctx("MEM_MAP_GPU")?;
     let (b, mb) = target(&d, g)?;
     child_checks("the child writes its copy of the range", || {
@@ -551,7 +559,7 @@ fn register_file_truncated_under_it() -> TestResult {
     };
     r.write(0, LEN, 41);
     let h = d
-        .mem_register(r.addr(), LEN, false)
+        .mem_register(r.addr(), LEN)
         .ctx("MEM_REGISTER of a file")?;
     d.mem_gpu(true, h, g).ctx("MEM_MAP_GPU")?;
     let (b, mb) = target(&d, g)?;
@@ -578,6 +586,58 @@ fn register_file_truncated_under_it() -> TestResult {
     Ok(())
 }
 
+/// A private writable mapping of a file registered: the engine's writes land in the
+/// process's own copies of the pages, never in the file (whose bytes read back unchanged).
+fn register_private_file_mapping_never_writes_the_file() -> TestResult {
+    use std::os::unix::fs::FileExt;
+    let d = open()?;
+    let g = sim_gpu(&d)?;
+    let fd = nix::sys::memfd::memfd_create(c"ruvm-private", nix::sys::memfd::MFdFlags::empty())
+        .ctx("memfd_create")?;
+    let file = std::fs::File::from(fd);
+    let bytes: Vec<u8> = (0..LEN).map(|i| pattern::byte_at(51, i)).collect();
+    file.write_all_at(&bytes, 0).ctx("write the file")?;
+    let rw = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
+    // SAFETY: a new private mapping of the file, unmapped by `r`'s drop.
+    let p = unsafe {
+        nix::sys::mman::mmap(
+            None,
+            NonZeroUsize::MIN.saturating_add(LEN as usize - 1),
+            rw,
+            MapFlags::MAP_PRIVATE,
+            file.as_fd(),
+            0,
+        )
+    }
+    .ctx("mmap MAP_PRIVATE")?;
+    let r = Anon {
+        ptr: p,
+        len: LEN as usize,
+        mapped: true,
+    };
+    let h = d
+        .mem_register(r.addr(), LEN)
+        .ctx("MEM_REGISTER of a private mapping")?;
+    d.mem_gpu(true, h, g).ctx("MEM_MAP_GPU")?;
+    let (b, mb) = target(&d, g)?;
+    map_write(&mb, 0, LEN, 52);
+    d.ce_copy(g, h, 0, b, 0, LEN)
+        .ctx("CE_COPY into the registration")?;
+    check!(
+        r.wrong(0, LEN, 52) == 0,
+        "the process does not read what the engine wrote"
+    );
+    let mut back = vec![0u8; LEN as usize];
+    file.read_exact_at(&mut back, 0).ctx("read the file")?;
+    let changed = back.iter().zip(&bytes).filter(|(a, b)| a != b).count();
+    check!(
+        changed == 0,
+        "{changed} bytes of the file changed under a private mapping"
+    );
+    d.mem_free(h).ctx("MEM_FREE")?;
+    Ok(())
+}
+
 /// An unprivileged process (no CAP_IPC_LOCK) cannot pin past its RLIMIT_MEMLOCK: ENOMEM,
 /// nothing left pinned, and a registration within it still works.
 fn register_beyond_memlock_is_enomem() -> TestResult {
@@ -595,17 +655,17 @@ fn register_beyond_memlock_is_enomem() -> TestResult {
         let Ok(big) = Anon::new(32 * PAGE, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE) else {
             return false;
         };
-        if c.mem_register(big.addr(), 32 * PAGE, false) != Err(Errno::ENOMEM) {
+        if c.mem_register(big.addr(), 32 * PAGE) != Err(Errno::ENOMEM) {
             return false;
         }
         if vm_pin_kib().ok() != Some(0) {
             return false;
         }
-        let Ok(h) = c.mem_register(big.addr(), 8 * PAGE, false) else {
+        let Ok(h) = c.mem_register(big.addr(), 8 * PAGE) else {
             return false;
         };
         // 8 pinned, 8 more fit, 9 do not.
-        if c.mem_register(big.addr() + 8 * PAGE, 9 * PAGE, false) != Err(Errno::ENOMEM) {
+        if c.mem_register(big.addr() + 8 * PAGE, 9 * PAGE) != Err(Errno::ENOMEM) {
             return false;
         }
         c.mem_free(h).is_ok() && vm_pin_kib().ok() == Some(0)
