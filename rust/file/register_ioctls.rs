@@ -22,7 +22,7 @@ use kernel::{
 use crate::{
     bind::vma,
     mem::{
-        register::{RegisterRequest, Unregister},
+        register::{RegisterRequest, Registered, Revoke, Unregister},
         Handle, Mem, Origin,
     },
     uapi,
@@ -34,9 +34,17 @@ use crate::audit::{Class, Counted};
 /// A registered range's key in the index: its address space's identity and its end.
 pub(super) type RangeKey = (usize, u64);
 
-/// A file's registered ranges: by (address space, end), the start and the mem's handle.
+/// A registered range in the index: its start, its mem's handle, and its revocation (which
+/// says whether the range was unmapped).
+struct Range {
+    start: u64,
+    handle: Handle,
+    revoke: Arc<Revoke>,
+}
+
+/// A file's registered ranges: by (address space, end).
 pub(super) struct Ranges {
-    tree: RBTree<RangeKey, (u64, Handle)>,
+    tree: RBTree<RangeKey, Range>,
 }
 
 impl Ranges {
@@ -46,23 +54,41 @@ impl Ranges {
         }
     }
 
-    /// The registration of address space `mm` holding `addr`: its handle and `addr`'s
-    /// offset in it.
+    /// The registration of address space `mm` holding `addr` (not unmapped): its handle and
+    /// `addr`'s offset in it.
     fn at(&self, mm: usize, addr: u64) -> Option<(Handle, u64)> {
         let cursor = self.tree.cursor_lower_bound(&(mm, addr.checked_add(1)?))?;
-        let (&(m, _end), &(start, handle)) = cursor.current();
-        (m == mm && start <= addr).then(|| (handle, addr - start))
+        let (&(m, _end), r) = cursor.current();
+        (m == mm && r.start <= addr && !r.revoke.ended()).then(|| (r.handle, addr - r.start))
     }
 
-    /// Whether `[start, end)` of `mm` overlaps a registered range.
-    fn overlaps(&self, mm: usize, start: u64, end: u64) -> bool {
-        let Some(next) = start.checked_add(1) else {
-            return false;
-        };
-        self.tree.cursor_lower_bound(&(mm, next)).is_some_and(|c| {
-            let (&(m, _), &(s, _)) = c.current();
-            m == mm && s < end
-        })
+    /// The first registered range of `mm` overlapping `[start, end)`: its handle and whether
+    /// it was unmapped (its revocation pending).
+    fn first_overlap(&self, mm: usize, start: u64, end: u64) -> Option<(Handle, bool)> {
+        let c = self.tree.cursor_lower_bound(&(mm, start.checked_add(1)?))?;
+        let (&(m, _), r) = c.current();
+        (m == mm && r.start < end).then(|| (r.handle, r.revoke.ended()))
+    }
+
+    /// Whether `[start, end)` of `mm` overlaps a registered range not unmapped yet (ranges
+    /// unmapped but not revoked yet are taken out when a registration is entered).
+    fn overlaps_live(&self, mm: usize, start: u64, end: u64) -> bool {
+        // Ends are unique within an address space: the next range is the first ending after.
+        let mut from = start;
+        while let Some(c) = from
+            .checked_add(1)
+            .and_then(|k| self.tree.cursor_lower_bound(&(mm, k)))
+        {
+            let (&(m, e), r) = c.current();
+            if m != mm || r.start >= end {
+                return false;
+            }
+            if !r.revoke.ended() {
+                return true;
+            }
+            from = e;
+        }
+        false
     }
 
     pub(super) fn remove(&mut self, key: RangeKey) {
@@ -125,13 +151,24 @@ impl RuvmFile {
         if args.size == 0 || args.addr % page != 0 || args.size % page != 0 {
             return Err(EINVAL);
         }
-        if self.inner.lock().registered.overlaps(mm, args.addr, end) {
+        if self
+            .inner
+            .lock()
+            .registered
+            .overlaps_live(mm, args.addr, end)
+        {
             return Err(EEXIST);
         }
         let link: Arc<dyn Unregister> = self.link.clone();
         let made = Mem::register(&req, &self.quota, link, Origin::here("MEM_REGISTER"))?;
         let mem = made.mem.clone();
-        let handle = self.insert_registered(mem.clone(), (mm, end), args.addr)?;
+        let mut stale = KVec::new();
+        let entered = self.insert_registered(&made, (mm, end), args.addr, &mut stale);
+        // Registrations of the range unmapped but not revoked yet were revoked here instead.
+        for m in stale {
+            drop(m.retire());
+        }
+        let handle = entered?;
         // Unmapped before the handle was known: undone here (nothing was queued for it).
         if let Err(e) = made.publish(handle) {
             self.free_unlearned(file, handle);
@@ -147,11 +184,26 @@ impl RuvmFile {
     }
 
     /// Enters a registered mem in the tables under a new handle, its range in the index:
-    /// `EEXIST` if a registration of the same address space overlapping it got there first.
-    fn insert_registered(&self, mem: Arc<Mem>, key: RangeKey, start: u64) -> Result<Handle> {
+    /// `EEXIST` if a live registration of the same address space overlapping it got there
+    /// first. Registrations it overlaps whose ranges were unmapped (their revocations not run
+    /// yet) are taken out of the tables first, into `stale`, for the caller to retire with the
+    /// lock released (their revocations then find nothing).
+    fn insert_registered(
+        &self,
+        made: &Registered,
+        key: RangeKey,
+        start: u64,
+        stale: &mut KVec<Arc<Mem>>,
+    ) -> Result<Handle> {
         let handle = Handle::new();
+        let mem = made.mem.clone();
         let offset = mem.mmap_offset();
-        let node = RBTreeNode::new(key, (start, handle), GFP_KERNEL_ACCOUNT)?;
+        let range = Range {
+            start,
+            handle,
+            revoke: made.revoke(),
+        };
+        let node = RBTreeNode::new(key, range, GFP_KERNEL_ACCOUNT)?;
         let entry = Entry {
             mem,
             _handle: Counted::new(Class::Handles, 1),
@@ -159,8 +211,19 @@ impl RuvmFile {
         };
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
-        if inner.registered.overlaps(key.0, start, key.1) {
-            return Err(EEXIST);
+        while let Some((h, ended)) = inner.registered.first_overlap(key.0, start, key.1) {
+            if !ended {
+                return Err(EEXIST);
+            }
+            // Room first: a mem taken out must reach the caller, to be retired unlocked.
+            stale.reserve(1, GFP_KERNEL)?;
+            match inner.remove(h) {
+                Some(m) => {
+                    let _ = stale.push_within_capacity(m);
+                }
+                // Not in the tables: its index entry is a leftover (never: they go together).
+                None => return Err(EEXIST),
+            }
         }
         let at_handle = inner.mems.slot()?;
         let at_offset = match inner.offsets.slot() {

@@ -110,6 +110,11 @@ impl Unmapped for Arc<Revoke> {
 }
 
 impl Revoke {
+    /// Whether the range was unmapped (the registration is over, or about to be).
+    pub(crate) fn ended(&self) -> bool {
+        self.fired.load(Relaxed) != 0
+    }
+
     /// The handle reached the file's table: from now on an unmapping revokes it. `false` if
     /// the range was unmapped already (the caller undoes the registration: nothing is queued,
     /// or the queued revocation finds nothing).
@@ -141,6 +146,11 @@ pub(crate) struct Registered {
 }
 
 impl Registered {
+    /// Its revocation, which says when the range was unmapped.
+    pub(crate) fn revoke(&self) -> Arc<Revoke> {
+        self.revoke.clone()
+    }
+
     /// Its handle is in the file's table: `EFAULT` if the range was unmapped meanwhile (the
     /// caller frees the handle).
     pub(crate) fn publish(&self, handle: Handle) -> Result {

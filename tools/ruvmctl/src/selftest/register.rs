@@ -44,6 +44,10 @@ pub fn cases() -> Vec<Case> {
             run: register_munmap_with_work_queued,
         },
         Case {
+            name: "register_again_right_after_munmap",
+            run: register_again_right_after_munmap,
+        },
+        Case {
             name: "register_fork_keeps_the_parents_pages",
             run: register_fork_keeps_the_parents_pages,
         },
@@ -479,6 +483,57 @@ fn register_munmap_with_work_queued() -> TestResult {
     eventually("the pins gone once the copy is", || {
         Ok(vm_pin_kib()? == pin0)
     })?;
+    Ok(())
+}
+
+/// A range unmapped and mapped again at once (before its revocation has run) registers again
+/// (the unmapped registration is no longer in the way), and only the old one is revoked.
+fn register_again_right_after_munmap() -> TestResult {
+    let d = open()?;
+    let pin0 = vm_pin_kib()?;
+    let rw = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
+    for round in 0..20 {
+        let mut r = Anon::new(LEN, rw)?;
+        r.write(0, LEN, 61);
+        let old = d.mem_register(r.addr(), LEN).ctx("MEM_REGISTER")?;
+        let at = r.addr();
+        r.unmap()?;
+        let len = NonZeroUsize::MIN.saturating_add(LEN as usize - 1);
+        let place =
+            NonZeroUsize::new(at as usize).ok_or_else(|| Stop::Fail("mapping at 0".into()))?;
+        // SAFETY: the range just unmapped (this case's own), mapped again at the same place.
+        let q = unsafe {
+            nix::sys::mman::mmap_anonymous(
+                Some(place),
+                len,
+                rw,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_FIXED,
+            )
+        }
+        .ctx("mmap MAP_FIXED")?;
+        let again = Anon {
+            ptr: q,
+            len: LEN as usize,
+            mapped: true,
+        };
+        let new = d.mem_register(again.addr(), LEN).ctx(&format!(
+            "round {round}: MEM_REGISTER of the range mapped again"
+        ))?;
+        let p = d.ptr_attrs(again.addr() + 8).ctx("PTR_ATTRS")?;
+        check!(
+            p.handle == new && p.ptr_flags == REGISTERED,
+            "round {round}: PTR_ATTRS names handle {} (flags {:#x}), wanted the new {new}",
+            p.handle,
+            p.ptr_flags
+        );
+        eventually("the old registration revoked", || {
+            Ok(d.mem_query(old).err() == Some(Errno::ENOENT))
+        })?;
+        d.mem_query(new).ctx("the new registration stays")?;
+        d.mem_free(new).ctx("MEM_FREE")?;
+        drop(again);
+    }
+    eventually("the pins gone", || Ok(vm_pin_kib()? == pin0))?;
     Ok(())
 }
 
