@@ -13,6 +13,7 @@ pub(crate) mod completion;
 pub(crate) mod cred;
 pub(crate) mod dma;
 pub(crate) mod dmabuf;
+pub(crate) mod dmem;
 pub(crate) mod errno;
 pub(crate) mod fence;
 pub(crate) mod fops;

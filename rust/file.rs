@@ -315,6 +315,7 @@ impl MiscDevice for RuvmFile {
             uapi::RUVM_IOCTL_CE_COPY_VA => me.ce_copy_va(user)?,
             uapi::RUVM_IOCTL_GPU_PT_WALK => me.gpu_pt_walk(user)?,
             uapi::RUVM_IOCTL_PMM_STATS => gpu_ioctls::pmm_stats(user)?,
+            uapi::RUVM_IOCTL_VIDMEM_LIMIT => gpu_ioctls::vidmem_limit(user)?,
             uapi::RUVM_IOCTL_PMM_CHECK_LEAK => gpu_ioctls::pmm_check_leak(user)?,
             uapi::RUVM_IOCTL_AUDIT => audit_ioctls::audit(user)?,
             uapi::RUVM_IOCTL_STATS => audit_ioctls::stats(user)?,

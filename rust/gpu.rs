@@ -37,6 +37,7 @@ pub(crate) mod chunks;
 pub(crate) mod dma;
 pub(crate) mod edu;
 pub(crate) mod host;
+pub(crate) mod limit;
 pub(crate) mod mmu;
 pub(crate) mod pmm;
 pub(crate) mod set;
@@ -312,6 +313,8 @@ pub(crate) struct Config {
     pub(crate) vidmem: u64,
     /// Bytes of root storage each GPU's PMM keeps for reuse.
     pub(crate) vidmem_keep: u64,
+    /// Bytes of each GPU's vidmem one user may hold (0: no limit), `vidmem_user_mib`.
+    pub(crate) vidmem_user: u64,
     /// The host GPUs `host_gpus` names, which the edu driver leaves alone.
     pub(crate) host: [Option<PciAddr>; MAX_HOST_PARAM],
 }
@@ -321,6 +324,7 @@ impl Config {
         Self {
             vidmem: 0,
             vidmem_keep: 0,
+            vidmem_user: 0,
             host: [None; MAX_HOST_PARAM],
         }
     }
@@ -338,6 +342,8 @@ global! {
 /// Makes the registry usable with the module's GPU settings (module init, before any driver).
 pub(crate) fn init(config: Config) {
     GPUS.init();
+    limit::init();
+    limit::set_user_limit(config.vidmem_user);
     host::init();
     if let Some(mut r) = GPUS.lock() {
         r.config = config;
@@ -426,6 +432,7 @@ pub(crate) fn register(
     let pmm = match vidmem {
         0 => None,
         bytes => Some(pmm::Pmm::new(
+            id,
             bytes,
             keep,
             dma.clone(),

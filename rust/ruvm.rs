@@ -105,6 +105,10 @@ module! {
             default: 8,
             description: "Vidmem root storage each GPU keeps for reuse once its root chunk empties, in MiB: even, at most 65534; 0 gives it back at once",
         },
+        vidmem_user_mib: u64 {
+            default: 0,
+            description: "Vidmem of each GPU one user may hold, in MiB (ENOMEM beyond; RUVM_IOCTL_VIDMEM_LIMIT changes it); 0: no limit",
+        },
         sim_gpus: u32 {
             default: 0,
             description: "Simulated GPUs (faux devices, CPU copy engine) to create, 0 to 8",
@@ -169,6 +173,7 @@ fn gpu_config() -> Result<gpu::Config> {
             "vidmem_keep_mib",
             *module_parameters::vidmem_keep_mib.value(),
         )?,
+        vidmem_user: mib(*module_parameters::vidmem_user_mib.value()),
         host: gpu::host::parse_list(HOST_GPUS.value())?,
     })
 }
@@ -289,6 +294,8 @@ struct RuvmModule {
     _page_tables: debugfs::File<gpu::mmu::TablesView>,
     #[pin]
     _pools: debugfs::File<mem::pool::registry::PoolsView>,
+    #[pin]
+    _vidmem_users: debugfs::File<gpu::limit::UsersView>,
     _debugfs: debugfs::Dir,
 }
 
@@ -325,6 +332,7 @@ impl kernel::InPlaceModule for RuvmModule {
             _audit <- dir.read_only_file(c"audit", audit::LiveView),
             _page_tables <- dir.read_only_file(c"page_tables", gpu::mmu::TablesView),
             _pools <- dir.read_only_file(c"pools", mem::pool::registry::PoolsView),
+            _vidmem_users <- dir.read_only_file(c"vidmem_users", gpu::limit::UsersView),
             _debugfs: dir,
         })
     }

@@ -45,6 +45,7 @@ plain_old_data!(
     ruvm_mem_copy,
     ruvm_mem_range,
     ruvm_mem_register,
+    ruvm_vidmem_limit,
     ruvm_audit,
     ruvm_stats,
     ruvm_bench,

@@ -115,6 +115,10 @@ spec! {
     ruvm_mem_gpu_phys { flags: 0, zero: [pad, reserved] }
     ruvm_pmm_stats { flags: 0, zero: [reserved] }
     ruvm_pmm_check_leak { flags: 0, zero: [reserved] }
+    ruvm_vidmem_limit {
+        flags: uapi::ruvm_vidmem_limit_flags_RUVM_VIDMEM_LIMIT_SET,
+        zero: [reserved]
+    }
     ruvm_test_ce_raw { flags: 0, zero: [reserved] }
     ruvm_test_plant { flags: 0, zero: [reserved] }
     ruvm_mem_gpu_va { flags: uapi::ruvm_va_space_flags_RUVM_VA_USER, zero: [reserved] }

@@ -256,6 +256,38 @@ pub(super) fn pmm_stats(user: UserSlice) -> Result {
     writer.write(&args)
 }
 
+/// `RUVM_IOCTL_VIDMEM_LIMIT`: what bounds the caller's vidmem of a GPU; sets the per-user
+/// limit (privileged).
+pub(super) fn vidmem_limit(user: UserSlice) -> Result {
+    let (mut args, mut writer) = args::read_write::<uapi::ruvm_vidmem_limit>(user)?;
+    let gpu = gpu::get(args.gpu)?;
+    let access = gpu.access()?;
+    let pmm = access.pmm().map_err(|_| ENXIO)?;
+    let set = args.flags & uapi::ruvm_vidmem_limit_flags_RUVM_VIDMEM_LIMIT_SET != 0;
+    if set {
+        cred::require_sys_admin()?;
+    } else {
+        args.user_limit = gpu::limit::user_limit();
+    }
+    args.capacity = pmm.capacity();
+    args.region = [0; 32];
+    args.dmem = 0;
+    if let Some(name) = pmm.limits().region_name() {
+        args.dmem = 1;
+        for (d, s) in args.region.iter_mut().zip(name.to_bytes()) {
+            *d = *s;
+        }
+    }
+    drop(access);
+    (args.uid, args.user_used) = gpu::limit::caller_use(args.gpu);
+    writer.write(&args)?;
+    // Set once the caller has the answer (the limit it set is what `user_limit` says).
+    if set {
+        gpu::limit::set_user_limit(args.user_limit);
+    }
+    Ok(())
+}
+
 /// `RUVM_IOCTL_PMM_CHECK_LEAK` (privileged).
 pub(super) fn pmm_check_leak(user: UserSlice) -> Result {
     cred::require_sys_admin()?;

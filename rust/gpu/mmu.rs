@@ -222,7 +222,7 @@ impl Mmu {
         let (store, bytes, addr) = match &self.pmm {
             Some(pmm) => {
                 // Stored chunks are zeroed as they are handed out.
-                let chunk = pmm.alloc(TABLE_BYTES, true)?;
+                let chunk = pmm.alloc_table(TABLE_BYTES)?;
                 let phys = chunk.phys();
                 let bytes = pmm.storage_of(phys)?;
                 (TableStore::Vid { _chunk: chunk }, bytes, phys)

@@ -60,6 +60,7 @@ use crate::{
 use super::{
     chunks::{self, RootSet, ZeroSlots},
     dma::{GpuTable, Pages, Tracker, Unseen},
+    limit::{Limits, VidCharge},
     sim::SimIommu,
 };
 
@@ -161,6 +162,10 @@ struct PmmState {
 #[pin_data]
 pub(crate) struct Pmm {
     capacity: u64,
+    /// What bounds a caller's vidmem of this GPU: every chunk handed out is charged (but a
+    /// GPU page table, see [`Pmm::alloc_table`]).
+    #[pin]
+    limits: Limits,
     dma: Arc<DmaDevice>,
     limit: u64,
     tracker: Arc<Tracker>,
@@ -191,6 +196,8 @@ pub(crate) struct VidChunk {
     keep: bool,
     /// Nothing wrote it since it was handed out (zeroed): its bytes are still zero.
     unwritten: bool,
+    /// Its bytes charged to the task that took it (dmem cgroup, user), given back with it.
+    _charge: VidCharge,
 }
 
 impl Pmm {
@@ -199,6 +206,7 @@ impl Pmm {
     /// whose highest DMA address is `limit`, whose DMA tables are tracked by `tracker` and
     /// whose simulated engine (if any) is `sim`.
     pub(super) fn new(
+        gpu: u32,
         capacity: u64,
         keep: u64,
         dma: Arc<DmaDevice>,
@@ -224,9 +232,11 @@ impl Pmm {
             BitmapVec::new(count, GFP_KERNEL)?,
         ];
         let tree = ChunkTree::new(tree_roots, sets).ok_or(EOVERFLOW)?;
+        let limits = Limits::new(gpu, capacity)?;
         Arc::pin_init(
             try_pin_init!(Pmm {
                 capacity,
+                limits <- limits,
                 dma,
                 limit,
                 tracker,
@@ -248,6 +258,11 @@ impl Pmm {
         self.capacity
     }
 
+    /// What bounds a caller's vidmem of this GPU.
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// Hands out one chunk of `size` (one of [`CHUNK_SIZES`]); with `store`, its root chunk
     /// gets storage if it has none. `ENOMEM` when no free block of that size is left (or its
     /// storage cannot be had), `ENODEV` once the GPU is gone, `EINVAL` for another size.
@@ -258,9 +273,29 @@ impl Pmm {
     /// block back, storage is made, and the second try uses it (or a kept one, the new one then
     /// going again).
     pub(crate) fn alloc(self: &Arc<Self>, size: u64, store: bool) -> Result<VidChunk> {
+        size_index(size).ok_or(EINVAL)?;
+        // Charged first, with no lock held (the dmem controller may allocate): beyond a
+        // limit nothing is taken.
+        let charge = self.limits.charge(size)?;
+        self.alloc_charged(size, store, charge)
+    }
+
+    /// A chunk for a GPU page table: as [`Pmm::alloc`], charged to no cgroup or user. A table
+    /// is shared by every mapping under it (a file's user VA space is the file's, the kernel
+    /// VA space every file's) and lives as long as any of them: charging it to the process
+    /// whose mapping made it would leave that process (and its cgroup) paying for others'
+    /// mappings after it is gone. Tables are bounded by the mappings they hold, whose mems
+    /// are charged.
+    pub(crate) fn alloc_table(self: &Arc<Self>, size: u64) -> Result<VidChunk> {
+        size_index(size).ok_or(EINVAL)?;
+        self.alloc_charged(size, true, VidCharge::none())
+    }
+
+    fn alloc_charged(self: &Arc<Self>, size: u64, store: bool, charge: VidCharge) -> Result<VidChunk> {
+        let mut charge = Some(charge);
         let mut spare = None;
         loop {
-            if let Some(chunk) = self.try_alloc(size, store, &mut spare)? {
+            if let Some(chunk) = self.try_alloc(size, store, &mut spare, &mut charge)? {
                 // An unused spare is unmapped and freed here, with the lock released.
                 drop(spare);
                 return Ok(chunk);
@@ -276,8 +311,11 @@ impl Pmm {
         size: u64,
         store: bool,
         spare: &mut Option<RootStore>,
+        charge: &mut Option<VidCharge>,
     ) -> Result<Option<VidChunk>> {
         let index = size_index(size).ok_or(EINVAL)?;
+        // The charge goes with the chunk this try hands out, or back to the caller's next try.
+        let taken = charge.take().ok_or(EINVAL)?;
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.dead {
@@ -295,6 +333,7 @@ impl Pmm {
                     Some(s) => (s, false),
                     None => {
                         st.tree.free(phys, size);
+                        *charge = Some(taken);
                         return Ok(None);
                     }
                 },
@@ -322,6 +361,7 @@ impl Pmm {
             stored: store,
             keep: false,
             unwritten: false,
+            _charge: taken,
         };
         if let Some(pages) = pages {
             // Outside the lock: the chunk is no one else's yet, and its stored count keeps the
@@ -427,6 +467,7 @@ impl Pmm {
     /// The GPU is going: nothing more is handed out, and the storage of every root is dropped
     /// (unmapped while the device is still bound). Chunks still held stay valid to free.
     pub(crate) fn kill(&self) {
+        self.limits.end();
         let mut st = self.state.lock();
         st.dead = true;
         st.kept.clear();

@@ -135,13 +135,20 @@ struct ruvm_info {
  * mem; RUVM_PTR_REGISTERED in ruvm_ptr_attrs.ptr_flags.
  */
 #define RUVM_FEATURE_REGISTER (1ULL << 18)
+/*
+ * Vidmem bounded per caller: each GPU's vidmem is a region of the kernel's dmem cgroup
+ * controller where the kernel has it (dmem.max), and ruvm's per-user limit of each GPU holds
+ * on every kernel (RUVM_IOCTL_VIDMEM_LIMIT).
+ */
+#define RUVM_FEATURE_VIDMEM_LIMITS (1ULL << 19)
 #define RUVM_FEATURES_ALL                                                                   \
 	(RUVM_FEATURE_SYSMEM | RUVM_FEATURE_AUDIT | RUVM_FEATURE_GPU_LIST | RUVM_FEATURE_GPU_DMA | \
 	 RUVM_FEATURE_CE_COPY | RUVM_FEATURE_VIDMEM | RUVM_FEATURE_BENCH |                      \
 	 RUVM_FEATURE_GPU_ATTACH | RUVM_FEATURE_GPU_VA | RUVM_FEATURE_POOLS |                   \
 	 RUVM_FEATURE_STREAMS | RUVM_FEATURE_STREAM_ALLOC | RUVM_FEATURE_PTR_ATTRS |           \
 	 RUVM_FEATURE_IPC_POOLS | RUVM_FEATURE_DMABUF | RUVM_FEATURE_STATUS_PAGE |             \
-	 RUVM_FEATURE_SPARSE | RUVM_FEATURE_COPY_PTR | RUVM_FEATURE_REGISTER)
+	 RUVM_FEATURE_SPARSE | RUVM_FEATURE_COPY_PTR | RUVM_FEATURE_REGISTER |                 \
+	 RUVM_FEATURE_VIDMEM_LIMITS)
 
 /* What backs a mem (ruvm_mem_alloc.backing). */
 enum ruvm_backing {
@@ -999,6 +1006,51 @@ struct ruvm_pmm_check_leak {
 	__u64 allocated;
 	__u64 free_before;
 	__u64 free_after;
+	__u64 reserved[2];
+};
+
+/* ruvm_vidmem_limit.flags */
+enum ruvm_vidmem_limit_flags {
+	/* Set the per-user limit to @user_limit (CAP_SYS_ADMIN; EPERM otherwise). */
+	RUVM_VIDMEM_LIMIT_SET = 1 << 0,
+};
+
+/**
+ * struct ruvm_vidmem_limit - what bounds the caller's vidmem of a GPU (RUVM_IOCTL_VIDMEM_LIMIT)
+ *
+ * Every vidmem chunk a GPU hands out for a mem (a pool's cache's included; not a GPU page
+ * table's) is charged to the task that takes it, until it goes back to the GPU: to its cgroup in the GPU's dmem
+ * region (the kernel's dmem controller, where the kernel has it: dmem.max, dmem.current), and
+ * to its effective user's use of the GPU, which ruvm bounds by the per-user limit on every
+ * kernel (the module parameter vidmem_user_mib, then this call with RUVM_VIDMEM_LIMIT_SET).
+ * An allocation beyond either fails with ENOMEM and takes nothing. A lowered limit takes
+ * nothing back: later allocations fail until the user's use is below it. With
+ * RUVM_VIDMEM_LIMIT_SET the limit changes only once the structure is written back.
+ *
+ * Errors: EINVAL unknown @flags, non-zero @reserved; ENODEV the GPU is not present; ENXIO it
+ * has no vidmem; EPERM RUVM_VIDMEM_LIMIT_SET without CAP_SYS_ADMIN.
+ *
+ * @gpu:        (in)  the GPU
+ * @flags:      (in)  enum ruvm_vidmem_limit_flags
+ * @user_limit: (in)  with RUVM_VIDMEM_LIMIT_SET: the new per-user limit in bytes (0: none);
+ *              (out) the per-user limit in force (the same for every GPU and user)
+ * @user_used:  (out) the calling task's effective user's vidmem of the GPU, in bytes
+ * @capacity:   (out) the GPU's vidmem, in bytes
+ * @uid:        (out) that user (the effective uid, in the caller's user namespace)
+ * @dmem:       (out) 1 if the GPU's vidmem is a dmem region (named @region), else 0
+ * @region:     (out) the region's name as dmem.capacity lists it ("ruvm/gpu<id>"),
+ *              NUL-terminated; empty without the controller
+ * @reserved:   (in)  must be 0
+ */
+struct ruvm_vidmem_limit {
+	__u32 gpu;
+	__u32 flags;
+	__u64 user_limit;
+	__u64 user_used;
+	__u64 capacity;
+	__u32 uid;
+	__u32 dmem;
+	__u8 region[32];
 	__u64 reserved[2];
 };
 
@@ -2167,6 +2219,7 @@ enum {
 	RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL = _IOWR(RUVM_IOCTL_MAGIC, 0x2b, struct ruvm_mem_gpu),
 	RUVM_IOCTL_MEM_GPU_VA = _IOWR(RUVM_IOCTL_MAGIC, 0x2c, struct ruvm_mem_gpu_va),
 	RUVM_IOCTL_CE_COPY_VA = _IOWR(RUVM_IOCTL_MAGIC, 0x2d, struct ruvm_ce_copy_va),
+	RUVM_IOCTL_VIDMEM_LIMIT = _IOWR(RUVM_IOCTL_MAGIC, 0x38, struct ruvm_vidmem_limit),
 	RUVM_IOCTL_GPU_PT_WALK = _IOWR(RUVM_IOCTL_MAGIC, 0x2e, struct ruvm_gpu_pt_walk),
 	RUVM_IOCTL_MEM_MAP_GPU_USER = _IOWR(RUVM_IOCTL_MAGIC, 0x2f, struct ruvm_mem_gpu_user),
 	RUVM_IOCTL_MEM_UNMAP_GPU_USER = _IOWR(RUVM_IOCTL_MAGIC, 0x30, struct ruvm_mem_gpu),

@@ -152,6 +152,8 @@ commands! {
     MEM_GPU_PHYS: ruvm_mem_gpu_phys = RUVM_IOCTL_MEM_GPU_PHYS;
     /// A GPU's PMM.
     PMM_STATS: ruvm_pmm_stats = RUVM_IOCTL_PMM_STATS;
+    /// What bounds the caller's vidmem of a GPU; set the per-user limit.
+    VIDMEM_LIMIT: ruvm_vidmem_limit = RUVM_IOCTL_VIDMEM_LIMIT;
     /// uvm's PMM leak check.
     PMM_CHECK_LEAK: ruvm_pmm_check_leak = RUVM_IOCTL_PMM_CHECK_LEAK;
     /// The audit's counters.

@@ -76,6 +76,7 @@ ioctl_args!(
     uapi::ruvm_test_plant,
     uapi::ruvm_mem_gpu_phys,
     uapi::ruvm_pmm_stats,
+    uapi::ruvm_vidmem_limit,
     uapi::ruvm_pmm_check_leak,
     uapi::ruvm_mem_gpu_va,
     uapi::ruvm_ce_copy_va,

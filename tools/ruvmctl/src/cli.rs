@@ -115,6 +115,12 @@ pub enum Cmd {
         #[command(subcommand)]
         action: HeapAction,
     },
+    /// Vidmem limits and holdings: each GPU's dmem cgroup region and ruvm's per-user limit
+    /// (RUVM_IOCTL_VIDMEM_LIMIT).
+    Vidmem {
+        #[command(subcommand)]
+        action: VidmemAction,
+    },
     /// Ranges of a sparse mem (`alloc --sparse`): made resident and given back
     /// (RUVM_IOCTL_MEM_RANGE); memory of ruvmctl's own registered (RUVM_IOCTL_MEM_REGISTER).
     Mem {

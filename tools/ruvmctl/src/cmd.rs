@@ -20,6 +20,7 @@ pub mod register;
 pub mod share;
 pub mod stream;
 pub mod test;
+pub mod vidmem;
 
 /// Opens the device, or takes the descriptor `--fd` names.
 pub fn open(fd: Option<i32>) -> Result<Ruvm> {

@@ -240,6 +240,10 @@ pub fn run(spec: &Spec) -> Result<u64> {
             }
         }
         if let Some(r) = resources.as_mut() {
+            if let Some(what) = r.sample_vidmem() {
+                println!("fuzz: PROBLEM: {what}");
+                shared.problems.fetch_add(1, Ordering::Relaxed);
+            }
             if let Some(unseen) = r.sample() {
                 println!(
                     "fuzz: PROBLEM: kernel memory (slab and vmalloc) grew {} KiB beyond what the workers' memory cgroup was charged (bound {} KiB)",
@@ -386,6 +390,23 @@ pub fn run(spec: &Spec) -> Result<u64> {
             r.worst / 1024,
             spec.kmem_bound / 1024
         );
+        if let Some(max) = r.vidmem_max {
+            let left = r.vidmem_left();
+            println!(
+                "fuzz: vidmem of the workers' group at most {} KiB in a region (dmem.max {} KiB){}",
+                r.vidmem_peak / 1024,
+                max / 1024,
+                if left.is_none() {
+                    ", none left after"
+                } else {
+                    ""
+                }
+            );
+            if let Some(what) = left {
+                println!("fuzz: PROBLEM: {what}");
+                problems += 1;
+            }
+        }
     }
     if removals > 0 {
         println!(

@@ -31,7 +31,7 @@ mod units;
 
 use cli::{
     AllocatorAction, Cli, Cmd, DmabufAction, EventAction, GpuAction, HeapAction, MemAction,
-    PoolAction, StreamAction,
+    PoolAction, StreamAction, VidmemAction,
 };
 use output::{emit, Done};
 
@@ -128,6 +128,12 @@ fn run(cli: Cli) -> Result<()> {
                 stream,
                 json,
             } => emit(&cmd::heap::copy(&d()?, gpu, size, stream)?, json.json),
+        },
+        Cmd::Vidmem { action } => match action {
+            VidmemAction::Limit { gpu, set, json } => {
+                emit(&cmd::vidmem::limit(&d()?, gpu, set)?, json.json)
+            }
+            VidmemAction::Usage(json) => emit(&cmd::vidmem::usage()?, json.json),
         },
         Cmd::Mem { action } => match action {
             MemAction::Populate(r) => emit(&cmd::mem::range(&d()?, &r, true)?, r.json.json),

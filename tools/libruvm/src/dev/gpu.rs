@@ -55,6 +55,25 @@ impl Ruvm {
         Ok(a)
     }
 
+    /// `RUVM_IOCTL_VIDMEM_LIMIT`: what bounds this process's vidmem of GPU `gpu`; with `set`,
+    /// first sets the per-user limit to that many bytes (0: none; `CAP_SYS_ADMIN`).
+    pub fn vidmem_limit(
+        &self,
+        gpu: u32,
+        set: Option<u64>,
+    ) -> Result<uapi::ruvm_vidmem_limit, Errno> {
+        let mut a = uapi::ruvm_vidmem_limit {
+            gpu,
+            ..Default::default()
+        };
+        if let Some(bytes) = set {
+            a.flags = uapi::ruvm_vidmem_limit_flags_RUVM_VIDMEM_LIMIT_SET;
+            a.user_limit = bytes;
+        }
+        self.call(cmd::VIDMEM_LIMIT, &mut a)?;
+        Ok(a)
+    }
+
     /// `RUVM_IOCTL_PMM_CHECK_LEAK`.
     pub fn pmm_check_leak(
         &self,

@@ -487,3 +487,24 @@ pub enum EventAction {
         json: Json,
     },
 }
+
+/// `ruvmctl vidmem ...`.
+#[derive(Subcommand)]
+pub enum VidmemAction {
+    /// What bounds this user's vidmem of a GPU (RUVM_IOCTL_VIDMEM_LIMIT): the per-user limit,
+    /// the user's holdings, the GPU's dmem cgroup region; --set changes the per-user limit
+    /// (root).
+    Limit {
+        /// The GPU (default 0).
+        #[arg(long, default_value = "0")]
+        gpu: u32,
+        /// Set the per-user limit of each GPU's vidmem first (e.g. 16M; 0: none).
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        set: Option<u64>,
+        #[command(flatten)]
+        json: Json,
+    },
+    /// Who holds vidmem: each cgroup's charge of ruvm's dmem regions (dmem.current, with its
+    /// dmem.max) and each user's holdings of each GPU (debugfs, root).
+    Usage(Json),
+}

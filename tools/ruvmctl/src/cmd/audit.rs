@@ -42,6 +42,8 @@ pub struct Stats {
     /// Every pool of every process (`/sys/kernel/debug/ruvm/pools`, root), each line's
     /// fields by name; `None` if it could not be read.
     pools: Option<Vec<BTreeMap<String, u64>>>,
+    /// Who holds vidmem: each cgroup (dmem controller) and each user (`vidmem usage`).
+    vidmem_holders: super::vidmem::Usage,
 }
 
 /// Where the module lists every pool.
@@ -107,6 +109,7 @@ pub fn stats(d: &Ruvm, reset: bool) -> Result<Stats> {
             .collect(),
         leak_checker: a.level,
         pools: read_pools(),
+        vidmem_holders: super::vidmem::usage()?,
     })
 }
 
@@ -171,8 +174,9 @@ impl Report for Stats {
                 )
             }
         };
+        let holders = format!("vidmem by holder:\n{}", self.vidmem_holders.render());
         format!(
-            "{usage}\n{pools}\naudit (leak_checker={}): {}",
+            "{usage}\n{pools}\n{holders}\naudit (leak_checker={}): {}",
             self.leak_checker,
             if live.is_empty() {
                 "nothing live".to_owned()

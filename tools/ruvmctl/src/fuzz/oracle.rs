@@ -142,12 +142,24 @@ fn stat(group: &MemGroup, field: &str) -> Option<u64> {
 
 /// The resources oracle: the workers' memory cgroup, and the kernel's slab and vmalloc bytes
 /// when the run began.
+/// The workers' `dmem.max` in each of ruvm's regions (the vidmem oracle).
+const VIDMEM_MAX: u64 = 24 << 20;
+/// What a sample of `dmem.current` may read above `dmem.max`: the controller adds a charge
+/// before it checks the limit (and takes it back when over), so charges in flight (one
+/// chunk, at most 2 MiB, per worker thread) may show for a moment.
+const VIDMEM_SLACK: u64 = 32 << 20;
+
+/// The resources oracle: the workers' memory cgroup, and what is measured of it.
 pub struct Resources {
     pub group: MemGroup,
     base: u64,
     bound: u64,
     /// The most kernel memory seen grown beyond the group's charge.
     pub worst: u64,
+    /// Where the kernel has the dmem controller: the `dmem.max` the workers' group has in each
+    /// of ruvm's regions (the vidmem oracle), and the most `dmem.current` seen in any.
+    pub vidmem_max: Option<u64>,
+    pub vidmem_peak: u64,
 }
 
 impl Resources {
@@ -158,12 +170,104 @@ impl Resources {
             .write("memory.max", &max.to_string())
             .context("memory.max")?;
         let base = Self::kernel_bytes().context("/proc/meminfo")?;
-        Ok(Self {
+        // The vidmem oracle, where the kernel has the dmem controller: the workers' group may
+        // hold at most VIDMEM_MAX of each GPU's vidmem.
+        let vidmem_max = (MemGroup::has("dmem")
+            && std::fs::write(
+                format!("{}/cgroup.subtree_control", MemGroup::ROOT),
+                "+dmem",
+            )
+            .is_ok())
+        .then_some(VIDMEM_MAX);
+        let r = Self {
             group,
             base,
             bound,
             worst: 0,
-        })
+            vidmem_max,
+            vidmem_peak: 0,
+        };
+        r.limit_vidmem();
+        Ok(r)
+    }
+
+    /// ruvm's regions in the group's `dmem.current`, with their bytes.
+    fn vidmem(&self) -> Vec<(String, u64)> {
+        self.group
+            .read("dmem.current")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (r, v) = l.split_once(' ')?;
+                r.starts_with("ruvm/")
+                    .then(|| (r.to_owned(), v.trim().parse().unwrap_or(0)))
+            })
+            .collect()
+    }
+
+    /// (Again) sets the workers' `dmem.max` of every ruvm region: a GPU removed and added
+    /// back is a new region, with no limit.
+    fn limit_vidmem(&self) {
+        if let Some(max) = self.vidmem_max {
+            for (r, _) in self.vidmem() {
+                let _ = self.group.write("dmem.max", &format!("{r} {max}"));
+            }
+        }
+    }
+
+    /// The vidmem oracle's sample: a region whose `dmem.current` is over the group's
+    /// `dmem.max` (its description), if any.
+    pub fn sample_vidmem(&mut self) -> Option<String> {
+        let max = self.vidmem_max?;
+        self.limit_vidmem();
+        let limits = self.group.read("dmem.max").unwrap_or_default();
+        for (r, cur) in self.vidmem() {
+            self.vidmem_peak = self.vidmem_peak.max(cur);
+            let limited = limits.lines().any(|l| {
+                l.split_once(' ')
+                    .is_some_and(|(k, v)| k == r && v.trim() == max.to_string())
+            });
+            if limited && cur > max + VIDMEM_SLACK {
+                return Some(format!(
+                    "dmem.current of {r} is {cur}, over the workers' dmem.max {max} by more than the charges in flight"
+                ));
+            }
+        }
+        None
+    }
+
+    /// Once every worker is gone: a region still charged to their group, or a user other
+    /// than root still holding vidmem (ruvm's per-user count, debugfs), described; waited for
+    /// up to 10 s (a revocation or a stream's retirement may still be under way).
+    pub fn vidmem_left(&self) -> Option<String> {
+        self.vidmem_max?;
+        let start = std::time::Instant::now();
+        loop {
+            let users =
+                std::fs::read_to_string("/sys/kernel/debug/ruvm/vidmem_users").unwrap_or_default();
+            let left: Vec<String> = self
+                .vidmem()
+                .into_iter()
+                .filter(|(_, v)| *v != 0)
+                .map(|(r, v)| format!("{r} {v}"))
+                .chain(
+                    users
+                        .lines()
+                        .filter(|l| l.starts_with("uid=") && !l.starts_with("uid=0 "))
+                        .map(str::to_owned),
+                )
+                .collect();
+            if left.is_empty() {
+                return None;
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                return Some(format!(
+                    "the workers' group is still charged vidmem 10 s after the last exited: {}",
+                    left.join(", ")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn kernel_bytes() -> Option<u64> {

@@ -155,6 +155,8 @@ pub(super) fn sweep(probe: Probe, only: Option<&str>) -> TestResult {
     row!(&d, p, e, cmd::MEM_COPY, uapi::ruvm_mem_copy::default(), known: 0, zero: [pad, reserved]);
     row!(&d, p, e, cmd::MEM_RANGE, uapi::ruvm_mem_range::default(), known: 0, zero: [reserved]);
     row!(&d, p, e, cmd::MEM_REGISTER, uapi::ruvm_mem_register::default(), known: 0, zero: [pad, reserved]);
+    row!(&d, p, e, cmd::VIDMEM_LIMIT, uapi::ruvm_vidmem_limit::default(),
+        known: uapi::ruvm_vidmem_limit_flags_RUVM_VIDMEM_LIMIT_SET, zero: [reserved]);
     row!(&d, p, e, cmd::GPU_LIST, uapi::ruvm_gpu_list::default(), known: 0, zero: [reserved]);
     // An address with no device: a bad field let through would be ENODEV or ENOENT.
     let attach = uapi::ruvm_gpu_attach {

@@ -14,9 +14,11 @@ use crate::pattern;
 
 mod bytes;
 mod kept;
+mod limits;
 mod refusals;
 use bytes::*;
 use kept::*;
+use limits::*;
 use refusals::*;
 
 const K: u64 = 1024;
@@ -26,6 +28,18 @@ const SIZES: [u64; 3] = [4 * K, 64 * K, 2 * M];
 
 pub fn cases() -> Vec<Case> {
     vec![
+        Case {
+            name: "vidmem_limit_dmem_bounds_each_cgroup",
+            run: vidmem_limit_dmem_bounds_each_cgroup,
+        },
+        Case {
+            name: "vidmem_limit_dmem_every_path_gives_back",
+            run: vidmem_limit_dmem_every_path_gives_back,
+        },
+        Case {
+            name: "vidmem_limit_per_user",
+            run: vidmem_limit_per_user,
+        },
         Case {
             name: "vidmem_chunk_rules_for_every_page_size",
             run: vidmem_chunk_rules_for_every_page_size,
