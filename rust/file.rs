@@ -366,19 +366,7 @@ impl RuvmFile {
             _handle: Counted::new(Class::Handles, 1),
             registered: None,
         };
-        let mut inner = self.inner.lock();
-        let inner = &mut *inner;
-        let at_handle = inner.mems.slot()?;
-        let at_offset = match inner.offsets.slot() {
-            Ok(s) => s,
-            Err(e) => {
-                inner.mems.unused(at_handle);
-                return Err(e);
-            }
-        };
-        // Handles and live mems' offsets are unique.
-        inner.mems.insert(at_handle, handle, entry);
-        inner.offsets.insert(at_offset, offset, handle);
+        self.inner.lock().enter(handle, offset, entry)?;
         Ok(handle)
     }
 
@@ -410,6 +398,22 @@ impl RuvmFile {
 }
 
 impl FileInner {
+    /// Enters a mem under `handle` at mmap offset `offset` (both unique: a new handle, a live
+    /// mem's range); nothing is entered on failure.
+    fn enter(&mut self, handle: Handle, offset: u64, entry: Entry) -> Result {
+        let at_handle = self.mems.slot()?;
+        let at_offset = match self.offsets.slot() {
+            Ok(s) => s,
+            Err(e) => {
+                self.mems.unused(at_handle);
+                return Err(e);
+            }
+        };
+        self.mems.insert(at_handle, handle, entry);
+        self.offsets.insert(at_offset, offset, handle);
+        Ok(())
+    }
+
     /// Takes a mem out of the tables (see [`RuvmFile::remove`]).
     fn remove(&mut self, handle: Handle) -> Option<Arc<Mem>> {
         // The reference returned; the entry's own is dropped with the lock held, which is

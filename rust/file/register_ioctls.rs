@@ -225,16 +225,7 @@ impl RuvmFile {
                 None => return Err(EEXIST),
             }
         }
-        let at_handle = inner.mems.slot()?;
-        let at_offset = match inner.offsets.slot() {
-            Ok(s) => s,
-            Err(e) => {
-                inner.mems.unused(at_handle);
-                return Err(e);
-            }
-        };
-        inner.mems.insert(at_handle, handle, entry);
-        inner.offsets.insert(at_offset, offset, handle);
+        inner.enter(handle, offset, entry)?;
         let _ = inner.registered.tree.insert(node);
         Ok(handle)
     }

@@ -101,6 +101,20 @@ impl Anon {
         })
     }
 
+    /// [`LEN`] bytes of file `fd` from its start, read-write, `flags` (shared or private).
+    fn of_file(fd: &impl AsFd, flags: MapFlags) -> Result<Self, Stop> {
+        let rw = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
+        let len = NonZeroUsize::MIN.saturating_add(LEN as usize - 1);
+        // SAFETY: a new mapping of the file where the kernel chooses, unmapped on drop.
+        let ptr = unsafe { nix::sys::mman::mmap(None, len, rw, flags, fd.as_fd(), 0) }
+            .ctx("mmap of a file")?;
+        Ok(Self {
+            ptr,
+            len: LEN as usize,
+            mapped: true,
+        })
+    }
+
     fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
     }
@@ -594,24 +608,7 @@ fn register_file_truncated_under_it() -> TestResult {
     let fd = nix::sys::memfd::memfd_create(c"ruvm-register", nix::sys::memfd::MFdFlags::empty())
         .ctx("memfd_create")?;
     nix::unistd::ftruncate(&fd, LEN as i64).ctx("ftruncate")?;
-    let rw = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
-    // SAFETY: a new shared mapping of the memfd, unmapped at the end.
-    let p = unsafe {
-        nix::sys::mman::mmap(
-            None,
-            NonZeroUsize::MIN.saturating_add(LEN as usize - 1),
-            rw,
-            MapFlags::MAP_SHARED,
-            fd.as_fd(),
-            0,
-        )
-    }
-    .ctx("mmap memfd")?;
-    let r = Anon {
-        ptr: p,
-        len: LEN as usize,
-        mapped: true,
-    };
+    let r = Anon::of_file(&fd, MapFlags::MAP_SHARED)?;
     r.write(0, LEN, 41);
     let h = d
         .mem_register(r.addr(), LEN)
@@ -652,24 +649,7 @@ fn register_private_file_mapping_never_writes_the_file() -> TestResult {
     let file = std::fs::File::from(fd);
     let bytes: Vec<u8> = (0..LEN).map(|i| pattern::byte_at(51, i)).collect();
     file.write_all_at(&bytes, 0).ctx("write the file")?;
-    let rw = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
-    // SAFETY: a new private mapping of the file, unmapped by `r`'s drop.
-    let p = unsafe {
-        nix::sys::mman::mmap(
-            None,
-            NonZeroUsize::MIN.saturating_add(LEN as usize - 1),
-            rw,
-            MapFlags::MAP_PRIVATE,
-            file.as_fd(),
-            0,
-        )
-    }
-    .ctx("mmap MAP_PRIVATE")?;
-    let r = Anon {
-        ptr: p,
-        len: LEN as usize,
-        mapped: true,
-    };
+    let r = Anon::of_file(&file, MapFlags::MAP_PRIVATE)?;
     let h = d
         .mem_register(r.addr(), LEN)
         .ctx("MEM_REGISTER of a private mapping")?;

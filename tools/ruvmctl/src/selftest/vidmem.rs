@@ -37,6 +37,10 @@ pub fn cases() -> Vec<Case> {
             run: vidmem_limit_dmem_every_path_gives_back,
         },
         Case {
+            name: "vidmem_limit_dmem_gpu_removed_and_back",
+            run: vidmem_limit_dmem_gpu_removed_and_back,
+        },
+        Case {
             name: "vidmem_limit_per_user",
             run: vidmem_limit_per_user,
         },

@@ -197,7 +197,7 @@ pub(super) fn vidmem_limit_dmem_bounds_each_cgroup() -> TestResult {
 }
 
 /// Each path a cgroup's vidmem goes back by leaves `dmem.current` at zero: a pool's cache
-/// (kept after its mems' frees, charged, then given back by the shrinker or a trim), and a
+/// (kept after its mems' frees, charged through reclaim, then given back by a trim), and a
 /// process killed while its stream holds work on its vidmem.
 pub(super) fn vidmem_limit_dmem_every_path_gives_back() -> TestResult {
     let (d, g) = setup()?;
@@ -234,12 +234,13 @@ pub(super) fn vidmem_limit_dmem_every_path_gives_back() -> TestResult {
         if cur(()) != 256 * K {
             return false;
         }
-        // Reclaim asks every shrinker; the pool's gives its cache back (a trim otherwise).
+        // Reclaim asks every shrinker, which give back sysmem only: the cache stays charged.
         let _ = std::fs::write("/proc/sys/vm/drop_caches", "2");
-        if cur(()) != 0 && c.pool_trim(p, 0).is_err() {
+        if cur(()) != 256 * K {
             return false;
         }
-        cur(()) == 0
+        // The pool's own trim gives it back.
+        c.pool_trim(p, 0).is_ok() && cur(()) == 0
     })?;
     check!(
         current(&gr, &region)? == 0,
@@ -293,6 +294,50 @@ pub(super) fn vidmem_limit_dmem_every_path_gives_back() -> TestResult {
             }
         }
     }
+    Ok(())
+}
+
+/// A GPU removed while a cgroup's process holds its vidmem, then added back: the old region
+/// goes with the GPU (the charges still held go with their chunks, at the process's exit), and
+/// the new region of the same name is the one `dmem.max` reaches, bounding the group to the
+/// chunk again.
+pub(super) fn vidmem_limit_dmem_gpu_removed_and_back() -> TestResult {
+    let d = Ruvm::open().ctx("open")?;
+    if d.info().ctx("INFO")?.features & REGISTERED_LIMIT == 0 {
+        return Err(Stop::Skip("no RUVM_FEATURE_VIDMEM_LIMITS".into()));
+    }
+    let g = super::super::shared::sim_gpu(&d)?;
+    let region = region(&d, g)?;
+    let gr = MemGroup::with("ruvm-dmem-gone", "dmem").ctx("cgroup")?;
+    gr.write("dmem.max", &format!("{region} {}", 2 * M))
+        .ctx("dmem.max")?;
+    let old = hold(Some(&gr), None, g, 64 * K, M)?;
+    check!(old.got == M, "the first child got {} of 1 MiB", old.got);
+    check!(
+        current(&gr, &region)? == M,
+        "dmem.current before the removal"
+    );
+    super::super::streams::remove_gpu(g)?;
+    let _back = super::super::streams::BringBack(&d, g);
+    d.test_sim_gpu(g, true).ctx("TEST_SIM_GPU add")?;
+    let now = current(&gr, &region)?;
+    check!(
+        now == 0,
+        "the returned GPU's region reads {now} for the group, wanted a new region at 0"
+    );
+    let max = M + 4 * K;
+    gr.write("dmem.max", &format!("{region} {max}"))
+        .ctx("dmem.max of the new region")?;
+    let new = hold(Some(&gr), None, g, 64 * K, 64 * M)?;
+    check!(
+        new.got == max && new.errno == Errno::ENOMEM as i32,
+        "on the returned GPU the group's child got {} bytes (errno {}), wanted exactly {max} and ENOMEM",
+        new.got,
+        new.errno
+    );
+    old.end()?;
+    new.end()?;
+    check!(current(&gr, &region)? == 0, "dmem.current after both exits");
     Ok(())
 }
 
