@@ -21,10 +21,10 @@
 //! controller's cgroup limit is what bounds such a process as a whole.
 
 use kernel::{
+    new_mutex,
     prelude::*,
     rbtree::{RBTree, RBTreeNodeReservation},
     str::CString,
-    new_mutex,
     sync::{
         atomic::{ordering::Relaxed, Atomic},
         Arc, Mutex,

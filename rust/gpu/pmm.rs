@@ -291,7 +291,12 @@ impl Pmm {
         self.alloc_charged(size, true, VidCharge::none())
     }
 
-    fn alloc_charged(self: &Arc<Self>, size: u64, store: bool, charge: VidCharge) -> Result<VidChunk> {
+    fn alloc_charged(
+        self: &Arc<Self>,
+        size: u64,
+        store: bool,
+        charge: VidCharge,
+    ) -> Result<VidChunk> {
         let mut charge = Some(charge);
         let mut spare = None;
         loop {
