@@ -196,6 +196,8 @@ pub struct Audit {
     kmemleak_objects: Option<usize>,
     dma_api_errors: Option<u64>,
     problems: Vec<String>,
+    /// Who holds vidmem now, by cgroup and by user (`vidmem usage`; nothing once unloaded).
+    vidmem_holders: super::vidmem::Usage,
 }
 
 /// What `audit` looks at.
@@ -251,6 +253,7 @@ pub fn audit(s: AuditSpec) -> Result<Audit> {
         dma_api_errors: dma,
         findings,
         problems,
+        vidmem_holders: super::vidmem::usage()?,
     })
 }
 
@@ -287,6 +290,7 @@ impl Report for Audit {
                 out += &format!("\n  leaked object {o}");
             }
         }
+        out += &format!("\nvidmem by holder:\n{}", self.vidmem_holders.render());
         out += &format!("\nverdict: {}", self.verdict);
         for p in &self.problems {
             out += &format!("\n  {p}");

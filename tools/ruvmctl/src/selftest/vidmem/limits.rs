@@ -200,7 +200,19 @@ pub(super) fn vidmem_limit_dmem_bounds_each_cgroup() -> TestResult {
 /// (kept after its mems' frees, charged through reclaim, then given back by a trim), and a
 /// process killed while its stream holds work on its vidmem.
 pub(super) fn vidmem_limit_dmem_every_path_gives_back() -> TestResult {
-    let (d, g) = setup()?;
+    let d = Ruvm::open().ctx("open")?;
+    if d.info().ctx("INFO")?.features & REGISTERED_LIMIT == 0 {
+        return Err(Stop::Skip("no RUVM_FEATURE_VIDMEM_LIMITS".into()));
+    }
+    // Streams need a copy engine (a host GPU has none).
+    let engine = uapi::ruvm_gpu_flags_RUVM_GPU_PRESENT | uapi::ruvm_gpu_flags_RUVM_GPU_COPY_ENGINE;
+    let g = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .find(|g| g.flags & engine == engine && g.vidmem_size > 0)
+        .map(|g| g.id)
+        .ok_or_else(|| Stop::Skip("no GPU with vidmem and a copy engine".into()))?;
     let region = region(&d, g)?;
     // The kill's work is held behind a gate (sw_sync, which every kernel with the dmem
     // controller here has).
