@@ -19,6 +19,11 @@ use super::{
     harness::{check, Case, Context, Stop, TestResult},
 };
 
+mod injector;
+mod load;
+use injector::Injector;
+use load::fault_sweep_module_load;
+
 pub fn cases() -> Vec<Case> {
     vec![
         Case {
@@ -30,116 +35,6 @@ pub fn cases() -> Vec<Case> {
             run: fault_sweep_module_load,
         },
     ]
-}
-
-const FAIL_NTH: &str = "/proc/thread-self/fail-nth";
-
-/// Fault injection armed for `fail-nth` on every allocation; restored on drop.
-struct Injector {
-    saved: Vec<(&'static str, String)>,
-    /// This thread's `fail-nth`, opened once: opening it again after a call would allocate,
-    /// and be failed by a countdown the call did not use up.
-    nth: fs::File,
-}
-
-impl Injector {
-    const KNOBS: [(&'static str, &'static str); 4] = [
-        ("/sys/kernel/debug/failslab/ignore-gfp-wait", "N"),
-        ("/sys/kernel/debug/fail_page_alloc/ignore-gfp-wait", "N"),
-        ("/sys/kernel/debug/fail_page_alloc/ignore-gfp-highmem", "N"),
-        ("/sys/kernel/debug/fail_page_alloc/min-order", "0"),
-    ];
-    /// failslab's cache filter: only caches marked `failslab` fail.
-    const CACHE_FILTER: &'static str = "/sys/kernel/debug/failslab/cache-filter";
-
-    /// `Skip` on a kernel without fault injection.
-    fn new() -> Result<Self, Stop> {
-        if fs::metadata(FAIL_NTH).is_err() || fs::metadata(Self::KNOBS[0].0).is_err() {
-            return Err(Stop::Skip(
-                "no fault injection in this kernel (the debug kernel has it)".into(),
-            ));
-        }
-        let nth = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(FAIL_NTH)
-            .ctx("open fail-nth")?;
-        let mut me = Self {
-            saved: Vec::new(),
-            nth,
-        };
-        let filter = Self::checker_caches_spared().then_some((Self::CACHE_FILTER, "Y"));
-        if filter.is_some() {
-            println!("# fault injection: kmemleak's own caches spared (failslab's cache filter)");
-        }
-        for (path, value) in Self::KNOBS.into_iter().chain(filter) {
-            let old = fs::read_to_string(path).ctx(path)?;
-            me.saved.push((path, old.trim().to_owned()));
-            fs::write(path, value).ctx(path)?;
-        }
-        Ok(me)
-    }
-
-    /// Whether the guest booted with every slab cache marked `failslab` but kmemleak's own
-    /// (`slab_debug=A;-,kmemleak_object,kmemleak_scan_area`, as make check's sweep guests
-    /// do): kmemleak's two caches there and unmarked, every other cache of `/sys/kernel/slab`
-    /// (aliases, which are links, aside) marked. kmemleak records each allocation it tracks in
-    /// an object of its own, allocated `__GFP_NOWARN` and taken from its reserve pool when that
-    /// fails: every such site is absorbed, touches nothing of ruvm's, and was half of a sweep's
-    /// sites. Then the cache filter is turned on, and `fail-nth` counts every other cache's
-    /// allocations as before. A narrower marking (some caches only) leaves the filter off.
-    fn checker_caches_spared() -> bool {
-        const SPARED: [&str; 2] = ["kmemleak_object", "kmemleak_scan_area"];
-        let Ok(dir) = fs::read_dir("/sys/kernel/slab") else {
-            return false;
-        };
-        let mut spared = 0;
-        for e in dir.flatten() {
-            if e.file_type().map_or(true, |t| t.is_symlink()) {
-                continue;
-            }
-            let Ok(v) = fs::read_to_string(e.path().join("failslab")) else {
-                return false;
-            };
-            let name = e.file_name();
-            let spare = SPARED.iter().any(|s| name == *s);
-            // A spared cache marked, or another unmarked.
-            if spare == (v.trim() == "1") {
-                return false;
-            }
-            spared += usize::from(spare);
-        }
-        spared == SPARED.len() && fs::metadata(Self::CACHE_FILTER).is_ok()
-    }
-
-    /// Runs `f` with the `n`th failable allocation of this thread failing. Returns its result
-    /// and whether the `n`th allocation was reached.
-    fn with_nth<T>(&self, n: u32, f: impl FnOnce() -> T) -> Result<(T, bool), Stop> {
-        use std::os::unix::fs::FileExt;
-        self.nth
-            .write_at(n.to_string().as_bytes(), 0)
-            .ctx("arm fail-nth")?;
-        let r = f();
-        let mut buf = [0u8; 16];
-        let got = self.nth.read_at(&mut buf, 0).ctx("read fail-nth")?;
-        self.nth.write_at(b"0", 0).ctx("disarm fail-nth")?;
-        let left: u32 = std::str::from_utf8(&buf[..got])
-            .map_err(|e| Stop::Fail(format!("fail-nth: {e}")))?
-            .trim()
-            .parse()
-            .map_err(|e| Stop::Fail(format!("fail-nth: {e}")))?;
-        Ok((r, left == 0))
-    }
-}
-
-impl Drop for Injector {
-    fn drop(&mut self) {
-        use std::os::unix::fs::FileExt;
-        let _ = self.nth.write_at(b"0", 0);
-        for (path, value) in &self.saved {
-            let _ = fs::write(path, value);
-        }
-    }
 }
 
 /// What must not change when a call fails: the audit's counters, the PMMs, the GPUs' mapped
@@ -787,86 +682,4 @@ fn fault_sweep_ioctls() -> TestResult {
         println!("# fault sweep, sites failed one at a time: {line}");
     }
     Ok(())
-}
-
-/// The parameters the module was loaded with, to load it again the same way: the guest's init
-/// exports them (7.2's Rust modules have no parameter files in sysfs).
-fn current_params() -> Result<String, Stop> {
-    std::env::var("RUVM_MODARGS")
-        .map_err(|_| Stop::Skip("RUVM_MODARGS unknown (the test guest's init sets it)".into()))
-}
-
-/// Loading the module with each failable allocation of the load failing in turn (the
-/// kernel's module loader, ruvm's init, the edu probes, the simulated GPUs): every failed load
-/// must unwind completely (kmemleak, which the runner scans at the end, and the audit of the
-/// final unload see to that). Needs the module file (`/ruvm/ruvm.ko` in the guest) and no other
-/// open file of `/dev/ruvm`.
-/// Which of the sweep's loads this run makes (`RUVM_FAULT_SWEEP_SHARD=K/N`: the `n`th site is
-/// failed for every `n` with `n - 1 = K mod N`, so that N guests share the sweep; unset: 0/1,
-/// every site).
-fn sweep_shard() -> Result<(u32, u32), Stop> {
-    let Ok(v) = std::env::var("RUVM_FAULT_SWEEP_SHARD") else {
-        return Ok((0, 1));
-    };
-    let parsed = v
-        .split_once('/')
-        .and_then(|(k, n)| Some((k.parse::<u32>().ok()?, n.parse::<u32>().ok()?)))
-        .filter(|&(k, n)| n > 0 && n <= 64 && k < n);
-    parsed.ok_or_else(|| {
-        Stop::Fail(format!(
-            "RUVM_FAULT_SWEEP_SHARD={v}: wanted K/N with K < N <= 64"
-        ))
-    })
-}
-
-fn fault_sweep_module_load() -> TestResult {
-    if std::env::var_os("RUVM_FAULT_SWEEP_LOAD").is_none() {
-        return Err(Stop::Skip(
-            "runs alone: RUVM_FAULT_SWEEP_LOAD=1 (it unloads and reloads the module)".into(),
-        ));
-    }
-    let inj = Injector::new()?;
-    let params = current_params()?;
-    if fs::metadata(std::env::var("RUVM_KO").unwrap_or_else(|_| "/ruvm/ruvm.ko".into())).is_err() {
-        return Err(Stop::Skip("no ruvm.ko to load".into()));
-    }
-    let (shard, shards) = sweep_shard()?;
-    let st = dev::unload_with_verdict().map_err(Stop::Fail)?;
-    check!(
-        st.state & u64::from(uapi::ruvm_unload_state_bits_RUVM_UNLOAD_LEAKED) == 0,
-        "the module leaked before the sweep began"
-    );
-    let mut failed = 0u32;
-    for n in (1 + shard..=5000u32).step_by(shards as usize) {
-        // Progress for the runner's watch of a silent guest: one line every 8 loads.
-        if n % 8 == 0 {
-            println!("# fault sweep: load {n}, {failed} failed so far");
-        }
-        let (r, reached) = inj.with_nth(n, || dev::load_module(&params))?;
-        let loaded = fs::metadata("/sys/module/ruvm").is_ok();
-        match r {
-            Ok(()) => {
-                check!(loaded, "load {n} succeeded but the module is not there");
-                if !reached {
-                    println!(
-                        "# fault sweep, sites failed one at a time: module load: {failed} (shard {shard}/{shards})"
-                    );
-                    return Ok(());
-                }
-                // The failure was absorbed: unload and go on.
-                let st = dev::unload_with_verdict().map_err(Stop::Fail)?;
-                check!(
-                    st.state & u64::from(uapi::ruvm_unload_state_bits_RUVM_UNLOAD_LEAKED) == 0,
-                    "load {n} (a failure absorbed) leaked by its unload"
-                );
-            }
-            Err(e) => {
-                check!(!loaded, "load {n} failed ({e}) but the module stayed");
-                failed += 1;
-            }
-        }
-    }
-    Err(Stop::Fail(
-        "the module load still fails after 5000 sites".into(),
-    ))
 }
