@@ -76,7 +76,10 @@ unsafe impl Send for Charge {}
 unsafe impl Sync for Charge {}
 
 /// Why a charge was refused (never, without the controller).
-#[cfg_attr(not(CONFIG_CGROUP_DMEM), allow(dead_code))]
+#[cfg_attr(
+    not(CONFIG_CGROUP_DMEM),
+    allow(dead_code, reason = "without the controller no charge is ever refused")
+)]
 pub(crate) enum Refused {
     /// A limit (`dmem.max`) of the task's cgroup or of one above it.
     Limit,

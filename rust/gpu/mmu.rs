@@ -418,7 +418,10 @@ impl Mmu {
     /// One run of [`Self::map`], under the MMU's lock (`st`): the space's tree made if it has
     /// none (its root from `spare`, its place in `st.spaces` from `room` if they are full),
     /// then [`Self::map_some`].
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one step of a loop whose state (the MMU's guard, the spares made with it released) is its caller's"
+    )]
     fn map_step(
         &self,
         st: &mut MmuState,
@@ -469,7 +472,10 @@ impl Mmu {
 
     /// Maps the pages from `done` on (of `count`) that the leaf table of the first one holds,
     /// their entries gathered in `ptes`: how many.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the tree, the range and the scratch space of one leaf table's run, all borrowed from the caller"
+    )]
     fn map_some(
         tree: &Tree,
         m: &mut PageTables<'_>,
