@@ -108,7 +108,11 @@ pub enum Cmd {
         action: PoolAction,
     },
     /// Free a mem (RUVM_IOCTL_MEM_FREE).
-    Free { handle: u64 },
+    Free {
+        handle: u64,
+        #[command(flatten)]
+        json: Json,
+    },
     /// Pinned heaps (libruvm::heap): mimalloc arenas over sparse mems, malloc-speed pinned
     /// memory given back when free.
     Heap {
@@ -174,14 +178,24 @@ pub enum Cmd {
         json: Json,
     },
     /// Map a mem for the CPU kernel (RUVM_IOCTL_MEM_MAP_CPU_KERNEL); idempotent.
-    MapKernel { handle: u64 },
+    MapKernel {
+        handle: u64,
+        #[command(flatten)]
+        json: Json,
+    },
     /// Remove its CPU kernel mapping (RUVM_IOCTL_MEM_UNMAP_CPU_KERNEL); idempotent.
-    UnmapKernel { handle: u64 },
+    UnmapKernel {
+        handle: u64,
+        #[command(flatten)]
+        json: Json,
+    },
     /// Write the pattern (or a byte) through the kernel mapping (RUVM_IOCTL_MEM_FILL).
     Fill {
         handle: u64,
         #[command(flatten)]
         range: Range,
+        #[command(flatten)]
+        json: Json,
     },
     /// Check the pattern (or a byte) through the kernel mapping (RUVM_IOCTL_MEM_VERIFY); exits 1
     /// on any mismatch.
@@ -193,12 +207,19 @@ pub enum Cmd {
         json: Json,
     },
     /// Copy bytes between mems through their kernel mappings (RUVM_IOCTL_MEM_COPY).
-    Copy(CopyArgs),
+    Copy {
+        #[command(flatten)]
+        copy: CopyArgs,
+        #[command(flatten)]
+        json: Json,
+    },
     /// Write the pattern (or a byte) through a user mapping (mmap of /dev/ruvm).
     MmapFill {
         handle: u64,
         #[command(flatten)]
         range: Range,
+        #[command(flatten)]
+        json: Json,
     },
     /// Check the pattern (or a byte) through a user mapping; exits 1 on any mismatch.
     MmapVerify {
@@ -230,6 +251,8 @@ pub enum Cmd {
         /// With --user: read-only for the GPU.
         #[arg(long, requires = "user")]
         read_only: bool,
+        #[command(flatten)]
+        json: Json,
     },
     /// Drop a mem's DMA table for a GPU and its GPU virtual mappings (RUVM_IOCTL_MEM_UNMAP_GPU);
     /// with --kernel only its GPU kernel VA mapping (RUVM_IOCTL_MEM_UNMAP_GPU_KERNEL), with
@@ -243,6 +266,8 @@ pub enum Cmd {
         /// Drop only the GPU user VA mapping.
         #[arg(long, conflicts_with = "kernel")]
         user: bool,
+        #[command(flatten)]
+        json: Json,
     },
     /// Where a GPU sees a mem: its kernel VA, or with --user its user VA
     /// (RUVM_IOCTL_MEM_GPU_VA).
@@ -272,6 +297,8 @@ pub enum Cmd {
         /// Bytes.
         #[arg(value_parser = parse_size)]
         length: u64,
+        #[command(flatten)]
+        json: Json,
     },
     /// The GPU MMU's walk of one VA of its kernel VA space (or with --user of this file's),
     /// level by level (RUVM_IOCTL_GPU_PT_WALK; root only).
@@ -386,7 +413,9 @@ pub enum Cmd {
     /// Unload ruvm (like rmmod) and report the audit's verdict, read from memory the module
     /// writes at unload (RUVM_IOCTL_REGISTER_UNLOAD_STATE). Exits 1 on any leak.
     Unload(Json),
-    /// Leak resources on purpose (needs enable_test_ioctls=1 and CAP_SYS_ADMIN).
+    /// Leak resources on purpose (needs enable_test_ioctls=1 and CAP_SYS_ADMIN). Test-only:
+    /// hidden from the main help.
+    #[command(hide = true)]
     TestLeak {
         /// What to leak.
         what: Leak,
@@ -491,6 +520,8 @@ pub enum Cmd {
         out: std::path::PathBuf,
     },
     /// Make the module misbehave on purpose (needs enable_test_ioctls=1 and CAP_SYS_ADMIN).
+    /// Test-only: hidden from the main help.
+    #[command(hide = true)]
     TestPlant {
         /// What to plant.
         what: Plant,

@@ -233,9 +233,9 @@ fn run(cli: Cli) -> Result<()> {
                 emit(&cmd::pool::access(&d()?, pool, gpu, revoke)?, false)
             }
         },
-        Cmd::Free { handle } => emit(
+        Cmd::Free { handle, json } => emit(
             &cmd::mem::handle_cmd(&d()?, ioctl::MEM_FREE, handle)?,
-            false,
+            json.json,
         ),
         Cmd::Query { handle, json } => emit(&cmd::mem::query(&d()?, handle)?, json.json),
         Cmd::Dmabuf { action } => match action {
@@ -279,17 +279,21 @@ fn run(cli: Cli) -> Result<()> {
             };
             emit(&report, json.json)
         }
-        Cmd::MapKernel { handle } => emit(
+        Cmd::MapKernel { handle, json } => emit(
             &cmd::mem::handle_cmd(&d()?, ioctl::MEM_MAP_CPU_KERNEL, handle)?,
-            false,
+            json.json,
         ),
-        Cmd::UnmapKernel { handle } => emit(
+        Cmd::UnmapKernel { handle, json } => emit(
             &cmd::mem::handle_cmd(&d()?, ioctl::MEM_UNMAP_CPU_KERNEL, handle)?,
-            false,
+            json.json,
         ),
-        Cmd::Fill { handle, range } => {
+        Cmd::Fill {
+            handle,
+            range,
+            json,
+        } => {
             cmd::mem::kernel_fill(&d()?, handle, &range, false)?;
-            Ok(())
+            emit(&output::Done {}, json.json)
         }
         Cmd::Verify {
             handle,
@@ -299,10 +303,14 @@ fn run(cli: Cli) -> Result<()> {
             &cmd::mem::kernel_fill(&d()?, handle, &range, true)?,
             json.json,
         ),
-        Cmd::Copy(c) => emit(&cmd::mem::copy(&d()?, &c)?, false),
-        Cmd::MmapFill { handle, range } => {
+        Cmd::Copy { copy, json } => emit(&cmd::mem::copy(&d()?, &copy)?, json.json),
+        Cmd::MmapFill {
+            handle,
+            range,
+            json,
+        } => {
             cmd::mem::user_fill(&d()?, handle, &range, false)?;
-            Ok(())
+            emit(&output::Done {}, json.json)
         }
         Cmd::MmapVerify {
             handle,
@@ -331,18 +339,20 @@ fn run(cli: Cli) -> Result<()> {
             kernel,
             user,
             read_only,
+            json,
         } => emit(
             &cmd::gpu_va::map(&d()?, handle, gpu, kernel, user, read_only)?,
-            false,
+            json.json,
         ),
         Cmd::UnmapGpu {
             handle,
             gpu,
             kernel,
             user,
+            json,
         } => emit(
             &cmd::gpu_va::unmap(&d()?, handle, gpu, kernel, user)?,
-            false,
+            json.json,
         ),
         Cmd::GpuVa {
             handle,
@@ -356,9 +366,10 @@ fn run(cli: Cli) -> Result<()> {
             dst,
             src,
             length,
+            json,
         } => emit(
             &cmd::gpu_va::ce_copy_va(&d()?, gpu, dst, src, length, user)?,
-            false,
+            json.json,
         ),
         Cmd::PtDump {
             user,
