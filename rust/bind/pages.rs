@@ -34,10 +34,7 @@
 //! shared with user space (`mmap`) and devices (DMA), which access them as they please, as with
 //! any buffer handed to user space or hardware; the kernel side reaches them only through a
 //! [`Bytes`] guard of the list's own mutex, so two kernel accesses never race, and no Rust
-//! reference into the bytes ever exists.
-//!
-//! This file holds the lists; [`chunk`] one chunk, its allocation, zeroing and freeing;
-//! [`user`] the lists of a process's own pinned pages.
+//! reference into the bytes ever exists. (One chunk: [`chunk`]; lists of user pages: [`user`].)
 
 use core::ptr::NonNull;
 
