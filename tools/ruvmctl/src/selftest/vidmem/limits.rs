@@ -15,12 +15,12 @@ use nix::unistd::{fork, pipe, read, write, ForkResult, Pid};
 use super::*;
 use crate::cgroup::MemGroup;
 
-const REGISTERED_LIMIT: u64 = uapi::RUVM_FEATURE_VIDMEM_LIMITS as u64;
+const VIDMEM_LIMITS: u64 = uapi::RUVM_FEATURE_VIDMEM_LIMITS as u64;
 
 /// The device and a GPU with vidmem, or a skip without the feature.
 fn setup() -> Result<(Ruvm, u32), Stop> {
     let d = Ruvm::open().ctx("open")?;
-    if d.info().ctx("INFO")?.features & REGISTERED_LIMIT == 0 {
+    if d.info().ctx("INFO")?.features & VIDMEM_LIMITS == 0 {
         return Err(Stop::Skip("no RUVM_FEATURE_VIDMEM_LIMITS".into()));
     }
     let g = super::super::shared::vidmem_gpu(&d)?.id;
@@ -201,7 +201,7 @@ pub(super) fn vidmem_limit_dmem_bounds_each_cgroup() -> TestResult {
 /// process killed while its stream holds work on its vidmem.
 pub(super) fn vidmem_limit_dmem_every_path_gives_back() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
-    if d.info().ctx("INFO")?.features & REGISTERED_LIMIT == 0 {
+    if d.info().ctx("INFO")?.features & VIDMEM_LIMITS == 0 {
         return Err(Stop::Skip("no RUVM_FEATURE_VIDMEM_LIMITS".into()));
     }
     // Streams need a copy engine (a host GPU has none).
@@ -315,7 +315,7 @@ pub(super) fn vidmem_limit_dmem_every_path_gives_back() -> TestResult {
 /// chunk again.
 pub(super) fn vidmem_limit_dmem_gpu_removed_and_back() -> TestResult {
     let d = Ruvm::open().ctx("open")?;
-    if d.info().ctx("INFO")?.features & REGISTERED_LIMIT == 0 {
+    if d.info().ctx("INFO")?.features & VIDMEM_LIMITS == 0 {
         return Err(Stop::Skip("no RUVM_FEATURE_VIDMEM_LIMITS".into()));
     }
     let g = super::super::shared::sim_gpu(&d)?;
