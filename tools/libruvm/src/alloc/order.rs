@@ -24,6 +24,10 @@ pub(super) struct StreamPoints {
     /// Its slot of the status page (`None`: not asked for yet; `Some(None)`: the module
     /// gave none, so `STREAM_QUERY` it is).
     pub(super) slot: Option<Option<u32>>,
+    /// It was seen in error (the status page, `STREAM_QUERY` or `STREAM_SYNC` said so): errors
+    /// are sticky, so every later synchronize of it is `EIO`, whichever way its point is
+    /// learnt.
+    pub(super) failed: bool,
 }
 
 impl Allocator<'_> {
@@ -48,15 +52,19 @@ impl Allocator<'_> {
             }
         };
         let read = match (slot, &inner.status) {
-            (Some(slot), Some(Some(page))) => page.completed(slot, s),
+            (Some(slot), Some(Some(page))) => page.read(slot, s).map(|r| (r.completed, r.error)),
             _ => None,
         };
-        let now = match read {
-            Some(c) => c,
-            None => self.dev.stream_query(s).ok()?.completed,
+        let (now, error) = match read {
+            Some(r) => r,
+            None => {
+                let q = self.dev.stream_query(s).ok()?;
+                (q.completed, i32::try_from(q.error).unwrap_or(i32::MAX))
+            }
         };
         let p = inner.points(s);
         p.completed = p.completed.max(now);
+        p.failed |= error != 0;
         Some(p.completed)
     }
 
@@ -156,6 +164,7 @@ impl Allocator<'_> {
         let r = self.dev.stream_sync(stream, WAIT_MS);
         if r.is_ok() || r == Err(Errno::EIO) {
             let mut g = self.lock();
+            g.points(stream).failed |= r.is_err();
             self.settle_stream(&mut g, stream, upto)?;
         }
         r
@@ -189,7 +198,9 @@ impl Allocator<'_> {
     }
 
     /// What the status page says of `stream`: how far it is known complete (what was known
-    /// before if it has no slot yet or there is no page), and whether it is in error.
+    /// before if it has no slot yet or there is no page), and whether it is in error (now, or
+    /// as seen before: a stream whose point is known without its page, from `STREAM_QUERY` or
+    /// a `STREAM_SYNC` that said `EIO`, is in error all the same).
     pub(super) fn completed_without_call(&self, inner: &mut Inner, stream: u64) -> (u64, bool) {
         let slot = inner.points(stream).slot.flatten();
         let read = match (slot, &inner.status) {
@@ -199,8 +210,16 @@ impl Allocator<'_> {
         let p = inner.points(stream);
         if let Some(r) = read {
             p.completed = p.completed.max(r.completed);
+            p.failed |= r.error != 0;
         }
-        (p.completed, read.is_some_and(|r| r.error != 0))
+        (p.completed, p.failed)
+    }
+
+    /// What the allocator knows of `stream`: the last point submitted through it and the
+    /// point known complete (`None`: a stream it never saw, or forgot). For diagnostics.
+    pub fn known_points(&self, stream: u64) -> Option<(u64, u64)> {
+        let g = self.lock();
+        g.streams.get(&stream).map(|p| (p.submitted, p.completed))
     }
 
     /// `stream` is complete up to `upto`: its frees become ready, then the give-back.

@@ -43,6 +43,10 @@ pub fn cases() -> Vec<Case> {
             name: "ualloc_counts_each_allocation_a_hit_or_a_miss",
             run: ualloc_counts_each_allocation_a_hit_or_a_miss,
         },
+        Case {
+            name: "ualloc_stream_in_error_stays_eio_without_a_status_page",
+            run: ualloc_stream_in_error_stays_eio_without_a_status_page,
+        },
     ]
 }
 
@@ -562,4 +566,91 @@ fn ualloc_counts_each_allocation_a_hit_or_a_miss() -> TestResult {
     drop(a);
     d.stream_destroy(s).ctx("STREAM_DESTROY")?;
     Ok(())
+}
+
+/// A stream in error (an MMU fault of a COPY_VA submitted through the allocator) is `EIO` at
+/// every synchronize, not only the first, where the allocator learns points without the status
+/// page: with `vm.max_map_count` at what the process holds once its arena is mapped, the page
+/// cannot be mapped (`ENOMEM`, as under memory pressure), so the points come from
+/// `STREAM_SYNC` and `STREAM_QUERY`. (Before, the second synchronize said Ok: the point was
+/// known reached, the error forgotten, and a program would read blocks the failed work never
+/// wrote.)
+fn ualloc_stream_in_error_stays_eio_without_a_status_page() -> TestResult {
+    let (d, g) = setup()?;
+    let info = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .find(|x| x.id == g)
+        .ok_or_else(|| Stop::Fail(format!("GPU {g} left the list")))?;
+    if info.flags & uapi::ruvm_gpu_flags_RUVM_GPU_MMU == 0 {
+        return Err(Stop::Skip(format!("GPU {g} has no MMU")));
+    }
+    let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
+    {
+        let a = Allocator::new(
+            &d,
+            Config {
+                gpus: vec![g],
+                ..Default::default()
+            },
+        );
+        let b = a.alloc(64 << 10, s).ctx("alloc")?;
+        let r = (|| -> TestResult {
+            let _cap = MapCountCap::now()?;
+            check!(
+                libruvm::StatusPage::map(&d).is_err(),
+                "the status page was mapped beyond vm.max_map_count"
+            );
+            let unmapped = 0x10_0000_0000 + 64 * M;
+            a.submit(
+                s,
+                &[
+                    op::copy_va(unmapped + M, unmapped, 4096, true),
+                    op::fill_byte(b.mem(), b.offset(), 64 << 10, 0x5a),
+                ],
+            )
+            .ctx("submit a faulting COPY_VA and a FILL")?;
+            for what in ["the first synchronize", "a second synchronize", "a third"] {
+                expect_errno(a.synchronize(s), Errno::EIO, what)?;
+            }
+            Ok(())
+        })();
+        a.free(b, s).ctx("free")?;
+        r?;
+    }
+    let q = d.stream_query(s).ctx("STREAM_QUERY")?;
+    check!(
+        q.error == Errno::EFAULT as u32,
+        "the stream's error {}, wanted EFAULT",
+        q.error
+    );
+    d.stream_destroy(s).ctx("STREAM_DESTROY")?;
+    Ok(())
+}
+
+/// `vm.max_map_count` lowered so that this process can map nothing more, put back when
+/// dropped.
+struct MapCountCap(String);
+
+impl MapCountCap {
+    const KNOB: &'static str = "/proc/sys/vm/max_map_count";
+
+    fn now() -> Result<Self, Stop> {
+        let fail = |e: std::io::Error| Stop::Fail(format!("vm.max_map_count: {e}"));
+        let old = std::fs::read_to_string(Self::KNOB).map_err(fail)?;
+        let held = std::fs::read_to_string("/proc/self/maps")
+            .map_err(fail)?
+            .lines()
+            .count();
+        // A new mapping is refused once the count is above the knob.
+        std::fs::write(Self::KNOB, format!("{}", held.saturating_sub(1))).map_err(fail)?;
+        Ok(Self(old))
+    }
+}
+
+impl Drop for MapCountCap {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::KNOB, self.0.trim());
+    }
 }

@@ -128,9 +128,10 @@ pub(super) fn ualloc(w: &World, rng: &mut Rng) {
                     .map(|v| v.mismatches);
                 let q = file.stream_query(*on);
                 w.problem(format!(
-                    "allocator: byte {i} of a block of {len} (mem {}, offset {:#x}) is not its fill {byte:#x}; the kernel's mapping: {kernel:?} mismatches; stream {on}: {q:?}; {:?}",
+                    "allocator: byte {i} of a block of {len} (mem {}, offset {:#x}) is not its fill {byte:#x}; the kernel's mapping: {kernel:?} mismatches; stream {on}: {q:?}, known to the allocator as (submitted, completed) {:?}; {:?}",
                     b.mem(),
                     b.offset(),
+                    a.known_points(*on),
                     a.stats()
                 ));
             }
