@@ -5,7 +5,10 @@
 //!
 //! A heap's arena ([`arena`]) is a sparse mem of the calling file (`RUVM_ALLOC_SPARSE`, 64 KiB
 //! chunks: mimalloc's slice), DMA-mapped once for the heap's GPUs and mapped into the process
-//! at an address aligned as mimalloc wants. mimalloc manages it as an exclusive arena with a
+//! at an address aligned as mimalloc wants. Its first half holds the blocks of up to 10 KiB,
+//! through mimalloc; its second half the larger ones, by the heap's own best fit
+//! ([`large`]: mimalloc's pages for those, committed whole and purged late, held 2.5x the live
+//! bytes on a program's mixed sizes). mimalloc manages the first half as an exclusive arena with a
 //! commit callback (`mi_manage_memory`): committing a range makes its chunks resident
 //! (`RUVM_RANGE_POPULATE`: zeroed, charged, DMA-mapped for the heap's GPUs, never per
 //! allocation), decommitting it (mimalloc's purge, [`PinnedHeap::collect`], the heap's
@@ -21,6 +24,8 @@
 //! number of arenas: a program that makes and drops heaps must not use one up per heap).
 
 mod arena;
+mod large;
+mod tlsf;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -31,14 +36,17 @@ use nix::errno::Errno;
 use crate::Ruvm;
 use arena::Arena;
 pub use arena::{arenas, locate};
+use large::LARGE_MIN;
 
 /// How a heap is made.
 #[derive(Clone, Debug)]
 pub struct HeapConfig {
     /// The GPUs the heap's memory is DMA-mapped for (`RUVM_IOCTL_MEM_MAP_GPU`), once.
     pub gpus: Vec<u32>,
-    /// The arena's size (rounded up to mimalloc's 32 MiB minimum, down to what the module takes
-    /// as one mem): the most the heap can hold at once.
+    /// The size of each of the arena's two parts (rounded up to mimalloc's 32 MiB minimum,
+    /// down to what the module takes as one mem): the most the heap holds at once in blocks up
+    /// to 10 KiB (mimalloc's), and in larger blocks (the heap's own best fit). The arena's mem
+    /// is twice this (virtual: only what blocks use is resident).
     pub arena_size: u64,
 }
 
@@ -69,11 +77,13 @@ pub struct HeapStats {
     pub frees: u64,
     /// Allocations served with no system call (none of the heap's commits ran meanwhile).
     pub hits: u64,
-    /// Commits mimalloc asked for (`RUVM_RANGE_POPULATE`) since the heap was made.
+    /// Commits (`RUVM_RANGE_POPULATE`: mimalloc's, and the large blocks') since the heap was
+    /// made.
     pub commits: u64,
-    /// Decommits mimalloc asked for (`RUVM_RANGE_RELEASE`) since the heap was made.
+    /// Decommits (`RUVM_RANGE_RELEASE`: mimalloc's, and the large blocks') since the heap was
+    /// made.
     pub decommits: u64,
-    /// The arena's size.
+    /// The arena's size (both parts).
     pub arena_size: u64,
 }
 
@@ -134,20 +144,56 @@ impl PinnedHeap {
     /// meanwhile (`commits` was read before) a hit.
     fn made(&self, p: *mut c_void, commits: u64) -> *mut c_void {
         if !p.is_null() {
-            // SAFETY: `p` is a live block of mimalloc's.
-            let n = unsafe { mi::mi_usable_size(p) } as u64;
-            let now = self.in_use.fetch_add(n, Relaxed) + n;
-            self.in_use_peak.fetch_max(now, Relaxed);
-            self.allocs.fetch_add(1, Relaxed);
-            if self.arena.commits() == commits {
-                self.hits.fetch_add(1, Relaxed);
-            }
+            // SAFETY: `p` is a live block of the heap's.
+            let n = unsafe { self.usable(p.cast()) };
+            self.count_made(n, commits);
         }
         p
     }
 
+    /// Counts a block of `n` bytes made (see [`Self::made`]).
+    fn count_made(&self, n: u64, commits: u64) {
+        let now = self.in_use.fetch_add(n, Relaxed) + n;
+        self.in_use_peak.fetch_max(now, Relaxed);
+        self.allocs.fetch_add(1, Relaxed);
+        if self.arena.commits() == commits {
+            self.hits.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The usable bytes of block `p`.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a live block of this heap.
+    unsafe fn usable(&self, p: *const u8) -> u64 {
+        if self.arena.is_large(p) {
+            return self.arena.large_len(p).unwrap_or(0);
+        }
+        // SAFETY: the caller's promise: a block of mimalloc's.
+        unsafe { mi::mi_usable_size(p.cast()) as u64 }
+    }
+
+    /// A large block ([`large`]) of `size` bytes, zeroed if `zero`, counted; null if none.
+    fn large(&self, size: usize, zero: bool) -> *mut u8 {
+        let c = self.arena.commits();
+        let Some((p, n)) = self.arena.large_alloc(size) else {
+            return std::ptr::null_mut();
+        };
+        if zero {
+            // SAFETY: the block's `n` bytes are the caller's from now on, resident and mapped.
+            unsafe { std::ptr::write_bytes(p, 0, n as usize) };
+        }
+        self.count_made(n, c);
+        p
+    }
+
     /// `size` bytes (at least 1), or null when the arena is full or the kernel refuses memory.
+    /// Blocks beyond 10 KiB are 4 KiB-aligned.
     pub fn malloc(&self, size: usize) -> *mut u8 {
+        if size > LARGE_MIN {
+            return self.large(size, false);
+        }
         let c = self.arena.commits();
         // SAFETY: the heap is alive; mimalloc returns a block or null.
         self.made(unsafe { mi::mi_heap_malloc(self.heap, size) }, c)
@@ -156,6 +202,11 @@ impl PinnedHeap {
 
     /// `count * size` zeroed bytes, or null (also on overflow).
     pub fn calloc(&self, count: usize, size: usize) -> *mut u8 {
+        match count.checked_mul(size) {
+            None => return std::ptr::null_mut(),
+            Some(n) if n > LARGE_MIN => return self.large(n, true),
+            Some(_) => {}
+        }
         let c = self.arena.commits();
         // SAFETY: as in `malloc`; mimalloc checks the product.
         self.made(unsafe { mi::mi_heap_calloc(self.heap, count, size) }, c)
@@ -166,6 +217,9 @@ impl PinnedHeap {
     pub fn malloc_aligned(&self, size: usize, align: usize) -> *mut u8 {
         if !align.is_power_of_two() {
             return std::ptr::null_mut();
+        }
+        if size > LARGE_MIN && align <= 4096 {
+            return self.large(size, false);
         }
         let c = self.arena.commits();
         // SAFETY: as in `malloc`; the alignment is a power of two.
@@ -183,22 +237,35 @@ impl PinnedHeap {
     ///
     /// `p` is null or a live block of this heap, not used after a non-null return.
     pub unsafe fn realloc(&self, p: *mut u8, size: usize) -> *mut u8 {
-        let old = if p.is_null() {
-            0
-        } else {
-            // SAFETY: the caller's promise.
-            unsafe { mi::mi_usable_size(p.cast()) as u64 }
-        };
-        let c = self.arena.commits();
+        if p.is_null() {
+            return self.malloc(size);
+        }
         // SAFETY: the caller's promise.
+        let old = unsafe { self.usable(p) };
+        let large = self.arena.is_large(p);
+        if large && size > LARGE_MIN && size as u64 <= old {
+            // A large block shrinks in place (its bytes stay the caller's).
+            return p;
+        }
+        if large || size > LARGE_MIN {
+            // Across the two parts (or a large block grown): a new block, the bytes copied.
+            let q = self.malloc(size);
+            if !q.is_null() {
+                // SAFETY: both blocks are live and distinct; the copy fits both.
+                unsafe { std::ptr::copy_nonoverlapping(p, q, (old as usize).min(size)) };
+                // SAFETY: the caller's promise: `p` is not used after a non-null return.
+                unsafe { self.free(p) };
+            }
+            return q;
+        }
+        let c = self.arena.commits();
+        // SAFETY: the caller's promise: a block of mimalloc's.
         let q = unsafe { mi::mi_heap_realloc(self.heap, p.cast(), size) };
         if q.is_null() {
             return std::ptr::null_mut();
         }
-        if !p.is_null() {
-            self.in_use.fetch_sub(old, Relaxed);
-            self.frees.fetch_add(1, Relaxed);
-        }
+        self.in_use.fetch_sub(old, Relaxed);
+        self.frees.fetch_add(1, Relaxed);
         self.made(q, c).cast()
     }
 
@@ -209,6 +276,13 @@ impl PinnedHeap {
     /// `p` is null or a live block of this heap, not used afterwards.
     pub unsafe fn free(&self, p: *mut u8) {
         if p.is_null() {
+            return;
+        }
+        if self.arena.is_large(p) {
+            if let Some(n) = self.arena.large_free(p) {
+                self.in_use.fetch_sub(n, Relaxed);
+                self.frees.fetch_add(1, Relaxed);
+            }
             return;
         }
         // SAFETY: the caller's promise.
@@ -226,6 +300,7 @@ impl PinnedHeap {
         unsafe { mi::mi_heap_collect(self.heap, true) };
         // SAFETY: mimalloc's global collection, forced: purges its arenas now.
         unsafe { mi::mi_collect(true) };
+        self.arena.large_give_back(0);
     }
 
     /// Where `p` is, if it is in this heap's arena: its mem and offset.
@@ -273,6 +348,7 @@ impl Drop for PinnedHeap {
         unsafe { mi::mi_heap_destroy(self.heap) };
         // SAFETY: mimalloc's global collection, forced.
         unsafe { mi::mi_collect(true) };
+        self.arena.large_reset();
         self.arena.give_up();
     }
 }

@@ -163,6 +163,14 @@ pub(super) struct Arena {
     handle: u64,
     base: usize,
     len: u64,
+    /// The bytes of the part mimalloc manages, `[0, mi_len)`; the large blocks' part
+    /// ([`super::large`]) is the rest, as long.
+    mi_len: u64,
+    /// The large blocks' bookkeeping.
+    pub(super) large: Mutex<super::large::Large>,
+    /// Of the resident bytes, those of the large blocks' part ([`Arena::large_base`] on):
+    /// changed under the residency's lock, read without it.
+    large_bytes: AtomicU64,
     /// mimalloc's id of the arena, set once it manages it.
     id: AtomicUsize,
     /// The bytes of mimalloc's metadata at the arena's start (its first commit).
@@ -193,18 +201,21 @@ impl Arena {
         let (align, min) = unsafe { (mi_arena_min_alignment(), mi::mi_arena_min_size()) };
         let (align, min) = (align as u64, min as u64);
         let asked = asked_len(cfg);
-        let mut len = asked;
+        // Each part (mimalloc's, the large blocks') this long.
+        let mut part = asked;
         let sparse = uapi::ruvm_alloc_flags_RUVM_ALLOC_SPARSE;
         let a = loop {
+            let len = part.checked_mul(2).ok_or(Errno::ENOMEM)?;
             match dev.mem_alloc(len, CHUNK, sparse) {
                 Ok(a) => break a,
                 // Beyond the module's largest mem: a smaller arena.
-                Err(Errno::ENOSPC | Errno::ENOMEM) if len / 2 >= min => {
-                    len = (len / 2).next_multiple_of(min);
+                Err(Errno::ENOSPC | Errno::ENOMEM) if part / 2 >= min => {
+                    part = (part / 2).next_multiple_of(min);
                 }
                 Err(e) => return Err(e),
             }
         };
+        let len = 2 * part;
         let made = (|| {
             for &g in &cfg.gpus {
                 dev.mem_gpu(true, a.handle, g)?;
@@ -224,6 +235,9 @@ impl Arena {
             handle: a.handle,
             base,
             len,
+            mi_len: part,
+            large: Mutex::new(super::large::Large::new(part)),
+            large_bytes: AtomicU64::new(0),
             id: AtomicUsize::new(0),
             meta: AtomicU64::new(0),
             pid: std::process::id(),
@@ -252,7 +266,7 @@ impl Arena {
         let ok = unsafe {
             mi_manage_memory(
                 base as *mut c_void,
-                len as usize,
+                part as usize,
                 false,
                 false,
                 true,
@@ -336,6 +350,9 @@ impl Arena {
                 s.owed[c..c + n].fill(false);
                 s.chunks[c..c + n].fill(false);
                 s.bytes -= len;
+                if at >= self.mi_len {
+                    self.large_bytes.fetch_sub(len, Relaxed);
+                }
                 self.note_dma(&mut s, c as u64, n as u64, false);
             } else {
                 left = true;
@@ -356,6 +373,30 @@ impl Arena {
 
     pub(super) fn len(&self) -> u64 {
         self.len
+    }
+
+    /// The address of the large blocks' part.
+    pub(super) fn large_base(&self) -> usize {
+        self.base + self.mi_len as usize
+    }
+
+    /// Whether the chunks under `[offset, offset + len)` of the large part are all resident.
+    pub(super) fn large_resident(&self, offset: u64, len: u64) -> bool {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let at = self.mi_len + offset;
+        let (first, last) = (at / CHUNK, (at + len).div_ceil(CHUNK));
+        (first..last).all(|c| s.chunks.get(c as usize) == Some(&true))
+    }
+
+    /// The large part's resident bytes (no lock).
+    pub(super) fn large_bytes(&self) -> u64 {
+        self.large_bytes.load(Relaxed)
+    }
+
+    /// Whether the arena was made in this process (not a copy of a parent's, after a fork):
+    /// no system call.
+    pub(super) fn is_ours(&self) -> bool {
+        FORK_GENERATION.load(Relaxed) == self.generation
     }
 
     /// How many commits mimalloc asked for so far.
@@ -406,7 +447,13 @@ impl Arena {
     /// nothing (the program's own allocator may be this mimalloc). In a forked child, which
     /// has the arena's metadata but not its memory, a commit fails and a decommit does
     /// nothing.
-    fn commit_range(&self, on: bool, start: usize, size: usize, is_zero: *mut bool) -> bool {
+    pub(super) fn commit_range(
+        &self,
+        on: bool,
+        start: usize,
+        size: usize,
+        is_zero: *mut bool,
+    ) -> bool {
         if std::process::id() != self.pid {
             return !on;
         }
@@ -461,10 +508,18 @@ impl Arena {
                     *b = on;
                 }
                 self.note_dma(&mut s, c, n, on);
+                // A run is of one part: each part's commits are its own.
+                let large = if c * CHUNK >= self.mi_len {
+                    n * CHUNK
+                } else {
+                    0
+                };
                 if on {
                     s.bytes += n * CHUNK;
+                    self.large_bytes.fetch_add(large, Relaxed);
                 } else {
                     s.bytes -= n * CHUNK;
+                    self.large_bytes.fetch_sub(large, Relaxed);
                 }
             } else if on {
                 ok = false;

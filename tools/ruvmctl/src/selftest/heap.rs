@@ -13,6 +13,8 @@ use super::harness::{check, Case, Context, Stop, TestResult};
 use super::shared::{live, sim_gpu};
 use crate::pattern;
 
+mod large;
+
 const K: usize = 1024;
 const M: usize = 1 << 20;
 const BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_BYTES as usize;
@@ -54,6 +56,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             name: "heap_arena_with_queued_work_is_not_taken_again",
             run: heap_arena_with_queued_work_is_not_taken_again,
+        },
+        Case {
+            name: "heap_large_blocks_pack_and_give_back",
+            run: large::heap_large_blocks_pack_and_give_back,
         },
     ]
 }
