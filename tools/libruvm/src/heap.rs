@@ -243,8 +243,8 @@ impl PinnedHeap {
         // SAFETY: the caller's promise.
         let old = unsafe { self.usable(p) };
         let large = self.arena.is_large(p);
-        if large && size > LARGE_MIN && size as u64 <= old {
-            // A large block shrinks in place (its bytes stay the caller's).
+        if large && size > LARGE_MIN && size as u64 <= old && size as u64 >= old / 2 {
+            // A large block shrunk by at most half stays in place.
             return p;
         }
         if large || size > LARGE_MIN {

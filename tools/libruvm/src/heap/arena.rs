@@ -341,8 +341,10 @@ impl Arena {
                 c += 1;
                 continue;
             }
+            // A run is of one part (the large part's bytes are counted apart).
+            let split = (self.mi_len / CHUNK) as usize;
             let mut n = 1;
-            while s.owed.get(c + n) == Some(&true) {
+            while s.owed.get(c + n) == Some(&true) && c + n != split {
                 n += 1;
             }
             let (at, len) = (c as u64 * CHUNK, n as u64 * CHUNK);

@@ -4,13 +4,14 @@
 //! would place in pages of 512 KiB and 4 MiB, or a page of their own, each committed whole
 //! (its commits through the arena's callback cannot be on demand) and purged only a second
 //! after its last block went. On a program's mixed sizes that held 2.5x the live bytes
-//! resident. They are carved instead from the second half of the heap's arena by best fit,
-//! split and coalesced ([`crate::alloc::fit`], the allocator's own index, every block free for
-//! anyone): 4 KiB-aligned, the chunks under a block made resident as it is carved (the same
-//! commit as mimalloc's, so zeroed, charged and DMA-mapped once), kept resident when it is
-//! freed while the large part holds at most a quarter of its size free and resident, given
-//! back beyond that, at [`super::PinnedHeap::collect`], when the kernel refuses memory, and
-//! with the heap.
+//! resident. They are carved instead from the second half of the heap's arena by a good fit,
+//! split and coalesced at once ([`super::tlsf`]): 4 KiB-aligned, the chunks under a block made
+//! resident as it is carved (the same commit as mimalloc's, so zeroed, charged and DMA-mapped
+//! once), kept resident when it is freed while the large part holds at most a quarter of its
+//! size free and resident (beyond that, the whole chunks of the free block it merged into go
+//! back), all free chunks given back at [`super::PinnedHeap::collect`], when the kernel refuses
+//! memory, and with the heap. In a forked child the part is the parent's: nothing is made,
+//! freed or given back there (its lock may have been held at the fork).
 
 use std::sync::MutexGuard;
 
@@ -23,6 +24,9 @@ pub(super) const LARGE_MIN: usize = 10 << 10;
 
 /// A large block's unit and alignment.
 const UNIT: u64 = 4096;
+
+/// The arena's chunk (the large part starts on one).
+const CHUNK: u64 = 64 << 10;
 
 /// The large part's blocks, in units of [`UNIT`] from the part's start.
 pub(crate) struct Large {
@@ -97,23 +101,34 @@ impl Arena {
 
     /// The length of the large block in use at `p`.
     pub(super) fn large_len(&self, p: *const u8) -> Option<u64> {
+        if !self.is_ours() {
+            return None;
+        }
         let off = (p as usize).checked_sub(self.large_base())? as u64;
         let len = self.large_lock().blocks.used(Large::unit(off)?)?;
         Some(u64::from(len) * UNIT)
     }
 
     /// Frees the large block in use at `p`: its length (`None`, and nothing changes, if there
-    /// is none). Free chunks beyond what the part keeps go back.
+    /// is none). Beyond what the part keeps free and resident, the whole chunks of the free
+    /// block it merged into go back (only those: a free is never a walk of every free block).
     pub(super) fn large_free(&self, p: *const u8) -> Option<u64> {
+        if !self.is_ours() {
+            return None;
+        }
         let off = (p as usize).checked_sub(self.large_base())? as u64;
         let unit = Large::unit(off)?;
         let mut l = self.large_lock();
         let len = u64::from(l.blocks.used(unit)?) * UNIT;
-        l.blocks.free(unit);
+        let (start, merged) = l.blocks.free(unit)?;
         l.used -= len;
-        let keep = l.retain();
-        if self.large_bytes().saturating_sub(l.used) > keep {
-            self.large_release(&mut l, keep);
+        if self.large_bytes().saturating_sub(l.used) > l.retain() {
+            let (from, to) = (u64::from(start) * UNIT, u64::from(start + merged) * UNIT);
+            let (from, to) = (from.next_multiple_of(CHUNK), to / CHUNK * CHUNK);
+            if to > from {
+                let at = self.large_base() + from as usize;
+                self.commit_range(false, at, (to - from) as usize, std::ptr::null_mut());
+            }
         }
         Some(len)
     }
@@ -121,6 +136,9 @@ impl Arena {
     /// Gives back the resident chunks wholly inside free large blocks, the longest blocks
     /// first, until at most `keep` free bytes are resident.
     pub(super) fn large_give_back(&self, keep: u64) {
+        if !self.is_ours() {
+            return;
+        }
         let mut l = self.large_lock();
         self.large_release(&mut l, keep);
     }
@@ -141,6 +159,9 @@ impl Arena {
     /// The heap went: every large block is free again, and every chunk of the part goes back
     /// (one the kernel keeps under queued work is owed, as mimalloc's are).
     pub(super) fn large_reset(&self) {
+        if !self.is_ours() {
+            return;
+        }
         let mut l = self.large_lock();
         let len = l.len;
         *l = Large::new(len);

@@ -156,8 +156,10 @@ impl Tlsf {
         if want == 0 {
             return None;
         }
-        let (f, s) = class_at_least(want)?;
-        let at = self.find(f, s)?;
+        let found = class_at_least(want).and_then(|(f, s)| self.find(f, s));
+        // None there: a block of `want`'s own class may still fit (the longest free block
+        // can be within an eighth above the request).
+        let at = found.or_else(|| self.fit_in_class(want))?;
         let len = self.get(at).len;
         self.unlist(at);
         if len > want {
@@ -172,6 +174,20 @@ impl Tlsf {
             self.insert(rest);
         }
         Some(at)
+    }
+
+    /// A free block of `want`'s own class at least `want` long (a walk of that one list).
+    fn fit_in_class(&self, want: u32) -> Option<u32> {
+        let (f, s) = class(want);
+        let mut at = self.heads[f][s];
+        while at != NONE {
+            let u = self.get(at);
+            if u.len >= want {
+                return Some(at);
+            }
+            at = u.next_free;
+        }
+        None
     }
 
     /// The block after the one at `at`, if any.
@@ -308,6 +324,14 @@ mod tests {
         t.free(a).unwrap();
         t.free(b).unwrap();
         assert_eq!(t.free_blocks(), vec![(0, u32::MAX)]);
+    }
+
+    #[test]
+    fn a_fit_within_its_class_is_found() {
+        let mut t = Tlsf::new(100);
+        assert_eq!(t.alloc(17), Some(0));
+        assert_eq!(t.alloc(83), Some(17), "83 units free, 83 asked");
+        t.check();
     }
 
     #[test]
