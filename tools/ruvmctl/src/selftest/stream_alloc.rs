@@ -30,8 +30,8 @@ use nix::{
 use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::{live, readable, vid_pool, vidmem_gpu};
 use super::streams::{
-    drained, engine_on, errno_of, mem_on, remove_gpu, signalled, user_mismatches, BringBack, Gate,
-    K, M, SIGNAL_BOUND, STREAM_MEMS, STREAM_OPS, WAIT_MS,
+    drained, engine_on, errno_of, mem_on, need_mmu, remove_gpu, signalled, user_mismatches,
+    BringBack, Gate, K, M, SIGNAL_BOUND, STREAM_MEMS, STREAM_OPS, WAIT_MS,
 };
 use crate::pattern;
 use libruvm::{cmd, op, uapi, Ruvm, UserMap};

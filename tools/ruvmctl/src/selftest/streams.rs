@@ -221,6 +221,20 @@ pub(super) fn setup() -> Result<(Ruvm, u32), Stop> {
     Ok((d, g))
 }
 
+/// A skip unless GPU `g` has an MMU (GPU VAs, COPY_VA and its faults).
+pub(super) fn need_mmu(d: &Ruvm, g: u32) -> Result<(), Stop> {
+    let info = d
+        .gpus()
+        .ctx("GPU_LIST")?
+        .into_iter()
+        .find(|x| x.id == g)
+        .ok_or_else(|| Stop::Fail(format!("GPU {g} left the list")))?;
+    if info.flags & uapi::ruvm_gpu_flags_RUVM_GPU_MMU == 0 {
+        return Err(Stop::Skip(format!("GPU {g} has no MMU")));
+    }
+    Ok(())
+}
+
 /// Every present simulated GPU.
 pub(super) fn sim_gpus(d: &Ruvm) -> Result<Vec<uapi::ruvm_gpu_info>, Stop> {
     Ok(d.gpus()

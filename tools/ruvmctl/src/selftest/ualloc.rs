@@ -577,15 +577,7 @@ fn ualloc_counts_each_allocation_a_hit_or_a_miss() -> TestResult {
 /// wrote.)
 fn ualloc_stream_in_error_stays_eio_without_a_status_page() -> TestResult {
     let (d, g) = setup()?;
-    let info = d
-        .gpus()
-        .ctx("GPU_LIST")?
-        .into_iter()
-        .find(|x| x.id == g)
-        .ok_or_else(|| Stop::Fail(format!("GPU {g} left the list")))?;
-    if info.flags & uapi::ruvm_gpu_flags_RUVM_GPU_MMU == 0 {
-        return Err(Stop::Skip(format!("GPU {g} has no MMU")));
-    }
+    super::streams::need_mmu(&d, g)?;
     let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
     {
         let a = Allocator::new(

@@ -186,15 +186,7 @@ pub(super) const GPU_USER_VA: u64 = 0x20_0000_0000;
 /// bytes are the mem's, and once everything is done nothing is left.
 pub(super) fn salloc_free_keeps_gpu_va_mappings_until_reached() -> TestResult {
     let (d, g) = setup()?;
-    let info = d
-        .gpus()
-        .ctx("GPU_LIST")?
-        .into_iter()
-        .find(|x| x.id == g)
-        .ok_or_else(|| Stop::Fail(format!("GPU {g} left the list")))?;
-    if info.flags & uapi::ruvm_gpu_flags_RUVM_GPU_MMU == 0 {
-        return Err(Stop::Skip(format!("GPU {g} has no MMU")));
-    }
+    need_mmu(&d, g)?;
     let mut gate = Gate::new()?;
     let before = live(&d)?;
     let p = pool_for(&d, g, u64::MAX, ALL)?;

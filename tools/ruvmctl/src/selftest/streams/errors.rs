@@ -134,15 +134,7 @@ pub(super) fn stream_wait_timeout_is_sticky() -> TestResult {
 /// the one before it without an error (EVENT_SYNC: 0).
 pub(super) fn stream_fault_is_sticky() -> TestResult {
     let (d, g) = setup()?;
-    let info = d
-        .gpus()
-        .ctx("GPU_LIST")?
-        .into_iter()
-        .find(|x| x.id == g)
-        .ok_or_else(|| Stop::Fail(format!("GPU {g} left the list")))?;
-    if info.flags & uapi::ruvm_gpu_flags_RUVM_GPU_MMU == 0 {
-        return Err(Stop::Skip(format!("GPU {g} has no MMU")));
-    }
+    need_mmu(&d, g)?;
     let size = 256 * K;
     let a = d.mem_alloc(size, 64 * K, 0).ctx("MEM_ALLOC")?.handle;
     let b = d.mem_alloc(size, 64 * K, 0).ctx("MEM_ALLOC")?.handle;
