@@ -12,7 +12,8 @@
 //!   ([`arena`]). Otherwise requests up to [`SMALL_MAX`] come from 2 MiB segments of their own
 //!   class, larger ones from segments of their rounded size (whole 2 MiB units), so small
 //!   blocks never fragment large segments.
-//! - **Fit.** Best fit (the shortest free block that fits), split when the rest is worth
+//! - **Fit.** A good fit (the first block of the first size class all of whose blocks fit:
+//!   within an eighth of the shortest that fits; `alloc/fit.rs`), split when the rest is worth
 //!   keeping ([`ROUND`] bytes for small blocks, 1 MiB for large ones); a freed block merges
 //!   with free neighbours of the same owner. A free first goes to a bin of its stream and
 //!   exact length (a synchronize moves the stream's completed bins to the ready ones): a

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The blocks of one size class's segments: best fit, split and coalesce, free blocks kept by
+//! The blocks of one size class's segments: a good fit, split and coalesce, free blocks kept by
 //! who may take them. Pure bookkeeping (no device), so it is tested on the host.
 //!
 //! Every byte of every segment is in exactly one block. A block is used, or free and owned:
@@ -8,8 +8,17 @@
 //! [`Owner::Stream`] (freed on that stream at a point not yet known complete: that stream may
 //! take it at once, another only as the allocator's reuse rules allow). Two neighbouring free
 //! blocks of the same owner are always one block: a free merges, a promotion merges.
+//!
+//! Each owner's free blocks are in two-level segregated lists (TLSF, as the pinned heaps' large
+//! blocks, `heap/tlsf.rs`): a request takes the first block of the first size class all of whose
+//! blocks fit it (within an eighth of the best fit), else walks its own class. Blocks are found
+//! by (segment, offset) in a hash map, each knowing the block before it: every operation is a
+//! few map probes and two bitmap scans. (The ordered trees this replaced cost about 7 us an
+//! allocation and free under the guests' emulated CPU.)
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+
+use super::FastMap;
 
 /// Who may take a free block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -18,15 +27,6 @@ pub(crate) enum Owner {
     Ready,
     /// The stream (its handle) it was freed on, until the free's point is complete.
     Stream(u64),
-}
-
-/// One block: its length, and if free, its owner and the stream point it was freed at (0 for
-/// [`Owner::Ready`]). A used block carries its user's figures ([`Use`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Blk {
-    len: u64,
-    free: Option<(Owner, u64)>,
-    used: Use,
 }
 
 /// What the allocator keeps with a used block: the bytes asked for, and whether it is held
@@ -50,86 +50,285 @@ pub(crate) struct Found {
     pub point: u64,
 }
 
+/// A block's place, (segment, offset) packed: the offset in the low 42 bits.
+type Key = u64;
+const NONE: Key = u64::MAX;
+const OFFSET_BITS: u32 = 42;
+
+fn key(seg: u32, offset: u64) -> Key {
+    debug_assert!(offset < 1 << OFFSET_BITS && seg < 1 << (64 - OFFSET_BITS - 1));
+    (u64::from(seg) << OFFSET_BITS) | offset
+}
+
+fn unkey(k: Key) -> (u32, u64) {
+    ((k >> OFFSET_BITS) as u32, k & ((1 << OFFSET_BITS) - 1))
+}
+
+/// One block: its length, the block before it (`NONE`: the segment's first), and if free its
+/// owner, the stream point it was freed at (0 for [`Owner::Ready`]) and its list links; a used
+/// block carries its user's figures ([`Use`]).
+#[derive(Clone, Copy, Debug)]
+struct Blk {
+    len: u64,
+    prev: Key,
+    free: Option<(Owner, u64)>,
+    next_free: Key,
+    prev_free: Key,
+    used: Use,
+}
+
+/// Second-level classes per power of two.
+const SL_BITS: u32 = 3;
+const SL: usize = 1 << SL_BITS;
+/// First-level classes: lengths below `SL` in class 0, then one a power of two.
+const FL: usize = 64 - SL_BITS as usize + 1;
+
+/// The class `len` (> 0) is listed in.
+fn class(len: u64) -> (usize, usize) {
+    if len < SL as u64 {
+        return (0, len as usize);
+    }
+    let f = 63 - len.leading_zeros();
+    let sl = (len >> (f - SL_BITS)) as usize & (SL - 1);
+    ((f - SL_BITS + 1) as usize, sl)
+}
+
+/// The first class whose every block is at least `len` long, `None` past the last.
+fn class_at_least(len: u64) -> Option<(usize, usize)> {
+    if len < SL as u64 {
+        return Some(class(len));
+    }
+    let f = 63 - len.leading_zeros();
+    Some(class(len.checked_add((1 << (f - SL_BITS)) - 1)?))
+}
+
+/// One owner's free blocks.
+struct Lists {
+    heads: [[Key; SL]; FL],
+    fl_map: u64,
+    sl_map: [u8; FL],
+    bytes: u64,
+}
+
+impl Lists {
+    fn new() -> Self {
+        Self {
+            heads: [[NONE; SL]; FL],
+            fl_map: 0,
+            sl_map: [0; FL],
+            bytes: 0,
+        }
+    }
+
+    /// The head of the first non-empty class at or after (`f`, `s`).
+    fn find(&self, f: usize, s: usize) -> Option<Key> {
+        let sl = u32::from(self.sl_map[f]) & (!0u32 << s);
+        if sl != 0 {
+            return Some(self.heads[f][sl.trailing_zeros() as usize]);
+        }
+        let fl = self.fl_map & (!0u64).checked_shl(f as u32 + 1).unwrap_or(0);
+        if fl == 0 {
+            return None;
+        }
+        let f = fl.trailing_zeros() as usize;
+        let s = u32::from(self.sl_map[f]).trailing_zeros() as usize;
+        Some(self.heads[f][s])
+    }
+}
+
 /// The blocks of a set of segments.
 #[derive(Default)]
 pub(crate) struct Blocks {
-    /// Every block, by (segment, offset).
-    all: BTreeMap<(u32, u64), Blk>,
-    /// The free blocks, by (owner, length, segment, offset): best fit is the first at or after
-    /// (owner, wanted length).
-    free: BTreeSet<(Owner, u64, u32, u64)>,
+    all: FastMap<Key, Blk>,
+    ready: Option<Box<Lists>>,
+    streams: BTreeMap<u64, Box<Lists>>,
     /// Segment lengths.
     segs: BTreeMap<u32, u64>,
 }
 
 impl Blocks {
+    fn lists(&self, owner: Owner) -> Option<&Lists> {
+        match owner {
+            Owner::Ready => self.ready.as_deref(),
+            Owner::Stream(s) => self.streams.get(&s).map(|l| &**l),
+        }
+    }
+
+    fn lists_mut(&mut self, owner: Owner) -> &mut Lists {
+        match owner {
+            Owner::Ready => self.ready.get_or_insert_with(|| Box::new(Lists::new())),
+            Owner::Stream(s) => self
+                .streams
+                .entry(s)
+                .or_insert_with(|| Box::new(Lists::new())),
+        }
+    }
+
+    fn blk(&self, k: Key) -> Option<Blk> {
+        self.all.get(&k).copied()
+    }
+
+    /// Lists the free block at `k` (its `free` set).
+    fn list(&mut self, k: Key) {
+        let Some(b) = self.blk(k) else { return };
+        let Some((owner, _)) = b.free else { return };
+        let (f, s) = class(b.len);
+        let l = self.lists_mut(owner);
+        let head = l.heads[f][s];
+        l.heads[f][s] = k;
+        l.fl_map |= 1 << f;
+        l.sl_map[f] |= 1 << s;
+        l.bytes += b.len;
+        if let Some(x) = self.all.get_mut(&k) {
+            x.next_free = head;
+            x.prev_free = NONE;
+        }
+        if let Some(h) = self.all.get_mut(&head) {
+            h.prev_free = k;
+        }
+    }
+
+    /// Takes the free block at `k` off its owner's lists (it stays in `all`, still free).
+    fn unlist(&mut self, k: Key) {
+        let Some(b) = self.blk(k) else { return };
+        let Some((owner, _)) = b.free else { return };
+        if let Some(n) = self.all.get_mut(&b.next_free) {
+            n.prev_free = b.prev_free;
+        }
+        if let Some(p) = self.all.get_mut(&b.prev_free) {
+            p.next_free = b.next_free;
+        }
+        let (f, s) = class(b.len);
+        let l = self.lists_mut(owner);
+        l.bytes -= b.len;
+        if b.prev_free == NONE {
+            l.heads[f][s] = b.next_free;
+            if b.next_free == NONE {
+                l.sl_map[f] &= !(1 << s);
+                if l.sl_map[f] == 0 {
+                    l.fl_map &= !(1 << f);
+                }
+            }
+        }
+        if l.fl_map == 0 {
+            if let Owner::Stream(s) = owner {
+                self.streams.remove(&s);
+            }
+        }
+    }
+
+    /// The block after the one at `k` in its segment, if any.
+    fn after(&self, k: Key, len: u64) -> Option<Key> {
+        let (seg, off) = unkey(k);
+        let end = off + len;
+        (end < *self.segs.get(&seg)?).then(|| key(seg, end))
+    }
+
+    /// Puts a block at `k` (`prev` the block before it), fixing the next block's back link.
+    fn put(&mut self, k: Key, len: u64, prev: Key, free: Option<(Owner, u64)>, used: Use) {
+        self.all.insert(
+            k,
+            Blk {
+                len,
+                prev,
+                free,
+                next_free: NONE,
+                prev_free: NONE,
+                used,
+            },
+        );
+        if let Some(a) = self.after(k, len) {
+            if let Some(b) = self.all.get_mut(&a) {
+                b.prev = k;
+            }
+        }
+        if free.is_some() {
+            self.list(k);
+        }
+    }
+
     /// A new segment, one free ready block.
     pub fn add_segment(&mut self, seg: u32, len: u64) {
         debug_assert!(!self.segs.contains_key(&seg) && len > 0);
         self.segs.insert(seg, len);
-        self.put(seg, 0, len, Some((Owner::Ready, 0)));
+        self.put(
+            key(seg, 0),
+            len,
+            NONE,
+            Some((Owner::Ready, 0)),
+            Use::default(),
+        );
+    }
+
+    /// Whether segment `seg` is one free ready block.
+    fn idle(&self, seg: u32) -> bool {
+        let Some(&len) = self.segs.get(&seg) else {
+            return false;
+        };
+        self.blk(key(seg, 0))
+            .is_some_and(|b| b.len == len && b.free == Some((Owner::Ready, 0)))
     }
 
     /// Removes a segment that is one free ready block; false (and nothing changes) otherwise.
     pub fn remove_segment(&mut self, seg: u32) -> bool {
-        let Some(&len) = self.segs.get(&seg) else {
+        if !self.idle(seg) {
             return false;
-        };
-        match self.all.get(&(seg, 0)) {
-            Some(b) if b.len == len && b.free == Some((Owner::Ready, 0)) => {
-                self.unput(seg, 0);
-                self.segs.remove(&seg);
-                true
-            }
-            _ => false,
         }
+        let k = key(seg, 0);
+        self.unlist(k);
+        self.all.remove(&k);
+        self.segs.remove(&seg);
+        true
     }
 
     /// The segments that are one free ready block, with their lengths.
     pub fn idle_segments(&self) -> Vec<(u32, u64)> {
         self.segs
             .iter()
-            .filter(|&(&seg, &len)| {
-                self.all
-                    .get(&(seg, 0))
-                    .is_some_and(|b| b.len == len && b.free == Some((Owner::Ready, 0)))
-            })
+            .filter(|&(&seg, _)| self.idle(seg))
             .map(|(&s, &l)| (s, l))
             .collect()
     }
 
-    /// The best fit for `len` bytes among `owner`'s free blocks: the shortest at least that
-    /// long (the lowest segment and offset among equals).
-    pub fn best_fit(&self, owner: Owner, len: u64) -> Option<Found> {
-        let &(o, l, seg, offset) = self.free.range((owner, len, 0, 0)..).next()?;
-        if o != owner {
-            return None;
-        }
-        let point = self.all.get(&(seg, offset))?.free?.1;
+    fn found(&self, k: Key, owner: Owner) -> Option<Found> {
+        let b = self.blk(k)?;
+        let (seg, offset) = unkey(k);
         Some(Found {
             seg,
             offset,
-            len: l,
+            len: b.len,
             owner,
-            point,
+            point: b.free?.1,
         })
+    }
+
+    /// A good fit for `len` bytes among `owner`'s free blocks: the first block of the first
+    /// class all of whose blocks fit, else one of `len`'s own class that fits.
+    pub fn best_fit(&self, owner: Owner, len: u64) -> Option<Found> {
+        let l = self.lists(owner)?;
+        let len = len.max(1);
+        if let Some(k) = class_at_least(len).and_then(|(f, s)| l.find(f, s)) {
+            return self.found(k, owner);
+        }
+        let (f, s) = class(len);
+        let mut k = l.heads[f][s];
+        while k != NONE {
+            let b = self.blk(k)?;
+            if b.len >= len {
+                return self.found(k, owner);
+            }
+            k = b.next_free;
+        }
+        None
     }
 
     /// The owners other than `Ready` and `but` that hold free blocks, each once.
     pub fn stream_owners(&self, but: Owner) -> Vec<u64> {
-        let mut v = Vec::new();
-        let mut from = Owner::Stream(0);
-        while let Some(&(o, ..)) = self.free.range((from, 0, 0, 0)..).next() {
-            let Owner::Stream(s) = o else { break };
-            if o != but {
-                v.push(s);
-            }
-            match s.checked_add(1) {
-                Some(n) => from = Owner::Stream(n),
-                None => break,
-            }
-        }
-        v
+        self.streams
+            .keys()
+            .copied()
+            .filter(|&s| Owner::Stream(s) != but)
+            .collect()
     }
 
     /// Takes `want` bytes of the free block `f` (as [`Blocks::best_fit`] found it): the block
@@ -138,21 +337,26 @@ impl Blocks {
     /// block).
     pub fn take(&mut self, f: Found, want: u64, min_split: u64, used: Use) -> u64 {
         debug_assert!(f.len >= want);
-        self.unput(f.seg, f.offset);
-        let rest = f.len - want;
+        let k = key(f.seg, f.offset);
+        let Some(b) = self.blk(k) else { return 0 };
+        self.unlist(k);
+        let rest = b.len - want;
         if rest >= min_split.max(1) {
-            self.put_used(f.seg, f.offset, want, used);
-            self.put(f.seg, f.offset + want, rest, Some((f.owner, f.point)));
+            self.put(k, want, b.prev, None, used);
+            self.put(key(f.seg, f.offset + want), rest, k, b.free, Use::default());
             want
         } else {
-            self.put_used(f.seg, f.offset, f.len, used);
-            f.len
+            self.put(k, b.len, b.prev, None, used);
+            b.len
         }
     }
 
     /// The length and [`Use`] of the used block at (`seg`, `offset`), if there is one.
     pub fn used(&self, seg: u32, offset: u64) -> Option<(u64, Use)> {
-        match self.all.get(&(seg, offset)) {
+        if offset >= 1 << OFFSET_BITS {
+            return None;
+        }
+        match self.blk(key(seg, offset)) {
             Some(b) if b.free.is_none() => Some((b.len, b.used)),
             _ => None,
         }
@@ -160,7 +364,10 @@ impl Blocks {
 
     /// Sets the [`Use`] of the used block at (`seg`, `offset`); false if there is none.
     pub fn set_use(&mut self, seg: u32, offset: u64, used: Use) -> bool {
-        match self.all.get_mut(&(seg, offset)) {
+        if offset >= 1 << OFFSET_BITS {
+            return false;
+        }
+        match self.all.get_mut(&key(seg, offset)) {
             Some(b) if b.free.is_none() => {
                 b.used = used;
                 true
@@ -173,141 +380,173 @@ impl Blocks {
     /// neighbours of the same owner (the later point kept). False if there is no such used
     /// block (nothing changes).
     pub fn give(&mut self, seg: u32, offset: u64, owner: Owner, point: u64) -> bool {
-        let Some((len, _)) = self.used(seg, offset) else {
+        if self.used(seg, offset).is_none() {
             return false;
-        };
-        self.unput(seg, offset);
-        self.put_merged(seg, offset, len, owner, point);
+        }
+        self.put_merged(key(seg, offset), owner, point);
         true
     }
 
     /// Every free block of stream `s` freed at or before `upto` becomes ready (merged with
     /// ready neighbours). Returns the bytes made ready.
     pub fn promote(&mut self, s: u64, upto: u64) -> u64 {
-        let owner = Owner::Stream(s);
-        let theirs: Vec<(u32, u64, u64)> = self
-            .free
-            .range((owner, 0, 0, 0)..)
-            .take_while(|e| e.0 == owner)
-            .map(|&(_, l, seg, off)| (seg, off, l))
-            .collect();
-        let mut bytes = 0;
-        for (seg, off, len) in theirs {
-            let Some(&Blk {
-                free: Some((_, point)),
-                ..
-            }) = self.all.get(&(seg, off))
-            else {
-                continue;
-            };
-            if point <= upto {
-                self.unput(seg, off);
-                self.put_merged(seg, off, len, Owner::Ready, 0);
-                bytes += len;
+        let Some(l) = self.streams.get(&s) else {
+            return 0;
+        };
+        let mut theirs = Vec::new();
+        for row in &l.heads {
+            for &head in row {
+                let mut k = head;
+                while let Some(b) = self.blk(k) {
+                    if b.free.is_some_and(|(_, p)| p <= upto) {
+                        theirs.push(k);
+                    }
+                    k = b.next_free;
+                }
             }
+        }
+        let mut bytes = 0;
+        for k in theirs {
+            // Merged into a ready neighbour by an earlier one of these: its bytes were counted.
+            let Some(b) = self.blk(k) else { continue };
+            if b.free.map(|f| f.0) != Some(Owner::Stream(s)) {
+                continue;
+            }
+            bytes += b.len;
+            self.unlist(k);
+            if let Some(x) = self.all.get_mut(&k) {
+                x.free = None;
+            }
+            self.put_merged(k, Owner::Ready, 0);
         }
         bytes
     }
 
     /// Every free ready block, as (segment, offset, length).
     pub fn free_ready(&self) -> Vec<(u32, u64, u64)> {
-        self.free
-            .range((Owner::Ready, 0, 0, 0)..)
-            .take_while(|e| e.0 == Owner::Ready)
-            .map(|&(_, l, seg, off)| (seg, off, l))
-            .collect()
+        let mut v = Vec::new();
+        if let Some(l) = self.ready.as_deref() {
+            self.walk(l, |k, b| {
+                let (seg, off) = unkey(k);
+                v.push((seg, off, b.len));
+            });
+        }
+        v
     }
 
     /// Free bytes in all, and the longest free block (of any owner).
     pub fn free_bytes(&self) -> (u64, u64) {
-        self.free
-            .iter()
-            .fold((0, 0), |(sum, max), &(_, l, ..)| (sum + l, max.max(l)))
+        let mut sum = 0;
+        let mut longest = 0;
+        for l in self.ready.iter().chain(self.streams.values()) {
+            sum += l.bytes;
+            if l.fl_map != 0 {
+                // The longest is in the highest non-empty class.
+                let f = 63 - l.fl_map.leading_zeros() as usize;
+                let s = 7 - u32::from(l.sl_map[f]).leading_zeros().saturating_sub(24) as usize;
+                let mut k = l.heads[f][s];
+                while let Some(b) = self.blk(k) {
+                    longest = longest.max(b.len);
+                    k = b.next_free;
+                }
+            }
+        }
+        (sum, longest)
     }
 
-    /// Puts a free block, merging it with free neighbours of the same owner.
-    fn put_merged(&mut self, seg: u32, mut offset: u64, mut len: u64, owner: Owner, point: u64) {
+    /// Calls `each` on every block of `l`'s lists.
+    fn walk(&self, l: &Lists, mut each: impl FnMut(Key, &Blk)) {
+        for row in &l.heads {
+            for &head in row {
+                let mut k = head;
+                while let Some(b) = self.all.get(&k) {
+                    each(k, b);
+                    k = b.next_free;
+                }
+            }
+        }
+    }
+
+    /// Makes the used (or just unlisted) block at `k` free for `owner` at `point`, merged with
+    /// its free neighbours of the same owner.
+    fn put_merged(&mut self, k: Key, owner: Owner, point: u64) {
+        let Some(b) = self.blk(k) else { return };
         // A ready block's point means nothing: always 0.
         let mut point = if owner == Owner::Ready { 0 } else { point };
-        if let Some((&(s, o), &b)) = self.all.range(..(seg, offset)).next_back() {
-            if let (true, Some((bo, bp))) = (s == seg && o + b.len == offset, b.free) {
-                if bo == owner {
-                    self.unput(s, o);
-                    offset = o;
-                    len += b.len;
-                    point = point.max(bp);
+        let (mut start, mut len, mut prev) = (k, b.len, b.prev);
+        if let Some(a) = self.after(k, b.len) {
+            if let Some(n) = self.blk(a) {
+                if let Some((o, p)) = n.free {
+                    if o == owner {
+                        self.unlist(a);
+                        self.all.remove(&a);
+                        len += n.len;
+                        point = point.max(p);
+                    }
                 }
             }
         }
-        if let Some(&b) = self.all.get(&(seg, offset + len)) {
-            if let Some((bo, bp)) = b.free {
-                if bo == owner {
-                    self.unput(seg, offset + len);
-                    len += b.len;
-                    point = point.max(bp);
+        if let Some(pb) = self.blk(b.prev) {
+            if let Some((o, p)) = pb.free {
+                if o == owner {
+                    self.unlist(b.prev);
+                    self.all.remove(&k);
+                    start = b.prev;
+                    len += pb.len;
+                    prev = pb.prev;
+                    point = point.max(p);
                 }
             }
         }
-        self.put(seg, offset, len, Some((owner, point)));
+        self.put(start, len, prev, Some((owner, point)), Use::default());
     }
 
-    fn put(&mut self, seg: u32, offset: u64, len: u64, free: Option<(Owner, u64)>) {
-        if let Some((owner, _)) = free {
-            self.free.insert((owner, len, seg, offset));
-        }
-        let used = Use::default();
-        self.all.insert((seg, offset), Blk { len, free, used });
-    }
-
-    fn put_used(&mut self, seg: u32, offset: u64, len: u64, used: Use) {
-        self.all.insert(
-            (seg, offset),
-            Blk {
-                len,
-                free: None,
-                used,
-            },
-        );
-    }
-
-    fn unput(&mut self, seg: u32, offset: u64) {
-        if let Some(b) = self.all.remove(&(seg, offset)) {
-            if let Some((owner, _)) = b.free {
-                self.free.remove(&(owner, b.len, seg, offset));
-            }
-        }
-    }
-
-    /// Checks the invariants: the blocks tile every segment; the free index is exactly the
-    /// free blocks; no two neighbouring free blocks have the same owner.
+    /// Checks the invariants: the blocks tile every segment, each knows the one before it; the
+    /// lists hold exactly the free blocks, each under its owner; no two neighbouring free
+    /// blocks have the same owner.
     #[cfg(test)]
     pub fn check(&self) {
-        let mut free = BTreeSet::new();
+        let mut free = std::collections::BTreeSet::new();
+        let mut count = 0;
         for (&seg, &len) in &self.segs {
             let mut at = 0;
-            let mut prev: Option<Owner> = None;
-            for (&(s, off), b) in self.all.range((seg, 0)..(seg + 1, 0)) {
-                assert_eq!((s, off), (seg, at), "a gap or an overlap");
+            let mut prev = NONE;
+            let mut prev_owner: Option<Owner> = None;
+            while at < len {
+                let k = key(seg, at);
+                let b = self
+                    .blk(k)
+                    .unwrap_or_else(|| panic!("no block at {seg}:{at:#x}"));
+                assert_eq!(b.prev, prev, "the block before {seg}:{at:#x}");
                 let owner = b.free.map(|f| f.0);
-                if let (Some(a), Some(o)) = (prev, owner) {
-                    assert_ne!(a, o, "two neighbours of one owner at {seg}:{off:#x}");
+                if let (Some(a), Some(o)) = (prev_owner, owner) {
+                    assert_ne!(a, o, "two neighbours of one owner at {seg}:{at:#x}");
                 }
                 if let Some((o, _)) = b.free {
-                    free.insert((o, b.len, s, off));
+                    free.insert((o, k));
                 }
-                prev = owner;
+                prev_owner = owner;
+                prev = k;
                 at += b.len;
+                count += 1;
             }
             assert_eq!(at, len, "segment {seg} not tiled");
         }
-        assert_eq!(free, self.free);
-        assert_eq!(
-            self.all.len(),
-            self.all
-                .keys()
-                .filter(|k| self.segs.contains_key(&k.0))
-                .count()
-        );
+        assert_eq!(count, self.all.len(), "blocks outside every segment");
+        let mut listed = std::collections::BTreeSet::new();
+        let mut owners: Vec<(Owner, &Lists)> =
+            self.ready.iter().map(|l| (Owner::Ready, &**l)).collect();
+        owners.extend(self.streams.iter().map(|(&s, l)| (Owner::Stream(s), &**l)));
+        for (o, l) in owners {
+            let mut bytes = 0;
+            self.walk(l, |k, b| {
+                assert_eq!(b.free.map(|f| f.0), Some(o), "{k:#x} listed under {o:?}");
+                bytes += b.len;
+                listed.insert((o, k));
+            });
+            assert_eq!(bytes, l.bytes, "{o:?}'s bytes");
+        }
+        assert_eq!(free, listed);
     }
 }
 
