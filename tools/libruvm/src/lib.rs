@@ -33,6 +33,7 @@ pub mod dmabuf;
 pub mod heap;
 pub mod names;
 pub mod op;
+mod sizeclass;
 mod status;
 mod stream;
 pub mod sync_file;

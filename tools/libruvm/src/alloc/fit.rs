@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 
 use super::FastMap;
+use crate::sizeclass::{class, class_at_least, Map, FL, SL};
 
 /// Who may take a free block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -77,36 +78,10 @@ struct Blk {
     used: Use,
 }
 
-/// Second-level classes per power of two.
-const SL_BITS: u32 = 3;
-const SL: usize = 1 << SL_BITS;
-/// First-level classes: lengths below `SL` in class 0, then one a power of two.
-const FL: usize = 64 - SL_BITS as usize + 1;
-
-/// The class `len` (> 0) is listed in.
-fn class(len: u64) -> (usize, usize) {
-    if len < SL as u64 {
-        return (0, len as usize);
-    }
-    let f = 63 - len.leading_zeros();
-    let sl = (len >> (f - SL_BITS)) as usize & (SL - 1);
-    ((f - SL_BITS + 1) as usize, sl)
-}
-
-/// The first class whose every block is at least `len` long, `None` past the last.
-fn class_at_least(len: u64) -> Option<(usize, usize)> {
-    if len < SL as u64 {
-        return Some(class(len));
-    }
-    let f = 63 - len.leading_zeros();
-    Some(class(len.checked_add((1 << (f - SL_BITS)) - 1)?))
-}
-
-/// One owner's free blocks.
+/// One owner's free blocks: a list per size class.
 struct Lists {
     heads: [[Key; SL]; FL],
-    fl_map: u64,
-    sl_map: [u8; FL],
+    map: Map,
     bytes: u64,
 }
 
@@ -114,25 +89,9 @@ impl Lists {
     fn new() -> Self {
         Self {
             heads: [[NONE; SL]; FL],
-            fl_map: 0,
-            sl_map: [0; FL],
+            map: Map::default(),
             bytes: 0,
         }
-    }
-
-    /// The head of the first non-empty class at or after (`f`, `s`).
-    fn find(&self, f: usize, s: usize) -> Option<Key> {
-        let sl = u32::from(self.sl_map[f]) & (!0u32 << s);
-        if sl != 0 {
-            return Some(self.heads[f][sl.trailing_zeros() as usize]);
-        }
-        let fl = self.fl_map & (!0u64).checked_shl(f as u32 + 1).unwrap_or(0);
-        if fl == 0 {
-            return None;
-        }
-        let f = fl.trailing_zeros() as usize;
-        let s = u32::from(self.sl_map[f]).trailing_zeros() as usize;
-        Some(self.heads[f][s])
     }
 }
 
@@ -176,8 +135,7 @@ impl Blocks {
         let l = self.lists_mut(owner);
         let head = l.heads[f][s];
         l.heads[f][s] = k;
-        l.fl_map |= 1 << f;
-        l.sl_map[f] |= 1 << s;
+        l.map.set(f, s);
         l.bytes += b.len;
         if let Some(x) = self.all.get_mut(&k) {
             x.next_free = head;
@@ -204,13 +162,10 @@ impl Blocks {
         if b.prev_free == NONE {
             l.heads[f][s] = b.next_free;
             if b.next_free == NONE {
-                l.sl_map[f] &= !(1 << s);
-                if l.sl_map[f] == 0 {
-                    l.fl_map &= !(1 << f);
-                }
+                l.map.clear(f, s);
             }
         }
-        if l.fl_map == 0 {
+        if l.map.is_empty() {
             if let Owner::Stream(s) = owner {
                 self.streams.remove(&s);
             }
@@ -307,8 +262,8 @@ impl Blocks {
     pub fn best_fit(&self, owner: Owner, len: u64) -> Option<Found> {
         let l = self.lists(owner)?;
         let len = len.max(1);
-        if let Some(k) = class_at_least(len).and_then(|(f, s)| l.find(f, s)) {
-            return self.found(k, owner);
+        if let Some((f, s)) = class_at_least(len).and_then(|(f, s)| l.map.find(f, s)) {
+            return self.found(l.heads[f][s], owner);
         }
         let (f, s) = class(len);
         let mut k = l.heads[f][s];
@@ -440,10 +395,8 @@ impl Blocks {
         let mut longest = 0;
         for l in self.ready.iter().chain(self.streams.values()) {
             sum += l.bytes;
-            if l.fl_map != 0 {
-                // The longest is in the highest non-empty class.
-                let f = 63 - l.fl_map.leading_zeros() as usize;
-                let s = 7 - u32::from(l.sl_map[f]).leading_zeros().saturating_sub(24) as usize;
+            // The longest is in the highest non-empty class.
+            if let Some((f, s)) = l.map.highest() {
                 let mut k = l.heads[f][s];
                 while let Some(b) = self.blk(k) {
                     longest = longest.max(b.len);

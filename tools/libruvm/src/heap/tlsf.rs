@@ -1,41 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Two-level segregated fit (TLSF, Masmano et al.) over a range of units: the large blocks'
-//! index. Every operation is a few array reads and writes and two bitmap scans, no tree and
-//! no allocation: under the guests' emulated CPU a best-fit tree (`crate::alloc::fit`) cost
-//! about 7 us an allocation and free, this under 1. A request takes the first free block of
-//! the first class whose every block fits it (a good fit: within 1/8 of the best); a freed
-//! block merges with free neighbours at once, so the free space of a range freed whole is one
-//! block again. Pure bookkeeping (no device), tested on the host.
+//! Two-level segregated fit (TLSF, Masmano et al.; the classes in `crate::sizeclass`) over a
+//! range of units: the large blocks' index. Every operation is a few array reads and writes
+//! and two bitmap scans (the per-unit array grows as blocks reach further): under the guests'
+//! emulated CPU a best-fit tree cost about 7 us an allocation and free, this under 1. A
+//! request takes the first free block of the first class whose every block fits it (a good
+//! fit: within 1/8 of the best); a freed block merges with free neighbours at once, so the
+//! free space of a range freed whole is one block again. Pure bookkeeping (no device), tested
+//! on the host.
+
+use crate::sizeclass::{class, class_at_least, Map, FL, SL};
 
 /// No block (an empty list, the first block's predecessor).
 const NONE: u32 = u32::MAX;
-
-/// Second-level classes per power of two.
-const SL_BITS: u32 = 3;
-const SL: usize = 1 << SL_BITS;
-/// First-level classes: lengths below `SL` in class 0, then one a power of two up to 2^32.
-const FL: usize = 32 - SL_BITS as usize + 2;
-
-/// The class `len` (> 0) is listed in.
-fn class(len: u32) -> (usize, usize) {
-    if len < SL as u32 {
-        return (0, len as usize);
-    }
-    let f = 31 - len.leading_zeros();
-    let sl = (len >> (f - SL_BITS)) as usize & (SL - 1);
-    ((f - SL_BITS + 1) as usize, sl)
-}
-
-/// The first class whose every block is at least `len` long, `None` past the last.
-fn class_at_least(len: u32) -> Option<(usize, usize)> {
-    if len < SL as u32 {
-        return Some(class(len));
-    }
-    let f = 31 - len.leading_zeros();
-    let up = len.checked_add((1 << (f - SL_BITS)) - 1)?;
-    Some(class(up))
-}
 
 /// What is kept of one unit: the block starting there, if one does.
 #[derive(Clone, Copy)]
@@ -64,8 +41,7 @@ pub(super) struct Tlsf {
     at: Vec<Unit>,
     units: u32,
     heads: [[u32; SL]; FL],
-    fl_map: u32,
-    sl_map: [u8; FL],
+    map: Map,
 }
 
 impl Tlsf {
@@ -75,8 +51,7 @@ impl Tlsf {
             at: Vec::new(),
             units,
             heads: [[NONE; SL]; FL],
-            fl_map: 0,
-            sl_map: [0; FL],
+            map: Map::default(),
         };
         if units > 0 {
             t.unit(0).len = units;
@@ -101,7 +76,7 @@ impl Tlsf {
 
     /// Lists the free block at `at`.
     fn insert(&mut self, at: u32) {
-        let (f, s) = class(self.get(at).len);
+        let (f, s) = class(u64::from(self.get(at).len));
         let head = self.heads[f][s];
         let u = self.unit(at);
         u.free = true;
@@ -111,14 +86,13 @@ impl Tlsf {
             self.unit(head).prev_free = at;
         }
         self.heads[f][s] = at;
-        self.fl_map |= 1 << f;
-        self.sl_map[f] |= 1 << s;
+        self.map.set(f, s);
     }
 
     /// Takes the free block at `at` off its list.
     fn unlist(&mut self, at: u32) {
         let u = self.get(at);
-        let (f, s) = class(u.len);
+        let (f, s) = class(u64::from(u.len));
         if u.next_free != NONE {
             self.unit(u.next_free).prev_free = u.prev_free;
         }
@@ -127,28 +101,10 @@ impl Tlsf {
         } else {
             self.heads[f][s] = u.next_free;
             if u.next_free == NONE {
-                self.sl_map[f] &= !(1 << s);
-                if self.sl_map[f] == 0 {
-                    self.fl_map &= !(1 << f);
-                }
+                self.map.clear(f, s);
             }
         }
         self.unit(at).free = false;
-    }
-
-    /// A free block in the first non-empty class at or after (`f`, `s`).
-    fn find(&self, f: usize, s: usize) -> Option<u32> {
-        let sl = u32::from(self.sl_map[f]) & (!0u32 << s);
-        if sl != 0 {
-            return Some(self.heads[f][sl.trailing_zeros() as usize]);
-        }
-        let fl = self.fl_map & (!0u32).checked_shl(f as u32 + 1).unwrap_or(0);
-        if fl == 0 {
-            return None;
-        }
-        let f = fl.trailing_zeros() as usize;
-        let s = u32::from(self.sl_map[f]).trailing_zeros() as usize;
-        Some(self.heads[f][s])
     }
 
     /// A block of `want` (> 0) units: its first unit, `None` if no free block fits.
@@ -156,7 +112,9 @@ impl Tlsf {
         if want == 0 {
             return None;
         }
-        let found = class_at_least(want).and_then(|(f, s)| self.find(f, s));
+        let found = class_at_least(u64::from(want))
+            .and_then(|(f, s)| self.map.find(f, s))
+            .map(|(f, s)| self.heads[f][s]);
         // None there: a block of `want`'s own class may still fit (the longest free block
         // can be within an eighth above the request).
         let at = found.or_else(|| self.fit_in_class(want))?;
@@ -178,7 +136,7 @@ impl Tlsf {
 
     /// A free block of `want`'s own class at least `want` long (a walk of that one list).
     fn fit_in_class(&self, want: u32) -> Option<u32> {
-        let (f, s) = class(want);
+        let (f, s) = class(u64::from(want));
         let mut at = self.heads[f][s];
         while at != NONE {
             let u = self.get(at);
@@ -275,25 +233,6 @@ impl Tlsf {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_class_searched_holds_only_blocks_that_fit() {
-        let mut last = (0, 0);
-        for len in 1..2000u32 {
-            let c = class(len);
-            assert!(c >= last, "{len}: {c:?} after {last:?}");
-            last = c;
-            let at_least = class_at_least(len).unwrap();
-            for l in 1..4000u32 {
-                if class(l) >= at_least {
-                    assert!(l >= len, "{l} listed where {len} is searched");
-                }
-            }
-            // Within an eighth of the request: the shortest block the search may take.
-            let l = (len..).find(|&l| class(l) >= at_least).unwrap();
-            assert!((l - len) * 8 <= len, "{len} may take {l}");
-        }
-    }
 
     #[test]
     fn freed_whole_is_one_block_again() {

@@ -15,7 +15,7 @@ use std::os::fd::AsFd;
 use super::streams::{setup, sim_gpus, sw_sync, M};
 use crate::pattern;
 use libruvm::alloc::{Allocator, Block, Config, Reuse};
-use libruvm::{op, uapi};
+use libruvm::{op, uapi, Ruvm};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -48,6 +48,17 @@ pub fn cases() -> Vec<Case> {
             run: ualloc_stream_in_error_stays_eio_without_a_status_page,
         },
     ]
+}
+
+/// An allocator over `d` whose segments are DMA-mapped for GPU `g`, the rest as by default.
+fn on_gpu(d: &Ruvm, g: u32) -> Allocator<'_> {
+    Allocator::new(
+        d,
+        Config {
+            gpus: vec![g],
+            ..Default::default()
+        },
+    )
 }
 
 /// The bound of the cases' waits.
@@ -116,13 +127,7 @@ fn ualloc_blocks_hold_engine_and_cpu_bytes() -> TestResult {
     let before = live(&d)?;
     let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
     {
-        let a = Allocator::new(
-            &d,
-            Config {
-                gpus: vec![g],
-                ..Default::default()
-            },
-        );
+        let a = on_gpu(&d, g);
         let lens = sizes(32, 0x5eed);
         let mut blocks = Vec::new();
         for &l in &lens {
@@ -537,13 +542,7 @@ fn ualloc_bad_inputs() -> TestResult {
 fn ualloc_counts_each_allocation_a_hit_or_a_miss() -> TestResult {
     let (d, g) = setup()?;
     let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
-    let a = Allocator::new(
-        &d,
-        Config {
-            gpus: vec![g],
-            ..Default::default()
-        },
-    );
+    let a = on_gpu(&d, g);
     let count = |what: &str, hits: u64, misses: u64| -> TestResult {
         let st = a.stats();
         check!(
@@ -580,13 +579,7 @@ fn ualloc_stream_in_error_stays_eio_without_a_status_page() -> TestResult {
     super::streams::need_mmu(&d, g)?;
     let s = d.stream_create(g).ctx("STREAM_CREATE")?.handle;
     {
-        let a = Allocator::new(
-            &d,
-            Config {
-                gpus: vec![g],
-                ..Default::default()
-            },
-        );
+        let a = on_gpu(&d, g);
         let b = a.alloc(64 << 10, s).ctx("alloc")?;
         let r = (|| -> TestResult {
             let _cap = MapCountCap::now()?;
