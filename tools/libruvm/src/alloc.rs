@@ -12,8 +12,9 @@
 //!   ([`arena`]). Otherwise requests up to [`SMALL_MAX`] come from 2 MiB segments of their own
 //!   class, larger ones from segments of their rounded size (whole 2 MiB units), so small
 //!   blocks never fragment large segments.
-//! - **Fit.** A good fit (the first block of the first size class all of whose blocks fit:
-//!   within an eighth of the shortest that fits; `alloc/fit.rs`), split when the rest is worth
+//! - **Fit.** A good fit (`alloc/fit.rs`: the shortest that fits among a few of the request's
+//!   own size class, else the first of the first class all of whose blocks fit), split when
+//!   the rest is worth
 //!   keeping ([`ROUND`] bytes for small blocks, 1 MiB for large ones); a freed block merges
 //!   with free neighbours of the same owner. A free first goes to a bin of its stream and
 //!   exact length (a synchronize moves the stream's completed bins to the ready ones): a
@@ -162,7 +163,9 @@ struct FastHash(u64);
 
 impl Hasher for FastHash {
     fn finish(&self) -> u64 {
-        self.0
+        // The product's high bits folded down: the table indexes by the low ones, which for
+        // keys with zero low bits (offsets, packed places) would all be the same.
+        self.0.rotate_left(26)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {

@@ -4,8 +4,9 @@
 //! range of units: the large blocks' index. Every operation is a few array reads and writes
 //! and two bitmap scans (the per-unit array grows as blocks reach further): under the guests'
 //! emulated CPU a best-fit tree cost about 7 us an allocation and free, this under 1. A
-//! request takes the first free block of the first class whose every block fits it (a good
-//! fit: within 1/8 of the best); a freed block merges with free neighbours at once, so the
+//! request takes the shortest that fits among the first few of its own class (whose blocks are
+//! within an eighth of it), else the first free block of the first class whose every block
+//! fits it; a freed block merges with free neighbours at once, so the
 //! free space of a range freed whole is one block again. Pure bookkeeping (no device), tested
 //! on the host.
 
@@ -13,6 +14,9 @@ use crate::sizeclass::{class, class_at_least, Map, FL, SL};
 
 /// No block (an empty list, the first block's predecessor).
 const NONE: u32 = u32::MAX;
+
+/// How many blocks of a request's own class an allocation looks at first.
+const OWN_CLASS_LOOK: usize = 8;
 
 /// What is kept of one unit: the block starting there, if one does.
 #[derive(Clone, Copy)]
@@ -112,12 +116,17 @@ impl Tlsf {
         if want == 0 {
             return None;
         }
-        let found = class_at_least(u64::from(want))
-            .and_then(|(f, s)| self.map.find(f, s))
-            .map(|(f, s)| self.heads[f][s]);
-        // None there: a block of `want`'s own class may still fit (the longest free block
-        // can be within an eighth above the request).
-        let at = found.or_else(|| self.fit_in_class(want))?;
+        // The shortest fit among the first few of its own class (within an eighth of it), else
+        // the first block of the first class all of whose blocks fit, else any of its own
+        // class that fits.
+        let at = self
+            .fit_in_class(want, OWN_CLASS_LOOK)
+            .or_else(|| {
+                class_at_least(u64::from(want))
+                    .and_then(|(f, s)| self.map.find(f, s))
+                    .map(|(f, s)| self.heads[f][s])
+            })
+            .or_else(|| self.fit_in_class(want, usize::MAX))?;
         let len = self.get(at).len;
         self.unlist(at);
         if len > want {
@@ -134,18 +143,26 @@ impl Tlsf {
         Some(at)
     }
 
-    /// A free block of `want`'s own class at least `want` long (a walk of that one list).
-    fn fit_in_class(&self, want: u32) -> Option<u32> {
+    /// The shortest free block of `want`'s own class at least `want` long, among the first
+    /// `look` of its list.
+    fn fit_in_class(&self, want: u32, look: usize) -> Option<u32> {
         let (f, s) = class(u64::from(want));
         let mut at = self.heads[f][s];
-        while at != NONE {
+        let mut best: Option<(u32, u32)> = None;
+        for _ in 0..look {
+            if at == NONE {
+                break;
+            }
             let u = self.get(at);
-            if u.len >= want {
-                return Some(at);
+            if u.len >= want && best.is_none_or(|(l, _)| u.len < l) {
+                best = Some((u.len, at));
+                if u.len == want {
+                    break;
+                }
             }
             at = u.next_free;
         }
-        None
+        best.map(|(_, at)| at)
     }
 
     /// The block after the one at `at`, if any.
