@@ -8,7 +8,7 @@ use nix::errno::Errno;
 
 use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::{
-    fill, live, meminfo, mismatches, sim_gpu, touch_in_child, vid_alloc, vid_pool,
+    fill, live, meminfo, mismatches, reclaim_root, sim_gpu, touch_in_child, vid_alloc, vid_pool,
 };
 use libruvm::{cmd, uapi, Ruvm, UserMap};
 

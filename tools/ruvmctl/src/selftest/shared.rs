@@ -74,6 +74,33 @@ pub(super) fn min_watermark() -> Result<u64, Stop> {
     Ok(pages * 4096)
 }
 
+/// Reclaim as memory pressure makes it, with no process pushed towards the OOM killer: the
+/// root memory cgroup is asked to reclaim `bytes` (cgroup v2's `memory.reclaim`, which runs
+/// the reclaim kswapd and direct reclaim run, every shrinker included, and never kills),
+/// again every 100 ms until `enough` says so, for up to 20 s. `None` where the kernel has no
+/// `memory.reclaim` (the caller makes pressure itself); else whether `enough` came. (Pressure
+/// made by a child writing memory met the OOM killer in make checks on a busy host: kswapd
+/// under TCG may not reclaim before the child's own allocations fail.)
+pub(super) fn reclaim_root(bytes: u64, enough: impl Fn() -> bool) -> Option<bool> {
+    const KNOB: &str = "/sys/fs/cgroup/memory.reclaim";
+    if !std::path::Path::new(KNOB).exists() {
+        return None;
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(20) {
+        if enough() {
+            return Some(true);
+        }
+        // EAGAIN: less than asked could be reclaimed (what was, stays reclaimed).
+        let _ = std::fs::write(KNOB, bytes.to_string());
+        if enough() {
+            return Some(true);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Some(enough())
+}
+
 /// Memory pressure without the OOM killer's risk: a child writes fresh anonymous memory while
 /// more than the min watermark and `margin` are free, so that kswapd wakes
 /// (below the low watermark) and reclaims, shrinkers included, but no allocation of the child

@@ -9,7 +9,9 @@ use nix::unistd::{setuid, Uid};
 use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use libruvm::{pci_name, uapi, Ruvm, UserMap};
 
-use super::shared::{drop_kept, fill, live, meminfo, reclaim_in_child, same_but, VIDMEM_KEPT};
+use super::shared::{
+    drop_kept, fill, live, meminfo, reclaim_in_child, reclaim_root, same_but, VIDMEM_KEPT,
+};
 use crate::pattern;
 
 mod bytes;

@@ -175,9 +175,9 @@ pub(super) fn pool_close_gives_everything_back() -> TestResult {
     Ok(())
 }
 
-/// A pool holding a third of the guest's available memory in its cache, then another process
-/// touching more anonymous memory than is available without it: the shrinker gives the cache
-/// back and the process is not killed.
+/// A pool holding a third of the guest's available memory in its cache, then reclaim (the root
+/// memory cgroup's, or another process touching more anonymous memory than is available
+/// without the cache, which must not be killed): the shrinker gives the cache back.
 pub(super) fn pool_shrinks_under_memory_pressure() -> TestResult {
     const CHUNK: u64 = 2 * M_;
     let d = Ruvm::open().ctx("open")?;
@@ -206,22 +206,25 @@ pub(super) fn pool_shrinks_under_memory_pressure() -> TestResult {
         before.reserved == held && before.used == 0,
         "the pool does not hold what was freed: {before:?}"
     );
-    // More than is available without the cache: an eighth of it must come back. (A half, and
-    // then a quarter, asked for beside make check's other guests on a busy host, each once
-    // ended in the OOM killer with the whole cache given back: reclaim under TCG is slow, and
-    // MemAvailable an estimate.)
-    let want = meminfo("MemAvailable")? + held / 8;
-    let status = touch_in_child(want, || {
-        attrs(&d, p).is_ok_and(|a| a.reserved + held / 8 <= before.reserved)
-    })?;
+    // Reclaim as pressure makes it (`reclaim_root`): an eighth of the cache must come back.
+    // Where the kernel has no `memory.reclaim`, a child touches more than is available without
+    // the cache. (A half, and then a quarter, asked for that way beside make check's other
+    // guests on a busy host, each once ended in the OOM killer with the whole cache given back:
+    // reclaim under TCG is slow, and MemAvailable an estimate; an eighth did too, once.)
+    let enough = || attrs(&d, p).is_ok_and(|a| a.reserved + held / 8 <= before.reserved);
+    if reclaim_root(held / 4, enough).is_none() {
+        let want = meminfo("MemAvailable")? + held / 8;
+        let status = touch_in_child(want, enough)?;
+        let after = attrs(&d, p)?;
+        check!(
+            matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+            "the process touching {} MiB ended {status:?} (pool reserved {} MiB before, {} MiB after)",
+            want >> 20,
+            before.reserved >> 20,
+            after.reserved >> 20
+        );
+    }
     let after = attrs(&d, p)?;
-    check!(
-        matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
-        "the process touching {} MiB ended {status:?} (pool reserved {} MiB before, {} MiB after)",
-        want >> 20,
-        before.reserved >> 20,
-        after.reserved >> 20
-    );
     check!(
         after.reserved + held / 8 <= before.reserved && after.used == 0,
         "the shrinker gave back too little: {} MiB reserved before, {} MiB after",
