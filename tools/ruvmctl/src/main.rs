@@ -84,8 +84,14 @@ fn run(cli: Cli) -> Result<()> {
                 class,
                 iterations,
                 seed,
+                json,
             } => {
-                print!("{}", trace::generate(class, iterations, seed).dump());
+                let t = trace::generate(class, iterations, seed);
+                if json.json {
+                    println!("{}", serde_json::to_string(&t)?);
+                } else {
+                    print!("{}", t.dump());
+                }
                 Ok(())
             }
         },
@@ -177,8 +183,8 @@ fn run(cli: Cli) -> Result<()> {
                 )?,
                 json.json,
             ),
-            PoolAction::Export { pool, run } => {
-                emit(&cmd::share::export_run(&d()?, pool, &run)?, false)
+            PoolAction::Export { pool, run, json } => {
+                emit(&cmd::share::export_run(&d()?, pool, &run)?, json.json)
             }
             PoolAction::Import { descriptor, json } => {
                 emit(&cmd::share::import_pool(&d()?, descriptor)?, json.json)
@@ -186,7 +192,9 @@ fn run(cli: Cli) -> Result<()> {
             PoolAction::Share { size, gpu, json } => {
                 emit(&cmd::share::share(&d()?, size, gpu)?, json.json)
             }
-            PoolAction::Destroy { pool } => emit(&cmd::pool::destroy(&d()?, pool)?, false),
+            PoolAction::Destroy { pool, json } => {
+                emit(&cmd::pool::destroy(&d()?, pool)?, json.json)
+            }
             PoolAction::Get { pool, json } => emit(&cmd::pool::get(&d()?, pool)?, json.json),
             PoolAction::Set {
                 pool,
@@ -229,9 +237,12 @@ fn run(cli: Cli) -> Result<()> {
             PoolAction::Trim { pool, keep, json } => {
                 emit(&cmd::pool::trim(&d()?, pool, keep)?, json.json)
             }
-            PoolAction::Access { pool, gpu, revoke } => {
-                emit(&cmd::pool::access(&d()?, pool, gpu, revoke)?, false)
-            }
+            PoolAction::Access {
+                pool,
+                gpu,
+                revoke,
+                json,
+            } => emit(&cmd::pool::access(&d()?, pool, gpu, revoke)?, json.json),
         },
         Cmd::Free { handle, json } => emit(
             &cmd::mem::handle_cmd(&d()?, ioctl::MEM_FREE, handle)?,
@@ -239,8 +250,8 @@ fn run(cli: Cli) -> Result<()> {
         ),
         Cmd::Query { handle, json } => emit(&cmd::mem::query(&d()?, handle)?, json.json),
         Cmd::Dmabuf { action } => match action {
-            DmabufAction::Export { handle, run } => {
-                emit(&cmd::dmabuf::export_run(&d()?, handle, &run)?, false)
+            DmabufAction::Export { handle, run, json } => {
+                emit(&cmd::dmabuf::export_run(&d()?, handle, &run)?, json.json)
             }
             DmabufAction::Import { descriptor, json } => {
                 emit(&cmd::dmabuf::import(&d()?, descriptor)?, json.json)

@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 
 use anyhow::{anyhow, bail, Result};
+use serde::Serialize;
 
 /// Streams and events a trace may name.
 pub const MAX_STREAMS: u32 = 16;
@@ -25,7 +26,9 @@ pub const MAX_EVENTS: u32 = 64;
 /// The largest block a trace may ask for.
 pub const MAX_SIZE: u64 = 1 << 32;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One call of a trace (in JSON, an object whose `kind` is the text form's word).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Event {
     Alloc { id: u32, size: u64, stream: u32 },
     Use { id: u32, stream: u32 },
@@ -39,7 +42,7 @@ pub enum Event {
 
 /// A checked trace: every block allocated before it is used or freed, freed once, every
 /// stream and event in range.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Trace {
     pub events: Vec<Event>,
     /// Streams named (the highest index + 1).

@@ -179,6 +179,8 @@ pub enum AllocatorAction {
         iterations: u32,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        #[command(flatten)]
+        json: Json,
     },
 }
 
@@ -221,6 +223,8 @@ pub enum DmabufAction {
         /// The command to run with the descriptor.
         #[arg(long, value_name = "CMD")]
         run: String,
+        #[command(flatten)]
+        json: Json,
     },
     /// Import an inherited dma-buf descriptor that ruvm exported (RUVM_IOCTL_MEM_IMPORT_DMABUF):
     /// prints the new mem's handle (use --fd to keep it).
@@ -275,6 +279,8 @@ pub enum PoolAction {
         /// The command to run with the descriptor.
         #[arg(long, value_name = "CMD")]
         run: String,
+        #[command(flatten)]
+        json: Json,
     },
     /// Import the pool of an inherited descriptor (RUVM_IOCTL_POOL_IMPORT); prints its handle
     /// in this file (the pool's own). An imported pool cannot allocate.
@@ -300,7 +306,11 @@ pub enum PoolAction {
         json: Json,
     },
     /// Destroy a pool (RUVM_IOCTL_POOL_DESTROY); EBUSY while a mem of it is alive.
-    Destroy { pool: u64 },
+    Destroy {
+        pool: u64,
+        #[command(flatten)]
+        json: Json,
+    },
     /// A pool's attributes (RUVM_IOCTL_POOL_GET).
     Get {
         pool: u64,
@@ -350,6 +360,8 @@ pub enum PoolAction {
         gpu: u32,
         #[arg(long)]
         revoke: bool,
+        #[command(flatten)]
+        json: Json,
     },
 }
 
