@@ -149,6 +149,19 @@ mod tests {
     use nix::errno::Errno;
 
     #[test]
+    fn a_case_is_named_after_its_function() {
+        assert_eq!(harness::case_name("large :: heap_x"), "heap_x");
+        assert_eq!(harness::case_name("large::heap_x"), "heap_x");
+        assert_eq!(harness::case_name("mem_y"), "mem_y");
+        fn a_case() -> harness::TestResult {
+            Ok(())
+        }
+        let c: Vec<Case> = harness::cases![a_case];
+        assert_eq!((c.len(), c[0].name), (1, "a_case"));
+        assert!((c[0].run)().is_ok());
+    }
+
+    #[test]
     fn case_names_are_unique_ktap_words() {
         let names = list();
         let mut sorted = names.clone();

@@ -13,23 +13,14 @@ use nix::errno::Errno;
 
 use super::{
     audit::test_ioctls,
-    harness::{expect_errno, Case, Context, TestResult},
+    harness::{cases, expect_errno, Case, Context, TestResult},
 };
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "abi_unknown_flags_are_einval",
-            run: abi_unknown_flags_are_einval,
-        },
-        Case {
-            name: "abi_nonzero_pad_and_reserved_are_einval",
-            run: abi_nonzero_pad_and_reserved_are_einval,
-        },
-        Case {
-            name: "abi_unreadable_argument_is_efault",
-            run: abi_unreadable_argument_is_efault,
-        },
+    cases![
+        abi_unknown_flags_are_einval,
+        abi_nonzero_pad_and_reserved_are_einval,
+        abi_unreadable_argument_is_efault,
     ]
 }
 

@@ -20,7 +20,7 @@ use nix::{
     unistd::{fork, ForkResult},
 };
 
-use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::{live, readable, sim_gpu, vid_alloc, vid_pool, vidmem_gpu};
 use crate::cgroup::MemGroup;
 use libruvm::{cmd, uapi, Ruvm, UserMap};
@@ -38,43 +38,16 @@ const DMA_MAPPINGS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as us
 const REMOVAL_BOUND: Duration = Duration::from_secs(10);
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "adv_ce_copy_va_never_reads_another_files_bytes",
-            run: adv_ce_copy_va_never_reads_another_files_bytes,
-        },
-        Case {
-            name: "adv_gpu_removal_finishes_while_pools_are_busy",
-            run: adv_gpu_removal_finishes_while_pools_are_busy,
-        },
-        Case {
-            name: "adv_pool_revoke_leaves_no_cached_table",
-            run: adv_pool_revoke_leaves_no_cached_table,
-        },
-        Case {
-            name: "adv_failed_vidmem_pool_alloc_keeps_nothing",
-            run: adv_failed_vidmem_pool_alloc_keeps_nothing,
-        },
-        Case {
-            name: "adv_pools_per_file_are_bounded_and_charged",
-            run: adv_pools_per_file_are_bounded_and_charged,
-        },
-        Case {
-            name: "adv_pool_cache_is_reclaimed_by_its_cgroup",
-            run: adv_pool_cache_is_reclaimed_by_its_cgroup,
-        },
-        Case {
-            name: "adv_pool_cache_counts_in_the_file_quota",
-            run: adv_pool_cache_counts_in_the_file_quota,
-        },
-        Case {
-            name: "adv_alloc_efault_leaves_no_mapping",
-            run: adv_alloc_efault_leaves_no_mapping,
-        },
-        Case {
-            name: "adv_pool_destroy_does_not_stall_the_file",
-            run: adv_pool_destroy_does_not_stall_the_file,
-        },
+    cases![
+        adv_ce_copy_va_never_reads_another_files_bytes,
+        adv_gpu_removal_finishes_while_pools_are_busy,
+        adv_pool_revoke_leaves_no_cached_table,
+        adv_failed_vidmem_pool_alloc_keeps_nothing,
+        adv_pools_per_file_are_bounded_and_charged,
+        adv_pool_cache_is_reclaimed_by_its_cgroup,
+        adv_pool_cache_counts_in_the_file_quota,
+        adv_alloc_efault_leaves_no_mapping,
+        adv_pool_destroy_does_not_stall_the_file,
     ]
 }
 

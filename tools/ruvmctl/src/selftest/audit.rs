@@ -13,54 +13,24 @@ use nix::{
 };
 
 use super::harness::{
-    check, child_checks, expect_errno, in_child, Case, Context, Stop, TestResult,
+    cases, check, child_checks, expect_errno, in_child, Case, Context, Stop, TestResult,
 };
 use libruvm::{self as dev, uapi, Ruvm, UserMap};
 
 use super::shared::{drop_kept, same_but, vidmem_gpu, VIDMEM_KEPT};
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "audit_counters_match_the_objects",
-            run: audit_counters_match_the_objects,
-        },
-        Case {
-            name: "audit_counts_vidmem_and_its_storage",
-            run: audit_counts_vidmem_and_its_storage,
-        },
-        Case {
-            name: "audit_stats_watermarks_follow_a_script",
-            run: audit_stats_watermarks_follow_a_script,
-        },
-        Case {
-            name: "audit_bad_inputs",
-            run: audit_bad_inputs,
-        },
-        Case {
-            name: "audit_killed_process_leaves_nothing",
-            run: audit_killed_process_leaves_nothing,
-        },
-        Case {
-            name: "audit_plant_clean_unload",
-            run: audit_plant_clean_unload,
-        },
-        Case {
-            name: "audit_plant_mems",
-            run: audit_plant_mems,
-        },
-        Case {
-            name: "audit_plant_chunks",
-            run: audit_plant_chunks,
-        },
-        Case {
-            name: "audit_plant_kernel_maps",
-            run: audit_plant_kernel_maps,
-        },
-        Case {
-            name: "audit_plant_lost_mem_kmemleak",
-            run: audit_plant_lost_mem_kmemleak,
-        },
+    cases![
+        audit_counters_match_the_objects,
+        audit_counts_vidmem_and_its_storage,
+        audit_stats_watermarks_follow_a_script,
+        audit_bad_inputs,
+        audit_killed_process_leaves_nothing,
+        audit_plant_clean_unload,
+        audit_plant_mems,
+        audit_plant_chunks,
+        audit_plant_kernel_maps,
+        audit_plant_lost_mem_kmemleak,
     ]
 }
 

@@ -10,51 +10,21 @@ use nix::{
     unistd::{setuid, Uid},
 };
 
-use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use libruvm::{self as dev, uapi};
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "info_reports_abi_and_version",
-            run: info_reports_abi_and_version,
-        },
-        Case {
-            name: "info_limits_follow_the_machine",
-            run: info_limits_follow_the_machine,
-        },
-        Case {
-            name: "info_rejects_nonzero_flags",
-            run: info_rejects_nonzero_flags,
-        },
-        Case {
-            name: "info_rejects_nonzero_pad_and_reserved",
-            run: info_rejects_nonzero_pad_and_reserved,
-        },
-        Case {
-            name: "info_bad_pointer_is_efault",
-            run: info_bad_pointer_is_efault,
-        },
-        Case {
-            name: "info_readonly_argument_is_efault",
-            run: info_readonly_argument_is_efault,
-        },
-        Case {
-            name: "unknown_commands_are_enotty",
-            run: unknown_commands_are_enotty,
-        },
-        Case {
-            name: "test_plant_is_gated",
-            run: test_plant_is_gated,
-        },
-        Case {
-            name: "many_open_files",
-            run: many_open_files,
-        },
-        Case {
-            name: "concurrent_info",
-            run: concurrent_info,
-        },
+    cases![
+        info_reports_abi_and_version,
+        info_limits_follow_the_machine,
+        info_rejects_nonzero_flags,
+        info_rejects_nonzero_pad_and_reserved,
+        info_bad_pointer_is_efault,
+        info_readonly_argument_is_efault,
+        unknown_commands_are_enotty,
+        test_plant_is_gated,
+        many_open_files,
+        concurrent_info,
     ]
 }
 

@@ -9,19 +9,10 @@ use nix::{
     unistd::{setuid, Uid},
 };
 
-use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "bench_ops_time_and_leave_nothing",
-            run: bench_ops_time_and_leave_nothing,
-        },
-        Case {
-            name: "bench_bad_inputs",
-            run: bench_bad_inputs,
-        },
-    ]
+    cases![bench_ops_time_and_leave_nothing, bench_bad_inputs,]
 }
 
 fn op(op: u32, order: u32, zero: u32, count: u64, handle: u64) -> uapi::ruvm_bench {

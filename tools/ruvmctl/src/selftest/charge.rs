@@ -5,15 +5,12 @@
 //! bytes), so that a process cannot make the kernel spend memory charged to nobody by making
 //! many small mems. Skipped without the cgroup2 memory controller.
 
-use super::harness::{check, in_child, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, in_child, Case, Context, Stop, TestResult};
 use crate::cgroup::MemGroup;
 use libruvm::Ruvm;
 
 pub fn cases() -> Vec<Case> {
-    vec![Case {
-        name: "charge_mem_objects_to_the_callers_cgroup",
-        run: charge_mem_objects_to_the_callers_cgroup,
-    }]
+    cases![charge_mem_objects_to_the_callers_cgroup]
 }
 
 /// Mems of one page each, made by a child in a cgroup of its own.

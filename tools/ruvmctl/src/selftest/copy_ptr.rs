@@ -10,7 +10,7 @@
 use libruvm::heap::{HeapConfig, PinnedHeap};
 use libruvm::{op, uapi, Errno, Ruvm, UserMap};
 
-use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::sim_gpu;
 use crate::pattern;
 
@@ -19,19 +19,10 @@ const SRC_PTR: u32 = uapi::ruvm_op_flags_RUVM_OP_SRC_PTR;
 const LEN: u64 = 64 << 10;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "copy_ptr_bytes_through_both_sides",
-            run: copy_ptr_bytes_through_both_sides,
-        },
-        Case {
-            name: "copy_ptr_heap_pointer_on_a_stream",
-            run: copy_ptr_heap_pointer_on_a_stream,
-        },
-        Case {
-            name: "copy_ptr_refusals",
-            run: copy_ptr_refusals,
-        },
+    cases![
+        copy_ptr_bytes_through_both_sides,
+        copy_ptr_heap_pointer_on_a_stream,
+        copy_ptr_refusals,
     ]
 }
 

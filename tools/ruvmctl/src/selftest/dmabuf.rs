@@ -17,7 +17,7 @@ use std::{os::fd::AsRawFd, time::Duration};
 
 use nix::errno::Errno;
 
-use super::harness::{check, expect_errno, in_child, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, in_child, Case, Context, Stop, TestResult};
 use super::shared::{live, mismatches, sim_gpu, BufMap};
 use super::vgem::{udmabuf, Vgem};
 use crate::{kmsg, pattern};
@@ -35,43 +35,16 @@ const SYSMEM_BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_BYTES as us
 const ORDER_BROKEN: &str = "freed by its exporter while";
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "dmabuf_mmap_and_engine_share_bytes",
-            run: dmabuf_mmap_and_engine_share_bytes,
-        },
-        Case {
-            name: "dmabuf_import_in_another_process_any_free_order",
-            run: dmabuf_import_in_another_process_any_free_order,
-        },
-        Case {
-            name: "dmabuf_vgem_fence_holds_the_next_copy",
-            run: dmabuf_vgem_fence_holds_the_next_copy,
-        },
-        Case {
-            name: "dmabuf_mmap_pages_cannot_be_dropped",
-            run: mapping::dmabuf_mmap_pages_cannot_be_dropped,
-        },
-        Case {
-            name: "dmabuf_refusals",
-            run: dmabuf_refusals,
-        },
-        Case {
-            name: "dmabuf_kept_chunks_count_in_the_file_limit",
-            run: limits::dmabuf_kept_chunks_count_in_the_file_limit,
-        },
-        Case {
-            name: "dmabuf_import_counts_in_the_file_limit",
-            run: limits::dmabuf_import_counts_in_the_file_limit,
-        },
-        Case {
-            name: "dmabuf_foreign_udmabuf_through_the_engine",
-            run: dmabuf_foreign_udmabuf_through_the_engine,
-        },
-        Case {
-            name: "dmabuf_foreign_vgem_buffer_fenced_and_read_by_vgem",
-            run: dmabuf_foreign_vgem_buffer_fenced_and_read_by_vgem,
-        },
+    cases![
+        dmabuf_mmap_and_engine_share_bytes,
+        dmabuf_import_in_another_process_any_free_order,
+        dmabuf_vgem_fence_holds_the_next_copy,
+        mapping::dmabuf_mmap_pages_cannot_be_dropped,
+        dmabuf_refusals,
+        limits::dmabuf_kept_chunks_count_in_the_file_limit,
+        limits::dmabuf_import_counts_in_the_file_limit,
+        dmabuf_foreign_udmabuf_through_the_engine,
+        dmabuf_foreign_vgem_buffer_fenced_and_read_by_vgem,
     ]
 }
 

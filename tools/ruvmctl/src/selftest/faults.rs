@@ -16,7 +16,7 @@ use nix::errno::Errno;
 
 use super::{
     gpu::sim,
-    harness::{check, Case, Context, Stop, TestResult},
+    harness::{cases, check, Case, Context, Stop, TestResult},
 };
 
 mod injector;
@@ -25,16 +25,7 @@ use injector::Injector;
 use load::fault_sweep_module_load;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "fault_sweep_ioctls",
-            run: fault_sweep_ioctls,
-        },
-        Case {
-            name: "fault_sweep_module_load",
-            run: fault_sweep_module_load,
-        },
-    ]
+    cases![fault_sweep_ioctls, fault_sweep_module_load,]
 }
 
 /// What must not change when a call fails: the audit's counters, the PMMs, the GPUs' mapped

@@ -7,7 +7,7 @@ use nix::errno::Errno;
 
 use nix::unistd::{setuid, Uid};
 
-use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use libruvm::{pci_name, uapi, Ruvm, UserMap};
 
 use crate::pattern;
@@ -20,75 +20,24 @@ use engine::*;
 use host::*;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "gpu_list_matches_sysfs",
-            run: gpu_list_matches_sysfs,
-        },
-        Case {
-            name: "gpu_unbind_and_rebind_keep_the_id",
-            run: gpu_unbind_and_rebind_keep_the_id,
-        },
-        Case {
-            name: "gpu_list_bad_inputs",
-            run: gpu_list_bad_inputs,
-        },
-        Case {
-            name: "gpu_dma_map_is_idempotent_and_in_the_window",
-            run: gpu_dma_map_is_idempotent_and_in_the_window,
-        },
-        Case {
-            name: "gpu_dma_bad_inputs",
-            run: gpu_dma_bad_inputs,
-        },
-        Case {
-            name: "gpu_dma_free_while_mapped_everywhere",
-            run: gpu_dma_free_while_mapped_everywhere,
-        },
-        Case {
-            name: "gpu_dma_unbind_while_mapped",
-            run: gpu_dma_unbind_while_mapped,
-        },
-        Case {
-            name: "gpu_ce_copy_moves_bytes_both_ways",
-            run: gpu_ce_copy_moves_bytes_both_ways,
-        },
-        Case {
-            name: "gpu_two_gpus_two_address_spaces",
-            run: gpu_two_gpus_two_address_spaces,
-        },
-        Case {
-            name: "gpu_ce_copy_bad_inputs",
-            run: gpu_ce_copy_bad_inputs,
-        },
-        Case {
-            name: "gpu_iommu_faults_after_unmap",
-            run: gpu_iommu_faults_after_unmap,
-        },
-        Case {
-            name: "gpu_sim_faults_after_unmap",
-            run: gpu_sim_faults_after_unmap,
-        },
-        Case {
-            name: "gpu_host_gpu_maps_without_binding",
-            run: gpu_host_gpu_maps_without_binding,
-        },
-        Case {
-            name: "gpu_host_detach_drops_tables_and_attach_keeps_the_id",
-            run: gpu_host_detach_drops_tables_and_attach_keeps_the_id,
-        },
-        Case {
-            name: "gpu_attach_bad_inputs",
-            run: gpu_attach_bad_inputs,
-        },
-        Case {
-            name: "gpu_attach_into_a_full_registry",
-            run: gpu_attach_into_a_full_registry,
-        },
-        Case {
-            name: "gpu_attach_unbound_edu_keeps_ruvm_edu_off_it",
-            run: gpu_attach_unbound_edu_keeps_ruvm_edu_off_it,
-        },
+    cases![
+        gpu_list_matches_sysfs,
+        gpu_unbind_and_rebind_keep_the_id,
+        gpu_list_bad_inputs,
+        gpu_dma_map_is_idempotent_and_in_the_window,
+        gpu_dma_bad_inputs,
+        gpu_dma_free_while_mapped_everywhere,
+        gpu_dma_unbind_while_mapped,
+        gpu_ce_copy_moves_bytes_both_ways,
+        gpu_two_gpus_two_address_spaces,
+        gpu_ce_copy_bad_inputs,
+        gpu_iommu_faults_after_unmap,
+        gpu_sim_faults_after_unmap,
+        gpu_host_gpu_maps_without_binding,
+        gpu_host_detach_drops_tables_and_attach_keeps_the_id,
+        gpu_attach_bad_inputs,
+        gpu_attach_into_a_full_registry,
+        gpu_attach_unbound_edu_keeps_ruvm_edu_off_it,
     ]
 }
 

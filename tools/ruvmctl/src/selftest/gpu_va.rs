@@ -9,7 +9,7 @@ use nix::{
     unistd::{setuid, Uid},
 };
 
-use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::{fill, live, mismatches};
 use libruvm::{cmd, uapi, Ruvm};
 
@@ -31,55 +31,19 @@ const KVAS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_GPU_KERNEL_VAS as usize;
 const PTE_READ_ONLY: u64 = 1 << 6;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "gpu_va_test_map_gpu_matrix",
-            run: gpu_va_test_map_gpu_matrix,
-        },
-        Case {
-            name: "gpu_va_data_through_vas",
-            run: gpu_va_data_through_vas,
-        },
-        Case {
-            name: "gpu_va_mixed_page_sizes_share_a_pde0",
-            run: gpu_va_mixed_page_sizes_share_a_pde0,
-        },
-        Case {
-            name: "gpu_va_walk_reads_the_tables_as_written",
-            run: gpu_va_walk_reads_the_tables_as_written,
-        },
-        Case {
-            name: "gpu_va_no_stale_tlb_entry",
-            run: gpu_va_no_stale_tlb_entry,
-        },
-        Case {
-            name: "gpu_va_teardown_order",
-            run: gpu_va_teardown_order,
-        },
-        Case {
-            name: "gpu_va_bad_inputs",
-            run: gpu_va_bad_inputs,
-        },
-        Case {
-            name: "gpu_va_unmap_walk_and_pt_write_errnos",
-            run: gpu_va_unmap_walk_and_pt_write_errnos,
-        },
-        Case {
-            name: "gpu_va_gpu_removed_while_mapped",
-            run: gpu_va_gpu_removed_while_mapped,
-        },
-        Case {
-            name: "gpu_va_user_map_rules",
-            run: gpu_va_user_map_rules,
-        },
-        Case {
-            name: "gpu_va_user_data_read_only_and_separate_spaces",
-            run: gpu_va_user_data_read_only_and_separate_spaces,
-        },
-        Case {
-            name: "gpu_va_user_space_goes_with_the_file",
-            run: gpu_va_user_space_goes_with_the_file,
-        },
+    cases![
+        gpu_va_test_map_gpu_matrix,
+        gpu_va_data_through_vas,
+        gpu_va_mixed_page_sizes_share_a_pde0,
+        gpu_va_walk_reads_the_tables_as_written,
+        gpu_va_no_stale_tlb_entry,
+        gpu_va_teardown_order,
+        gpu_va_bad_inputs,
+        gpu_va_unmap_walk_and_pt_write_errnos,
+        gpu_va_gpu_removed_while_mapped,
+        gpu_va_user_map_rules,
+        gpu_va_user_data_read_only_and_separate_spaces,
+        gpu_va_user_space_goes_with_the_file,
     ]
 }
 

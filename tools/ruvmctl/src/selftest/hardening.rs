@@ -21,23 +21,14 @@ use nix::{
 
 use super::{
     gpu::{bound_edu, dma_live, sim, DRIVER},
-    harness::{check, Case, Context, Stop, TestResult},
+    harness::{cases, check, Case, Context, Stop, TestResult},
 };
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "hard_sim_remap_racing_addr_reads_keeps_the_table",
-            run: hard_sim_remap_racing_addr_reads_keeps_the_table,
-        },
-        Case {
-            name: "hard_unbind_racing_table_drops_leaves_no_mapping",
-            run: hard_unbind_racing_table_drops_leaves_no_mapping,
-        },
-        Case {
-            name: "hard_copy_is_killable_and_leaves_the_gpu_to_others",
-            run: hard_copy_is_killable_and_leaves_the_gpu_to_others,
-        },
+    cases![
+        hard_sim_remap_racing_addr_reads_keeps_the_table,
+        hard_unbind_racing_table_drops_leaves_no_mapping,
+        hard_copy_is_killable_and_leaves_the_gpu_to_others,
     ]
 }
 

@@ -21,6 +21,33 @@ pub struct Case {
     pub run: fn() -> TestResult,
 }
 
+/// The cases of functions `f, ...` (or paths to them), each named after its function:
+/// `cases![mem_matrix_chunk_sizes, large::heap_large_blocks_pack_and_give_back]`.
+macro_rules! cases {
+    ($($f:path),* $(,)?) => {
+        vec![$($crate::selftest::harness::Case {
+            name: $crate::selftest::harness::case_name(stringify!($f)),
+            run: $f,
+        }),*]
+    };
+}
+pub(crate) use cases;
+
+/// A case's name: the last segment of its function's path as `stringify!` spells it
+/// (`large :: heap_x` or `large::heap_x` is `heap_x`).
+pub const fn case_name(path: &'static str) -> &'static str {
+    let b = path.as_bytes();
+    let mut i = b.len();
+    while i > 0 && b[i - 1] != b':' && b[i - 1] != b' ' {
+        i -= 1;
+    }
+    let (_, last) = b.split_at(i);
+    match core::str::from_utf8(last) {
+        Ok(name) => name,
+        Err(_) => path,
+    }
+}
+
 /// Fails the case with a formatted message unless the condition holds.
 macro_rules! check {
     ($cond:expr, $($fmt:tt)+) => {

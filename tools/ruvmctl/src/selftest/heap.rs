@@ -9,7 +9,7 @@
 use libruvm::heap::{arenas, locate, HeapConfig, PinnedHeap};
 use libruvm::{uapi, Errno, Ruvm, UserMap};
 
-use super::harness::{check, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, Case, Context, Stop, TestResult};
 use super::shared::{live, sim_gpu};
 use crate::pattern;
 
@@ -20,47 +20,17 @@ const M: usize = 1 << 20;
 const BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_BYTES as usize;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "heap_every_size_holds_engine_bytes",
-            run: heap_every_size_holds_engine_bytes,
-        },
-        Case {
-            name: "heap_blocks_cross_threads",
-            run: heap_blocks_cross_threads,
-        },
-        Case {
-            name: "heap_collect_gives_chunks_back",
-            run: heap_collect_gives_chunks_back,
-        },
-        Case {
-            name: "heap_realloc_keeps_bytes_across_classes",
-            run: heap_realloc_keeps_bytes_across_classes,
-        },
-        Case {
-            name: "heap_survives_a_forked_child",
-            run: heap_survives_a_forked_child,
-        },
-        Case {
-            name: "heap_refusals",
-            run: heap_refusals,
-        },
-        Case {
-            name: "heap_made_again_takes_its_arena_back",
-            run: heap_made_again_takes_its_arena_back,
-        },
-        Case {
-            name: "heap_pointers_know_their_dma_addresses",
-            run: heap_pointers_know_their_dma_addresses,
-        },
-        Case {
-            name: "heap_arena_with_queued_work_is_not_taken_again",
-            run: heap_arena_with_queued_work_is_not_taken_again,
-        },
-        Case {
-            name: "heap_large_blocks_pack_and_give_back",
-            run: large::heap_large_blocks_pack_and_give_back,
-        },
+    cases![
+        heap_every_size_holds_engine_bytes,
+        heap_blocks_cross_threads,
+        heap_collect_gives_chunks_back,
+        heap_realloc_keeps_bytes_across_classes,
+        heap_survives_a_forked_child,
+        heap_refusals,
+        heap_made_again_takes_its_arena_back,
+        heap_pointers_know_their_dma_addresses,
+        heap_arena_with_queued_work_is_not_taken_again,
+        large::heap_large_blocks_pack_and_give_back,
     ]
 }
 

@@ -37,7 +37,7 @@ use lifetime::*;
 use pinned::*;
 use refusals::*;
 
-use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::live;
 use crate::{kmsg, pattern};
 use libruvm::{uapi, ExportData, Ruvm, UserMap};
@@ -54,47 +54,17 @@ const SYSMEM_BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_BYTES as us
 const ORDER_BROKEN: &str = "freed by its exporter while";
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "ipc_export_data_layout",
-            run: data::ipc_export_data_layout,
-        },
-        Case {
-            name: "ipc_two_processes_share_a_pool_mem",
-            run: ipc_two_processes_share_a_pool_mem,
-        },
-        Case {
-            name: "ipc_imported_pool_cannot_allocate",
-            run: ipc_imported_pool_cannot_allocate,
-        },
-        Case {
-            name: "ipc_forged_stale_and_foreign_data_refused",
-            run: ipc_forged_stale_and_foreign_data_refused,
-        },
-        Case {
-            name: "ipc_exporter_frees_first_chunks_live_on",
-            run: ipc_exporter_frees_first_chunks_live_on,
-        },
-        Case {
-            name: "ipc_exporter_closes_first_chunks_live_on",
-            run: ipc_exporter_closes_first_chunks_live_on,
-        },
-        Case {
-            name: "ipc_stream_free_never_hands_imported_chunks",
-            run: ipc_stream_free_never_hands_imported_chunks,
-        },
-        Case {
-            name: "ipc_ptr_attrs_of_an_imported_mem",
-            run: ipc_ptr_attrs_of_an_imported_mem,
-        },
-        Case {
-            name: "ipc_pinned_chunks_never_reused",
-            run: ipc_pinned_chunks_never_reused,
-        },
-        Case {
-            name: "ipc_pinned_chunks_never_lent_on_a_stream",
-            run: ipc_pinned_chunks_never_lent_on_a_stream,
-        },
+    cases![
+        data::ipc_export_data_layout,
+        ipc_two_processes_share_a_pool_mem,
+        ipc_imported_pool_cannot_allocate,
+        ipc_forged_stale_and_foreign_data_refused,
+        ipc_exporter_frees_first_chunks_live_on,
+        ipc_exporter_closes_first_chunks_live_on,
+        ipc_stream_free_never_hands_imported_chunks,
+        ipc_ptr_attrs_of_an_imported_mem,
+        ipc_pinned_chunks_never_reused,
+        ipc_pinned_chunks_never_lent_on_a_stream,
     ]
 }
 

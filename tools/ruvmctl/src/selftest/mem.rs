@@ -13,7 +13,7 @@ use nix::{
     unistd::{fork, ForkResult},
 };
 
-use super::harness::{check, expect_errno, in_child, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, in_child, Case, Context, Stop, TestResult};
 use libruvm::{uapi, Ruvm, UserMap};
 
 use crate::pattern;
@@ -28,119 +28,35 @@ use refusals::*;
 use user_maps::*;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "mem_matrix_chunk_sizes",
-            run: mem_matrix_chunk_sizes,
-        },
-        Case {
-            name: "mem_mmap_offsets_never_overlap",
-            run: mem_mmap_offsets_never_overlap,
-        },
-        Case {
-            name: "mem_query_reports_the_truth",
-            run: mem_query_reports_the_truth,
-        },
-        Case {
-            name: "mem_kernel_map_is_idempotent",
-            run: mem_kernel_map_is_idempotent,
-        },
-        Case {
-            name: "mem_zeroed_reads_zero_both_ways",
-            run: mem_zeroed_reads_zero_both_ways,
-        },
-        Case {
-            name: "mem_zeroed_over_dirty_pages",
-            run: mem_zeroed_over_dirty_pages,
-        },
-        Case {
-            name: "mem_kernel_writes_user_reads",
-            run: mem_kernel_writes_user_reads,
-        },
-        Case {
-            name: "mem_user_writes_kernel_reads",
-            run: mem_user_writes_kernel_reads,
-        },
-        Case {
-            name: "mem_verify_finds_a_corrupted_byte",
-            run: mem_verify_finds_a_corrupted_byte,
-        },
-        Case {
-            name: "mem_kernel_copy",
-            run: mem_kernel_copy,
-        },
-        Case {
-            name: "mem_copies_both_ways_at_once",
-            run: mem_copies_both_ways_at_once,
-        },
-        Case {
-            name: "mem_alloc_bad_inputs",
-            run: mem_alloc_bad_inputs,
-        },
-        Case {
-            name: "mem_handle_bad_inputs",
-            run: mem_handle_bad_inputs,
-        },
-        Case {
-            name: "mem_fill_bad_inputs",
-            run: mem_fill_bad_inputs,
-        },
-        Case {
-            name: "mem_other_files_handles_are_enoent",
-            run: mem_other_files_handles_are_enoent,
-        },
-        Case {
-            name: "mem_mmap_bad_inputs",
-            run: mem_mmap_bad_inputs,
-        },
-        Case {
-            name: "mem_mapping_cannot_be_split_or_made_executable",
-            run: mem_mapping_cannot_be_split_or_made_executable,
-        },
-        Case {
-            name: "mem_mmap_racing_free_leaves_no_mapping",
-            run: mem_mmap_racing_free_leaves_no_mapping,
-        },
-        Case {
-            name: "mem_access_after_free_faults",
-            run: mem_access_after_free_faults,
-        },
-        Case {
-            name: "mem_moved_mapping_faults_after_free",
-            run: mem_moved_mapping_faults_after_free,
-        },
-        Case {
-            name: "mem_small_mmap_is_filled_at_once",
-            run: mem_small_mmap_is_filled_at_once,
-        },
-        Case {
-            name: "mem_forked_child_has_no_mapping",
-            run: mem_forked_child_has_no_mapping,
-        },
-        Case {
-            name: "mem_close_frees_everything",
-            run: mem_close_frees_everything,
-        },
-        Case {
-            name: "mem_size_limits",
-            run: mem_size_limits,
-        },
-        Case {
-            name: "mem_beyond_memory_is_enomem",
-            run: mem_beyond_memory_is_enomem,
-        },
-        Case {
-            name: "mem_fallback_under_fragmentation",
-            run: mem_fallback_under_fragmentation,
-        },
-        Case {
-            name: "mem_small_chunks_without_free_blocks",
-            run: mem_small_chunks_without_free_blocks,
-        },
-        Case {
-            name: "mem_charged_to_the_callers_memory_cgroup",
-            run: mem_charged_to_the_callers_memory_cgroup,
-        },
+    cases![
+        mem_matrix_chunk_sizes,
+        mem_mmap_offsets_never_overlap,
+        mem_query_reports_the_truth,
+        mem_kernel_map_is_idempotent,
+        mem_zeroed_reads_zero_both_ways,
+        mem_zeroed_over_dirty_pages,
+        mem_kernel_writes_user_reads,
+        mem_user_writes_kernel_reads,
+        mem_verify_finds_a_corrupted_byte,
+        mem_kernel_copy,
+        mem_copies_both_ways_at_once,
+        mem_alloc_bad_inputs,
+        mem_handle_bad_inputs,
+        mem_fill_bad_inputs,
+        mem_other_files_handles_are_enoent,
+        mem_mmap_bad_inputs,
+        mem_mapping_cannot_be_split_or_made_executable,
+        mem_mmap_racing_free_leaves_no_mapping,
+        mem_access_after_free_faults,
+        mem_moved_mapping_faults_after_free,
+        mem_small_mmap_is_filled_at_once,
+        mem_forked_child_has_no_mapping,
+        mem_close_frees_everything,
+        mem_size_limits,
+        mem_beyond_memory_is_enomem,
+        mem_fallback_under_fragmentation,
+        mem_small_chunks_without_free_blocks,
+        mem_charged_to_the_callers_memory_cgroup,
     ]
 }
 

@@ -11,26 +11,17 @@ use std::num::NonZeroUsize;
 use libruvm::{cmd, uapi, Errno, Ruvm};
 use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
 
-use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::{readable, vidmem_gpu};
 use crate::pattern;
 
 const MAP_USER: u32 = uapi::ruvm_alloc_flags_RUVM_ALLOC_MAP_USER;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "one_call_alloc_maps_and_free_unmaps",
-            run: one_call_alloc_maps_and_free_unmaps,
-        },
-        Case {
-            name: "one_call_free_leaves_what_the_program_changed",
-            run: one_call_free_leaves_what_the_program_changed,
-        },
-        Case {
-            name: "one_call_refusals",
-            run: one_call_refusals,
-        },
+    cases![
+        one_call_alloc_maps_and_free_unmaps,
+        one_call_free_leaves_what_the_program_changed,
+        one_call_refusals,
     ]
 }
 

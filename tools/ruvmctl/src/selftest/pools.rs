@@ -6,7 +6,7 @@
 
 use nix::errno::Errno;
 
-use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::{
     fill, live, meminfo, mismatches, reclaim_root, sim_gpu, touch_in_child, vid_alloc, vid_pool,
 };
@@ -25,47 +25,17 @@ const DMA_MAPPINGS: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as us
 const ZERO: u32 = uapi::ruvm_alloc_flags_RUVM_ALLOC_ZERO;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "pool_attributes_follow_cuda",
-            run: pool_attributes_follow_cuda,
-        },
-        Case {
-            name: "pool_reuse_is_real_and_never_stale",
-            run: pool_reuse_is_real_and_never_stale,
-        },
-        Case {
-            name: "pool_reused_list_brings_its_mmap_offset",
-            run: pool_reused_list_brings_its_mmap_offset,
-        },
-        Case {
-            name: "pool_gives_back_oldest_lists_first",
-            run: pool_gives_back_oldest_lists_first,
-        },
-        Case {
-            name: "pool_chunks_stay_mapped_for_its_gpus",
-            run: pool_chunks_stay_mapped_for_its_gpus,
-        },
-        Case {
-            name: "pool_bad_inputs",
-            run: pool_bad_inputs,
-        },
-        Case {
-            name: "pool_close_gives_everything_back",
-            run: pool_close_gives_everything_back,
-        },
-        Case {
-            name: "pool_shrinks_under_memory_pressure",
-            run: pool_shrinks_under_memory_pressure,
-        },
-        Case {
-            name: "pool_of_vidmem",
-            run: pool_of_vidmem,
-        },
-        Case {
-            name: "pool_lists_its_process_by_its_host_pid",
-            run: pool_lists_its_process_by_its_host_pid,
-        },
+    cases![
+        pool_attributes_follow_cuda,
+        pool_reuse_is_real_and_never_stale,
+        pool_reused_list_brings_its_mmap_offset,
+        pool_gives_back_oldest_lists_first,
+        pool_chunks_stay_mapped_for_its_gpus,
+        pool_bad_inputs,
+        pool_close_gives_everything_back,
+        pool_shrinks_under_memory_pressure,
+        pool_of_vidmem,
+        pool_lists_its_process_by_its_host_pid,
     ]
 }
 

@@ -21,7 +21,7 @@ use nix::{
     sys::wait::WaitStatus,
 };
 
-use super::harness::{check, expect_errno, in_child, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, in_child, Case, Context, Stop, TestResult};
 use super::shared::{readable, UserMapAnon};
 use libruvm::{cmd, uapi, Ruvm, UserMap};
 
@@ -38,43 +38,16 @@ const FREED: u32 = uapi::ruvm_ptr_flags_RUVM_PTR_FREED;
 const SYSMEM: u32 = uapi::ruvm_backing_RUVM_BACKING_SYSMEM;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "ptr_first_last_and_past_the_end",
-            run: ptr_first_last_and_past_the_end,
-        },
-        Case {
-            name: "ptr_after_munmap_is_none",
-            run: ptr_after_munmap_is_none,
-        },
-        Case {
-            name: "ptr_stack_heap_and_other_mappings_are_none",
-            run: ptr_stack_heap_and_other_mappings_are_none,
-        },
-        Case {
-            name: "ptr_pool_and_gpu_mappings",
-            run: ptr_pool_and_gpu_mappings,
-        },
-        Case {
-            name: "ptr_freed_mem_is_flagged",
-            run: ptr_freed_mem_is_flagged,
-        },
-        Case {
-            name: "ptr_other_file_has_no_handle",
-            run: ptr_other_file_has_no_handle,
-        },
-        Case {
-            name: "ptr_forked_child_maps_through_the_inherited_file",
-            run: ptr_forked_child_maps_through_the_inherited_file,
-        },
-        Case {
-            name: "ptr_bad_flags_and_reserved_are_einval",
-            run: ptr_bad_flags_and_reserved_are_einval,
-        },
-        Case {
-            name: "ptr_unwritable_argument_is_efault",
-            run: ptr_unwritable_argument_is_efault,
-        },
+    cases![
+        ptr_first_last_and_past_the_end,
+        ptr_after_munmap_is_none,
+        ptr_stack_heap_and_other_mappings_are_none,
+        ptr_pool_and_gpu_mappings,
+        ptr_freed_mem_is_flagged,
+        ptr_other_file_has_no_handle,
+        ptr_forked_child_maps_through_the_inherited_file,
+        ptr_bad_flags_and_reserved_are_einval,
+        ptr_unwritable_argument_is_efault,
     ]
 }
 

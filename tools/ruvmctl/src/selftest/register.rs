@@ -19,7 +19,7 @@ use nix::{
     sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags},
 };
 
-use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::sim_gpu;
 use super::streams::Gate;
 use crate::pattern;
@@ -30,39 +30,15 @@ const LEN: u64 = 64 << 10;
 const REGISTERED: u32 = uapi::ruvm_ptr_flags_RUVM_PTR_REGISTERED;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "register_bytes_reach_the_engine_both_ways",
-            run: register_bytes_reach_the_engine_both_ways,
-        },
-        Case {
-            name: "register_refusals",
-            run: register_refusals,
-        },
-        Case {
-            name: "register_munmap_with_work_queued",
-            run: register_munmap_with_work_queued,
-        },
-        Case {
-            name: "register_again_right_after_munmap",
-            run: register_again_right_after_munmap,
-        },
-        Case {
-            name: "register_fork_keeps_the_parents_pages",
-            run: register_fork_keeps_the_parents_pages,
-        },
-        Case {
-            name: "register_file_truncated_under_it",
-            run: register_file_truncated_under_it,
-        },
-        Case {
-            name: "register_private_file_mapping_never_writes_the_file",
-            run: register_private_file_mapping_never_writes_the_file,
-        },
-        Case {
-            name: "register_beyond_memlock_is_enomem",
-            run: register_beyond_memlock_is_enomem,
-        },
+    cases![
+        register_bytes_reach_the_engine_both_ways,
+        register_refusals,
+        register_munmap_with_work_queued,
+        register_again_right_after_munmap,
+        register_fork_keeps_the_parents_pages,
+        register_file_truncated_under_it,
+        register_private_file_mapping_never_writes_the_file,
+        register_beyond_memlock_is_enomem,
     ]
 }
 

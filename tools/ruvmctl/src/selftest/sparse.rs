@@ -10,7 +10,7 @@ use std::os::fd::AsFd;
 
 use libruvm::{cmd, op, uapi, Errno, Ruvm, UserMap};
 
-use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::{live, readable, sim_gpu};
 
 const K: u64 = 1024;
@@ -21,31 +21,13 @@ const BYTES: usize = uapi::ruvm_audit_class_RUVM_AUDIT_SYSMEM_BYTES as usize;
 const DMA: usize = uapi::ruvm_audit_class_RUVM_AUDIT_DMA_MAPPINGS as usize;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "sparse_chunks_come_and_go",
-            run: sparse_chunks_come_and_go,
-        },
-        Case {
-            name: "sparse_engine_and_fill_reach_resident_chunks",
-            run: sparse_engine_and_fill_reach_resident_chunks,
-        },
-        Case {
-            name: "sparse_release_refused_under_queued_work",
-            run: sparse_release_refused_under_queued_work,
-        },
-        Case {
-            name: "sparse_two_gpus_keep_chunks_apart",
-            run: sparse_two_gpus_keep_chunks_apart,
-        },
-        Case {
-            name: "sparse_populate_bounded_by_the_memory_cgroup",
-            run: sparse_populate_bounded_by_the_memory_cgroup,
-        },
-        Case {
-            name: "sparse_refusals",
-            run: sparse_refusals,
-        },
+    cases![
+        sparse_chunks_come_and_go,
+        sparse_engine_and_fill_reach_resident_chunks,
+        sparse_release_refused_under_queued_work,
+        sparse_two_gpus_keep_chunks_apart,
+        sparse_populate_bounded_by_the_memory_cgroup,
+        sparse_refusals,
     ]
 }
 

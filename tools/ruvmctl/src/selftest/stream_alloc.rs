@@ -27,7 +27,7 @@ use nix::{
     unistd::{fork, pipe2, ForkResult},
 };
 
-use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::{live, readable, vid_pool, vidmem_gpu};
 use super::streams::{
     drained, engine_on, errno_of, mem_on, need_mmu, remove_gpu, signalled, user_mismatches,
@@ -77,115 +77,34 @@ const TEARDOWN_CLASSES: [usize; 12] = [
 const GATE_MS: u32 = uapi::RUVM_WAIT_MAX_MS;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "salloc_same_stream_reuses_at_once",
-            run: salloc_same_stream_reuses_at_once,
-        },
-        Case {
-            name: "salloc_reuse_follows_event_dependencies",
-            run: salloc_reuse_follows_event_dependencies,
-        },
-        Case {
-            name: "salloc_reuse_opportunistic_once_the_free_is_reached",
-            run: salloc_reuse_opportunistic_once_the_free_is_reached,
-        },
-        Case {
-            name: "salloc_reuse_internal_dependencies_only_without_memory",
-            run: salloc_reuse_internal_dependencies_only_without_memory,
-        },
-        Case {
-            name: "salloc_reuse_internal_dependencies_when_the_quota_is_full",
-            run: salloc_reuse_internal_dependencies_when_the_quota_is_full,
-        },
-        Case {
-            name: "salloc_reuse_after_synchronize_needs_no_policy",
-            run: salloc_reuse_after_synchronize_needs_no_policy,
-        },
-        Case {
-            name: "salloc_free_never_hands_queued_chunks",
-            run: salloc_free_never_hands_queued_chunks,
-        },
-        Case {
-            name: "salloc_zero_reuses_in_stream_order",
-            run: salloc_zero_reuses_in_stream_order,
-        },
-        Case {
-            name: "salloc_threshold_at_synchronize",
-            run: salloc_threshold_at_synchronize,
-        },
-        Case {
-            name: "salloc_footprint_1000",
-            run: salloc_footprint_1000,
-        },
-        Case {
-            name: "salloc_footprint_1000_batched",
-            run: salloc_footprint_1000_batched,
-        },
-        Case {
-            name: "salloc_freed_chunks_keep_their_charge_while_pinned",
-            run: salloc_freed_chunks_keep_their_charge_while_pinned,
-        },
-        Case {
-            name: "salloc_bad_inputs",
-            run: salloc_bad_inputs,
-        },
-        Case {
-            name: "salloc_default_pool",
-            run: salloc_default_pool,
-        },
-        Case {
-            name: "salloc_teardown_close",
-            run: salloc_teardown_close,
-        },
-        Case {
-            name: "salloc_teardown_kill",
-            run: salloc_teardown_kill,
-        },
-        Case {
-            name: "salloc_teardown_gpu_removal",
-            run: salloc_teardown_gpu_removal,
-        },
-        Case {
-            name: "salloc_sync_memfree_waits_safe",
-            run: salloc_sync_memfree_waits_safe,
-        },
-        Case {
-            name: "salloc_free_of_a_mapped_mem_keeps_its_chunks_until_unmapped",
-            run: salloc_free_of_a_mapped_mem_keeps_its_chunks_until_unmapped,
-        },
-        Case {
-            name: "salloc_free_keeps_gpu_va_mappings_until_reached",
-            run: salloc_free_keeps_gpu_va_mappings_until_reached,
-        },
-        Case {
-            name: "salloc_destroyed_streams_frees_are_cached_at_the_next_sync",
-            run: salloc_destroyed_streams_frees_are_cached_at_the_next_sync,
-        },
-        Case {
-            name: "salloc_whole_takes_the_freed_mem",
-            run: whole::salloc_whole_takes_the_freed_mem,
-        },
-        Case {
-            name: "salloc_whole_undone_by_a_failed_submission",
-            run: whole::salloc_whole_undone_by_a_failed_submission,
-        },
-        Case {
-            name: "salloc_whole_failed_pair_makes_no_pool",
-            run: whole::salloc_whole_failed_pair_makes_no_pool,
-        },
-        Case {
-            name: "salloc_free_on_an_idle_stream_is_reached_at_submit",
-            run: whole::salloc_free_on_an_idle_stream_is_reached_at_submit,
-        },
-        Case {
-            name: "salloc_borrow_never_passes_on_a_held_page",
-            run: held::salloc_borrow_never_passes_on_a_held_page,
-        },
-        Case {
-            name: "salloc_whole_never_passes_on_a_held_page",
-            run: held::salloc_whole_never_passes_on_a_held_page,
-        },
+    cases![
+        salloc_same_stream_reuses_at_once,
+        salloc_reuse_follows_event_dependencies,
+        salloc_reuse_opportunistic_once_the_free_is_reached,
+        salloc_reuse_internal_dependencies_only_without_memory,
+        salloc_reuse_internal_dependencies_when_the_quota_is_full,
+        salloc_reuse_after_synchronize_needs_no_policy,
+        salloc_free_never_hands_queued_chunks,
+        salloc_zero_reuses_in_stream_order,
+        salloc_threshold_at_synchronize,
+        salloc_footprint_1000,
+        salloc_footprint_1000_batched,
+        salloc_freed_chunks_keep_their_charge_while_pinned,
+        salloc_bad_inputs,
+        salloc_default_pool,
+        salloc_teardown_close,
+        salloc_teardown_kill,
+        salloc_teardown_gpu_removal,
+        salloc_sync_memfree_waits_safe,
+        salloc_free_of_a_mapped_mem_keeps_its_chunks_until_unmapped,
+        salloc_free_keeps_gpu_va_mappings_until_reached,
+        salloc_destroyed_streams_frees_are_cached_at_the_next_sync,
+        whole::salloc_whole_takes_the_freed_mem,
+        whole::salloc_whole_undone_by_a_failed_submission,
+        whole::salloc_whole_failed_pair_makes_no_pool,
+        whole::salloc_free_on_an_idle_stream_is_reached_at_submit,
+        held::salloc_borrow_never_passes_on_a_held_page,
+        held::salloc_whole_never_passes_on_a_held_page,
     ]
 }
 

@@ -22,7 +22,7 @@ use std::{
 
 use nix::errno::Errno;
 
-use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::{live, mismatches, sim_gpu};
 use crate::pattern;
 use libruvm::{
@@ -56,111 +56,33 @@ pub(super) const SIGNAL_BOUND: Duration = Duration::from_secs(10);
 const USER_VA: u64 = 0x10_0000_0000;
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "stream_copy_chain_in_order",
-            run: stream_copy_chain_in_order,
-        },
-        Case {
-            name: "stream_two_gpus_overlap",
-            run: stream_two_gpus_overlap,
-        },
-        Case {
-            name: "stream_waits_for_another_streams_event",
-            run: stream_waits_for_another_streams_event,
-        },
-        Case {
-            name: "stream_waits_for_sw_sync",
-            run: stream_waits_for_sw_sync,
-        },
-        Case {
-            name: "stream_wait_timeout_is_sticky",
-            run: stream_wait_timeout_is_sticky,
-        },
-        Case {
-            name: "stream_fault_is_sticky",
-            run: stream_fault_is_sticky,
-        },
-        Case {
-            name: "stream_kill_with_1000_ops_signals_every_fence",
-            run: going::stream_kill_with_1000_ops_signals_every_fence,
-        },
-        Case {
-            name: "stream_close_with_work_queued",
-            run: going::stream_close_with_work_queued,
-        },
-        Case {
-            name: "stream_gpu_removal_mid_stream",
-            run: going::stream_gpu_removal_mid_stream,
-        },
-        Case {
-            name: "stream_submit_after_gpu_removal_is_enodev",
-            run: submitting::stream_submit_after_gpu_removal_is_enodev,
-        },
-        Case {
-            name: "stream_enodev_at_queueing_once_the_gpu_is_going",
-            run: submitting::stream_enodev_at_queueing_once_the_gpu_is_going,
-        },
-        Case {
-            name: "stream_status_page_follows_completion",
-            run: status::stream_status_page_follows_completion,
-        },
-        Case {
-            name: "stream_status_page_refusals",
-            run: status::stream_status_page_refusals,
-        },
-        Case {
-            name: "stream_point_fences_made_out_of_order",
-            run: points::stream_point_fences_made_out_of_order,
-        },
-        Case {
-            name: "stream_marks_reached_in_order",
-            run: points::stream_marks_reached_in_order,
-        },
-        Case {
-            name: "stream_killed_waiter_dies_at_once",
-            run: submitting::stream_killed_waiter_dies_at_once,
-        },
-        Case {
-            name: "stream_failing_alloc_is_bounded",
-            run: submitting::stream_failing_alloc_is_bounded,
-        },
-        Case {
-            name: "stream_destroy_lets_work_finish",
-            run: going::stream_destroy_lets_work_finish,
-        },
-        Case {
-            name: "stream_bad_inputs",
-            run: refusals::stream_bad_inputs,
-        },
-        Case {
-            name: "stream_submit_batch_cost",
-            run: stream_submit_batch_cost,
-        },
-        Case {
-            name: "stream_ops_read_from_any_placement",
-            run: reads::stream_ops_read_from_any_placement,
-        },
-        Case {
-            name: "stream_marks_on_an_idle_stream_retire_at_submit",
-            run: reads::stream_marks_on_an_idle_stream_retire_at_submit,
-        },
-        Case {
-            name: "stream_ops_read_leaves_no_pin",
-            run: reads::stream_ops_read_leaves_no_pin,
-        },
-        Case {
-            name: "stream_last_record_wins",
-            run: reads::stream_last_record_wins,
-        },
-        Case {
-            name: "stream_many_events_in_one_submission",
-            run: reads::stream_many_events_in_one_submission,
-        },
-        Case {
-            name: "stream_destroyed_idle_streams_leave_the_count",
-            run: stream_destroyed_idle_streams_leave_the_count,
-        },
+    cases![
+        stream_copy_chain_in_order,
+        stream_two_gpus_overlap,
+        stream_waits_for_another_streams_event,
+        stream_waits_for_sw_sync,
+        stream_wait_timeout_is_sticky,
+        stream_fault_is_sticky,
+        going::stream_kill_with_1000_ops_signals_every_fence,
+        going::stream_close_with_work_queued,
+        going::stream_gpu_removal_mid_stream,
+        submitting::stream_submit_after_gpu_removal_is_enodev,
+        submitting::stream_enodev_at_queueing_once_the_gpu_is_going,
+        status::stream_status_page_follows_completion,
+        status::stream_status_page_refusals,
+        points::stream_point_fences_made_out_of_order,
+        points::stream_marks_reached_in_order,
+        submitting::stream_killed_waiter_dies_at_once,
+        submitting::stream_failing_alloc_is_bounded,
+        going::stream_destroy_lets_work_finish,
+        refusals::stream_bad_inputs,
+        stream_submit_batch_cost,
+        reads::stream_ops_read_from_any_placement,
+        reads::stream_marks_on_an_idle_stream_retire_at_submit,
+        reads::stream_ops_read_leaves_no_pin,
+        reads::stream_last_record_wins,
+        reads::stream_many_events_in_one_submission,
+        stream_destroyed_idle_streams_leave_the_count,
     ]
 }
 

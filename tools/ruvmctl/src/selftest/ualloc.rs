@@ -8,7 +8,7 @@
 
 use nix::errno::Errno;
 
-use super::harness::{check, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, expect_errno, Case, Context, Stop, TestResult};
 use super::shared::live;
 use std::os::fd::AsFd;
 
@@ -18,35 +18,14 @@ use libruvm::alloc::{Allocator, Block, Config, Reuse};
 use libruvm::{op, uapi, Ruvm};
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "ualloc_blocks_hold_engine_and_cpu_bytes",
-            run: ualloc_blocks_hold_engine_and_cpu_bytes,
-        },
-        Case {
-            name: "ualloc_cross_stream_reuse_follows_the_rules",
-            run: ualloc_cross_stream_reuse_follows_the_rules,
-        },
-        Case {
-            name: "ualloc_gives_back_at_synchronize_and_trim",
-            run: ualloc_gives_back_at_synchronize_and_trim,
-        },
-        Case {
-            name: "ualloc_release_stream_forgets_it",
-            run: ualloc_release_stream_forgets_it,
-        },
-        Case {
-            name: "ualloc_bad_inputs",
-            run: ualloc_bad_inputs,
-        },
-        Case {
-            name: "ualloc_counts_each_allocation_a_hit_or_a_miss",
-            run: ualloc_counts_each_allocation_a_hit_or_a_miss,
-        },
-        Case {
-            name: "ualloc_stream_in_error_stays_eio_without_a_status_page",
-            run: ualloc_stream_in_error_stays_eio_without_a_status_page,
-        },
+    cases![
+        ualloc_blocks_hold_engine_and_cpu_bytes,
+        ualloc_cross_stream_reuse_follows_the_rules,
+        ualloc_gives_back_at_synchronize_and_trim,
+        ualloc_release_stream_forgets_it,
+        ualloc_bad_inputs,
+        ualloc_counts_each_allocation_a_hit_or_a_miss,
+        ualloc_stream_in_error_stays_eio_without_a_status_page,
     ]
 }
 

@@ -6,7 +6,7 @@
 use nix::errno::Errno;
 use nix::unistd::{setuid, Uid};
 
-use super::harness::{check, child_checks, expect_errno, Case, Context, Stop, TestResult};
+use super::harness::{cases, check, child_checks, expect_errno, Case, Context, Stop, TestResult};
 use libruvm::{pci_name, uapi, Ruvm, UserMap};
 
 use super::shared::{
@@ -29,67 +29,22 @@ const M: u64 = 1024 * K;
 const SIZES: [u64; 3] = [4 * K, 64 * K, 2 * M];
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case {
-            name: "vidmem_limit_dmem_bounds_each_cgroup",
-            run: vidmem_limit_dmem_bounds_each_cgroup,
-        },
-        Case {
-            name: "vidmem_limit_dmem_every_path_gives_back",
-            run: vidmem_limit_dmem_every_path_gives_back,
-        },
-        Case {
-            name: "vidmem_limit_dmem_gpu_removed_and_back",
-            run: vidmem_limit_dmem_gpu_removed_and_back,
-        },
-        Case {
-            name: "vidmem_limit_per_user",
-            run: vidmem_limit_per_user,
-        },
-        Case {
-            name: "vidmem_chunk_rules_for_every_page_size",
-            run: vidmem_chunk_rules_for_every_page_size,
-        },
-        Case {
-            name: "vidmem_mappings_and_addresses",
-            run: vidmem_mappings_and_addresses,
-        },
-        Case {
-            name: "vidmem_root_chunk_splits_and_merges_back",
-            run: vidmem_root_chunk_splits_and_merges_back,
-        },
-        Case {
-            name: "vidmem_storage_kept_for_reuse",
-            run: vidmem_storage_kept_for_reuse,
-        },
-        Case {
-            name: "vidmem_kept_storage_shrinks_under_memory_pressure",
-            run: vidmem_kept_storage_shrinks_under_memory_pressure,
-        },
-        Case {
-            name: "vidmem_exhaustion_and_recovery",
-            run: vidmem_exhaustion_and_recovery,
-        },
-        Case {
-            name: "vidmem_ce_round_trip_through_vidmem",
-            run: vidmem_ce_round_trip_through_vidmem,
-        },
-        Case {
-            name: "vidmem_known_zero_chunks_and_every_write",
-            run: vidmem_known_zero_chunks_and_every_write,
-        },
-        Case {
-            name: "vidmem_pmm_bad_inputs",
-            run: vidmem_pmm_bad_inputs,
-        },
-        Case {
-            name: "vidmem_unbind_with_live_mems",
-            run: vidmem_unbind_with_live_mems,
-        },
-        Case {
-            name: "vidmem_none_on_a_gpu_without_any",
-            run: vidmem_none_on_a_gpu_without_any,
-        },
+    cases![
+        vidmem_limit_dmem_bounds_each_cgroup,
+        vidmem_limit_dmem_every_path_gives_back,
+        vidmem_limit_dmem_gpu_removed_and_back,
+        vidmem_limit_per_user,
+        vidmem_chunk_rules_for_every_page_size,
+        vidmem_mappings_and_addresses,
+        vidmem_root_chunk_splits_and_merges_back,
+        vidmem_storage_kept_for_reuse,
+        vidmem_kept_storage_shrinks_under_memory_pressure,
+        vidmem_exhaustion_and_recovery,
+        vidmem_ce_round_trip_through_vidmem,
+        vidmem_known_zero_chunks_and_every_write,
+        vidmem_pmm_bad_inputs,
+        vidmem_unbind_with_live_mems,
+        vidmem_none_on_a_gpu_without_any,
     ]
 }
 
