@@ -102,34 +102,53 @@ pub(super) fn fold_mark(
     }
 }
 
-/// Reads, checks and plans one operation of a submission, at `seqno` of the stream's timeline
-/// `context` on `engine`'s GPU, with one of the submission's `units`. A RECORD notes its seqno
-/// in `events`; a WAIT_EVENT sees the last of those for its event (a submission is the same as
-/// its operations one by one).
+/// What planning a submission's operations shares: where they are read from and looked up,
+/// the stream's engine and timeline, and the submission's own tables, each borrowed for the
+/// planning (see [`super::StreamCore::submit`]).
+pub(super) struct Submission<'a> {
+    /// The submission's operations, as read once.
+    pub(super) ops: &'a [uapi::ruvm_op],
+    /// The files that handles name.
+    pub(super) files: &'a dyn Lookup,
+    /// The stream's engine (its GPU).
+    pub(super) engine: &'a Arc<Engine>,
+    /// The stream's fence context (its timeline).
+    pub(super) context: u64,
+    /// The stream's timeline as a pool sees it.
+    pub(super) clock: &'a dyn Fn() -> Arc<dyn Clock>,
+    /// The points the stream's earlier submissions waited for.
+    pub(super) known: &'a Known,
+    /// The events the submission names, and where it records them.
+    pub(super) events: &'a mut Events,
+    /// The operations the stream's budget lets it queue.
+    pub(super) units: &'a mut Units,
+    /// The submission's ALLOCs and FREEs (see [`super::alloc`]).
+    pub(super) batch: &'a mut Batch,
+}
+
+/// Reads, checks and plans operation `index` of the submission `sub`, at `seqno` of the
+/// stream's timeline, with one of the submission's units. A RECORD notes its seqno in the
+/// submission's events; a WAIT_EVENT sees the last of those for its event (a submission is the
+/// same as its operations one by one).
 /// Returns the new operation, or `None` for a mark, which costs nothing of its own: folded into
 /// the submission's previous operation (see [`Op::fold`]), or leading it (see
 /// [`super::StreamCore::submit`]): a record, a wait that the stream's order already satisfies
 /// (a point of its own timeline, a point reached, or none), an ALLOC the pool met at once with
 /// nothing to zero, a FREE whose mem the next ALLOC takes whole.
 ///
-/// ALLOC and FREE, and the index flags, are planned with the submission's `batch` (see
-/// [`super::alloc`]); `index` is the operation's in the submission, `next` the operation after
-/// it, `clock` the stream's timeline as a pool sees it, `known` the points its earlier
-/// submissions waited for.
+/// ALLOC and FREE, and the index flags, are planned with the submission's batch (see
+/// [`super::alloc`]), the operation after this one in view.
 pub(super) fn plan(
-    op: &uapi::ruvm_op,
-    files: &dyn Lookup,
-    engine: &Arc<Engine>,
-    (context, seqno): (u64, u64),
-    (events, units): (&mut Events, &mut Units),
-    batch: &mut Batch,
-    (index, next, clock, known): (
-        usize,
-        Option<&uapi::ruvm_op>,
-        &dyn Fn() -> Arc<dyn Clock>,
-        &Known,
-    ),
+    sub: &mut Submission<'_>,
+    index: usize,
+    seqno: u64,
 ) -> Result<Option<ListArc<Op>>> {
+    let ops = sub.ops;
+    let op = ops.get(index).ok_or(EINVAL)?;
+    let next = ops.get(index + 1);
+    let (files, engine, context, clock, known) =
+        (sub.files, sub.engine, sub.context, sub.clock, sub.known);
+    let (events, units, batch) = (&mut *sub.events, &mut *sub.units, &mut *sub.batch);
     let gpu = engine.gpu();
     match op.kind {
         uapi::ruvm_op_kind_RUVM_OP_COPY => {

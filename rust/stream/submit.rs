@@ -54,6 +54,17 @@ impl StreamCore {
         let mut planned = List::<Op>::new();
         // The operations whose fences go into dma-bufs' reservation objects once queued.
         let mut published: KVec<Arc<Op>> = KVec::new();
+        let mut sub = plan::Submission {
+            ops: &raw,
+            files,
+            engine: &self.engine,
+            context: self.context,
+            clock: &clock,
+            known: &known,
+            events: &mut events,
+            units: &mut units,
+            batch: &mut batch,
+        };
         // The operation before, and the marks folded into it since (counted into it at once,
         // when the next is planned or the submission ends).
         let mut prev: Option<Arc<Op>> = None;
@@ -63,18 +74,10 @@ impl StreamCore {
         // follows (they are reached before it), or when the stream is busy.
         let mut lead: Option<u64> = None;
         for ((op, seqno), index) in raw.iter().zip(first..).zip(0usize..) {
-            let new = if plan::fold_mark(op, &mut events, index, seqno)? {
+            let new = if plan::fold_mark(op, sub.events, index, seqno)? {
                 None
             } else {
-                plan::plan(
-                    op,
-                    files,
-                    &self.engine,
-                    (self.context, seqno),
-                    (&mut events, &mut units),
-                    &mut batch,
-                    (index, raw.get(index + 1), &clock, &known),
-                )?
+                plan::plan(&mut sub, index, seqno)?
             };
             let Some(new) = new else {
                 if prev.is_none() && lead.is_none() {
@@ -84,8 +87,8 @@ impl StreamCore {
                 continue;
             };
             match (prev.as_deref(), lead.take()) {
-                (Some(p), _) => p.fold(folded, &mut units)?,
-                (None, Some(l)) => planned.push_back(marks_op(l, folded, &mut units)?),
+                (Some(p), _) => p.fold(folded, sub.units)?,
+                (None, Some(l)) => planned.push_back(marks_op(l, folded, sub.units)?),
                 (None, None) => {}
             }
             folded = (0, 0);
@@ -96,13 +99,13 @@ impl StreamCore {
             planned.push_back(new);
         }
         if let Some(p) = prev.take() {
-            p.fold(folded, &mut units)?;
+            p.fold(folded, sub.units)?;
         }
         // Marks only: reached at once on an idle stream (nothing to queue, no runner), else
         // queued as one operation behind the work before them.
         let at_once = match lead {
             Some(l) if !idle => {
-                planned.push_back(marks_op(l, folded, &mut units)?);
+                planned.push_back(marks_op(l, folded, sub.units)?);
                 false
             }
             Some(_) => true,
