@@ -15,6 +15,7 @@ use libmimalloc_sys as mi;
 use nix::errno::Errno;
 use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
 
+use super::large::{LargeBlocks, Part};
 use super::HeapConfig;
 use crate::{uapi, Ruvm};
 
@@ -167,7 +168,7 @@ pub(super) struct Arena {
     /// ([`super::large`]) is the rest, as long.
     mi_len: u64,
     /// The large blocks' bookkeeping.
-    pub(super) large: Mutex<super::large::Large>,
+    large: LargeBlocks,
     /// Of the resident bytes, those of the large blocks' part ([`Arena::large_base`] on):
     /// changed under the residency's lock, read without it.
     large_bytes: AtomicU64,
@@ -236,7 +237,7 @@ impl Arena {
             base,
             len,
             mi_len: part,
-            large: Mutex::new(super::large::Large::new(part)),
+            large: LargeBlocks::new(part),
             large_bytes: AtomicU64::new(0),
             id: AtomicUsize::new(0),
             meta: AtomicU64::new(0),
@@ -377,28 +378,35 @@ impl Arena {
         self.len
     }
 
-    /// The address of the large blocks' part.
-    pub(super) fn large_base(&self) -> usize {
-        self.base + self.mi_len as usize
+    /// Whether `p` is in the large blocks' part.
+    pub(super) fn is_large(&self, p: *const u8) -> bool {
+        self.large.contains(self, p)
     }
 
-    /// Whether the chunks under `[offset, offset + len)` of the large part are all resident.
-    pub(super) fn large_resident(&self, offset: u64, len: u64) -> bool {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let at = self.mi_len + offset;
-        let (first, last) = (at / CHUNK, (at + len).div_ceil(CHUNK));
-        (first..last).all(|c| s.chunks.get(c as usize) == Some(&true))
+    /// A large block of at least `size` bytes: its address and length (see
+    /// [`LargeBlocks::alloc`]).
+    pub(super) fn large_alloc(&self, size: usize) -> Option<(*mut u8, u64)> {
+        self.large.alloc(self, size)
     }
 
-    /// The large part's resident bytes (no lock).
-    pub(super) fn large_bytes(&self) -> u64 {
-        self.large_bytes.load(Relaxed)
+    /// The length of the large block in use at `p`.
+    pub(super) fn large_len(&self, p: *const u8) -> Option<u64> {
+        self.large.len_of(self, p)
     }
 
-    /// Whether the arena was made in this process (not a copy of a parent's, after a fork):
-    /// no system call.
-    pub(super) fn is_ours(&self) -> bool {
-        FORK_GENERATION.load(Relaxed) == self.generation
+    /// Frees the large block in use at `p`: its length.
+    pub(super) fn large_free(&self, p: *const u8) -> Option<u64> {
+        self.large.free(self, p)
+    }
+
+    /// Gives back the large part's free chunks while more than `keep` free bytes are resident.
+    pub(super) fn large_give_back(&self, keep: u64) {
+        self.large.give_back(self, keep);
+    }
+
+    /// The heap went: every large block is free again, the part's chunks given back.
+    pub(super) fn large_reset(&self) {
+        self.large.reset(self);
     }
 
     /// How many commits mimalloc asked for so far.
@@ -449,13 +457,7 @@ impl Arena {
     /// nothing (the program's own allocator may be this mimalloc). In a forked child, which
     /// has the arena's metadata but not its memory, a commit fails and a decommit does
     /// nothing.
-    pub(super) fn commit_range(
-        &self,
-        on: bool,
-        start: usize,
-        size: usize,
-        is_zero: *mut bool,
-    ) -> bool {
+    fn commit_range(&self, on: bool, start: usize, size: usize, is_zero: *mut bool) -> bool {
         if std::process::id() != self.pid {
             return !on;
         }
@@ -665,4 +667,29 @@ fn map_aligned(dev: &Ruvm, offset: u64, len: u64, align: u64) -> Result<usize, E
     unmap(start, base);
     unmap(base + len, start + total);
     Ok(base)
+}
+
+impl Part for Arena {
+    fn is_ours(&self) -> bool {
+        FORK_GENERATION.load(Relaxed) == self.generation
+    }
+
+    fn large_base(&self) -> usize {
+        self.base + self.mi_len as usize
+    }
+
+    fn large_resident(&self, offset: u64, len: u64) -> bool {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let at = self.mi_len + offset;
+        let (first, last) = (at / CHUNK, (at + len).div_ceil(CHUNK));
+        (first..last).all(|c| s.chunks.get(c as usize) == Some(&true))
+    }
+
+    fn large_bytes(&self) -> u64 {
+        self.large_bytes.load(Relaxed)
+    }
+
+    fn commit(&self, on: bool, at: usize, len: usize) -> bool {
+        self.commit_range(on, at, len, std::ptr::null_mut())
+    }
 }

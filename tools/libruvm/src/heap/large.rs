@@ -13,9 +13,8 @@
 //! memory, and with the heap. In a forked child the part is the parent's: nothing is made,
 //! freed or given back there (its lock may have been held at the fork).
 
-use std::sync::MutexGuard;
+use std::sync::{Mutex, MutexGuard};
 
-use super::arena::Arena;
 use super::tlsf::Tlsf;
 
 /// Blocks of more bytes than this are large: mimalloc's small blocks' largest
@@ -28,8 +27,26 @@ const UNIT: u64 = 4096;
 /// The arena's chunk (the large part starts on one).
 const CHUNK: u64 = 64 << 10;
 
+/// What the large blocks need of the arena whose second half they are in.
+pub(super) trait Part {
+    /// Whether the arena is this process's (not a parent's, after a fork): no system call.
+    fn is_ours(&self) -> bool;
+    /// The address of the large part.
+    fn large_base(&self) -> usize;
+    /// Whether the chunks under `[offset, offset + len)` of the large part are all resident.
+    fn large_resident(&self, offset: u64, len: u64) -> bool;
+    /// The large part's resident bytes (no lock).
+    fn large_bytes(&self) -> u64;
+    /// Makes the chunks `[at, at + len)` touches resident (`on`), or gives back those wholly
+    /// inside it: whether it was done (a give-back always is).
+    fn commit(&self, on: bool, at: usize, len: usize) -> bool;
+}
+
+/// The large part's blocks, under their lock.
+pub(crate) struct LargeBlocks(Mutex<Large>);
+
 /// The large part's blocks, in units of [`UNIT`] from the part's start.
-pub(crate) struct Large {
+struct Large {
     blocks: Tlsf,
     len: u64,
     /// The bytes of the blocks in use.
@@ -38,7 +55,7 @@ pub(crate) struct Large {
 
 impl Large {
     /// The blocks of a part of `len` bytes (a multiple of [`UNIT`], below 2^44).
-    pub(super) fn new(len: u64) -> Self {
+    fn new(len: u64) -> Self {
         Self {
             blocks: Tlsf::new(u32::try_from(len / UNIT).unwrap_or(u32::MAX)),
             len,
@@ -57,37 +74,43 @@ impl Large {
     }
 }
 
-impl Arena {
-    fn large_lock(&self) -> MutexGuard<'_, Large> {
-        self.large.lock().unwrap_or_else(|e| e.into_inner())
+impl LargeBlocks {
+    /// The blocks of a part of `len` bytes.
+    pub(super) fn new(len: u64) -> Self {
+        Self(Mutex::new(Large::new(len)))
     }
 
-    /// Whether `p` is in the large part (a large block, if it is one in use).
-    pub(super) fn is_large(&self, p: *const u8) -> bool {
-        let (a, p) = (self.large_base(), p as usize);
-        p >= a && p - a < self.len() as usize / 2
+    fn lock(&self) -> MutexGuard<'_, Large> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `p` is in the large part of `part` (a large block, if it is one in use).
+    pub(super) fn contains(&self, part: &impl Part, p: *const u8) -> bool {
+        let (a, p) = (part.large_base(), p as usize);
+        let len = self.lock().len;
+        p >= a && ((p - a) as u64) < len
     }
 
     /// A large block of at least `size` bytes: its address and length; `None` if the part has
     /// no room, the kernel will not make its chunks resident (even once the free ones went
     /// back), or the arena is a parent's (after a fork).
-    pub(super) fn large_alloc(&self, size: usize) -> Option<(*mut u8, u64)> {
-        if !self.is_ours() {
+    pub(super) fn alloc(&self, part: &impl Part, size: usize) -> Option<(*mut u8, u64)> {
+        if !part.is_ours() {
             return None;
         }
         let want = u64::try_from(size).ok()?.div_ceil(UNIT).max(1);
         let want = u32::try_from(want).ok()?;
-        let mut l = self.large_lock();
+        let mut l = self.lock();
         let unit = l.blocks.alloc(want)?;
         let (offset, got) = (u64::from(unit) * UNIT, u64::from(want) * UNIT);
-        let at = self.large_base() + offset as usize;
-        if !self.large_resident(offset, got) {
-            let commit = || self.commit_range(true, at, got as usize, std::ptr::null_mut());
+        let at = part.large_base() + offset as usize;
+        if !part.large_resident(offset, got) {
+            let commit = || part.commit(true, at, got as usize);
             let mut ok = commit();
             if !ok {
                 // The kernel said no (the file's quota, the memory cgroup): the free chunks go
                 // back, and it is asked again.
-                self.large_release(&mut l, 0);
+                Self::release(part, &mut l, 0);
                 ok = commit();
             }
             if !ok {
@@ -100,34 +123,34 @@ impl Arena {
     }
 
     /// The length of the large block in use at `p`.
-    pub(super) fn large_len(&self, p: *const u8) -> Option<u64> {
-        if !self.is_ours() {
+    pub(super) fn len_of(&self, part: &impl Part, p: *const u8) -> Option<u64> {
+        if !part.is_ours() {
             return None;
         }
-        let off = (p as usize).checked_sub(self.large_base())? as u64;
-        let len = self.large_lock().blocks.used(Large::unit(off)?)?;
+        let off = (p as usize).checked_sub(part.large_base())? as u64;
+        let len = self.lock().blocks.used(Large::unit(off)?)?;
         Some(u64::from(len) * UNIT)
     }
 
     /// Frees the large block in use at `p`: its length (`None`, and nothing changes, if there
     /// is none). Beyond what the part keeps free and resident, the whole chunks of the free
     /// block it merged into go back (only those: a free is never a walk of every free block).
-    pub(super) fn large_free(&self, p: *const u8) -> Option<u64> {
-        if !self.is_ours() {
+    pub(super) fn free(&self, part: &impl Part, p: *const u8) -> Option<u64> {
+        if !part.is_ours() {
             return None;
         }
-        let off = (p as usize).checked_sub(self.large_base())? as u64;
+        let off = (p as usize).checked_sub(part.large_base())? as u64;
         let unit = Large::unit(off)?;
-        let mut l = self.large_lock();
+        let mut l = self.lock();
         let len = u64::from(l.blocks.used(unit)?) * UNIT;
         let (start, merged) = l.blocks.free(unit)?;
         l.used -= len;
-        if self.large_bytes().saturating_sub(l.used) > l.retain() {
+        if part.large_bytes().saturating_sub(l.used) > l.retain() {
             let (from, to) = (u64::from(start) * UNIT, u64::from(start + merged) * UNIT);
             let (from, to) = (from.next_multiple_of(CHUNK), to / CHUNK * CHUNK);
             if to > from {
-                let at = self.large_base() + from as usize;
-                self.commit_range(false, at, (to - from) as usize, std::ptr::null_mut());
+                let at = part.large_base() + from as usize;
+                part.commit(false, at, (to - from) as usize);
             }
         }
         Some(len)
@@ -135,36 +158,36 @@ impl Arena {
 
     /// Gives back the resident chunks wholly inside free large blocks, the longest blocks
     /// first, until at most `keep` free bytes are resident.
-    pub(super) fn large_give_back(&self, keep: u64) {
-        if !self.is_ours() {
+    pub(super) fn give_back(&self, part: &impl Part, keep: u64) {
+        if !part.is_ours() {
             return;
         }
-        let mut l = self.large_lock();
-        self.large_release(&mut l, keep);
+        let mut l = self.lock();
+        Self::release(part, &mut l, keep);
     }
 
-    fn large_release(&self, l: &mut Large, keep: u64) {
+    fn release(part: &impl Part, l: &mut Large, keep: u64) {
         let mut free = l.blocks.free_blocks();
         free.sort_unstable_by_key(|&(_, len)| std::cmp::Reverse(len));
         for (unit, len) in free {
-            if self.large_bytes().saturating_sub(l.used) <= keep {
+            if part.large_bytes().saturating_sub(l.used) <= keep {
                 break;
             }
-            let at = self.large_base() + (u64::from(unit) * UNIT) as usize;
+            let at = part.large_base() + (u64::from(unit) * UNIT) as usize;
             let len = (u64::from(len) * UNIT) as usize;
-            self.commit_range(false, at, len, std::ptr::null_mut());
+            part.commit(false, at, len);
         }
     }
 
     /// The heap went: every large block is free again, and every chunk of the part goes back
     /// (one the kernel keeps under queued work is owed, as mimalloc's are).
-    pub(super) fn large_reset(&self) {
-        if !self.is_ours() {
+    pub(super) fn reset(&self, part: &impl Part) {
+        if !part.is_ours() {
             return;
         }
-        let mut l = self.large_lock();
+        let mut l = self.lock();
         let len = l.len;
         *l = Large::new(len);
-        self.commit_range(false, self.large_base(), len as usize, std::ptr::null_mut());
+        part.commit(false, part.large_base(), len as usize);
     }
 }
