@@ -90,6 +90,29 @@ impl Map {
     }
 }
 
+/// The shortest block at least `len` long among the first `look` of a class's list, from
+/// `head`: `block(k)` says block `k`'s length and the next of the list (`None` past its end).
+pub(crate) fn shortest_fit<K: Copy>(
+    head: K,
+    len: u64,
+    look: usize,
+    block: impl Fn(K) -> Option<(u64, K)>,
+) -> Option<K> {
+    let mut best: Option<(u64, K)> = None;
+    let mut k = head;
+    for _ in 0..look {
+        let Some((l, next)) = block(k) else { break };
+        if l >= len && best.is_none_or(|(b, _)| l < b) {
+            best = Some((l, k));
+            if l == len {
+                break;
+            }
+        }
+        k = next;
+    }
+    best.map(|(_, k)| k)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

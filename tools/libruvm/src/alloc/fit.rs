@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 
 use super::FastMap;
-use crate::sizeclass::{class, class_at_least, Map, FL, SL};
+use crate::sizeclass::{class, class_at_least, shortest_fit, Map, FL, SL};
 
 /// Who may take a free block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -292,19 +292,9 @@ impl Blocks {
 
     /// The shortest block at least `len` long among the first `look` of the list from `head`.
     fn shortest_fit(&self, head: Key, len: u64, look: usize) -> Option<Key> {
-        let mut best: Option<(u64, Key)> = None;
-        let mut k = head;
-        for _ in 0..look {
-            let Some(b) = self.blk(k) else { break };
-            if b.len >= len && best.is_none_or(|(l, _)| b.len < l) {
-                best = Some((b.len, k));
-                if b.len == len {
-                    break;
-                }
-            }
-            k = b.next_free;
-        }
-        best.map(|(_, k)| k)
+        shortest_fit(head, len, look, |k| {
+            self.blk(k).map(|b| (b.len, b.next_free))
+        })
     }
 
     /// The owners other than `Ready` and `but` that hold free blocks, each once.

@@ -10,7 +10,7 @@
 //! free space of a range freed whole is one block again. Pure bookkeeping (no device), tested
 //! on the host.
 
-use crate::sizeclass::{class, class_at_least, Map, FL, SL};
+use crate::sizeclass::{class, class_at_least, shortest_fit, Map, FL, SL};
 
 /// No block (an empty list, the first block's predecessor).
 const NONE: u32 = u32::MAX;
@@ -147,22 +147,12 @@ impl Tlsf {
     /// `look` of its list.
     fn fit_in_class(&self, want: u32, look: usize) -> Option<u32> {
         let (f, s) = class(u64::from(want));
-        let mut at = self.heads[f][s];
-        let mut best: Option<(u32, u32)> = None;
-        for _ in 0..look {
-            if at == NONE {
-                break;
-            }
+        let head = self.heads[f][s];
+        let block = |at: u32| {
             let u = self.get(at);
-            if u.len >= want && best.is_none_or(|(l, _)| u.len < l) {
-                best = Some((u.len, at));
-                if u.len == want {
-                    break;
-                }
-            }
-            at = u.next_free;
-        }
-        best.map(|(_, at)| at)
+            (at != NONE).then_some((u64::from(u.len), u.next_free))
+        };
+        shortest_fit(head, u64::from(want), look, block)
     }
 
     /// The block after the one at `at`, if any.
