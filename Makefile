@@ -89,7 +89,7 @@ FUZZ_FLAVOUR := $(if $(filter command line environment,$(origin FLAVOUR)),$(FLAV
 fuzz: FLAVOUR := $(FUZZ_FLAVOUR)
 fuzz: module ruvmctl selftests
 	@VM_TIMEOUT=$$(( $(DURATION) + 900 )) VM_MODARGS="sim_gpus=2 enable_test_ioctls=1" \
-		CMD="ruvmctl fuzz --ops 1000000000 --duration $(DURATION) --unbind --kill $(if $(filter debug,$(FLAVOUR)),--removal-bound 25) $(if $(SEED),--seed $(SEED))" \
+		CMD="ruvmctl fuzz --ops 1000000000 --duration $(DURATION) --unbind --kill $(if $(filter debug,$(FLAVOUR)),--removal-bound 45) $(if $(SEED),--seed $(SEED))" \
 		$(TOP)/scripts/vm.sh $(FLAVOUR)
 
 # Benchmarks in the fast guest: a table of ratios and goals, JSON and an SVG in build/bench/.
