@@ -16,6 +16,7 @@ mod audit;
 mod basic;
 mod bench;
 mod charge;
+mod cli;
 mod copy_ptr;
 mod dmabuf;
 mod faults;
@@ -59,6 +60,7 @@ pub fn cases() -> Vec<Case> {
     v.extend(copy_ptr::cases());
     v.extend(register::cases());
     v.extend(charge::cases());
+    v.extend(cli::cases());
     v.extend(ipc::cases());
     v.extend(dmabuf::cases());
     v.extend(bench::cases());
