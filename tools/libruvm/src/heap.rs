@@ -6,7 +6,7 @@
 //! A heap's arena ([`arena`]) is a sparse mem of the calling file (`RUVM_ALLOC_SPARSE`, 64 KiB
 //! chunks: mimalloc's slice), DMA-mapped once for the heap's GPUs and mapped into the process
 //! at an address aligned as mimalloc wants. Its first half holds the blocks of up to 10 KiB,
-//! through mimalloc; its second half the larger ones, by the heap's own best fit
+//! through mimalloc; its second half the larger ones, by the heap's own segregated fit
 //! ([`large`]: mimalloc's pages for those, committed whole and purged late, held 2.5x the live
 //! bytes on a program's mixed sizes). mimalloc manages the first half as an exclusive arena with a
 //! commit callback (`mi_manage_memory`): committing a range makes its chunks resident
@@ -45,7 +45,7 @@ pub struct HeapConfig {
     pub gpus: Vec<u32>,
     /// The size of each of the arena's two parts (rounded up to mimalloc's 32 MiB minimum,
     /// down to what the module takes as one mem): the most the heap holds at once in blocks up
-    /// to 10 KiB (mimalloc's), and in larger blocks (the heap's own best fit). The arena's mem
+    /// to 10 KiB (mimalloc's), and in larger blocks (the heap's own segregated fit). The arena's mem
     /// is twice this (virtual: only what blocks use is resident).
     pub arena_size: u64,
 }

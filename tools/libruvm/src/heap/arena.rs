@@ -437,7 +437,7 @@ impl Arena {
     /// not read bus addresses. The address holds up to the end of `p`'s chunk (64 KiB).
     pub(super) fn dma_addr(&self, p: *const u8, gpu: u32) -> Option<u64> {
         // In a forked child the tables are the parent's (and its lock may be held forever).
-        if FORK_GENERATION.load(Relaxed) != self.generation {
+        if !self.is_ours() {
             return None;
         }
         let (_, o) = self.locate(p)?;

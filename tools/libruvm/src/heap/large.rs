@@ -42,13 +42,16 @@ pub(super) trait Part {
     fn commit(&self, on: bool, at: usize, len: usize) -> bool;
 }
 
-/// The large part's blocks, under their lock.
-pub(crate) struct LargeBlocks(Mutex<Large>);
+/// The large part's blocks, under their lock, and the part's length (fixed: read with no
+/// lock, as every free of the heap asks whether its block is a large one).
+pub(crate) struct LargeBlocks {
+    len: u64,
+    state: Mutex<Large>,
+}
 
 /// The large part's blocks, in units of [`UNIT`] from the part's start.
 struct Large {
     blocks: Tlsf,
-    len: u64,
     /// The bytes of the blocks in use.
     used: u64,
 }
@@ -58,7 +61,6 @@ impl Large {
     fn new(len: u64) -> Self {
         Self {
             blocks: Tlsf::new(u32::try_from(len / UNIT).unwrap_or(u32::MAX)),
-            len,
             used: 0,
         }
     }
@@ -67,28 +69,31 @@ impl Large {
     fn unit(offset: u64) -> Option<u32> {
         (offset % UNIT == 0).then(|| u32::try_from(offset / UNIT).ok())?
     }
-
-    /// The most free bytes the part keeps resident: a quarter of it.
-    fn retain(&self) -> u64 {
-        self.len / 4
-    }
 }
 
 impl LargeBlocks {
     /// The blocks of a part of `len` bytes.
     pub(super) fn new(len: u64) -> Self {
-        Self(Mutex::new(Large::new(len)))
+        Self {
+            len,
+            state: Mutex::new(Large::new(len)),
+        }
+    }
+
+    /// The most free bytes the part keeps resident: a quarter of it.
+    fn retain(&self) -> u64 {
+        self.len / 4
     }
 
     fn lock(&self) -> MutexGuard<'_, Large> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether `p` is in the large part of `part` (a large block, if it is one in use).
+    /// Whether `p` is in the large part of `part` (a large block, if it is one in use). Takes
+    /// no lock: a forked child's copy of it may be held for good.
     pub(super) fn contains(&self, part: &impl Part, p: *const u8) -> bool {
         let (a, p) = (part.large_base(), p as usize);
-        let len = self.lock().len;
-        p >= a && ((p - a) as u64) < len
+        p >= a && ((p - a) as u64) < self.len
     }
 
     /// A large block of at least `size` bytes: its address and length; `None` if the part has
@@ -145,7 +150,7 @@ impl LargeBlocks {
         let len = u64::from(l.blocks.used(unit)?) * UNIT;
         let (start, merged) = l.blocks.free(unit)?;
         l.used -= len;
-        if part.large_bytes().saturating_sub(l.used) > l.retain() {
+        if part.large_bytes().saturating_sub(l.used) > self.retain() {
             let (from, to) = (u64::from(start) * UNIT, u64::from(start + merged) * UNIT);
             let (from, to) = (from.next_multiple_of(CHUNK), to / CHUNK * CHUNK);
             if to > from {
@@ -185,9 +190,7 @@ impl LargeBlocks {
         if !part.is_ours() {
             return;
         }
-        let mut l = self.lock();
-        let len = l.len;
-        *l = Large::new(len);
-        part.commit(false, part.large_base(), len as usize);
+        *self.lock() = Large::new(self.len);
+        part.commit(false, part.large_base(), self.len as usize);
     }
 }

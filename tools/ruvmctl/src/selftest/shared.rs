@@ -77,28 +77,24 @@ pub(super) fn min_watermark() -> Result<u64, Stop> {
 /// Reclaim as memory pressure makes it, with no process pushed towards the OOM killer: the
 /// root memory cgroup is asked to reclaim `bytes` (cgroup v2's `memory.reclaim`, which runs
 /// the reclaim kswapd and direct reclaim run, every shrinker included, and never kills),
-/// again every 100 ms until `enough` says so, for up to 20 s. `None` where the kernel has no
-/// `memory.reclaim` (the caller makes pressure itself); else whether `enough` came. (Pressure
+/// again every 100 ms until `enough` says so, for up to 20 s (the caller checks what came of
+/// it). False where the kernel has no `memory.reclaim`: the caller makes pressure itself. (Pressure
 /// made by a child writing memory met the OOM killer in make checks on a busy host: kswapd
 /// under TCG may not reclaim before the child's own allocations fail.)
-pub(super) fn reclaim_root(bytes: u64, enough: impl Fn() -> bool) -> Option<bool> {
+pub(super) fn reclaim_root(bytes: u64, enough: impl Fn() -> bool) -> bool {
     const KNOB: &str = "/sys/fs/cgroup/memory.reclaim";
     if !std::path::Path::new(KNOB).exists() {
-        return None;
+        return false;
     }
     let start = std::time::Instant::now();
-    while start.elapsed() < std::time::Duration::from_secs(20) {
-        if enough() {
-            return Some(true);
-        }
+    while !enough() && start.elapsed() < std::time::Duration::from_secs(20) {
         // EAGAIN: less than asked could be reclaimed (what was, stays reclaimed).
         let _ = std::fs::write(KNOB, bytes.to_string());
-        if enough() {
-            return Some(true);
+        if !enough() {
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    Some(enough())
+    true
 }
 
 /// Memory pressure without the OOM killer's risk: a child writes fresh anonymous memory while

@@ -212,7 +212,7 @@ pub(super) fn pool_shrinks_under_memory_pressure() -> TestResult {
     // guests on a busy host, each once ended in the OOM killer with the whole cache given back:
     // reclaim under TCG is slow, and MemAvailable an estimate; an eighth did too, once.)
     let enough = || attrs(&d, p).is_ok_and(|a| a.reserved + held / 8 <= before.reserved);
-    if reclaim_root(held / 4, enough).is_none() {
+    if !reclaim_root(held / 4, enough) {
         let want = meminfo("MemAvailable")? + held / 8;
         let status = touch_in_child(want, enough)?;
         let after = attrs(&d, p)?;

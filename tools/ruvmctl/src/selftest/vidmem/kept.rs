@@ -161,18 +161,15 @@ pub(super) fn vidmem_kept_storage_shrinks_under_memory_pressure() -> TestResult 
     // decision counts no shrinker's pages). Reclaim calls the shrinker, which gives back half
     // at a pass.
     let enough = || live(&d).is_ok_and(|l| l[VIDMEM_KEPT] * 2 * M + kept / 4 <= kept);
-    match reclaim_root(kept / 2, enough) {
-        Some(_) => {}
-        None => {
-            let status = reclaim_in_child(M / 2, enough)?;
-            let after = live(&d)?[VIDMEM_KEPT] * 2 * M;
-            check!(
-                matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
-                "the process making memory pressure ended {status:?} ({} MiB kept before, {} MiB after)",
-                kept >> 20,
-                after >> 20
-            );
-        }
+    if !reclaim_root(kept / 2, enough) {
+        let status = reclaim_in_child(M / 2, enough)?;
+        let after = live(&d)?[VIDMEM_KEPT] * 2 * M;
+        check!(
+            matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+            "the process making memory pressure ended {status:?} ({} MiB kept before, {} MiB after)",
+            kept >> 20,
+            after >> 20
+        );
     }
     let after = live(&d)?[VIDMEM_KEPT] * 2 * M;
     // The shrinker gives back half at a pass (`SEEKS` 0): a quarter given back shows it
